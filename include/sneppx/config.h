@@ -1,0 +1,97 @@
+/* sneppx — attention configuration: presets and hand-built configs.
+ *
+ * Field names follow HuggingFace config.json. A config is plain data: fill it
+ * by hand after sneppx_config_init(), or from a preset of the registry
+ * (gen/archs.json) with sneppx_config_from_name(). */
+#ifndef SNEPPX_CONFIG_H
+#define SNEPPX_CONFIG_H
+
+#include <stdint.h>
+#include "sneppx/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum sneppx_rope_type {
+    SNEPPX_ROPE_DEFAULT = 0, /* inv_freq[i] = theta^(-2i/d) */
+    SNEPPX_ROPE_LINEAR = 1,  /* default / factor */
+    SNEPPX_ROPE_DYNAMIC = 2, /* HF dynamic NTK: base grows once positions pass max_position_embeddings */
+    SNEPPX_ROPE_LLAMA3 = 3,  /* Llama 3.1 frequency smoothing */
+    SNEPPX_ROPE_YARN = 4,    /* DeepSeek V2 */
+    SNEPPX_ROPE_NTK = 5      /* static NTK-aware base, set by sneppx_config_extend_context() */
+} sneppx_rope_type;
+
+typedef struct sneppx_rope_scaling {
+    sneppx_rope_type type;
+    double factor;                          /* linear, dynamic, llama3, yarn */
+    double low_freq_factor;                 /* llama3 */
+    double high_freq_factor;                /* llama3 */
+    int64_t original_max_position_embeddings; /* llama3, yarn, ntk */
+    double beta_fast, beta_slow;            /* yarn (defaults 32, 1) */
+    double mscale, mscale_all_dim;          /* yarn (0 = unset) */
+    double attention_factor;                /* yarn: explicit cos/sin factor (0 = derive) */
+} sneppx_rope_scaling;
+
+#define SNEPPX_NAME_MAX 64
+
+typedef struct sneppx_config {
+    char name[SNEPPX_NAME_MAX];     /* "llama3-8B" for presets, "custom" otherwise */
+    int64_t hidden_size;
+    int64_t num_attention_heads;
+    int64_t num_key_value_heads;
+    int64_t head_dim;               /* 0 = hidden_size / num_attention_heads */
+    int64_t rotary_dim;             /* 0 = whole head (partial rotary if smaller) */
+    int rope_interleaved;           /* 0 = HF rotate_half pairs (i, i+d/2); 1 = (2i, 2i+1) */
+    double rope_theta;
+    sneppx_rope_scaling rope_scaling;
+    int64_t max_position_embeddings;
+    int64_t sliding_window;         /* 0 = none; else W keys including the query itself */
+    int qkv_bias;                   /* q/k/v projections carry a bias */
+    int o_bias;                     /* o projection carries a bias */
+    /* DeepSeek V2 multi-head latent attention; kv_lora_rank > 0 turns it on. */
+    int64_t q_lora_rank;            /* 0 = plain q_proj */
+    int64_t kv_lora_rank;
+    int64_t qk_nope_head_dim;
+    int64_t qk_rope_head_dim;
+    int64_t v_head_dim;
+    int mla_naive;                  /* 1 = expand kv_b_proj to per-head K/V (verification) */
+    /* Execution */
+    int use_flash_attn;             /* 1 = flash (default), 0 = materialized SDPA */
+    int num_threads;                /* 0 = OpenMP default */
+} sneppx_config;
+
+/* A hand config with the spec's defaults: bias on, flash on, default RoPE
+ * theta 10000, no window. Sizes are zero and must be filled in. */
+void sneppx_config_init(sneppx_config *config);
+
+/* Preset by family and size, case-insensitive: ("llama3", "8B"), ("mistral", "7B").
+ * size may be NULL when family is a full name: "mistral-7B", "deepseek-v2". */
+sneppx_status sneppx_config_from_name(const char *family, const char *size,
+                                      sneppx_config *config);
+
+/* Number of presets and the CLI name of the i-th ("llama2-7B"). */
+int sneppx_preset_count(void);
+const char *sneppx_preset_name(int index);
+
+/* Checks every field; the error message names the first bad one. */
+sneppx_status sneppx_config_validate(const sneppx_config *config);
+
+/* Static NTK-aware context extension: base' = base * (n/orig)^(d/(d-2)),
+ * max_position_embeddings = n. orig is the current max_position_embeddings. */
+sneppx_status sneppx_config_extend_context(sneppx_config *config, int64_t new_max_positions);
+
+/* Writes RoPE inverse frequencies (rotary_dim/2 values) and the cos/sin
+ * attention factor the config implies, in double precision. For the dynamic
+ * type, max_position is max(position_ids)+1 of the call (else ignored). */
+sneppx_status sneppx_config_rope_frequencies(const sneppx_config *config, int64_t max_position,
+                                             double *inv_freq, int64_t inv_freq_len,
+                                             double *attention_factor);
+
+/* Softmax scale the config implies (head_dim^-0.5; DeepSeek: (nope+rope)^-0.5 * mscale^2). */
+double sneppx_config_softmax_scale(const sneppx_config *config);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

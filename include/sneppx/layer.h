@@ -1,0 +1,68 @@
+/* sneppx — one attention layer: weights in, forward pass out.
+ *
+ *   out = o_proj(attention(rope(q_proj(x)), rope(k_proj(x)), v_proj(x), mask))
+ *
+ * Shapes (row-major float32, HuggingFace layout):
+ *   hidden_states  [batch, seq_len, hidden_size]
+ *   attention_mask [batch, 1, seq_len, seq_len] additive, taken as final (no causal
+ *                  mask is added on top); NULL = causal (+ sliding window).
+ *                  Entries <= -1e30 (and -inf) count as masked; a row with every key
+ *                  masked gives zeros.
+ *   position_ids   [batch, seq_len]; NULL = 0..seq_len-1 for every batch row.
+ *   out            [batch, seq_len, hidden_size]
+ */
+#ifndef SNEPPX_LAYER_H
+#define SNEPPX_LAYER_H
+
+#include <stdint.h>
+#include "sneppx/config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* HF tensors of one self_attn module, row-major [out_features, in_features].
+ * Unused entries are NULL. The layer copies (packs) what it needs at create,
+ * so the caller may free these afterwards. */
+typedef struct sneppx_weights {
+    const float *q_proj_weight, *q_proj_bias;   /* [H*D, hidden], [H*D] */
+    const float *k_proj_weight, *k_proj_bias;   /* [KV*D, hidden], [KV*D] */
+    const float *v_proj_weight, *v_proj_bias;   /* [KV*D, hidden], [KV*D] */
+    const float *o_proj_weight, *o_proj_bias;   /* [hidden, H*Dv], [hidden] */
+    /* MLA (DeepSeek V2) */
+    const float *q_a_proj_weight, *q_a_proj_bias; /* [q_lora, hidden] */
+    const float *q_a_layernorm_weight;            /* [q_lora] */
+    const float *q_b_proj_weight;                 /* [H*(nope+rope), q_lora] */
+    const float *kv_a_proj_with_mqa_weight, *kv_a_proj_with_mqa_bias; /* [kv_lora+rope, hidden] */
+    const float *kv_a_layernorm_weight;           /* [kv_lora] */
+    const float *kv_b_proj_weight;                /* [H*(nope+v), kv_lora] */
+} sneppx_weights;
+
+typedef struct sneppx_layer sneppx_layer;
+
+/* Validates config and weights, resolves (JIT-compiles or loads) every kernel
+ * the layer needs and packs the weights. Thread-safe. */
+sneppx_status sneppx_layer_create(const sneppx_config *config, const sneppx_weights *weights,
+                                  sneppx_layer **layer);
+
+/* Runs the forward pass. Thread-safe: several threads may call it on one layer
+ * at once (each call uses its own scratch). Nothing is written to out on error. */
+sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t seq_len,
+                                   const float *hidden_states, const float *attention_mask,
+                                   const int64_t *position_ids, float *out);
+
+/* Switches flash (1) / SDPA (0) on an existing layer (resolves the kernel). */
+sneppx_status sneppx_layer_set_flash(sneppx_layer *layer, int use_flash_attn);
+
+/* The config the layer was made from. */
+const sneppx_config *sneppx_layer_config(const sneppx_layer *layer);
+
+/* Canonical keys of the kernels the layer resolved, one per line. */
+const char *sneppx_layer_keys(const sneppx_layer *layer);
+
+void sneppx_layer_destroy(sneppx_layer *layer);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,58 @@
+#include "error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static _Thread_local char last_error[1024];
+
+sneppx_status sneppx_fail(sneppx_status status, const char *format, ...)
+{
+    va_list ap;
+    va_start(ap, format);
+    vsnprintf(last_error, sizeof last_error, format, ap);
+    va_end(ap);
+    sneppx_log(2, "error: %s", last_error);
+    return status;
+}
+
+void sneppx_clear_error(void) { last_error[0] = '\0'; }
+
+const char *sneppx_last_error(void) { return last_error; }
+
+const char *sneppx_status_name(sneppx_status status)
+{
+    switch (status) {
+    case SNEPPX_OK: return "SNEPPX_OK";
+    case SNEPPX_ERR_INVALID_ARGUMENT: return "SNEPPX_ERR_INVALID_ARGUMENT";
+    case SNEPPX_ERR_UNKNOWN_PRESET: return "SNEPPX_ERR_UNKNOWN_PRESET";
+    case SNEPPX_ERR_UNSUPPORTED: return "SNEPPX_ERR_UNSUPPORTED";
+    case SNEPPX_ERR_OUT_OF_MEMORY: return "SNEPPX_ERR_OUT_OF_MEMORY";
+    case SNEPPX_ERR_JIT: return "SNEPPX_ERR_JIT";
+    case SNEPPX_ERR_IO: return "SNEPPX_ERR_IO";
+    case SNEPPX_ERR_FORMAT: return "SNEPPX_ERR_FORMAT";
+    }
+    return "SNEPPX_ERR_UNKNOWN";
+}
+
+int sneppx_verbosity(void)
+{
+    static int level = -1;
+    if (level < 0) {
+        const char *env = getenv("SNEPPX_VERBOSE");
+        level = env ? atoi(env) : 0;
+    }
+    return level;
+}
+
+void sneppx_log(int level, const char *format, ...)
+{
+    if (sneppx_verbosity() < level)
+        return;
+    va_list ap;
+    va_start(ap, format);
+    fputs("sneppx: ", stderr);
+    vfprintf(stderr, format, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}

@@ -1,0 +1,30 @@
+/* Internal: kernel dispatch. key -> compiled entry points, through the
+ * in-memory cache (lock-free read), the disk cache, then the LLVM JIT. */
+#ifndef SNEPPX_RUNTIME_KERNELS_H
+#define SNEPPX_RUNTIME_KERNELS_H
+#include <stddef.h>
+#include <stdint.h>
+#include "sneppx/status.h"
+#include "sneppx_abi.h"
+
+#define SNEPPX_KEY_MAX 160
+
+typedef struct sneppx_kernel {
+    char key[SNEPPX_KEY_MAX];     /* canonical text, e.g. attn_flash-d128-dv128-g4-w0-causal-v16 */
+    sneppx_kernel_fn entry[2];    /* entry[0] the kernel, entry[1] e.g. the GEMM pack (or NULL) */
+} sneppx_kernel;
+
+/* Formats the canonical key of family/values/vector width into key (SNEPPX_KEY_MAX). */
+sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, int vector_width,
+                                char *key, size_t key_size);
+
+/* Returns the kernel for the key, compiling it at most once per process (and
+ * at most once per machine while the disk cache holds it). The returned
+ * object lives until process exit. Thread-safe. */
+sneppx_status sneppx_kernel_resolve(const char *family, const int64_t *values, int vector_width,
+                                    const sneppx_kernel **kernel);
+
+/* 16 on AVX-512 hosts, 8 otherwise (the host CPU's features as LLVM reports them). */
+int sneppx_host_vector_width(void);
+
+#endif
