@@ -1,0 +1,29 @@
+# lit configuration: FileCheck tests of generated C (sneppx-gen) and of the
+# JIT-specialized IR (sneppx-ir).
+import os
+import lit.formats
+
+config.name = "sneppx"
+config.test_format = lit.formats.ShTest(execute_external=True)
+config.suffixes = [".test"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.sneppx_binary_dir, "tests", "lit")
+
+llvm_bin = "/usr/lib/llvm-19/bin"
+config.environment["PATH"] = os.pathsep.join(
+    [os.path.join(config.sneppx_binary_dir, "runtime"), llvm_bin, config.environment.get("PATH", os.environ.get("PATH", ""))])
+config.environment["SNEPPX_CACHE_DIR"] = os.path.join(config.sneppx_binary_dir, "test-cache-lit")
+config.substitutions.append(("%sneppx-gen", "%s %s" % (config.python, os.path.join(config.sneppx_source_dir, "gen", "sneppx-gen"))))
+config.substitutions.append(("%sneppx-ir", os.path.join(config.sneppx_binary_dir, "runtime", "sneppx-ir")))
+config.substitutions.append(("%python", config.python))
+
+# REQUIRES: avx512 — the host has AVX-512F.
+try:
+    with open("/proc/cpuinfo") as cpuinfo:
+        if " avx512f" in cpuinfo.read():
+            config.available_features.add("avx512")
+except OSError:
+    pass
+for cc in ("gcc", "clang-19"):
+    if any(os.access(os.path.join(d, cc), os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep)):
+        config.available_features.add(cc)
