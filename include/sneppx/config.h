@@ -18,8 +18,7 @@ typedef enum sneppx_rope_type {
     SNEPPX_ROPE_LINEAR = 1,  /* default / factor */
     SNEPPX_ROPE_DYNAMIC = 2, /* HF dynamic NTK: base grows once positions pass max_position_embeddings */
     SNEPPX_ROPE_LLAMA3 = 3,  /* Llama 3.1 frequency smoothing */
-    SNEPPX_ROPE_YARN = 4,    /* DeepSeek V2 */
-    SNEPPX_ROPE_NTK = 5      /* static NTK-aware base, set by sneppx_config_extend_context() */
+    SNEPPX_ROPE_YARN = 4     /* DeepSeek V2 */
 } sneppx_rope_type;
 
 typedef struct sneppx_rope_scaling {
@@ -27,7 +26,7 @@ typedef struct sneppx_rope_scaling {
     double factor;                          /* linear, dynamic, llama3, yarn */
     double low_freq_factor;                 /* llama3 */
     double high_freq_factor;                /* llama3 */
-    int64_t original_max_position_embeddings; /* llama3, yarn, ntk */
+    int64_t original_max_position_embeddings; /* llama3, yarn (0 = max_position_embeddings) */
     double beta_fast, beta_slow;            /* yarn (defaults 32, 1) */
     double mscale, mscale_all_dim;          /* yarn (0 = unset) */
     double attention_factor;                /* yarn: explicit cos/sin factor (0 = derive) */
@@ -77,8 +76,10 @@ const char *sneppx_preset_name(int index);
 /* Checks every field; the error message names the first bad one. */
 sneppx_status sneppx_config_validate(const sneppx_config *config);
 
-/* Static NTK-aware context extension: base' = base * (n/orig)^(d/(d-2)),
- * max_position_embeddings = n. orig is the current max_position_embeddings. */
+/* Static NTK-aware context extension: rope_theta' = rope_theta * (n/orig)^(d/(d-2))
+ * with d the rotary dim and orig the current max_position_embeddings, which
+ * becomes n. Composes with every RoPE type (they all build on rope_theta);
+ * n must exceed orig. */
 sneppx_status sneppx_config_extend_context(sneppx_config *config, int64_t new_max_positions);
 
 /* Writes RoPE inverse frequencies (rotary_dim/2 values) and the cos/sin
