@@ -6,6 +6,7 @@
  *   hidden_states  [batch, seq_len, hidden_size]
  *   attention_mask [batch, 1, seq_len, seq_len] additive, taken as final (no causal
  *                  mask is added on top); NULL = causal (+ sliding window).
+ *                  mask_shape gives its 4 dimensions (checked); NULL when the mask is.
  *                  Entries <= -1e30 (and -inf) count as masked; a row with every key
  *                  masked gives zeros.
  *   position_ids   [batch, seq_len]; NULL = 0..seq_len-1 for every batch row.
@@ -41,7 +42,11 @@ typedef struct sneppx_weights {
 typedef struct sneppx_layer sneppx_layer;
 
 /* Validates config and weights, resolves (JIT-compiles or loads) every kernel
- * the layer needs and packs the weights. Thread-safe. */
+ * the layer needs and packs the weights. Thread-safe.
+ * weights == NULL gives deterministic synthetic weights: every tensor element is
+ * uniform in [-1, 1) from splitmix64(SNEPPX_SYNTHETIC_SEED + tensor index, element
+ * index), scaled by in_features^-0.5 (biases by 0.1; RMSNorm weights are 1 + 0.1 u). */
+#define SNEPPX_SYNTHETIC_SEED 0x5eed5eedULL
 sneppx_status sneppx_layer_create(const sneppx_config *config, const sneppx_weights *weights,
                                   sneppx_layer **layer);
 
@@ -49,7 +54,12 @@ sneppx_status sneppx_layer_create(const sneppx_config *config, const sneppx_weig
  * at once (each call uses its own scratch). Nothing is written to out on error. */
 sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t seq_len,
                                    const float *hidden_states, const float *attention_mask,
-                                   const int64_t *position_ids, float *out);
+                                   const int64_t mask_shape[4], const int64_t *position_ids,
+                                   float *out);
+
+/* Resolves (compiles or loads from the disk cache) every kernel a layer of this
+ * config uses, without weights: for deployments that warm the cache. */
+sneppx_status sneppx_layer_warmup(const sneppx_config *config);
 
 /* Switches flash (1) / SDPA (0) on an existing layer (resolves the kernel). */
 sneppx_status sneppx_layer_set_flash(sneppx_layer *layer, int use_flash_attn);

@@ -1,0 +1,258 @@
+/* Configs: presets from the generated registry table, hand configs, validation,
+ * context extension and the RoPE quantities the runtime derives from a config. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "error.h"
+#include "kernel_table.h"
+#include "config_internal.h"
+#include "sneppx/config.h"
+
+/* Largest size accepted for any one dimension: keeps every product of two
+ * dimensions (and their byte counts) far from int64 overflow. */
+#define SNEPPX_MAX_DIM (1 << 20)
+#define SNEPPX_MAX_HEAD_DIM 256
+#define SNEPPX_MAX_LATENT_DIM 2048
+
+void sneppx_config_init(sneppx_config *config)
+{
+    if (!config)
+        return;
+    memset(config, 0, sizeof *config);
+    snprintf(config->name, sizeof config->name, "custom");
+    config->rope_theta = 10000.0;
+    config->rope_scaling.type = SNEPPX_ROPE_DEFAULT;
+    config->rope_scaling.factor = 1.0;
+    config->max_position_embeddings = 4096;
+    config->qkv_bias = 1; /* the spec: "Bias: optional (enabled by default)" */
+    config->o_bias = 1;
+    config->use_flash_attn = 1;
+}
+
+int sneppx_preset_count(void) { return sneppx_presets_count; }
+
+const char *sneppx_preset_name(int index)
+{
+    if (index < 0 || index >= sneppx_presets_count)
+        return NULL;
+    return sneppx_presets[index].name;
+}
+
+static int preset_matches(const struct sneppx_preset *preset, const char *family, const char *size)
+{
+    if (size)
+        return strcasecmp(preset->family, family) == 0 && strcasecmp(preset->size, size) == 0;
+    if (strcasecmp(preset->name, family) == 0)
+        return 1;
+    for (const char *const *alias = preset->aliases; alias && *alias; alias++)
+        if (strcasecmp(*alias, family) == 0)
+            return 1;
+    return 0;
+}
+
+sneppx_status sneppx_config_from_name(const char *family, const char *size, sneppx_config *config)
+{
+    sneppx_clear_error();
+    if (!family)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "family: must not be NULL");
+    if (!config)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
+    for (int i = 0; i < sneppx_presets_count; i++) {
+        if (preset_matches(&sneppx_presets[i], family, size)) {
+            *config = sneppx_presets[i].config;
+            return SNEPPX_OK;
+        }
+    }
+    char valid[1024] = "";
+    size_t used = 0;
+    for (int i = 0; i < sneppx_presets_count && used < sizeof valid; i++)
+        used += (size_t)snprintf(valid + used, sizeof valid - used, "%s%s", i ? ", " : "",
+                                 sneppx_presets[i].name);
+    return sneppx_fail(SNEPPX_ERR_UNKNOWN_PRESET, "name: unknown preset '%s%s%s'; valid names: %s",
+                       family, size ? "-" : "", size ? size : "", valid);
+}
+
+int64_t sneppx_config_head_dim(const sneppx_config *config)
+{
+    if (config->head_dim > 0)
+        return config->head_dim;
+    return config->num_attention_heads > 0 ? config->hidden_size / config->num_attention_heads : 0;
+}
+
+int64_t sneppx_config_rotary_dim(const sneppx_config *config)
+{
+    if (config->kv_lora_rank > 0)
+        return config->qk_rope_head_dim;
+    return config->rotary_dim > 0 ? config->rotary_dim : sneppx_config_head_dim(config);
+}
+
+#define CHECK_RANGE(field, lo, hi)                                                              \
+    do {                                                                                        \
+        if ((config->field) < (lo) || (config->field) > (hi))                                   \
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,                                     \
+                               "config." #field ": %lld is outside [%lld, %lld]",               \
+                               (long long)(config->field), (long long)(lo), (long long)(hi));    \
+    } while (0)
+
+static sneppx_status validate_rope(const sneppx_config *config, int64_t rotary_dim)
+{
+    const sneppx_rope_scaling *scaling = &config->rope_scaling;
+    if (!(config->rope_theta > 1.0) || !isfinite(config->rope_theta))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.rope_theta: %g must be a finite number > 1",
+                           config->rope_theta);
+    if (rotary_dim <= 0 || rotary_dim % 2 != 0)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.rotary_dim: %lld must be even and > 0",
+                           (long long)rotary_dim);
+    if ((int)scaling->type < SNEPPX_ROPE_DEFAULT || scaling->type > SNEPPX_ROPE_YARN)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.rope_scaling.type: %d is not a sneppx_rope_type",
+                           (int)scaling->type);
+    if (scaling->type != SNEPPX_ROPE_DEFAULT && (!(scaling->factor > 0) || !isfinite(scaling->factor)))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.rope_scaling.factor: %g must be > 0",
+                           scaling->factor);
+    if (scaling->type == SNEPPX_ROPE_LLAMA3) {
+        if (!(scaling->high_freq_factor > scaling->low_freq_factor) || !(scaling->low_freq_factor > 0))
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "config.rope_scaling: llama3 needs 0 < low_freq_factor (%g) < high_freq_factor (%g)",
+                               scaling->low_freq_factor, scaling->high_freq_factor);
+    }
+    if (scaling->type == SNEPPX_ROPE_LLAMA3 || scaling->type == SNEPPX_ROPE_YARN) {
+        if (scaling->original_max_position_embeddings < 0)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "config.rope_scaling.original_max_position_embeddings: %lld must be >= 0",
+                               (long long)scaling->original_max_position_embeddings);
+    }
+    return SNEPPX_OK;
+}
+
+sneppx_status sneppx_config_validate(const sneppx_config *config)
+{
+    if (!config)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
+    CHECK_RANGE(hidden_size, 1, SNEPPX_MAX_DIM);
+    CHECK_RANGE(num_attention_heads, 1, 4096);
+    CHECK_RANGE(max_position_embeddings, 1, (int64_t)1 << 40);
+    CHECK_RANGE(sliding_window, 0, (int64_t)1 << 40);
+    CHECK_RANGE(num_threads, 0, 1024);
+    CHECK_RANGE(head_dim, 0, SNEPPX_MAX_HEAD_DIM);
+    CHECK_RANGE(rotary_dim, 0, SNEPPX_MAX_HEAD_DIM);
+
+    if (config->kv_lora_rank > 0) {
+        CHECK_RANGE(kv_lora_rank, 16, SNEPPX_MAX_LATENT_DIM);
+        CHECK_RANGE(q_lora_rank, 0, SNEPPX_MAX_DIM);
+        CHECK_RANGE(qk_nope_head_dim, 1, SNEPPX_MAX_HEAD_DIM);
+        CHECK_RANGE(qk_rope_head_dim, 2, SNEPPX_MAX_HEAD_DIM);
+        CHECK_RANGE(v_head_dim, 16, SNEPPX_MAX_HEAD_DIM);
+        if ((config->qk_nope_head_dim + config->qk_rope_head_dim) % 16 != 0)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "config.qk_nope_head_dim + qk_rope_head_dim: %lld must be a multiple of 16",
+                               (long long)(config->qk_nope_head_dim + config->qk_rope_head_dim));
+        if ((config->kv_lora_rank + config->qk_rope_head_dim) % 16 != 0 || config->kv_lora_rank % 16 != 0)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "config.kv_lora_rank: %lld (and + qk_rope_head_dim) must be a multiple of 16",
+                               (long long)config->kv_lora_rank);
+        if (config->v_head_dim % 16 != 0)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.v_head_dim: %lld must be a multiple of 16",
+                               (long long)config->v_head_dim);
+        if (config->sliding_window != 0)
+            return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.sliding_window: MLA has no sliding window");
+        return validate_rope(config, config->qk_rope_head_dim);
+    }
+
+    CHECK_RANGE(num_key_value_heads, 1, config->num_attention_heads);
+    if (config->num_attention_heads % config->num_key_value_heads != 0)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "config.num_key_value_heads: %lld does not divide num_attention_heads %lld",
+                           (long long)config->num_key_value_heads, (long long)config->num_attention_heads);
+    const int64_t head_dim = sneppx_config_head_dim(config);
+    if (config->head_dim == 0 && config->hidden_size % config->num_attention_heads != 0)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "config.head_dim: 0 means hidden_size/num_attention_heads, but %lld/%lld is not whole",
+                           (long long)config->hidden_size, (long long)config->num_attention_heads);
+    if (head_dim < 16 || head_dim > SNEPPX_MAX_HEAD_DIM || head_dim % 16 != 0)
+        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED,
+                           "config.head_dim: %lld is not supported (a multiple of 16 from 16 to %d)",
+                           (long long)head_dim, SNEPPX_MAX_HEAD_DIM);
+    const int64_t rotary_dim = sneppx_config_rotary_dim(config);
+    if (rotary_dim > head_dim)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.rotary_dim: %lld exceeds head_dim %lld",
+                           (long long)rotary_dim, (long long)head_dim);
+    return validate_rope(config, rotary_dim);
+}
+
+sneppx_status sneppx_config_extend_context(sneppx_config *config, int64_t new_max_positions)
+{
+    sneppx_clear_error();
+    if (!config)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
+    sneppx_status status = sneppx_config_validate(config);
+    if (status != SNEPPX_OK)
+        return status;
+    if (new_max_positions <= config->max_position_embeddings || new_max_positions > ((int64_t)1 << 40))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "new_max_positions: %lld must exceed max_position_embeddings %lld",
+                           (long long)new_max_positions, (long long)config->max_position_embeddings);
+    const double dim = (double)sneppx_config_rotary_dim(config);
+    const double ratio = (double)new_max_positions / (double)config->max_position_embeddings;
+    config->rope_theta *= pow(ratio, dim / (dim - 2.0));
+    config->max_position_embeddings = new_max_positions;
+    return SNEPPX_OK;
+}
+
+void sneppx_config_rope_params(const sneppx_config *config, struct sneppx_rope_params *params)
+{
+    const sneppx_rope_scaling *scaling = &config->rope_scaling;
+    memset(params, 0, sizeof *params);
+    params->type = (int)scaling->type;
+    params->theta = config->rope_theta;
+    params->rotary_dim = sneppx_config_rotary_dim(config);
+    params->factor = scaling->factor;
+    params->low_freq_factor = scaling->low_freq_factor;
+    params->high_freq_factor = scaling->high_freq_factor;
+    params->original_max_position_embeddings = scaling->original_max_position_embeddings;
+    params->max_position_embeddings = config->max_position_embeddings;
+    params->beta_fast = scaling->beta_fast;
+    params->beta_slow = scaling->beta_slow;
+    params->mscale = scaling->mscale;
+    params->mscale_all_dim = scaling->mscale_all_dim;
+    params->attention_factor = scaling->attention_factor;
+}
+
+sneppx_status sneppx_config_rope_frequencies(const sneppx_config *config, int64_t max_position,
+                                             double *inv_freq, int64_t inv_freq_len,
+                                             double *attention_factor)
+{
+    sneppx_clear_error();
+    sneppx_status status = sneppx_config_validate(config);
+    if (status != SNEPPX_OK)
+        return status;
+    if (!inv_freq)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "inv_freq: must not be NULL");
+    if (!attention_factor)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "attention_factor: must not be NULL");
+    const int64_t half = sneppx_config_rotary_dim(config) / 2;
+    if (inv_freq_len < half)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "inv_freq_len: %lld is less than rotary_dim/2 = %lld",
+                           (long long)inv_freq_len, (long long)half);
+    struct sneppx_rope_params params;
+    sneppx_config_rope_params(config, &params);
+    sneppx_rope_inv_freq(&params, max_position, inv_freq, attention_factor);
+    return SNEPPX_OK;
+}
+
+double sneppx_config_softmax_scale(const sneppx_config *config)
+{
+    if (!config)
+        return 0.0;
+    if (config->kv_lora_rank > 0) {
+        double scale = 1.0 / sqrt((double)(config->qk_nope_head_dim + config->qk_rope_head_dim));
+        const sneppx_rope_scaling *scaling = &config->rope_scaling;
+        if (scaling->type == SNEPPX_ROPE_YARN && scaling->mscale_all_dim != 0) {
+            double mscale = sneppx_yarn_get_mscale(scaling->factor, scaling->mscale_all_dim);
+            scale *= mscale * mscale;
+        }
+        return scale;
+    }
+    return 1.0 / sqrt((double)sneppx_config_head_dim(config));
+}
