@@ -1,0 +1,331 @@
+/* Layer lifecycle: validate the config, resolve every kernel it needs (by key),
+ * pack the weights, and run forward calls with validated arguments. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config_internal.h"
+#include "error.h"
+#include "layer_internal.h"
+
+static void append_key(sneppx_layer *layer, const char *key)
+{
+    size_t len = strlen(key);
+    if (layer->keys_len + len + 2 > layer->keys_cap) {
+        size_t cap = (layer->keys_cap + len + 2) * 2;
+        char *grown = realloc(layer->keys, cap);
+        if (!grown)
+            return; /* the key list is informational; the kernel itself is resolved */
+        layer->keys = grown;
+        layer->keys_cap = cap;
+    }
+    memcpy(layer->keys + layer->keys_len, key, len);
+    layer->keys_len += len;
+    layer->keys[layer->keys_len++] = '\n';
+    layer->keys[layer->keys_len] = '\0';
+}
+
+static sneppx_status resolve(sneppx_layer *layer, const char *family, const int64_t *values,
+                             const sneppx_kernel **kernel)
+{
+    sneppx_status status = sneppx_kernel_resolve(family, values, layer->vector_width, kernel);
+    if (status == SNEPPX_OK) {
+        pthread_mutex_lock(&layer->lock);
+        append_key(layer, (*kernel)->key);
+        pthread_mutex_unlock(&layer->lock);
+    }
+    return status;
+}
+
+static sneppx_status resolve_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *gemm, int64_t k, int64_t n,
+                                  int has_bias)
+{
+    const int64_t values[] = {k, n, has_bias ? 1 : 0};
+    gemm->k = k;
+    gemm->n = n;
+    return resolve(layer, "gemm", values, &gemm->kernel);
+}
+
+static sneppx_status resolve_rmsnorm(sneppx_layer *layer, int64_t n, const sneppx_kernel **kernel)
+{
+    const int64_t values[] = {n};
+    return resolve(layer, "rmsnorm", values, kernel);
+}
+
+sneppx_status sneppx_layer_attention_kernel(sneppx_layer *layer, int flash, int explicit_mask,
+                                            const sneppx_kernel **kernel)
+{
+    const sneppx_kernel *cached = atomic_load_explicit(&layer->attention[flash][explicit_mask],
+                                                       memory_order_acquire);
+    if (cached) {
+        *kernel = cached;
+        return SNEPPX_OK;
+    }
+    /* An explicit mask is final (HF semantics): no causal or window on top. */
+    const int64_t values[] = {layer->attn_head_dim, layer->attn_v_head_dim, layer->attn_group,
+                              explicit_mask ? 0 : layer->attn_window,
+                              explicit_mask ? SNEPPX_MASK_EXPLICIT : SNEPPX_MASK_CAUSAL};
+    sneppx_status status = resolve(layer, flash ? "attn_flash" : "attn_sdpa", values, kernel);
+    if (status == SNEPPX_OK)
+        atomic_store_explicit(&layer->attention[flash][explicit_mask], *kernel, memory_order_release);
+    return status;
+}
+
+/* Derives every dimension and resolves the kernels; no weights yet. */
+static sneppx_status layer_init(const sneppx_config *config, sneppx_layer **out)
+{
+    sneppx_status status = sneppx_config_validate(config);
+    if (status != SNEPPX_OK)
+        return status;
+    sneppx_layer *layer = calloc(1, sizeof *layer);
+    if (!layer)
+        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "layer: out of memory");
+    pthread_mutex_init(&layer->lock, NULL);
+    layer->config = *config;
+    layer->vector_width = sneppx_host_vector_width();
+    atomic_store(&layer->use_flash, config->use_flash_attn ? 1 : 0);
+    const int64_t heads = config->num_attention_heads;
+    layer->rotary_dim = sneppx_config_rotary_dim(config);
+    layer->softmax_scale = (float)sneppx_config_softmax_scale(config);
+    layer->is_mla = config->kv_lora_rank > 0;
+    *out = layer;
+
+    if (layer->is_mla) {
+        layer->head_dim = config->qk_nope_head_dim + config->qk_rope_head_dim;
+        layer->v_head_dim = config->v_head_dim;
+        layer->latent_dim = config->kv_lora_rank + config->qk_rope_head_dim;
+        layer->q_dim = heads * layer->head_dim;
+        layer->attn_dim = heads * layer->v_head_dim;
+        if (config->q_lora_rank > 0) {
+            if ((status = resolve_gemm(layer, &layer->q_a_proj, config->hidden_size, config->q_lora_rank,
+                                       config->qkv_bias)) != SNEPPX_OK ||
+                (status = resolve_rmsnorm(layer, config->q_lora_rank, &layer->q_a_norm)) != SNEPPX_OK ||
+                (status = resolve_gemm(layer, &layer->qkv_proj, config->q_lora_rank, layer->q_dim, 0)) != SNEPPX_OK)
+                return status;
+        } else if ((status = resolve_gemm(layer, &layer->qkv_proj, config->hidden_size, layer->q_dim, 0)) !=
+                   SNEPPX_OK) {
+            return status;
+        }
+        if ((status = resolve_gemm(layer, &layer->kv_a_proj, config->hidden_size, layer->latent_dim,
+                                   config->qkv_bias)) != SNEPPX_OK ||
+            (status = resolve_rmsnorm(layer, config->kv_lora_rank, &layer->kv_a_norm)) != SNEPPX_OK)
+            return status;
+        if (config->mla_naive) {
+            layer->kv_heads = heads;
+            layer->attn_head_dim = layer->head_dim;
+            layer->attn_v_head_dim = layer->v_head_dim;
+            layer->attn_group = 1;
+            status = resolve_gemm(layer, &layer->kv_b_proj, config->kv_lora_rank,
+                                  heads * (config->qk_nope_head_dim + config->v_head_dim), 0);
+        } else {
+            /* Absorbed: one shared latent "kv head" of q/k dim kv_lora+rope and v dim kv_lora. */
+            layer->kv_heads = 1;
+            layer->attn_head_dim = layer->latent_dim;
+            layer->attn_v_head_dim = config->kv_lora_rank;
+            layer->attn_group = heads;
+            if ((status = resolve_gemm(layer, &layer->absorb_uk, config->qk_nope_head_dim,
+                                       config->kv_lora_rank, 0)) != SNEPPX_OK)
+                return status;
+            status = resolve_gemm(layer, &layer->absorb_uv, config->kv_lora_rank, config->v_head_dim, 0);
+        }
+        if (status != SNEPPX_OK)
+            return status;
+        if ((status = resolve_gemm(layer, &layer->o_proj, layer->attn_dim, config->hidden_size,
+                                   config->o_bias)) != SNEPPX_OK)
+            return status;
+    } else {
+        layer->head_dim = sneppx_config_head_dim(config);
+        layer->v_head_dim = layer->head_dim;
+        layer->kv_heads = config->num_key_value_heads;
+        layer->group = heads / layer->kv_heads;
+        layer->q_dim = heads * layer->head_dim;
+        layer->kv_dim = layer->kv_heads * layer->head_dim;
+        layer->qkv_dim = layer->q_dim + 2 * layer->kv_dim;
+        layer->attn_dim = heads * layer->v_head_dim;
+        layer->attn_head_dim = layer->head_dim;
+        layer->attn_v_head_dim = layer->head_dim;
+        layer->attn_group = layer->group;
+        layer->attn_window = config->sliding_window;
+        if ((status = resolve_gemm(layer, &layer->qkv_proj, config->hidden_size, layer->qkv_dim,
+                                   config->qkv_bias)) != SNEPPX_OK ||
+            (status = resolve_gemm(layer, &layer->o_proj, layer->attn_dim, config->hidden_size,
+                                   config->o_bias)) != SNEPPX_OK)
+            return status;
+    }
+    layer->group = layer->attn_group;
+
+    const int64_t rope_values[] = {layer->rotary_dim, config->rope_interleaved ? 1 : 0};
+    if ((status = resolve(layer, "rope", rope_values, &layer->rope)) != SNEPPX_OK)
+        return status;
+    const sneppx_kernel *attention;
+    if ((status = sneppx_layer_attention_kernel(layer, atomic_load(&layer->use_flash), 0, &attention)) !=
+        SNEPPX_OK)
+        return status;
+
+    layer->inv_freq = malloc(sizeof(double) * (size_t)(layer->rotary_dim / 2));
+    if (!layer->inv_freq)
+        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "layer: out of memory for RoPE frequencies");
+    struct sneppx_rope_params params;
+    sneppx_config_rope_params(config, &params);
+    sneppx_rope_inv_freq(&params, 0, layer->inv_freq, &layer->attention_factor);
+    return SNEPPX_OK;
+}
+
+sneppx_status sneppx_layer_create(const sneppx_config *config, const sneppx_weights *weights,
+                                  sneppx_layer **out)
+{
+    sneppx_clear_error();
+    if (!out)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer: output pointer must not be NULL");
+    *out = NULL;
+    if (!config)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
+    sneppx_layer *layer = NULL;
+    sneppx_status status = layer_init(config, &layer);
+    if (status == SNEPPX_OK)
+        status = sneppx_layer_load_weights(layer, weights);
+    if (status != SNEPPX_OK) {
+        sneppx_layer_destroy(layer);
+        return status;
+    }
+    *out = layer;
+    return SNEPPX_OK;
+}
+
+sneppx_status sneppx_layer_warmup(const sneppx_config *config)
+{
+    sneppx_clear_error();
+    if (!config)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
+    sneppx_layer *layer = NULL;
+    sneppx_status status = layer_init(config, &layer);
+    const sneppx_kernel *attention;
+    for (int flash = 0; flash < 2 && status == SNEPPX_OK; flash++)
+        for (int explicit_mask = 0; explicit_mask < 2 && status == SNEPPX_OK; explicit_mask++)
+            status = sneppx_layer_attention_kernel(layer, flash, explicit_mask, &attention);
+    sneppx_layer_destroy(layer);
+    return status;
+}
+
+sneppx_status sneppx_layer_set_flash(sneppx_layer *layer, int use_flash_attn)
+{
+    sneppx_clear_error();
+    if (!layer)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer: must not be NULL");
+    const sneppx_kernel *attention;
+    sneppx_status status = sneppx_layer_attention_kernel(layer, use_flash_attn ? 1 : 0, 0, &attention);
+    if (status != SNEPPX_OK)
+        return status;
+    atomic_store(&layer->use_flash, use_flash_attn ? 1 : 0);
+    layer->config.use_flash_attn = use_flash_attn ? 1 : 0;
+    return SNEPPX_OK;
+}
+
+const sneppx_config *sneppx_layer_config(const sneppx_layer *layer) { return layer ? &layer->config : NULL; }
+
+const char *sneppx_layer_keys(const sneppx_layer *layer)
+{
+    return layer && layer->keys ? layer->keys : "";
+}
+
+static void free_gemm(struct sneppx_packed_gemm *gemm)
+{
+    free(gemm->panels);
+    free(gemm->bias);
+}
+
+void sneppx_layer_destroy(sneppx_layer *layer)
+{
+    if (!layer)
+        return;
+    sneppx_workspace_free_all(layer);
+    free_gemm(&layer->qkv_proj);
+    free_gemm(&layer->o_proj);
+    free_gemm(&layer->q_a_proj);
+    free_gemm(&layer->kv_a_proj);
+    free_gemm(&layer->kv_b_proj);
+    free_gemm(&layer->absorb_uk);
+    free_gemm(&layer->absorb_uv);
+    free(layer->q_a_norm_weight);
+    free(layer->kv_a_norm_weight);
+    free(layer->inv_freq);
+    free(layer->cos_cache);
+    free(layer->sin_cache);
+    free(layer->keys);
+    pthread_mutex_destroy(&layer->lock);
+    free(layer);
+}
+
+/* Forward: validate every argument before touching out. */
+sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t seq_len,
+                                   const float *hidden_states, const float *attention_mask,
+                                   const int64_t mask_shape[4], const int64_t *position_ids,
+                                   float *out)
+{
+    sneppx_clear_error();
+    if (!layer)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer: must not be NULL");
+    if (batch <= 0 || batch > ((int64_t)1 << 24))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "batch: %lld must be in [1, 2^24]", (long long)batch);
+    if (seq_len <= 0 || seq_len > ((int64_t)1 << 24))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "seq_len: %lld must be in [1, 2^24]",
+                           (long long)seq_len);
+    const sneppx_config *config = &layer->config;
+    int64_t tokens;
+    if (__builtin_mul_overflow(batch, seq_len, &tokens) || tokens > ((int64_t)1 << 26) ||
+        tokens * (layer->qkv_dim + layer->attn_dim + config->hidden_size) > ((int64_t)1 << 40))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "batch * seq_len: %lld x %lld tokens is too large for this layer",
+                           (long long)batch, (long long)seq_len);
+    if (!hidden_states)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "hidden_states: must not be NULL");
+    if (!out)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "out: must not be NULL");
+    int64_t mask_batch_stride = 0;
+    if (attention_mask) {
+        if (!mask_shape)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "mask_shape: must give the 4 dimensions of attention_mask");
+        if ((mask_shape[0] != batch && mask_shape[0] != 1) || mask_shape[1] != 1 ||
+            mask_shape[2] != seq_len || mask_shape[3] != seq_len)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "attention_mask: shape [%lld, %lld, %lld, %lld], expected [%lld, 1, %lld, %lld]",
+                               (long long)mask_shape[0], (long long)mask_shape[1], (long long)mask_shape[2],
+                               (long long)mask_shape[3], (long long)batch, (long long)seq_len,
+                               (long long)seq_len);
+        mask_batch_stride = mask_shape[0] == 1 ? 0 : seq_len * seq_len;
+    }
+    int64_t max_position = seq_len - 1;
+    if (position_ids) {
+        max_position = 0;
+        for (int64_t i = 0; i < tokens; i++) {
+            if (position_ids[i] < 0)
+                return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "position_ids: entry %lld is negative (%lld)",
+                                   (long long)i, (long long)position_ids[i]);
+            if (position_ids[i] > max_position)
+                max_position = position_ids[i];
+        }
+    }
+    /* Dynamic NTK exists to run past max_position_embeddings; every other type stops there. */
+    if (config->rope_scaling.type != SNEPPX_ROPE_DYNAMIC && max_position >= config->max_position_embeddings)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "position_ids: position %lld is beyond max_position_embeddings %lld "
+                           "(extend_context() raises it)",
+                           (long long)max_position, (long long)config->max_position_embeddings);
+    if (max_position > ((int64_t)1 << 40))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "position_ids: position %lld is too large",
+                           (long long)max_position);
+
+    struct sneppx_workspace *workspace;
+    sneppx_status status = sneppx_workspace_acquire(layer, batch, seq_len, &workspace);
+    if (status != SNEPPX_OK)
+        return status;
+    status = sneppx_rope_tables(layer, tokens, seq_len, position_ids, max_position,
+                                workspace->cos, workspace->sin);
+    if (status == SNEPPX_OK)
+        status = sneppx_forward_run(layer, workspace, batch, seq_len, hidden_states, attention_mask,
+                                    mask_batch_stride, out);
+    sneppx_workspace_release(layer, workspace);
+    return status;
+}

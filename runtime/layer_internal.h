@@ -1,0 +1,110 @@
+/* Internal: what a layer holds. One layer = one config, its resolved kernels,
+ * its packed weights and a pool of per-call workspaces. */
+#ifndef SNEPPX_RUNTIME_LAYER_INTERNAL_H
+#define SNEPPX_RUNTIME_LAYER_INTERNAL_H
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "kernels.h"
+#include "sneppx/layer.h"
+
+/* A packed GEMM operand: weights in the kernel's panel layout (+ bias). */
+struct sneppx_packed_gemm {
+    const sneppx_kernel *kernel;   /* gemm-k<K>-n<N>-bias<0|1>-v<vw> */
+    int64_t k, n;
+    float *panels;                 /* sneppx_gemm_packed_floats(k, n, vw) per instance */
+    int64_t panel_floats;          /* floats of one instance (MLA packs one per head) */
+    float *bias;                   /* [n] or NULL */
+};
+
+/* Scratch of one forward call, reused across calls (never allocated per call
+ * once the pool holds one large enough). */
+struct sneppx_workspace {
+    struct sneppx_workspace *next;
+    int64_t tokens, seq_len, threads;
+    float *buffer;
+    size_t buffer_floats;
+    float *qkv;        /* [tokens, qkv_dim]: fused projections (MLA: q) */
+    float *latent;     /* MLA: [tokens, kv_lora + rope] (c | k_pe) */
+    float *q_absorbed; /* MLA absorbed: [tokens, H, kv_lora + rope]; naive: k [tokens, H*dq] */
+    float *q_lora;     /* MLA with q LoRA: [tokens, q_lora_rank] */
+    float *kv_expanded;/* MLA naive: [tokens, H*(nope+v)] */
+    float *attn_out;   /* [tokens, H*dv] (MLA absorbed: [tokens, H*kv_lora]) */
+    float *heads_out;  /* MLA absorbed: [tokens, H*v_head_dim] after W_UV */
+    float *cos, *sin;  /* [tokens, rotary_dim/2] */
+    float *thread_scratch; /* threads x thread_scratch_floats */
+    int64_t thread_scratch_floats;
+};
+
+enum { SNEPPX_ATTN_SDPA = 0, SNEPPX_ATTN_FLASH = 1 };
+enum { SNEPPX_ATTN_IMPLICIT = 0, SNEPPX_ATTN_EXPLICIT = 1 };
+
+struct sneppx_layer {
+    sneppx_config config;
+    int vector_width;
+    int is_mla;
+    int64_t head_dim;        /* q/k dim of one head (MLA: nope + rope) */
+    int64_t v_head_dim;
+    int64_t rotary_dim;
+    int64_t group;           /* query heads per K/V head */
+    int64_t kv_heads;
+    int64_t q_dim, kv_dim, qkv_dim, attn_dim;
+    float softmax_scale;
+
+    struct sneppx_packed_gemm qkv_proj;   /* non-MLA: fused q|k|v; MLA: q_proj or q_b_proj */
+    struct sneppx_packed_gemm o_proj;
+    /* MLA */
+    struct sneppx_packed_gemm q_a_proj, kv_a_proj, kv_b_proj, absorb_uk, absorb_uv;
+    float *q_a_norm_weight, *kv_a_norm_weight;
+    const sneppx_kernel *q_a_norm, *kv_a_norm;
+    int64_t latent_dim;      /* kv_lora_rank + qk_rope_head_dim */
+
+    const sneppx_kernel *rope;
+    /* attention kernels, resolved on first use: [sdpa|flash][implicit|explicit mask] */
+    _Atomic(const sneppx_kernel *) attention[2][2];
+    int64_t attn_head_dim, attn_v_head_dim, attn_group, attn_window; /* attention key values */
+    atomic_int use_flash;
+
+    double *inv_freq;        /* [rotary_dim/2], for non-dynamic positions */
+    double attention_factor;
+    pthread_mutex_t lock;    /* guards the cos/sin cache and the workspace pool */
+    float *cos_cache, *sin_cache;
+    int64_t cached_positions;
+    struct sneppx_workspace *free_workspaces;
+
+    char *keys;              /* one per line, for sneppx_layer_keys() */
+    size_t keys_len, keys_cap;
+};
+
+/* layer.c */
+sneppx_status sneppx_layer_attention_kernel(sneppx_layer *layer, int flash, int explicit_mask,
+                                            const sneppx_kernel **kernel);
+
+/* weights.c */
+sneppx_status sneppx_pack_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *gemm, int64_t instances,
+                               int has_bias);
+void sneppx_pack_gemm_instance(struct sneppx_packed_gemm *gemm, int64_t instance, const float *hf_weight,
+                               int64_t hf_row_stride);
+sneppx_status sneppx_layer_load_weights(sneppx_layer *layer, const sneppx_weights *weights);
+
+/* rope_tables.c */
+sneppx_status sneppx_rope_tables(sneppx_layer *layer, int64_t tokens, int64_t seq_len, const int64_t *positions,
+                                 int64_t max_position, float *cos, float *sin);
+
+/* forward.c */
+sneppx_status sneppx_forward_run(sneppx_layer *layer, struct sneppx_workspace *ws, int64_t batch,
+                                 int64_t seq_len, const float *hidden, const float *mask,
+                                 int64_t mask_batch_stride, float *out);
+
+/* workspace.c */
+sneppx_status sneppx_workspace_acquire(sneppx_layer *layer, int64_t batch, int64_t seq_len,
+                                       struct sneppx_workspace **workspace);
+void sneppx_workspace_release(sneppx_layer *layer, struct sneppx_workspace *workspace);
+void sneppx_workspace_free_all(sneppx_layer *layer);
+
+/* threads.c */
+int sneppx_thread_count(const sneppx_layer *layer);
+void *sneppx_alloc_floats(size_t count);   /* 64-byte aligned, huge pages advised */
+
+#endif

@@ -1,0 +1,131 @@
+/* Per-call scratch, pooled per layer: concurrent forward calls each take their
+ * own workspace; a released one is reused by the next call that fits in it. */
+#include <stdlib.h>
+
+#include "error.h"
+#include "layer_internal.h"
+
+static int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+static sneppx_status workspace_create(sneppx_layer *layer, int64_t batch, int64_t seq_len,
+                                      struct sneppx_workspace **out)
+{
+    const sneppx_config *config = &layer->config;
+    const int64_t tokens = batch * seq_len;
+    const int64_t heads = config->num_attention_heads;
+    const int64_t threads = sneppx_thread_count(layer);
+    const int64_t flash = sneppx_attn_flash_scratch_floats(layer->attn_group, layer->attn_v_head_dim);
+    const int64_t sdpa = sneppx_attn_sdpa_scratch_floats(layer->attn_group, seq_len);
+    int64_t per_thread = round_up(flash > sdpa ? flash : sdpa, 16);
+
+    struct sneppx_workspace *ws = calloc(1, sizeof *ws);
+    if (!ws)
+        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "workspace: out of memory");
+    ws->tokens = tokens;
+    ws->seq_len = seq_len;
+    ws->threads = threads;
+    ws->thread_scratch_floats = per_thread;
+
+    /* Lay out every buffer in one allocation, each 64-byte aligned. */
+    int64_t sizes[10] = {0};
+    float **slots[10] = {&ws->qkv, &ws->latent, &ws->q_absorbed, &ws->q_lora, &ws->kv_expanded,
+                         &ws->attn_out, &ws->heads_out, &ws->cos, &ws->sin, &ws->thread_scratch};
+    const int64_t half = layer->rotary_dim / 2;
+    if (layer->is_mla) {
+        sizes[0] = tokens * layer->q_dim;
+        sizes[1] = tokens * layer->latent_dim;
+        sizes[3] = config->q_lora_rank > 0 ? tokens * config->q_lora_rank : 0;
+        if (config->mla_naive) {
+            sizes[2] = tokens * layer->q_dim; /* expanded K */
+            sizes[4] = tokens * heads * (config->qk_nope_head_dim + config->v_head_dim);
+            sizes[5] = tokens * layer->attn_dim;
+        } else {
+            sizes[2] = tokens * heads * layer->latent_dim;
+            sizes[5] = tokens * heads * config->kv_lora_rank;
+            sizes[6] = tokens * layer->attn_dim;
+        }
+    } else {
+        sizes[0] = tokens * layer->qkv_dim;
+        sizes[5] = tokens * layer->attn_dim;
+    }
+    sizes[7] = tokens * half;
+    sizes[8] = tokens * half;
+    sizes[9] = threads * per_thread;
+    size_t total = 0;
+    for (int i = 0; i < 10; i++)
+        total += (size_t)round_up(sizes[i], 16);
+    ws->buffer = sneppx_alloc_floats(total);
+    if (!ws->buffer) {
+        free(ws);
+        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "workspace: cannot allocate %zu floats for %lld tokens",
+                           total, (long long)tokens);
+    }
+    ws->buffer_floats = total;
+    float *cursor = ws->buffer;
+    for (int i = 0; i < 10; i++) {
+        *slots[i] = sizes[i] ? cursor : NULL;
+        cursor += round_up(sizes[i], 16);
+    }
+    *out = ws;
+    return SNEPPX_OK;
+}
+
+static void workspace_free(struct sneppx_workspace *ws)
+{
+    if (!ws)
+        return;
+    free(ws->buffer);
+    free(ws);
+}
+
+sneppx_status sneppx_workspace_acquire(sneppx_layer *layer, int64_t batch, int64_t seq_len,
+                                       struct sneppx_workspace **out)
+{
+    const int64_t tokens = batch * seq_len;
+    const int64_t threads = sneppx_thread_count(layer);
+    pthread_mutex_lock(&layer->lock);
+    struct sneppx_workspace **link = &layer->free_workspaces;
+    for (; *link; link = &(*link)->next) {
+        struct sneppx_workspace *ws = *link;
+        if (ws->tokens >= tokens && ws->seq_len >= seq_len && ws->threads >= threads) {
+            *link = ws->next;
+            pthread_mutex_unlock(&layer->lock);
+            ws->next = NULL;
+            *out = ws;
+            return SNEPPX_OK;
+        }
+    }
+    pthread_mutex_unlock(&layer->lock);
+    return workspace_create(layer, batch, seq_len, out);
+}
+
+void sneppx_workspace_release(sneppx_layer *layer, struct sneppx_workspace *ws)
+{
+    pthread_mutex_lock(&layer->lock);
+    /* Keep the largest few; a smaller idle workspace is dropped when a larger one returns. */
+    struct sneppx_workspace **link = &layer->free_workspaces;
+    int kept = 0;
+    while (*link) {
+        struct sneppx_workspace *idle = *link;
+        if (++kept >= 4 || (idle->tokens <= ws->tokens && idle->seq_len <= ws->seq_len)) {
+            *link = idle->next;
+            workspace_free(idle);
+            continue;
+        }
+        link = &idle->next;
+    }
+    ws->next = layer->free_workspaces;
+    layer->free_workspaces = ws;
+    pthread_mutex_unlock(&layer->lock);
+}
+
+void sneppx_workspace_free_all(sneppx_layer *layer)
+{
+    struct sneppx_workspace *ws = layer->free_workspaces;
+    while (ws) {
+        struct sneppx_workspace *next = ws->next;
+        workspace_free(ws);
+        ws = next;
+    }
+    layer->free_workspaces = NULL;
+}
