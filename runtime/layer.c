@@ -31,8 +31,20 @@ static sneppx_status resolve(sneppx_layer *layer, const char *family, const int6
 {
     sneppx_status status = sneppx_kernel_resolve(family, values, layer->vector_width, kernel);
     if (status == SNEPPX_OK) {
+        sneppx_kernel_timing timing;
+        int timed = sneppx_kernel_last_timing(&timing) == SNEPPX_OK;
         pthread_mutex_lock(&layer->lock);
         append_key(layer, (*kernel)->key);
+        if (timed && layer->timing_count == layer->timing_cap) {
+            int cap = layer->timing_cap ? layer->timing_cap * 2 : 16;
+            sneppx_kernel_timing *grown = realloc(layer->timings, sizeof *grown * (size_t)cap);
+            if (grown) {
+                layer->timings = grown;
+                layer->timing_cap = cap;
+            }
+        }
+        if (timed && layer->timing_count < layer->timing_cap)
+            layer->timings[layer->timing_count++] = timing;
         pthread_mutex_unlock(&layer->lock);
     }
     return status;
@@ -229,6 +241,56 @@ const char *sneppx_layer_keys(const sneppx_layer *layer)
     return layer && layer->keys ? layer->keys : "";
 }
 
+int sneppx_layer_kernel_count(const sneppx_layer *layer) { return layer ? layer->timing_count : 0; }
+
+sneppx_status sneppx_layer_kernel_timing(const sneppx_layer *layer, int index, sneppx_kernel_timing *timing)
+{
+    sneppx_clear_error();
+    if (!layer)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer: must not be NULL");
+    if (!timing)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "timing: must not be NULL");
+    if (index < 0 || index >= layer->timing_count)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "index: %d is outside [0, %d)", index,
+                           layer->timing_count);
+    *timing = layer->timings[index];
+    return SNEPPX_OK;
+}
+
+/* Query/key pairs a causal mask with window (0 = none) keeps in one sequence. */
+static double visible_pairs(int64_t seq_len, int64_t window)
+{
+    double pairs = 0;
+    for (int64_t i = 0; i < seq_len; i++)
+        pairs += (double)(window > 0 && i + 1 > window ? window : i + 1);
+    return pairs;
+}
+
+double sneppx_layer_flops(const sneppx_layer *layer, int64_t batch, int64_t seq_len)
+{
+    if (!layer || batch <= 0 || seq_len <= 0)
+        return 0;
+    const sneppx_config *c = &layer->config;
+    const double tokens = (double)batch * (double)seq_len, heads = (double)c->num_attention_heads;
+    const double hidden = (double)c->hidden_size;
+    double flops = 2 * tokens * (double)layer->attn_dim * hidden; /* o_proj */
+    if (layer->is_mla) {
+        const double rank = (double)c->kv_lora_rank, nope = (double)c->qk_nope_head_dim;
+        flops += c->q_lora_rank > 0 ? 2 * tokens * (double)c->q_lora_rank * (hidden + (double)layer->q_dim)
+                                    : 2 * tokens * hidden * (double)layer->q_dim;
+        flops += 2 * tokens * hidden * (double)layer->latent_dim;
+        if (c->mla_naive)
+            flops += 2 * tokens * rank * heads * (nope + (double)c->v_head_dim);
+        else
+            flops += 2 * tokens * heads * (nope * rank + rank * (double)c->v_head_dim);
+    } else {
+        flops += 2 * tokens * hidden * (double)layer->qkv_dim;
+    }
+    flops += 2 * (double)batch * heads * visible_pairs(seq_len, layer->attn_window) *
+             (double)(layer->attn_head_dim + layer->attn_v_head_dim);
+    return flops;
+}
+
 static void free_gemm(struct sneppx_packed_gemm *gemm)
 {
     free(gemm->panels);
@@ -253,6 +315,7 @@ void sneppx_layer_destroy(sneppx_layer *layer)
     free(layer->cos_cache);
     free(layer->sin_cache);
     free(layer->keys);
+    free(layer->timings);
     pthread_mutex_destroy(&layer->lock);
     free(layer);
 }

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
+#include "sneppx/cache.h"
 #include "sneppx/layer.h"
 
 /* A packed GEMM operand: weights in the kernel's panel layout (+ bias). */
@@ -73,6 +74,8 @@ struct sneppx_layer {
     int64_t cached_positions;
     struct sneppx_workspace *free_workspaces;
 
+    sneppx_kernel_timing *timings; /* one per resolved kernel */
+    int timing_count, timing_cap;
     char *keys;              /* one per line, for sneppx_layer_keys() */
     size_t keys_len, keys_cap;
 };

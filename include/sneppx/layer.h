@@ -16,6 +16,7 @@
 #define SNEPPX_LAYER_H
 
 #include <stdint.h>
+#include "sneppx/cache.h"
 #include "sneppx/config.h"
 
 #ifdef __cplusplus
@@ -69,6 +70,16 @@ const sneppx_config *sneppx_layer_config(const sneppx_layer *layer);
 
 /* Canonical keys of the kernels the layer resolved, one per line. */
 const char *sneppx_layer_keys(const sneppx_layer *layer);
+
+/* Number of kernels the layer resolved so far, and how the i-th was found
+ * (key, compiled / disk / memory, milliseconds). */
+int sneppx_layer_kernel_count(const sneppx_layer *layer);
+sneppx_status sneppx_layer_kernel_timing(const sneppx_layer *layer, int index, sneppx_kernel_timing *timing);
+
+/* Floating-point operations of one forward with a causal (+window) mask: only
+ * the arithmetic the mask keeps is counted (GEMMs 2*M*N*K, attention 2*(d+dv)
+ * per visible query/key pair and head). */
+double sneppx_layer_flops(const sneppx_layer *layer, int64_t batch, int64_t seq_len);
 
 void sneppx_layer_destroy(sneppx_layer *layer);
 

@@ -1,0 +1,10 @@
+/* sneppx — the whole public C API. */
+#ifndef SNEPPX_SNEPPX_H
+#define SNEPPX_SNEPPX_H
+
+#include "sneppx/status.h"
+#include "sneppx/config.h"
+#include "sneppx/cache.h"
+#include "sneppx/layer.h"
+
+#endif

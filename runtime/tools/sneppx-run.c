@@ -1,0 +1,169 @@
+/* sneppx-run: the main job. For each preset, JIT-compiles (or loads from the
+ * disk cache) every kernel of the layer, runs forward passes on synthetic
+ * weights and inputs, and prints the keys, compile/cache times and GFLOP/s. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sneppx/sneppx.h"
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static int compare_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static const char *source_name(sneppx_kernel_source source)
+{
+    switch (source) {
+    case SNEPPX_KERNEL_SOURCE_COMPILED: return "compiled";
+    case SNEPPX_KERNEL_SOURCE_DISK: return "disk cache";
+    case SNEPPX_KERNEL_SOURCE_MEMORY: return "memory";
+    default: return "?";
+    }
+}
+
+static void usage(FILE *to)
+{
+    fprintf(to, "usage: sneppx-run [--arch NAME]... [--seq T] [--batch B] [--threads N] [--repeat R] [--sdpa]\n"
+                "  Runs one attention layer forward per preset (default: llama3-8B mistral-7B qwen2-7B\n"
+                "  deepseek-v2-lite) on synthetic weights; --list-archs prints the preset names.\n");
+}
+
+static int run_arch(const char *arch, int64_t batch, int64_t seq_len, int threads, int repeat, int flash)
+{
+    sneppx_config config;
+    if (sneppx_config_from_name(arch, NULL, &config) != SNEPPX_OK) {
+        fprintf(stderr, "sneppx-run: %s\n", sneppx_last_error());
+        return 1;
+    }
+    config.num_threads = threads;
+    config.use_flash_attn = flash;
+    printf("== %s: hidden %lld, heads %lld/%lld, window %lld, batch %lld, seq %lld, %s\n", config.name,
+           (long long)config.hidden_size, (long long)config.num_attention_heads,
+           (long long)config.num_key_value_heads, (long long)config.sliding_window, (long long)batch,
+           (long long)seq_len, flash ? "flash" : "sdpa");
+    double start = now_ms();
+    sneppx_layer *layer;
+    if (sneppx_layer_create(&config, NULL, &layer) != SNEPPX_OK) {
+        fprintf(stderr, "sneppx-run: %s: %s\n", arch, sneppx_last_error());
+        return 1;
+    }
+    double created = now_ms() - start;
+    double kernel_ms = 0;
+    for (int i = 0; i < sneppx_layer_kernel_count(layer); i++) {
+        sneppx_kernel_timing timing;
+        sneppx_layer_kernel_timing(layer, i, &timing);
+        kernel_ms += timing.total_ms;
+        printf("   kernel %-48s %-10s %8.2f ms\n", timing.key, source_name(timing.source), timing.total_ms);
+    }
+    printf("   layer ready in %.1f ms (kernels %.1f ms, synthetic weights + packing %.1f ms)\n", created,
+           kernel_ms, created - kernel_ms);
+
+    const int64_t tokens = batch * seq_len;
+    float *hidden = malloc(sizeof(float) * (size_t)(tokens * config.hidden_size));
+    float *out = malloc(sizeof(float) * (size_t)(tokens * config.hidden_size));
+    double *times = malloc(sizeof(double) * (size_t)(repeat + 1));
+    if (!hidden || !out || !times) {
+        fprintf(stderr, "sneppx-run: out of memory\n");
+        return 1;
+    }
+    unsigned state = 12345;
+    for (int64_t i = 0; i < tokens * config.hidden_size; i++) {
+        state = state * 1103515245u + 12345u;
+        hidden[i] = (float)((state >> 8) & 0xffff) / 32768.0f - 1.0f;
+    }
+    int failed = 0;
+    for (int r = 0; r <= repeat && !failed; r++) { /* run 0 warms up (first-touch, tables) */
+        double t0 = now_ms();
+        if (sneppx_layer_forward(layer, batch, seq_len, hidden, NULL, NULL, NULL, out) != SNEPPX_OK) {
+            fprintf(stderr, "sneppx-run: forward: %s\n", sneppx_last_error());
+            failed = 1;
+        }
+        times[r] = now_ms() - t0;
+    }
+    if (!failed) {
+        qsort(times + 1, (size_t)repeat, sizeof(double), compare_doubles);
+        double median = times[1 + repeat / 2];
+        double checksum = 0;
+        for (int64_t i = 0; i < tokens * config.hidden_size; i++)
+            checksum += out[i];
+        double gflops = sneppx_layer_flops(layer, batch, seq_len) / (median * 1e6);
+        printf("   forward: first %.2f ms, median %.2f ms (min %.2f, max %.2f) over %d runs = %.1f GFLOP/s"
+               "  [checksum %.6g]\n",
+               times[0], median, times[1], times[repeat], repeat, gflops, checksum);
+    }
+    free(hidden);
+    free(out);
+    free(times);
+    sneppx_layer_destroy(layer);
+    return failed;
+}
+
+int main(int argc, char **argv)
+{
+    const char *archs[64];
+    int arch_count = 0, threads = 0, repeat = 5, flash = 1;
+    int64_t seq_len = 128, batch = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        const char *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(arg, "--arch") && value && arch_count < 64) {
+            archs[arch_count++] = value;
+            i++;
+        } else if (!strcmp(arg, "--seq") && value) {
+            seq_len = atoll(value);
+            i++;
+        } else if (!strcmp(arg, "--batch") && value) {
+            batch = atoll(value);
+            i++;
+        } else if (!strcmp(arg, "--threads") && value) {
+            threads = atoi(value);
+            i++;
+        } else if (!strcmp(arg, "--repeat") && value) {
+            repeat = atoi(value);
+            i++;
+        } else if (!strcmp(arg, "--sdpa")) {
+            flash = 0;
+        } else if (!strcmp(arg, "--list-archs")) {
+            for (int p = 0; p < sneppx_preset_count(); p++)
+                printf("%s\n", sneppx_preset_name(p));
+            return 0;
+        } else if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "sneppx-run: bad argument '%s'\n", arg);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (seq_len <= 0 || batch <= 0 || repeat <= 0 || threads < 0) {
+        fprintf(stderr, "sneppx-run: --seq, --batch and --repeat must be > 0, --threads >= 0\n");
+        return 2;
+    }
+    if (arch_count == 0) {
+        archs[arch_count++] = "llama3-8B";
+        archs[arch_count++] = "mistral-7B";
+        archs[arch_count++] = "qwen2-7B";
+        archs[arch_count++] = "deepseek-v2-lite";
+    }
+    printf("sneppx-run: kernel cache %s\n", sneppx_cache_dir()[0] ? sneppx_cache_dir() : "(memory only)");
+    int failures = 0;
+    for (int a = 0; a < arch_count; a++)
+        failures += run_arch(archs[a], batch, seq_len, threads, repeat, flash);
+    sneppx_jit_stats stats;
+    sneppx_jit_stats_get(&stats);
+    printf("JIT: %llu compiled (%.1f ms), %llu loaded from the disk cache, %llu memory hits\n",
+           (unsigned long long)stats.compiles, stats.compile_ms_total, (unsigned long long)stats.disk_hits,
+           (unsigned long long)stats.memory_hits);
+    return failures ? 1 : 0;
+}
