@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian packages sneppx needs, only those missing (sourced by run.sh and test.sh).
+set -euo pipefail
+SNEPPX_PACKAGES=(
+  cmake ninja-build gcc pkg-config
+  llvm-19-dev clang-19 llvm-19-tools libclang-rt-19-dev libomp-19-dev
+  libcjson-dev libssl-dev libopenblas-dev
+  python3 python3-jinja2 python3-numpy python3-pytest
+)
+missing=()
+for package in "${SNEPPX_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if ((${#missing[@]})); then
+  echo "sneppx: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
