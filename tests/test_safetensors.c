@@ -1,0 +1,249 @@
+/* The safetensors file reader: dtype conversion to float32 (F32, F16, BF16,
+ * F64 bit-exact), header validation (every malformed header is a FORMAT error
+ * naming the file and the tensor), and argument checks. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <unistd.h>
+
+#include "sneppx/safetensors.h"
+
+static int failures;
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed (last error: %s)\n", __FILE__, __LINE__, #cond, \
+                    sneppx_last_error());                                                          \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+static char work_dir[256];
+
+static const char *temp_path(const char *name)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", work_dir, name);
+    return path;
+}
+
+/* 8-byte little-endian length (header_length, which may lie), header text, data. */
+static void write_raw(const char *path, uint64_t header_length, const char *header, const void *data,
+                      size_t data_size)
+{
+    FILE *stream = fopen(path, "wb");
+    if (!stream) {
+        perror(path);
+        exit(2);
+    }
+    unsigned char length[8];
+    for (int i = 0; i < 8; i++)
+        length[i] = (unsigned char)(header_length >> (8 * i));
+    fwrite(length, 1, 8, stream);
+    fwrite(header, 1, strlen(header), stream);
+    if (data_size)
+        fwrite(data, 1, data_size, stream);
+    fclose(stream);
+}
+
+static void write_file(const char *path, const char *header, const void *data, size_t data_size)
+{
+    write_raw(path, strlen(header), header, data, data_size);
+}
+
+/* Opens a file whose header is `header` over 64 zero bytes; expects `expected`
+ * and a message that contains `needle`. */
+static void expect_open_error(const char *header, sneppx_status expected, const char *needle)
+{
+    static const unsigned char zeros[64];
+    const char *path = temp_path("bad.safetensors");
+    write_file(path, header, zeros, sizeof zeros);
+    sneppx_safetensors *file = (sneppx_safetensors *)1;
+    sneppx_status status = sneppx_safetensors_open(path, &file);
+    CHECK(status == expected);
+    CHECK(file == NULL);
+    CHECK(strstr(sneppx_last_error(), path) != NULL);
+    if (!strstr(sneppx_last_error(), needle)) {
+        fprintf(stderr, "  header %s: message '%s' lacks '%s'\n", header, sneppx_last_error(), needle);
+        failures++;
+    }
+}
+
+static int same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+static void test_dtype_conversion(void)
+{
+    /* F32 [2,2], F16 [7], BF16 [3], F64 [2], I32 [1], laid out back to back. */
+    const float f32[4] = {1.5f, -2.25f, 3.0e-38f, 65536.0f};
+    const uint16_t f16[7] = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x8000, 0x7c00, 0x7e00};
+    const float f16_expect[6] = {1.0f, -2.0f, 65504.0f, 0x1p-24f, -0.0f, INFINITY};
+    const uint16_t bf16[3] = {0x3f80, 0xc0a0, 0x7f80};
+    const float bf16_expect[3] = {1.0f, -5.0f, INFINITY};
+    const double f64[2] = {0.1, -1.0e300};
+    const int32_t i32[1] = {7};
+    unsigned char data[16 + 14 + 6 + 16 + 4];
+    size_t at = 0;
+    memcpy(data + at, f32, 16), at += 16;
+    memcpy(data + at, f16, 14), at += 14;
+    memcpy(data + at, bf16, 6), at += 6;
+    memcpy(data + at, f64, 16), at += 16;
+    memcpy(data + at, i32, 4), at += 4;
+    const char *header =
+        "{\"__metadata__\":{\"format\":\"pt\"},"
+        "\"w.f32\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
+        "\"w.f16\":{\"dtype\":\"F16\",\"shape\":[7],\"data_offsets\":[16,30]},"
+        "\"w.bf16\":{\"dtype\":\"BF16\",\"shape\":[1,3],\"data_offsets\":[30,36]},"
+        "\"w.f64\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[36,52]},"
+        "\"w.i32\":{\"dtype\":\"I32\",\"shape\":[],\"data_offsets\":[52,56]}}   ";
+    const char *path = temp_path("dtypes.safetensors");
+    write_file(path, header, data, sizeof data);
+
+    sneppx_safetensors *file = NULL;
+    CHECK(sneppx_safetensors_open(path, &file) == SNEPPX_OK);
+    if (!file)
+        return;
+    CHECK(sneppx_safetensors_tensor_count(file) == 5);
+    CHECK(strcmp(sneppx_safetensors_path(file), path) == 0);
+
+    sneppx_tensor_info info;
+    int64_t index = sneppx_safetensors_find(file, "w.f32");
+    CHECK(sneppx_safetensors_tensor_info(file, index, &info) == SNEPPX_OK);
+    CHECK(strcmp(info.name, "w.f32") == 0 && strcmp(info.dtype, "F32") == 0);
+    CHECK(info.rank == 2 && info.shape[0] == 2 && info.shape[1] == 2);
+    CHECK(info.element_count == 4 && info.byte_size == 16);
+    float out[7];
+    CHECK(sneppx_safetensors_read_f32(file, index, out, 4) == SNEPPX_OK);
+    for (int i = 0; i < 4; i++)
+        CHECK(same_bits(out[i], f32[i]));
+
+    index = sneppx_safetensors_find(file, "w.f16");
+    CHECK(sneppx_safetensors_read_f32(file, index, out, 7) == SNEPPX_OK);
+    for (int i = 0; i < 6; i++)
+        CHECK(same_bits(out[i], f16_expect[i]));
+    CHECK(isnan(out[6]));
+
+    index = sneppx_safetensors_find(file, "w.bf16");
+    CHECK(sneppx_safetensors_read_f32(file, index, out, 3) == SNEPPX_OK);
+    for (int i = 0; i < 3; i++)
+        CHECK(same_bits(out[i], bf16_expect[i]));
+
+    index = sneppx_safetensors_find(file, "w.f64");
+    CHECK(sneppx_safetensors_read_f32(file, index, out, 2) == SNEPPX_OK);
+    CHECK(same_bits(out[0], (float)0.1) && isinf(out[1]) && out[1] < 0);
+
+    /* A rank-0 tensor has one element; I32 is valid in a file but does not convert. */
+    index = sneppx_safetensors_find(file, "w.i32");
+    CHECK(sneppx_safetensors_tensor_info(file, index, &info) == SNEPPX_OK);
+    CHECK(info.rank == 0 && info.element_count == 1);
+    CHECK(sneppx_safetensors_read_f32(file, index, out, 1) == SNEPPX_ERR_UNSUPPORTED);
+    CHECK(strstr(sneppx_last_error(), "w.i32") && strstr(sneppx_last_error(), "I32"));
+
+    /* Argument checks. */
+    CHECK(sneppx_safetensors_find(file, "absent") == -1);
+    CHECK(sneppx_safetensors_find(file, NULL) == -1);
+    CHECK(sneppx_safetensors_read_f32(file, sneppx_safetensors_find(file, "w.f32"), out, 3) ==
+          SNEPPX_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(sneppx_last_error(), "w.f32") != NULL);
+    CHECK(sneppx_safetensors_read_f32(file, 99, out, 1) == SNEPPX_ERR_INVALID_ARGUMENT);
+    CHECK(sneppx_safetensors_read_f32(file, 0, NULL, 1) == SNEPPX_ERR_INVALID_ARGUMENT);
+    CHECK(sneppx_safetensors_tensor_info(file, -1, &info) == SNEPPX_ERR_INVALID_ARGUMENT);
+    sneppx_safetensors_close(file);
+}
+
+static void test_malformed_headers(void)
+{
+    expect_open_error("[1, 2]", SNEPPX_ERR_FORMAT, "not a JSON object");
+    expect_open_error("{\"a\": ", SNEPPX_ERR_FORMAT, "not a JSON object");
+    expect_open_error("{} xx", SNEPPX_ERR_FORMAT, "trailing bytes");
+    expect_open_error("{\"__metadata__\": 3}", SNEPPX_ERR_FORMAT, "__metadata__");
+    expect_open_error("{\"t.w\": 5}", SNEPPX_ERR_FORMAT, "'t.w': entry is not a JSON object");
+    expect_open_error("{\"t.w\":{\"shape\":[1],\"data_offsets\":[0,4]}}", SNEPPX_ERR_FORMAT, "'t.w': missing");
+    expect_open_error("{\"t.w\":{\"dtype\":\"F7\",\"shape\":[1],\"data_offsets\":[0,4]}}", SNEPPX_ERR_FORMAT,
+                      "'t.w': unknown dtype 'F7'");
+    expect_open_error("{\"t.w\":{\"dtype\":\"F32\",\"shape\":4,\"data_offsets\":[0,16]}}", SNEPPX_ERR_FORMAT,
+                      "'t.w': \"shape\" is not an array");
+    expect_open_error("{\"t.w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", SNEPPX_ERR_FORMAT,
+                      "'t.w': shape[0]");
+    expect_open_error("{\"t.w\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", SNEPPX_ERR_FORMAT,
+                      "'t.w': shape[0]");
+    expect_open_error("{\"t.w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,4]}}",
+                      SNEPPX_ERR_FORMAT, "'t.w': shape product overflows");
+    expect_open_error("{\"t.w\":{\"dtype\":\"F64\",\"shape\":[4503599627370496,1024],\"data_offsets\":[0,4]}}",
+                      SNEPPX_ERR_FORMAT, "'t.w': byte size of the shape overflows");
+    expect_open_error("{\"t.w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", SNEPPX_ERR_FORMAT,
+                      "'t.w': \"data_offsets\"");
+    expect_open_error("{\"t.w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", SNEPPX_ERR_FORMAT,
+                      "'t.w': data_offsets [8, 4]");
+    expect_open_error("{\"t.w\":{\"dtype\":\"F32\",\"shape\":[20],\"data_offsets\":[0,80]}}", SNEPPX_ERR_FORMAT,
+                      "outside the 64-byte data buffer");
+    expect_open_error("{\"t.w\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[0,8]}}", SNEPPX_ERR_FORMAT,
+                      "'t.w': BF16 shape of 3 elements needs 6 bytes, data_offsets span 8");
+    expect_open_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                      "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+                      SNEPPX_ERR_FORMAT, "tensors 'a' and 'b' overlap");
+    expect_open_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                      "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+                      SNEPPX_ERR_FORMAT, "tensor 'a' appears twice");
+}
+
+static void test_header_length_bounds(void)
+{
+    const char *path = temp_path("short.safetensors");
+    sneppx_safetensors *file = NULL;
+
+    FILE *stream = fopen(path, "wb");
+    fwrite("\x04\0\0\0", 1, 4, stream);
+    fclose(stream);
+    CHECK(sneppx_safetensors_open(path, &file) == SNEPPX_ERR_FORMAT);
+    CHECK(strstr(sneppx_last_error(), "too small") != NULL);
+
+    write_raw(path, 1000, "{}", NULL, 0); /* claims more header than the file holds */
+    CHECK(sneppx_safetensors_open(path, &file) == SNEPPX_ERR_FORMAT);
+    CHECK(strstr(sneppx_last_error(), "header length 1000") != NULL);
+
+    write_raw(path, UINT64_MAX, "{}", NULL, 0);
+    CHECK(sneppx_safetensors_open(path, &file) == SNEPPX_ERR_FORMAT);
+
+    write_raw(path, 0, "{}", NULL, 0);
+    CHECK(sneppx_safetensors_open(path, &file) == SNEPPX_ERR_FORMAT);
+
+    write_file(path, "{}", NULL, 0); /* a valid file without tensors */
+    CHECK(sneppx_safetensors_open(path, &file) == SNEPPX_OK);
+    CHECK(sneppx_safetensors_tensor_count(file) == 0);
+    sneppx_safetensors_close(file);
+    unlink(path);
+}
+
+static void test_open_arguments(void)
+{
+    sneppx_safetensors *file = NULL;
+    CHECK(sneppx_safetensors_open(temp_path("missing.safetensors"), &file) == SNEPPX_ERR_IO);
+    CHECK(strstr(sneppx_last_error(), "missing.safetensors") != NULL);
+    CHECK(sneppx_safetensors_open(work_dir, &file) == SNEPPX_ERR_IO); /* a directory */
+    CHECK(sneppx_safetensors_open(NULL, &file) == SNEPPX_ERR_INVALID_ARGUMENT);
+    CHECK(sneppx_safetensors_open(work_dir, NULL) == SNEPPX_ERR_INVALID_ARGUMENT);
+    CHECK(sneppx_safetensors_tensor_count(NULL) == 0);
+    sneppx_safetensors_close(NULL);
+}
+
+int main(void)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(work_dir, sizeof work_dir, "%s/sneppx-safetensors-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(work_dir)) {
+        perror("mkdtemp");
+        return 2;
+    }
+    test_dtype_conversion();
+    test_malformed_headers();
+    test_header_length_bounds();
+    test_open_arguments();
+    unlink(temp_path("dtypes.safetensors"));
+    unlink(temp_path("bad.safetensors"));
+    rmdir(work_dir);
+    if (failures)
+        fprintf(stderr, "test_safetensors: %d check(s) failed\n", failures);
+    return failures ? 1 : 0;
+}
