@@ -24,6 +24,11 @@ sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, int v
 sneppx_status sneppx_kernel_resolve(const char *family, const int64_t *values, int vector_width,
                                     const sneppx_kernel **kernel);
 
+/* Tests only: forgets every resolved kernel (their code is unlinked: pointers
+ * handed out before become invalid) and zeroes the JIT statistics, so the
+ * next resolve goes to the disk cache or the JIT again. Not thread-safe. */
+void sneppx_kernel_cache_reset_for_testing(void);
+
 /* 16 on AVX-512 hosts, 8 otherwise (the host CPU's features as LLVM reports them). */
 int sneppx_host_vector_width(void);
 

@@ -1,0 +1,493 @@
+#include "disk_cache.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <pwd.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "sneppx/cache.h"
+
+#define ENTRY_SUFFIX ".o"
+#define LOCK_SUFFIX ".lock"
+#define TEMP_MARK ".tmp-"               /* temp files: .<key>.o.tmp-<pid>-<n> */
+#define ENTRY_MAGIC "sneppxK\n"
+#define ENTRY_FORMAT_VERSION 1
+#define DEFAULT_MAX_MB 1024
+#define MAX_PAYLOAD_BYTES (256u << 20)  /* far above any kernel; bounds a hostile size field */
+
+struct entry_header {
+    char magic[8];
+    uint32_t format_version;
+    uint32_t header_size;
+    uint64_t payload_size;
+    uint8_t fingerprint[SNEPPX_SHA256_SIZE];
+    uint8_t payload_sha256[SNEPPX_SHA256_SIZE];
+};
+
+/* ---- the directory, resolved once --------------------------------------- */
+
+static struct {
+    int fd;                 /* -1 when memory-only */
+    char path[PATH_MAX];
+    uint64_t max_bytes;
+} cache = {.fd = -1};
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+static atomic_int temp_counter;
+
+/* The chosen path, before any check: the first environment override set. */
+static int choose_path(char *path, size_t size)
+{
+    const char *explicit_dir = getenv("SNEPPX_CACHE_DIR");
+    if (explicit_dir && explicit_dir[0])
+        return snprintf(path, size, "%s", explicit_dir) < (int)size;
+    const char *xdg = getenv("XDG_CACHE_HOME");
+    if (xdg && xdg[0] == '/') /* the XDG spec ignores relative values */
+        return snprintf(path, size, "%s/sneppx", xdg) < (int)size;
+    const char *home = getenv("HOME");
+    if (!home || !home[0]) {
+        struct passwd *user = getpwuid(geteuid());
+        home = user ? user->pw_dir : NULL;
+    }
+    return home && snprintf(path, size, "%s/.cache/sneppx", home) < (int)size;
+}
+
+/* mkdir -p with mode 0700 for every directory it creates. */
+static int make_directories(const char *path)
+{
+    char prefix[PATH_MAX];
+    snprintf(prefix, sizeof prefix, "%s", path);
+    for (char *slash = strchr(prefix + 1, '/');; slash = strchr(slash + 1, '/')) {
+        if (slash)
+            *slash = '\0';
+        if (prefix[0] && mkdir(prefix, 0700) != 0 && errno != EEXIST)
+            return -1;
+        if (!slash)
+            return 0;
+        *slash = '/';
+    }
+}
+
+/* Why the directory open as fd cannot hold trusted code, or NULL. */
+static const char *refusal(int fd, char *reason, size_t reason_size)
+{
+    struct stat info;
+    if (fstat(fd, &info) != 0)
+        return strerror(errno);
+    if (info.st_uid != geteuid()) {
+        snprintf(reason, reason_size, "owned by uid %u, not by this user (uid %u)", (unsigned)info.st_uid,
+                 (unsigned)geteuid());
+        return reason;
+    }
+    /* Others who can write the directory can swap an entry for their own
+     * code, unless the sticky bit stops them renaming over our files. */
+    if ((info.st_mode & (S_IWGRP | S_IWOTH)) && !(info.st_mode & S_ISVTX)) {
+        snprintf(reason, reason_size, "writable by group or others (mode %04o)", (unsigned)(info.st_mode & 07777));
+        return reason;
+    }
+    /* Writable for us: create and remove a probe file. */
+    char probe[64];
+    snprintf(probe, sizeof probe, ".probe-%ld", (long)getpid());
+    int probe_fd = openat(fd, probe, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (probe_fd < 0) {
+        snprintf(reason, reason_size, "not writable: %s", strerror(errno));
+        return reason;
+    }
+    close(probe_fd);
+    unlinkat(fd, probe, 0);
+    return NULL;
+}
+
+static uint64_t read_max_bytes(void)
+{
+    const char *env = getenv("SNEPPX_CACHE_MAX_MB");
+    if (!env || !env[0])
+        return (uint64_t)DEFAULT_MAX_MB << 20;
+    char *end;
+    unsigned long long megabytes = strtoull(env, &end, 10);
+    if (*end != '\0' || env[0] == '-' || megabytes > (UINT64_MAX >> 20)) {
+        sneppx_log(0, "warning: SNEPPX_CACHE_MAX_MB='%s' is not a size in MiB; using %d", env, DEFAULT_MAX_MB);
+        return (uint64_t)DEFAULT_MAX_MB << 20;
+    }
+    return (uint64_t)megabytes << 20;
+}
+
+static void resolve_cache(void)
+{
+    cache.max_bytes = read_max_bytes();
+    char chosen[PATH_MAX], reason[256];
+    const char *problem = NULL;
+    int fd = -1;
+    if (!choose_path(chosen, sizeof chosen)) {
+        snprintf(chosen, sizeof chosen, "(none)");
+        problem = "no SNEPPX_CACHE_DIR, XDG_CACHE_HOME or home directory";
+    } else if (make_directories(chosen) != 0) {
+        snprintf(reason, sizeof reason, "cannot create it: %s", strerror(errno));
+        problem = reason;
+    } else if ((fd = open(chosen, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+        snprintf(reason, sizeof reason, "cannot open it: %s", strerror(errno));
+        problem = reason;
+    } else {
+        problem = refusal(fd, reason, sizeof reason);
+    }
+    if (problem) {
+        if (fd >= 0)
+            close(fd);
+        /* The one warning of a process without a disk cache. */
+        sneppx_log(0, "warning: kernel disk cache %s disabled (%s); compiled kernels stay in memory", chosen,
+                   problem);
+        return;
+    }
+    if (!realpath(chosen, cache.path))
+        snprintf(cache.path, sizeof cache.path, "%s", chosen);
+    cache.fd = fd;
+    sneppx_log(2, "kernel disk cache: %s", cache.path);
+}
+
+static int cache_fd(void)
+{
+    pthread_once(&cache_once, resolve_cache);
+    return cache.fd;
+}
+
+const char *sneppx_disk_cache_path(void) { return cache_fd() >= 0 ? cache.path : NULL; }
+
+uint64_t sneppx_disk_cache_max_bytes(void)
+{
+    cache_fd();
+    return cache.max_bytes;
+}
+
+/* ---- entries ------------------------------------------------------------ */
+
+static void entry_name(const char *key, const char *suffix, char *name, size_t size)
+{
+    snprintf(name, size, "%s%s", key, suffix);
+}
+
+static int has_suffix(const char *name, const char *suffix)
+{
+    size_t length = strlen(name), suffix_length = strlen(suffix);
+    return length > suffix_length && strcmp(name + length - suffix_length, suffix) == 0;
+}
+
+/* Reads exactly size bytes; 0 on success. */
+static int read_fully(int fd, void *data, size_t size)
+{
+    for (size_t done = 0; done < size;) {
+        ssize_t n = read(fd, (char *)data + done, size - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        done += (size_t)n;
+    }
+    return 0;
+}
+
+static int write_fully(int fd, const void *data, size_t size)
+{
+    for (size_t done = 0; done < size;) {
+        ssize_t n = write(fd, (const char *)data + done, size - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        done += (size_t)n;
+    }
+    return 0;
+}
+
+/* Why the open entry fd (of expected payload) is not trusted, or NULL. */
+static const char *verify_entry(int fd, const uint8_t fingerprint[SNEPPX_SHA256_SIZE], void **object,
+                                size_t *object_size)
+{
+    struct stat info;
+    struct entry_header header;
+    if (fstat(fd, &info) != 0)
+        return "cannot stat it";
+    if (!S_ISREG(info.st_mode))
+        return "not a regular file";
+    if (info.st_uid != geteuid())
+        return "not owned by this user";
+    if (info.st_mode & (S_IWGRP | S_IWOTH))
+        return "writable by group or others";
+    if ((uint64_t)info.st_size < sizeof header || read_fully(fd, &header, sizeof header) != 0)
+        return "truncated header";
+    if (memcmp(header.magic, ENTRY_MAGIC, sizeof header.magic) != 0)
+        return "not a sneppx cache entry";
+    if (header.format_version != ENTRY_FORMAT_VERSION || header.header_size != sizeof header)
+        return "another entry format version";
+    if (memcmp(header.fingerprint, fingerprint, SNEPPX_SHA256_SIZE) != 0)
+        return "fingerprint differs (other bitcode, versions, options or host)";
+    if (header.payload_size > MAX_PAYLOAD_BYTES || header.payload_size != (uint64_t)info.st_size - sizeof header)
+        return "size differs from its header (truncated or extended)";
+    void *payload = malloc(header.payload_size ? header.payload_size : 1);
+    if (!payload)
+        return "out of memory";
+    uint8_t digest[SNEPPX_SHA256_SIZE];
+    if (read_fully(fd, payload, header.payload_size) != 0) {
+        free(payload);
+        return "truncated payload";
+    }
+    sneppx_sha256(payload, header.payload_size, digest);
+    if (memcmp(digest, header.payload_sha256, SNEPPX_SHA256_SIZE) != 0) {
+        free(payload);
+        return "payload SHA-256 differs (corrupted)";
+    }
+    *object = payload;
+    *object_size = header.payload_size;
+    return NULL;
+}
+
+sneppx_disk_load sneppx_disk_cache_load(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
+                                        void **object, size_t *object_size, char *reason, size_t reason_size)
+{
+    int dir = cache_fd();
+    if (dir < 0)
+        return SNEPPX_DISK_MISS;
+    char name[SNEPPX_KEY_MAX + 16];
+    entry_name(key, ENTRY_SUFFIX, name, sizeof name);
+    /* O_NONBLOCK: a FIFO planted as an entry must not block the open. */
+    int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return SNEPPX_DISK_MISS;
+        snprintf(reason, reason_size, "%s", errno == ELOOP ? "a symbolic link" : strerror(errno));
+        return SNEPPX_DISK_REJECTED;
+    }
+    const char *problem = verify_entry(fd, fingerprint, object, object_size);
+    if (!problem)
+        futimens(fd, NULL); /* last use, for LRU eviction */
+    close(fd);
+    if (problem) {
+        snprintf(reason, reason_size, "%s", problem);
+        return SNEPPX_DISK_REJECTED;
+    }
+    return SNEPPX_DISK_HIT;
+}
+
+int sneppx_disk_cache_lock(const char *key)
+{
+    int dir = cache_fd();
+    if (dir < 0)
+        return -1;
+    char name[SNEPPX_KEY_MAX + 16];
+    entry_name(key, LOCK_SUFFIX, name, sizeof name);
+    int fd = openat(dir, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    struct stat info;
+    if (fd < 0 || fstat(fd, &info) != 0 || !S_ISREG(info.st_mode) || info.st_uid != geteuid()) {
+        sneppx_log(1, "kernel '%s': lock file %s/%s refused; building without it", key, cache.path, name);
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    while (flock(fd, LOCK_EX) != 0) {
+        if (errno != EINTR) {
+            close(fd);
+            return -1;
+        }
+    }
+    return fd;
+}
+
+void sneppx_disk_cache_unlock(int lock)
+{
+    if (lock >= 0)
+        close(lock); /* closing the only descriptor releases the flock */
+}
+
+/* ---- eviction, listing, clearing ------------------------------------------ */
+
+/* Calls visit(name, info) for each entry file (regular, ours) of the directory. */
+static sneppx_status for_each_file(int (*visit)(const char *name, const struct stat *info, void *context),
+                                   void *context)
+{
+    int dir = cache_fd();
+    if (dir < 0)
+        return SNEPPX_OK;
+    int fd = openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *stream = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!stream) {
+        if (fd >= 0)
+            close(fd);
+        return sneppx_fail(SNEPPX_ERR_IO, "cannot read the kernel cache directory %s: %s", cache.path,
+                           strerror(errno));
+    }
+    int stop = 0;
+    for (struct dirent *item; !stop && (item = readdir(stream)) != NULL;) {
+        struct stat info;
+        if (item->d_name[0] == '.' && (item->d_name[1] == '\0' || strcmp(item->d_name, "..") == 0))
+            continue;
+        if (fstatat(dir, item->d_name, &info, AT_SYMLINK_NOFOLLOW) == 0)
+            stop = visit(item->d_name, &info, context);
+    }
+    closedir(stream);
+    return SNEPPX_OK;
+}
+
+struct entry_list {
+    sneppx_disk_entry *entries;
+    size_t count, capacity;
+    int out_of_memory;
+};
+
+static int collect_entry(const char *name, const struct stat *info, void *context)
+{
+    struct entry_list *list = context;
+    size_t length = strlen(name);
+    if (name[0] == '.' || !has_suffix(name, ENTRY_SUFFIX) || !S_ISREG(info->st_mode) ||
+        length - strlen(ENTRY_SUFFIX) >= SNEPPX_KEY_MAX)
+        return 0;
+    if (list->count == list->capacity) {
+        size_t capacity = list->capacity ? 2 * list->capacity : 64;
+        sneppx_disk_entry *grown = realloc(list->entries, capacity * sizeof *grown);
+        if (!grown) {
+            list->out_of_memory = 1;
+            return 1;
+        }
+        list->entries = grown;
+        list->capacity = capacity;
+    }
+    sneppx_disk_entry *entry = &list->entries[list->count++];
+    memcpy(entry->key, name, length - strlen(ENTRY_SUFFIX));
+    entry->key[length - strlen(ENTRY_SUFFIX)] = '\0';
+    entry->bytes = (uint64_t)info->st_size;
+    entry->last_used = info->st_mtime;
+    return 0;
+}
+
+static int by_key(const void *a, const void *b)
+{
+    return strcmp(((const sneppx_disk_entry *)a)->key, ((const sneppx_disk_entry *)b)->key);
+}
+
+static int by_last_use(const void *a, const void *b)
+{
+    time_t x = ((const sneppx_disk_entry *)a)->last_used, y = ((const sneppx_disk_entry *)b)->last_used;
+    return x < y ? -1 : x > y;
+}
+
+sneppx_status sneppx_disk_cache_list(sneppx_disk_entry **entries, size_t *count)
+{
+    struct entry_list list = {0};
+    sneppx_status status = for_each_file(collect_entry, &list);
+    if (status == SNEPPX_OK && list.out_of_memory)
+        status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "out of memory listing the kernel cache %s", cache.path);
+    if (status != SNEPPX_OK) {
+        free(list.entries);
+        return status;
+    }
+    qsort(list.entries, list.count, sizeof *list.entries, by_key);
+    *entries = list.entries;
+    *count = list.count;
+    return SNEPPX_OK;
+}
+
+/* Removes least recently used entries, never keep_key, until the directory
+ * fits the bound. Returns how many it removed. */
+static int evict(const char *keep_key)
+{
+    uint64_t bound = cache.max_bytes, total = 0;
+    sneppx_disk_entry *entries;
+    size_t count;
+    if (bound == 0 || sneppx_disk_cache_list(&entries, &count) != SNEPPX_OK)
+        return 0;
+    for (size_t i = 0; i < count; i++)
+        total += entries[i].bytes;
+    qsort(entries, count, sizeof *entries, by_last_use);
+    int evicted = 0;
+    for (size_t i = 0; i < count && total > bound; i++) {
+        if (strcmp(entries[i].key, keep_key) == 0)
+            continue;
+        char name[SNEPPX_KEY_MAX + 16];
+        entry_name(entries[i].key, ENTRY_SUFFIX, name, sizeof name);
+        if (unlinkat(cache.fd, name, 0) == 0 || errno == ENOENT) {
+            total -= entries[i].bytes;
+            evicted++;
+            entry_name(entries[i].key, LOCK_SUFFIX, name, sizeof name);
+            unlinkat(cache.fd, name, 0);
+            sneppx_log(2, "evicted kernel '%s' from the disk cache", entries[i].key);
+        }
+    }
+    free(entries);
+    return evicted;
+}
+
+sneppx_status sneppx_disk_cache_store(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
+                                      const void *object, size_t object_size, int *evicted)
+{
+    *evicted = 0;
+    int dir = cache_fd();
+    if (dir < 0)
+        return SNEPPX_OK;
+    struct entry_header header = {.format_version = ENTRY_FORMAT_VERSION, .header_size = sizeof header,
+                                  .payload_size = object_size};
+    memcpy(header.magic, ENTRY_MAGIC, sizeof header.magic);
+    memcpy(header.fingerprint, fingerprint, SNEPPX_SHA256_SIZE);
+    sneppx_sha256(object, object_size, header.payload_sha256);
+
+    char name[SNEPPX_KEY_MAX + 16], temp[SNEPPX_KEY_MAX + 64];
+    entry_name(key, ENTRY_SUFFIX, name, sizeof name);
+    snprintf(temp, sizeof temp, ".%s" TEMP_MARK "%ld-%d", name, (long)getpid(), atomic_fetch_add(&temp_counter, 1));
+    int fd = openat(dir, temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return sneppx_fail(SNEPPX_ERR_IO, "cannot create %s/%s: %s", cache.path, temp, strerror(errno));
+    int failed = write_fully(fd, &header, sizeof header) != 0 || write_fully(fd, object, object_size) != 0 ||
+                 fsync(fd) != 0;
+    int saved_errno = errno;
+    failed |= close(fd) != 0;
+    /* rename is atomic: readers see the old entry or the whole new one. */
+    if (failed || renameat(dir, temp, dir, name) != 0) {
+        if (!failed)
+            saved_errno = errno;
+        unlinkat(dir, temp, 0);
+        return sneppx_fail(SNEPPX_ERR_IO, "cannot write the kernel cache entry %s/%s: %s", cache.path, name,
+                           strerror(saved_errno));
+    }
+    fsync(dir); /* makes the rename itself durable */
+    *evicted = evict(key);
+    return SNEPPX_OK;
+}
+
+static int remove_cache_file(const char *name, const struct stat *info, void *context)
+{
+    sneppx_status *status = context;
+    int ours = has_suffix(name, ENTRY_SUFFIX) || has_suffix(name, LOCK_SUFFIX) ||
+               (name[0] == '.' && strstr(name, ENTRY_SUFFIX TEMP_MARK) != NULL);
+    if (!ours || S_ISDIR(info->st_mode))
+        return 0;
+    if (unlinkat(cache.fd, name, 0) != 0 && errno != ENOENT && *status == SNEPPX_OK)
+        *status = sneppx_fail(SNEPPX_ERR_IO, "cannot remove %s/%s: %s", cache.path, name, strerror(errno));
+    return 0;
+}
+
+sneppx_status sneppx_disk_cache_clear(void)
+{
+    sneppx_status removal = SNEPPX_OK;
+    sneppx_status status = for_each_file(remove_cache_file, &removal);
+    return status != SNEPPX_OK ? status : removal;
+}
+
+/* ---- public: include/sneppx/cache.h ---------------------------------------- */
+
+const char *sneppx_cache_dir(void)
+{
+    const char *path = sneppx_disk_cache_path();
+    return path ? path : "";
+}
+
+sneppx_status sneppx_cache_clear(void)
+{
+    sneppx_clear_error();
+    return sneppx_disk_cache_clear();
+}

@@ -1,0 +1,67 @@
+/* Internal: the disk cache of compiled kernel objects. The one module that
+ * owns the cache directory, its environment overrides and its file format.
+ *
+ * An entry <dir>/<key>.o is a header (magic, format version, fingerprint,
+ * payload size, payload SHA-256) and the object file. It is written to a temp
+ * file in the same directory, fsynced and renamed, so readers see a whole
+ * entry or none; <key>.lock serializes processes that build the same key.
+ * Every operation goes through one directory descriptor opened and checked
+ * once, and never follows a symbolic link inside it.
+ *
+ * Memory-only (no usable directory): loads miss, stores and clears do
+ * nothing. All functions are thread-safe. */
+#ifndef SNEPPX_RUNTIME_DISK_CACHE_H
+#define SNEPPX_RUNTIME_DISK_CACHE_H
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+#include "fingerprint.h"
+#include "kernels.h"
+#include "sneppx/status.h"
+
+/* The resolved directory, or NULL when memory-only. The first call resolves
+ * it: $SNEPPX_CACHE_DIR, else $XDG_CACHE_HOME/sneppx, else ~/.cache/sneppx,
+ * created 0700; a directory that is not ours, that group or others may write
+ * (unless sticky), or that cannot be written, is refused with one warning. */
+const char *sneppx_disk_cache_path(void);
+
+/* SNEPPX_CACHE_MAX_MB in bytes (default 1024 MiB; 0 = unbounded). */
+uint64_t sneppx_disk_cache_max_bytes(void);
+
+typedef enum sneppx_disk_load {
+    SNEPPX_DISK_MISS,      /* no entry (or memory-only) */
+    SNEPPX_DISK_HIT,       /* verified; *object holds the payload */
+    SNEPPX_DISK_REJECTED   /* an entry exists but is not trusted; it will be replaced */
+} sneppx_disk_load;
+
+/* Reads and verifies the entry of key against fingerprint. On a hit,
+ * *object is malloc'd (the caller frees it) and the entry is marked used for
+ * LRU eviction. On a rejection, reason says why. */
+sneppx_disk_load sneppx_disk_cache_load(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
+                                        void **object, size_t *object_size, char *reason, size_t reason_size);
+
+/* Blocks until this process holds the build lock of key; returns its
+ * descriptor, or -1 when there is no lock to take (memory-only, or the lock
+ * file is refused: building unlocked only risks duplicate work). */
+int sneppx_disk_cache_lock(const char *key);
+void sneppx_disk_cache_unlock(int lock);
+
+/* Writes the entry of key atomically, then evicts least recently used
+ * entries (never this one) while the directory exceeds the size bound.
+ * *evicted counts them. A failure leaves no partial entry. */
+sneppx_status sneppx_disk_cache_store(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
+                                      const void *object, size_t object_size, int *evicted);
+
+/* Removes every entry, lock file and temp file. */
+sneppx_status sneppx_disk_cache_clear(void);
+
+typedef struct sneppx_disk_entry {
+    char key[SNEPPX_KEY_MAX];
+    uint64_t bytes;        /* file size, header included */
+    time_t last_used;      /* written or last loaded */
+} sneppx_disk_entry;
+
+/* The entries, sorted by key: *entries is malloc'd (the caller frees it). */
+sneppx_status sneppx_disk_cache_list(sneppx_disk_entry **entries, size_t *count);
+
+#endif

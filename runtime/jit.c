@@ -1,0 +1,480 @@
+/* The LLVM JIT: embedded bitcode -> specialized module -> host-optimized
+ * object -> linked into one process-wide ORC LLJIT.
+ *
+ * The recipe (DESIGN.md, measured with LLVM 19): the bitcode is unoptimized
+ * clang output; each spec_<field> global becomes a constant with the key's
+ * value, the entries get names unique to the key, clang's per-function
+ * target-cpu/target-features/tune-cpu are replaced by the host's (they
+ * override the target machine: without this there is no zmm), then
+ * default<O3> runs with a host TargetMachine, which emits the object. Every
+ * kernel, compiled or read from the disk cache, reaches the JIT as an object
+ * file, so a cache hit runs exactly the code a miss compiled. */
+#include "jit.h"
+
+#include <llvm-c/BitReader.h>
+#include <llvm-c/Core.h>
+#include <llvm-c/Analysis.h>
+#include <llvm-c/Error.h>
+#include <llvm-c/LLJIT.h>
+#include <llvm-c/Orc.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+/* Changing any of these changes the code: the string below is part of every
+ * disk cache fingerprint, so keep the two in step. */
+#define PASS_PIPELINE "default<O3>"
+#define JIT_OPTIONS                                                                  \
+    PASS_PIPELINE " loop-vectorize loop-interleave slp-vectorize loop-unroll; "     \
+                  "codegen aggressive pic small-code-model; host attributes; internalized"
+
+#define SPEC_PREFIX "spec_"
+#define TEMPLATE_ENTRY "sneppx_kernel"
+
+/* ---- host, resolved once ---------------------------------------------- */
+
+static sneppx_jit_host host;
+
+/* features is LLVM's comma-separated "+name"/"-name" list. */
+static int has_feature(const char *features, const char *feature)
+{
+    size_t length = strlen(feature);
+    for (const char *at = features; (at = strstr(at, feature)) != NULL; at += length)
+        if ((at == features || at[-1] == ',') && (at[length] == ',' || at[length] == '\0'))
+            return 1;
+    return 0;
+}
+static pthread_once_t host_once = PTHREAD_ONCE_INIT;
+
+static void resolve_host(void)
+{
+    LLVMInitializeNativeTarget();
+    LLVMInitializeNativeAsmPrinter();
+    char *default_triple = LLVMGetDefaultTargetTriple();
+    host.triple = LLVMNormalizeTargetTriple(default_triple);
+    LLVMDisposeMessage(default_triple);
+    host.cpu = LLVMGetHostCPUName();
+    host.features = LLVMGetHostCPUFeatures();
+    host.vector_width = has_feature(host.features, "+avx512f") ? 16 : 8;
+}
+
+const sneppx_jit_host *sneppx_jit_host_info(void)
+{
+    pthread_once(&host_once, resolve_host);
+    return &host;
+}
+
+int sneppx_host_vector_width(void) { return sneppx_jit_host_info()->vector_width; }
+
+const char *sneppx_jit_options(void) { return JIT_OPTIONS; }
+
+int sneppx_jit_allowed(void)
+{
+    static int allowed = -1;
+    if (allowed < 0) {
+        const char *env = getenv("SNEPPX_JIT");
+        /* Benign race: every thread computes the same value. */
+        allowed = !(env && strcmp(env, "0") == 0);
+    }
+    return allowed;
+}
+
+/* ---- the family and bitcode tables ------------------------------------- */
+
+const struct sneppx_kernel_family *sneppx_jit_family(const char *name)
+{
+    for (int i = 0; i < sneppx_kernel_family_count; i++)
+        if (strcmp(sneppx_kernel_families[i].family, name) == 0)
+            return &sneppx_kernel_families[i];
+    return NULL;
+}
+
+const struct sneppx_embedded_bitcode *sneppx_jit_bitcode(const char *family, int vector_width)
+{
+    for (int i = 0; i < sneppx_embedded_bitcode_count; i++) {
+        const struct sneppx_embedded_bitcode *bitcode = &sneppx_embedded_bitcodes[i];
+        if (bitcode->vector_width == vector_width && strcmp(bitcode->family, family) == 0)
+            return bitcode;
+    }
+    return NULL;
+}
+
+/* ---- specialization ---------------------------------------------------- */
+
+/* Consumes an LLVMErrorRef into a sneppx error that names the step and key. */
+static sneppx_status fail_llvm(LLVMErrorRef error, const char *step, const char *key)
+{
+    char *message = LLVMGetErrorMessage(error);
+    sneppx_status status = sneppx_fail(SNEPPX_ERR_JIT, "LLVM %s failed for kernel '%s': %s", step, key, message);
+    LLVMDisposeErrorMessage(message);
+    return status;
+}
+
+static LLVMTargetMachineRef create_host_target_machine(const char *key)
+{
+    const sneppx_jit_host *h = sneppx_jit_host_info();
+    LLVMTargetRef target;
+    char *message = NULL;
+    if (LLVMGetTargetFromTriple(h->triple, &target, &message)) {
+        sneppx_fail(SNEPPX_ERR_JIT, "LLVM has no target for host triple '%s' (kernel '%s'): %s",
+                    h->triple, key, message);
+        LLVMDisposeMessage(message);
+        return NULL;
+    }
+    /* Small code model with PIC: JITLink places each object's sections
+     * together and reaches the process (libm) through GOT/PLT stubs. */
+    return LLVMCreateTargetMachine(target, h->triple, h->cpu, h->features, LLVMCodeGenLevelAggressive,
+                                   LLVMRelocPIC, LLVMCodeModelSmall);
+}
+
+static void replace_string_attribute(LLVMContextRef context, LLVMValueRef function, const char *name,
+                                     const char *value)
+{
+    unsigned name_length = (unsigned)strlen(name);
+    LLVMRemoveStringAttributeAtIndex(function, LLVMAttributeFunctionIndex, name, name_length);
+    if (value[0] != '\0')
+        LLVMAddAttributeAtIndex(function, LLVMAttributeFunctionIndex,
+                                LLVMCreateStringAttribute(context, name, name_length, value,
+                                                          (unsigned)strlen(value)));
+}
+
+static int is_entry_name(const struct sneppx_kernel_family *family, const char *symbol_prefix,
+                         const char *name)
+{
+    size_t prefix_length = strlen(symbol_prefix);
+    if (strncmp(name, symbol_prefix, prefix_length) != 0)
+        return 0;
+    for (int i = 0; i < family->entry_count; i++)
+        if (strcmp(name + prefix_length, family->entry_suffixes[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* The C symbol of a key's entry: sneppx_ + key with - and . as _ + suffix
+ * (gen/sneppx_gen/kernels.py:symbol_of_key). */
+static void entry_symbol(const char *key, const char *suffix, char *symbol, size_t symbol_size)
+{
+    snprintf(symbol, symbol_size, "sneppx_%s%s", key, suffix);
+    for (char *c = symbol + strlen("sneppx_"); *c; c++)
+        if (*c == '-' || *c == '.')
+            *c = '_';
+}
+
+/* The spec_ globals take the key's values and become internal constants, so
+ * every trip count and branch on them folds. */
+static sneppx_status specialize_globals(LLVMModuleRef module, const struct sneppx_kernel_family *family,
+                                        const int64_t *values, const char *key)
+{
+    LLVMTypeRef int64 = LLVMInt64TypeInContext(LLVMGetModuleContext(module));
+    for (int i = 0; i < family->field_count; i++) {
+        char name[96];
+        snprintf(name, sizeof name, SPEC_PREFIX "%s", family->field_names[i]);
+        LLVMValueRef global = LLVMGetNamedGlobal(module, name);
+        if (!global)
+            continue; /* the template does not read this field (clang dropped the declaration) */
+        if (LLVMGlobalGetValueType(global) != int64)
+            return sneppx_fail(SNEPPX_ERR_JIT, "bitcode of kernel '%s': global %s is not an int64_t",
+                               key, name);
+        LLVMSetInitializer(global, LLVMConstInt(int64, (unsigned long long)values[i], 1));
+        LLVMSetGlobalConstant(global, 1);
+        LLVMSetLinkage(global, LLVMInternalLinkage);
+    }
+    return SNEPPX_OK;
+}
+
+/* Entries get the key's unique names; every other definition becomes
+ * internal, so two keys of one family never define the same symbol in the
+ * JIT and the optimizer may inline and drop helpers freely. */
+static sneppx_status rename_and_internalize(LLVMModuleRef module, const struct sneppx_kernel_family *family,
+                                            const char *key)
+{
+    for (int i = 0; i < family->entry_count; i++) {
+        char template_name[64], symbol[SNEPPX_KEY_MAX + 64];
+        snprintf(template_name, sizeof template_name, TEMPLATE_ENTRY "%s", family->entry_suffixes[i]);
+        LLVMValueRef function = LLVMGetNamedFunction(module, template_name);
+        if (!function || LLVMIsDeclaration(function))
+            return sneppx_fail(SNEPPX_ERR_JIT, "bitcode of kernel '%s' defines no entry %s", key, template_name);
+        entry_symbol(key, family->entry_suffixes[i], symbol, sizeof symbol);
+        LLVMSetValueName2(function, symbol, strlen(symbol));
+    }
+    char symbol_prefix[SNEPPX_KEY_MAX + 16];
+    entry_symbol(key, "", symbol_prefix, sizeof symbol_prefix);
+    for (LLVMValueRef f = LLVMGetFirstFunction(module); f; f = LLVMGetNextFunction(f)) {
+        const char *name = LLVMGetValueName(f);
+        if (!LLVMIsDeclaration(f) && !is_entry_name(family, symbol_prefix, name))
+            LLVMSetLinkage(f, LLVMInternalLinkage);
+    }
+    for (LLVMValueRef g = LLVMGetFirstGlobal(module); g; g = LLVMGetNextGlobal(g)) {
+        const char *name = LLVMGetValueName(g);
+        if (!LLVMIsDeclaration(g) && strncmp(name, "llvm.", 5) != 0)
+            LLVMSetLinkage(g, LLVMInternalLinkage);
+    }
+    return SNEPPX_OK;
+}
+
+/* clang's attributes name the build machine's CPU (or none); they override
+ * the target machine, so the host's replace them on every definition. */
+static void set_host_attributes(LLVMModuleRef module)
+{
+    const sneppx_jit_host *h = sneppx_jit_host_info();
+    LLVMContextRef context = LLVMGetModuleContext(module);
+    for (LLVMValueRef f = LLVMGetFirstFunction(module); f; f = LLVMGetNextFunction(f)) {
+        if (LLVMIsDeclaration(f))
+            continue;
+        replace_string_attribute(context, f, "target-cpu", h->cpu);
+        replace_string_attribute(context, f, "tune-cpu", h->cpu);
+        replace_string_attribute(context, f, "target-features", h->features);
+    }
+}
+
+static sneppx_status optimize(LLVMModuleRef module, LLVMTargetMachineRef machine, const char *key)
+{
+    LLVMPassBuilderOptionsRef options = LLVMCreatePassBuilderOptions();
+    /* The C API leaves SLP vectorization off; clang -O3 turns it on. */
+    LLVMPassBuilderOptionsSetLoopVectorization(options, 1);
+    LLVMPassBuilderOptionsSetLoopInterleaving(options, 1);
+    LLVMPassBuilderOptionsSetSLPVectorization(options, 1);
+    LLVMPassBuilderOptionsSetLoopUnrolling(options, 1);
+    LLVMErrorRef error = LLVMRunPasses(module, PASS_PIPELINE, machine, options);
+    LLVMDisposePassBuilderOptions(options);
+    return error ? fail_llvm(error, PASS_PIPELINE, key) : SNEPPX_OK;
+}
+
+/* The one path that turns embedded bitcode into the module of a key, shared
+ * by the JIT and sneppx-ir. On success *module lives in *context (the
+ * caller disposes both) and *machine is the host target machine. */
+static sneppx_status build_module(const struct sneppx_kernel_family *family, const int64_t *values,
+                                  int vector_width, sneppx_jit_stage stage, LLVMContextRef *context,
+                                  LLVMModuleRef *module, LLVMTargetMachineRef *machine)
+{
+    char key[SNEPPX_KEY_MAX];
+    sneppx_status status = sneppx_kernel_key(family->family, values, vector_width, key, sizeof key);
+    if (status != SNEPPX_OK)
+        return status;
+    const struct sneppx_embedded_bitcode *bitcode = sneppx_jit_bitcode(family->family, vector_width);
+    if (!bitcode)
+        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "kernel '%s': this build embeds no bitcode for %s at vector width %d",
+                           key, family->family, vector_width);
+
+    *machine = create_host_target_machine(key);
+    if (!*machine)
+        return SNEPPX_ERR_JIT;
+    /* A context per compile: LLVM contexts are not shared between threads. */
+    *context = LLVMContextCreate();
+    *module = NULL;
+    LLVMMemoryBufferRef buffer = LLVMCreateMemoryBufferWithMemoryRange(
+        (const char *)bitcode->data, bitcode->size, bitcode->family, 0);
+    LLVMBool parse_failed = LLVMParseBitcodeInContext2(*context, buffer, module);
+    LLVMDisposeMemoryBuffer(buffer);
+    if (parse_failed) {
+        status = sneppx_fail(SNEPPX_ERR_JIT, "embedded bitcode of %s v%d is unreadable by LLVM %s (kernel '%s')",
+                             family->family, vector_width, SNEPPX_LLVM_VERSION, key);
+        goto fail;
+    }
+    if ((status = specialize_globals(*module, family, values, key)) != SNEPPX_OK ||
+        (status = rename_and_internalize(*module, family, key)) != SNEPPX_OK)
+        goto fail;
+    set_host_attributes(*module);
+    LLVMSetTarget(*module, sneppx_jit_host_info()->triple);
+    LLVMTargetDataRef layout = LLVMCreateTargetDataLayout(*machine);
+    LLVMSetModuleDataLayout(*module, layout);
+    LLVMDisposeTargetData(layout);
+
+    char *message = NULL;
+    if (LLVMVerifyModule(*module, LLVMReturnStatusAction, &message)) {
+        status = sneppx_fail(SNEPPX_ERR_JIT, "specialized module of kernel '%s' is invalid: %s", key, message);
+        LLVMDisposeMessage(message);
+        goto fail;
+    }
+    LLVMDisposeMessage(message);
+    if (stage == SNEPPX_JIT_STAGE_OPTIMIZED && (status = optimize(*module, *machine, key)) != SNEPPX_OK)
+        goto fail;
+    return SNEPPX_OK;
+
+fail:
+    if (*module)
+        LLVMDisposeModule(*module);
+    LLVMContextDispose(*context);
+    LLVMDisposeTargetMachine(*machine);
+    return status;
+}
+
+static void dispose_module(LLVMContextRef context, LLVMModuleRef module, LLVMTargetMachineRef machine)
+{
+    LLVMDisposeModule(module);
+    LLVMContextDispose(context);
+    LLVMDisposeTargetMachine(machine);
+}
+
+sneppx_status sneppx_jit_module_ir(const struct sneppx_kernel_family *family, const int64_t *values,
+                                   int vector_width, sneppx_jit_stage stage, char **ir)
+{
+    LLVMContextRef context;
+    LLVMModuleRef module;
+    LLVMTargetMachineRef machine;
+    sneppx_status status = build_module(family, values, vector_width, stage, &context, &module, &machine);
+    if (status != SNEPPX_OK)
+        return status;
+    char *text = LLVMPrintModuleToString(module);
+    *ir = strdup(text);
+    LLVMDisposeMessage(text);
+    dispose_module(context, module, machine);
+    return *ir ? SNEPPX_OK : sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "out of memory printing the IR of a %s kernel",
+                                         family->family);
+}
+
+sneppx_status sneppx_jit_compile_object(const struct sneppx_kernel_family *family, const int64_t *values,
+                                        int vector_width, void **object, size_t *object_size)
+{
+    LLVMContextRef context;
+    LLVMModuleRef module;
+    LLVMTargetMachineRef machine;
+    sneppx_status status = build_module(family, values, vector_width, SNEPPX_JIT_STAGE_OPTIMIZED,
+                                        &context, &module, &machine);
+    if (status != SNEPPX_OK)
+        return status;
+    char *message = NULL;
+    LLVMMemoryBufferRef buffer = NULL;
+    if (LLVMTargetMachineEmitToMemoryBuffer(machine, module, LLVMObjectFile, &message, &buffer)) {
+        status = sneppx_fail(SNEPPX_ERR_JIT, "LLVM code generation failed for a %s kernel: %s", family->family,
+                             message);
+        LLVMDisposeMessage(message);
+    } else {
+        *object_size = LLVMGetBufferSize(buffer);
+        *object = malloc(*object_size);
+        if (*object)
+            memcpy(*object, LLVMGetBufferStart(buffer), *object_size);
+        else
+            status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "out of memory holding a %zu-byte object", *object_size);
+        LLVMDisposeMemoryBuffer(buffer);
+    }
+    dispose_module(context, module, machine);
+    return status;
+}
+
+/* ---- the process-wide LLJIT ---------------------------------------------- */
+
+static LLVMOrcLLJITRef jit;
+static char jit_creation_error[512]; /* empty when the JIT exists */
+static pthread_once_t jit_once = PTHREAD_ONCE_INIT;
+/* Serializes adding objects and looking up their entries. */
+static pthread_mutex_t jit_lock = PTHREAD_MUTEX_INITIALIZER;
+/* One resource tracker per linked object, so tests can unlink them. */
+static LLVMOrcResourceTrackerRef *trackers;
+static size_t tracker_count, tracker_capacity;
+
+/* Keeps the message of a failed creation step for every later caller. */
+static void record_creation_error(LLVMErrorRef error, const char *step)
+{
+    char *message = LLVMGetErrorMessage(error); /* consumes error */
+    snprintf(jit_creation_error, sizeof jit_creation_error, "%s: %s", step, message);
+    LLVMDisposeErrorMessage(message);
+}
+
+static void create_jit(void)
+{
+    sneppx_jit_host_info(); /* initializes the native target */
+    LLVMOrcJITTargetMachineBuilderRef machine_builder;
+    LLVMErrorRef error = LLVMOrcJITTargetMachineBuilderDetectHost(&machine_builder);
+    if (error) {
+        record_creation_error(error, "detecting the host");
+        return;
+    }
+    LLVMOrcLLJITBuilderRef builder = LLVMOrcCreateLLJITBuilder();
+    LLVMOrcLLJITBuilderSetJITTargetMachineBuilder(builder, machine_builder);
+    if ((error = LLVMOrcCreateLLJIT(&jit, builder))) {
+        record_creation_error(error, "creating the LLJIT");
+        return;
+    }
+    /* Kernels call libm (expf) and the C library (memset) of this process. */
+    LLVMOrcDefinitionGeneratorRef process_symbols;
+    if ((error = LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(
+             &process_symbols, LLVMOrcLLJITGetGlobalPrefix(jit), NULL, NULL))) {
+        record_creation_error(error, "reflecting process symbols");
+        return;
+    }
+    LLVMOrcJITDylibAddGenerator(LLVMOrcLLJITGetMainJITDylib(jit), process_symbols);
+}
+
+static sneppx_status get_jit(const char *key)
+{
+    pthread_once(&jit_once, create_jit);
+    if (jit_creation_error[0])
+        return sneppx_fail(SNEPPX_ERR_JIT, "cannot create the LLVM JIT (kernel '%s'): %s", key, jit_creation_error);
+    return SNEPPX_OK;
+}
+
+static sneppx_status remember_tracker(LLVMOrcResourceTrackerRef tracker, const char *key)
+{
+    if (tracker_count == tracker_capacity) {
+        size_t capacity = tracker_capacity ? 2 * tracker_capacity : 64;
+        LLVMOrcResourceTrackerRef *grown = realloc(trackers, capacity * sizeof *trackers);
+        if (!grown)
+            return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "out of memory linking kernel '%s'", key);
+        trackers = grown;
+        tracker_capacity = capacity;
+    }
+    trackers[tracker_count++] = tracker;
+    return SNEPPX_OK;
+}
+
+sneppx_status sneppx_jit_link_object(const struct sneppx_kernel_family *family, const char *key,
+                                     const void *object, size_t object_size,
+                                     sneppx_kernel_fn entry[SNEPPX_MAX_ENTRIES])
+{
+    sneppx_status status = get_jit(key);
+    if (status != SNEPPX_OK)
+        return status;
+    LLVMMemoryBufferRef buffer = LLVMCreateMemoryBufferWithMemoryRangeCopy(object, object_size, key);
+    pthread_mutex_lock(&jit_lock);
+    LLVMOrcResourceTrackerRef tracker = LLVMOrcJITDylibCreateResourceTracker(LLVMOrcLLJITGetMainJITDylib(jit));
+    LLVMErrorRef error = LLVMOrcLLJITAddObjectFileWithRT(jit, tracker, buffer); /* takes the buffer */
+    if (error)
+        status = fail_llvm(error, "adding the object", key);
+    for (int i = 0; i < SNEPPX_MAX_ENTRIES; i++)
+        entry[i] = NULL;
+    for (int i = 0; status == SNEPPX_OK && i < family->entry_count; i++) {
+        char symbol[SNEPPX_KEY_MAX + 64];
+        entry_symbol(key, family->entry_suffixes[i], symbol, sizeof symbol);
+        LLVMOrcExecutorAddress address = 0;
+        /* The first lookup links the object: unresolved symbols fail here. */
+        if ((error = LLVMOrcLLJITLookup(jit, &address, symbol)))
+            status = fail_llvm(error, "linking", key);
+        entry[i] = (sneppx_kernel_fn)(uintptr_t)address;
+    }
+    if (status == SNEPPX_OK)
+        status = remember_tracker(tracker, key);
+    if (status != SNEPPX_OK) {
+        /* Drop what was added, so that a retry can define the same symbols. */
+        LLVMErrorRef remove_error = LLVMOrcResourceTrackerRemove(tracker);
+        if (remove_error)
+            LLVMConsumeError(remove_error);
+        LLVMOrcReleaseResourceTracker(tracker);
+        for (int i = 0; i < SNEPPX_MAX_ENTRIES; i++)
+            entry[i] = NULL;
+    }
+    pthread_mutex_unlock(&jit_lock);
+    return status;
+}
+
+void sneppx_jit_unlink_all_for_testing(void)
+{
+    pthread_mutex_lock(&jit_lock);
+    for (size_t i = 0; i < tracker_count; i++) {
+        LLVMErrorRef error = LLVMOrcResourceTrackerRemove(trackers[i]);
+        if (error) {
+            char *message = LLVMGetErrorMessage(error);
+            sneppx_log(1, "unlinking a kernel: %s", message);
+            LLVMDisposeErrorMessage(message);
+        }
+        LLVMOrcReleaseResourceTracker(trackers[i]);
+    }
+    tracker_count = 0;
+    pthread_mutex_unlock(&jit_lock);
+}

@@ -1,0 +1,66 @@
+/* Internal: the LLVM side of the runtime. Specializes the embedded bitcode of
+ * a kernel family for one key, optimizes it for the host, emits an object
+ * file, and links object files into the one process-wide ORC LLJIT.
+ * Knows nothing about caches: runtime/kernel_cache.c decides what to compile,
+ * load or reuse. */
+#ifndef SNEPPX_RUNTIME_JIT_H
+#define SNEPPX_RUNTIME_JIT_H
+#include <stddef.h>
+#include <stdint.h>
+#include "kernel_table.h"
+#include "kernels.h"
+#include "sneppx/status.h"
+
+/* The host as LLVM sees it; resolved once, lives until process exit. */
+typedef struct sneppx_jit_host {
+    const char *triple;     /* normalized, "x86_64-pc-linux-gnu" */
+    const char *cpu;        /* "znver4" */
+    const char *features;   /* "+avx512f,+fma,...,-amx-tile" */
+    int vector_width;       /* 16 with +avx512f, else 8 */
+} sneppx_jit_host;
+
+const sneppx_jit_host *sneppx_jit_host_info(void);
+
+/* Everything besides the bitcode, key and host that shapes the object code:
+ * the pass pipeline and its tuning, the code generation options. Part of the
+ * disk cache fingerprint. */
+const char *sneppx_jit_options(void);
+
+/* The family named name, or NULL. */
+const struct sneppx_kernel_family *sneppx_jit_family(const char *name);
+
+/* The embedded bitcode of family at vector_width, or NULL. */
+const struct sneppx_embedded_bitcode *sneppx_jit_bitcode(const char *family, int vector_width);
+
+/* 0 when SNEPPX_JIT=0 forbids compiling (read once). */
+int sneppx_jit_allowed(void);
+
+typedef enum sneppx_jit_stage {
+    SNEPPX_JIT_STAGE_SPECIALIZED,   /* spec_ globals constant, entries renamed, host attributes */
+    SNEPPX_JIT_STAGE_OPTIMIZED      /* and the default<O3> pipeline run for the host */
+} sneppx_jit_stage;
+
+/* The textual LLVM IR of the kernel key (values in the family's field order)
+ * at stage. *ir is malloc'd; the caller frees it. Thread-safe. */
+sneppx_status sneppx_jit_module_ir(const struct sneppx_kernel_family *family, const int64_t *values,
+                                   int vector_width, sneppx_jit_stage stage, char **ir);
+
+/* Specializes, optimizes and compiles the kernel key to a relocatable object
+ * for the host. *object is malloc'd; the caller frees it. Thread-safe (each
+ * compile has its own LLVM context and target machine). */
+sneppx_status sneppx_jit_compile_object(const struct sneppx_kernel_family *family, const int64_t *values,
+                                        int vector_width, void **object, size_t *object_size);
+
+/* Links an object made by sneppx_jit_compile_object for key into the process
+ * JIT and writes the address of each entry of family to entry[] (unused
+ * slots NULL). The code lives until process exit. Thread-safe. */
+sneppx_status sneppx_jit_link_object(const struct sneppx_kernel_family *family, const char *key,
+                                     const void *object, size_t object_size,
+                                     sneppx_kernel_fn entry[SNEPPX_MAX_ENTRIES]);
+
+/* Tests only: removes every linked object from the JIT, so the same keys can
+ * be linked again. Every entry address handed out before becomes invalid.
+ * Not thread-safe. */
+void sneppx_jit_unlink_all_for_testing(void);
+
+#endif

@@ -1,0 +1,137 @@
+/* sneppx-ir: prints the LLVM IR the JIT makes of one kernel key, through the
+ * same specialization and optimization code path as the runtime (for lit
+ * tests and for reading what specialization did).
+ *
+ *   sneppx-ir --family attn_flash --value head_dim=128 --value v_head_dim=128 \
+ *             --value group=4 --value window=0 --value mask_mode=causal \
+ *             [--vector-width 16] [--stage specialized|optimized]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit.h"
+#include "sneppx/status.h"
+
+static void usage(FILE *out)
+{
+    fputs("usage: sneppx-ir --family NAME --value FIELD=VALUE... [--vector-width 16|8]\n"
+          "                 [--stage specialized|optimized]\n"
+          "Prints the LLVM IR of one kernel key as the JIT builds it for this host:\n"
+          "  specialized  spec_ globals constant, entries renamed, host CPU attributes\n"
+          "  optimized    and the default<O3> pipeline run (the default)\n"
+          "A choice field takes its name or its index (mask_mode=causal, mask_mode=1).\n",
+          out);
+}
+
+static int field_index(const struct sneppx_kernel_family *family, const char *name, size_t length)
+{
+    for (int i = 0; i < family->field_count; i++)
+        if (strlen(family->field_names[i]) == length && strncmp(family->field_names[i], name, length) == 0)
+            return i;
+    return -1;
+}
+
+/* Parses "FIELD=VALUE" into values[]; prints the problem and returns 0 if it is not one. */
+static int parse_value(const struct sneppx_kernel_family *family, const char *assignment, int64_t *values,
+                       int *seen)
+{
+    const char *equals = strchr(assignment, '=');
+    int field = equals ? field_index(family, assignment, (size_t)(equals - assignment)) : -1;
+    if (field < 0) {
+        fprintf(stderr, "sneppx-ir: --value %s: expected FIELD=VALUE with FIELD one of", assignment);
+        for (int i = 0; i < family->field_count; i++)
+            fprintf(stderr, " %s", family->field_names[i]);
+        fputc('\n', stderr);
+        return 0;
+    }
+    const char *text = equals + 1;
+    for (int choice = 0; family->field_choices[field] && choice < family->field_choice_count[field]; choice++)
+        if (strcmp(text, family->field_choices[field][choice]) == 0) {
+            values[field] = choice;
+            seen[field] = 1;
+            return 1;
+        }
+    char *end;
+    long long number = strtoll(text, &end, 10);
+    if (!text[0] || *end != '\0') {
+        fprintf(stderr, "sneppx-ir: --value %s: '%s' is not an integer%s\n", assignment, text,
+                family->field_choices[field] ? " or a choice name" : "");
+        return 0;
+    }
+    values[field] = number;
+    seen[field] = 1;
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    const char *family_name = NULL;
+    const char *assignments[SNEPPX_MAX_KEY_FIELDS * 2];
+    int assignment_count = 0;
+    int vector_width = 0;
+    sneppx_jit_stage stage = SNEPPX_JIT_STAGE_OPTIMIZED;
+    for (int i = 1; i < argc; i++) {
+        const char *option = argv[i];
+        if (strcmp(option, "--help") == 0 || strcmp(option, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "sneppx-ir: %s needs an argument\n", option);
+            usage(stderr);
+            return 2;
+        }
+        const char *argument = argv[++i];
+        if (strcmp(option, "--family") == 0) {
+            family_name = argument;
+        } else if (strcmp(option, "--value") == 0 &&
+                   assignment_count < (int)(sizeof assignments / sizeof assignments[0])) {
+            assignments[assignment_count++] = argument;
+        } else if (strcmp(option, "--vector-width") == 0) {
+            vector_width = atoi(argument);
+        } else if (strcmp(option, "--stage") == 0 && strcmp(argument, "specialized") == 0) {
+            stage = SNEPPX_JIT_STAGE_SPECIALIZED;
+        } else if (strcmp(option, "--stage") == 0 && strcmp(argument, "optimized") == 0) {
+            stage = SNEPPX_JIT_STAGE_OPTIMIZED;
+        } else {
+            fprintf(stderr, "sneppx-ir: unexpected %s %s\n", option, argument);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!family_name) {
+        usage(stderr);
+        return 2;
+    }
+    const struct sneppx_kernel_family *family = sneppx_jit_family(family_name);
+    if (!family) {
+        fprintf(stderr, "sneppx-ir: '%s' is not a kernel family; one of:", family_name);
+        for (int i = 0; i < sneppx_kernel_family_count; i++)
+            fprintf(stderr, " %s", sneppx_kernel_families[i].family);
+        fputc('\n', stderr);
+        return 2;
+    }
+    int64_t values[SNEPPX_MAX_KEY_FIELDS] = {0};
+    int seen[SNEPPX_MAX_KEY_FIELDS] = {0};
+    for (int i = 0; i < assignment_count; i++)
+        if (!parse_value(family, assignments[i], values, seen))
+            return 2;
+    for (int i = 0; i < family->field_count; i++)
+        if (!seen[i]) {
+            fprintf(stderr, "sneppx-ir: %s needs --value %s=...\n", family->family, family->field_names[i]);
+            return 2;
+        }
+    if (vector_width == 0)
+        vector_width = sneppx_host_vector_width();
+
+    char *ir = NULL;
+    sneppx_status status = sneppx_jit_module_ir(family, values, vector_width, stage, &ir);
+    if (status != SNEPPX_OK) {
+        fprintf(stderr, "sneppx-ir: %s: %s\n", sneppx_status_name(status), sneppx_last_error());
+        return 1;
+    }
+    fputs(ir, stdout);
+    free(ir);
+    return 0;
+}
