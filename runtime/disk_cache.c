@@ -107,18 +107,19 @@ static const char *refusal(int fd, char *reason, size_t reason_size)
     return NULL;
 }
 
+/* SNEPPX_CACHE_MAX_MB in bytes; fractions allowed ("0.5" is 512 KiB). */
 static uint64_t read_max_bytes(void)
 {
     const char *env = getenv("SNEPPX_CACHE_MAX_MB");
     if (!env || !env[0])
         return (uint64_t)DEFAULT_MAX_MB << 20;
     char *end;
-    unsigned long long megabytes = strtoull(env, &end, 10);
-    if (*end != '\0' || env[0] == '-' || megabytes > (UINT64_MAX >> 20)) {
+    double megabytes = strtod(env, &end);
+    if (*end != '\0' || !(megabytes >= 0.0 && megabytes < 1e12)) {
         sneppx_log(0, "warning: SNEPPX_CACHE_MAX_MB='%s' is not a size in MiB; using %d", env, DEFAULT_MAX_MB);
         return (uint64_t)DEFAULT_MAX_MB << 20;
     }
-    return (uint64_t)megabytes << 20;
+    return (uint64_t)(megabytes * (1 << 20));
 }
 
 static void resolve_cache(void)
@@ -249,8 +250,9 @@ static const char *verify_entry(int fd, const uint8_t fingerprint[SNEPPX_SHA256_
     return NULL;
 }
 
-sneppx_disk_load sneppx_disk_cache_load(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
-                                        void **object, size_t *object_size, char *reason, size_t reason_size)
+/* Opens and verifies the entry of key; keeps the payload when object is not NULL. */
+static sneppx_disk_load read_entry(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE], void **object,
+                                   size_t *object_size, char *reason, size_t reason_size)
 {
     int dir = cache_fd();
     if (dir < 0)
@@ -265,15 +267,34 @@ sneppx_disk_load sneppx_disk_cache_load(const char *key, const uint8_t fingerpri
         snprintf(reason, reason_size, "%s", errno == ELOOP ? "a symbolic link" : strerror(errno));
         return SNEPPX_DISK_REJECTED;
     }
-    const char *problem = verify_entry(fd, fingerprint, object, object_size);
-    if (!problem)
+    void *payload = NULL;
+    size_t payload_size = 0;
+    const char *problem = verify_entry(fd, fingerprint, &payload, &payload_size);
+    if (!problem && object) {
         futimens(fd, NULL); /* last use, for LRU eviction */
+        *object = payload;
+        *object_size = payload_size;
+    } else {
+        free(payload);
+    }
     close(fd);
     if (problem) {
         snprintf(reason, reason_size, "%s", problem);
         return SNEPPX_DISK_REJECTED;
     }
     return SNEPPX_DISK_HIT;
+}
+
+sneppx_disk_load sneppx_disk_cache_load(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
+                                        void **object, size_t *object_size, char *reason, size_t reason_size)
+{
+    return read_entry(key, fingerprint, object, object_size, reason, reason_size);
+}
+
+sneppx_disk_load sneppx_disk_cache_verify(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
+                                          char *reason, size_t reason_size)
+{
+    return read_entry(key, fingerprint, NULL, NULL, reason, reason_size);
 }
 
 int sneppx_disk_cache_lock(const char *key)
@@ -362,7 +383,7 @@ static int collect_entry(const char *name, const struct stat *info, void *contex
     memcpy(entry->key, name, length - strlen(ENTRY_SUFFIX));
     entry->key[length - strlen(ENTRY_SUFFIX)] = '\0';
     entry->bytes = (uint64_t)info->st_size;
-    entry->last_used = info->st_mtime;
+    entry->last_used = info->st_mtim;
     return 0;
 }
 
@@ -373,8 +394,10 @@ static int by_key(const void *a, const void *b)
 
 static int by_last_use(const void *a, const void *b)
 {
-    time_t x = ((const sneppx_disk_entry *)a)->last_used, y = ((const sneppx_disk_entry *)b)->last_used;
-    return x < y ? -1 : x > y;
+    struct timespec x = ((const sneppx_disk_entry *)a)->last_used, y = ((const sneppx_disk_entry *)b)->last_used;
+    if (x.tv_sec != y.tv_sec)
+        return x.tv_sec < y.tv_sec ? -1 : 1;
+    return x.tv_nsec < y.tv_nsec ? -1 : x.tv_nsec > y.tv_nsec;
 }
 
 sneppx_status sneppx_disk_cache_list(sneppx_disk_entry **entries, size_t *count)

@@ -25,7 +25,7 @@
  * (unless sticky), or that cannot be written, is refused with one warning. */
 const char *sneppx_disk_cache_path(void);
 
-/* SNEPPX_CACHE_MAX_MB in bytes (default 1024 MiB; 0 = unbounded). */
+/* SNEPPX_CACHE_MAX_MB in bytes (fractions allowed; default 1024 MiB; 0 = unbounded). */
 uint64_t sneppx_disk_cache_max_bytes(void);
 
 typedef enum sneppx_disk_load {
@@ -39,6 +39,11 @@ typedef enum sneppx_disk_load {
  * LRU eviction. On a rejection, reason says why. */
 sneppx_disk_load sneppx_disk_cache_load(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
                                         void **object, size_t *object_size, char *reason, size_t reason_size);
+
+/* The verdict load would give, without keeping the payload or marking the
+ * entry used (for listing). */
+sneppx_disk_load sneppx_disk_cache_verify(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
+                                          char *reason, size_t reason_size);
 
 /* Blocks until this process holds the build lock of key; returns its
  * descriptor, or -1 when there is no lock to take (memory-only, or the lock
@@ -58,7 +63,7 @@ sneppx_status sneppx_disk_cache_clear(void);
 typedef struct sneppx_disk_entry {
     char key[SNEPPX_KEY_MAX];
     uint64_t bytes;        /* file size, header included */
-    time_t last_used;      /* written or last loaded */
+    struct timespec last_used; /* written or last loaded (the file's mtime) */
 } sneppx_disk_entry;
 
 /* The entries, sorted by key: *entries is malloc'd (the caller frees it). */

@@ -300,7 +300,11 @@ static sneppx_status resolve_miss(const struct sneppx_kernel_family *family, con
     if (build) {
         sneppx_status status = wait_for(build, kernel);
         pthread_mutex_unlock(&table_lock);
-        timing->source = status == SNEPPX_OK ? SNEPPX_KERNEL_SOURCE_MEMORY : SNEPPX_KERNEL_SOURCE_NONE;
+        if (status == SNEPPX_OK) {
+            /* Another thread built it: to this caller, a memory hit. */
+            timing->source = SNEPPX_KERNEL_SOURCE_MEMORY;
+            atomic_fetch_add_explicit(&memory_hits, 1, memory_order_relaxed);
+        }
         return status;
     }
     struct node *node = calloc(1, sizeof *node);

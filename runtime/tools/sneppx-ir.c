@@ -4,7 +4,10 @@
  *
  *   sneppx-ir --family attn_flash --value head_dim=128 --value v_head_dim=128 \
  *             --value group=4 --value window=0 --value mask_mode=causal \
- *             [--vector-width 16] [--stage specialized|optimized]
+ *             [--vector-width 16] [--stage specialized|optimized] [--print-key]
+ *
+ * --print-key prints the canonical key instead (tests/lit/jit_key.test checks
+ * it against the generator's kernel_key).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,10 +19,11 @@
 static void usage(FILE *out)
 {
     fputs("usage: sneppx-ir --family NAME --value FIELD=VALUE... [--vector-width 16|8]\n"
-          "                 [--stage specialized|optimized]\n"
+          "                 [--stage specialized|optimized] [--print-key]\n"
           "Prints the LLVM IR of one kernel key as the JIT builds it for this host:\n"
           "  specialized  spec_ globals constant, entries renamed, host CPU attributes\n"
           "  optimized    and the default<O3> pipeline run (the default)\n"
+          "--print-key prints the key's canonical text instead.\n"
           "A choice field takes its name or its index (mask_mode=causal, mask_mode=1).\n",
           out);
 }
@@ -71,11 +75,16 @@ int main(int argc, char **argv)
     int assignment_count = 0;
     int vector_width = 0;
     sneppx_jit_stage stage = SNEPPX_JIT_STAGE_OPTIMIZED;
+    int print_key = 0;
     for (int i = 1; i < argc; i++) {
         const char *option = argv[i];
         if (strcmp(option, "--help") == 0 || strcmp(option, "-h") == 0) {
             usage(stdout);
             return 0;
+        }
+        if (strcmp(option, "--print-key") == 0) {
+            print_key = 1;
+            continue;
         }
         if (i + 1 >= argc) {
             fprintf(stderr, "sneppx-ir: %s needs an argument\n", option);
@@ -125,6 +134,16 @@ int main(int argc, char **argv)
     if (vector_width == 0)
         vector_width = sneppx_host_vector_width();
 
+    if (print_key) {
+        char key[SNEPPX_KEY_MAX];
+        sneppx_status status = sneppx_kernel_key(family->family, values, vector_width, key, sizeof key);
+        if (status != SNEPPX_OK) {
+            fprintf(stderr, "sneppx-ir: %s: %s\n", sneppx_status_name(status), sneppx_last_error());
+            return 1;
+        }
+        puts(key);
+        return 0;
+    }
     char *ir = NULL;
     sneppx_status status = sneppx_jit_module_ir(family, values, vector_width, stage, &ir);
     if (status != SNEPPX_OK) {

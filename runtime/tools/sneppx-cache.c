@@ -1,0 +1,187 @@
+/* sneppx-cache: shows, lists, clears and warms the kernel disk cache.
+ *
+ *   sneppx-cache show                   directory, size, bound, host
+ *   sneppx-cache list                   one line per entry: key, bytes, last use, verdict
+ *   sneppx-cache clear                  removes every entry
+ *   sneppx-cache warmup --arch NAME...  compiles (or loads) every kernel of the
+ *                                       presets' layers; --all for every preset
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "disk_cache.h"
+#include "fingerprint.h"
+#include "jit.h"
+#include "sneppx/cache.h"
+#include "sneppx/config.h"
+#include "sneppx/layer.h"
+
+static void usage(FILE *out)
+{
+    fputs("usage: sneppx-cache show | list | clear | warmup (--arch NAME)... | warmup --all\n"
+          "  show    the cache directory, its size and bound, and the host it compiles for\n"
+          "  list    every entry: key, bytes, last use, and whether this build would load it\n"
+          "  clear   remove every entry\n"
+          "  warmup  compile (or verify) every kernel of the named presets' layers\n"
+          "Environment: SNEPPX_CACHE_DIR, SNEPPX_CACHE_MAX_MB, SNEPPX_VERBOSE (see sneppx/cache.h).\n",
+          out);
+}
+
+static int fail(const char *what, sneppx_status status)
+{
+    fprintf(stderr, "sneppx-cache: %s: %s: %s\n", what, sneppx_status_name(status), sneppx_last_error());
+    return 1;
+}
+
+/* Why this build would not load the entry of key, or NULL when it would. */
+static const char *verdict(const char *key, char *reason, size_t reason_size)
+{
+    uint8_t fingerprint[SNEPPX_SHA256_SIZE];
+    if (sneppx_kernel_fingerprint(key, fingerprint) != SNEPPX_OK) {
+        snprintf(reason, reason_size, "no such kernel in this build");
+        return reason;
+    }
+    return sneppx_disk_cache_verify(key, fingerprint, reason, reason_size) == SNEPPX_DISK_HIT ? NULL : reason;
+}
+
+static int show(void)
+{
+    const sneppx_jit_host *host = sneppx_jit_host_info();
+    const char *dir = sneppx_disk_cache_path();
+    printf("directory   %s\n", dir ? dir : "(none: memory-only)");
+    if (dir) {
+        sneppx_disk_entry *entries;
+        size_t count;
+        sneppx_status status = sneppx_disk_cache_list(&entries, &count);
+        if (status != SNEPPX_OK)
+            return fail("list", status);
+        uint64_t bytes = 0;
+        size_t loadable = 0;
+        char reason[160];
+        for (size_t i = 0; i < count; i++) {
+            bytes += entries[i].bytes;
+            loadable += verdict(entries[i].key, reason, sizeof reason) == NULL;
+        }
+        free(entries);
+        uint64_t bound = sneppx_disk_cache_max_bytes();
+        printf("entries     %zu (%zu loadable by this build)\n", count, loadable);
+        printf("size        %.2f MiB\n", (double)bytes / (1 << 20));
+        if (bound)
+            printf("bound       %.0f MiB (SNEPPX_CACHE_MAX_MB), least recently used evicted\n",
+                   (double)bound / (1 << 20));
+        else
+            printf("bound       none (SNEPPX_CACHE_MAX_MB=0)\n");
+    }
+    printf("host        %s, cpu %s, vector width %d\n", host->triple, host->cpu, host->vector_width);
+    printf("compile     %s\n", sneppx_jit_options());
+    return 0;
+}
+
+static int list(void)
+{
+    if (!sneppx_disk_cache_path()) {
+        fprintf(stderr, "sneppx-cache: no disk cache (memory-only)\n");
+        return 0;
+    }
+    sneppx_disk_entry *entries;
+    size_t count;
+    sneppx_status status = sneppx_disk_cache_list(&entries, &count);
+    if (status != SNEPPX_OK)
+        return fail("list", status);
+    printf("%-52s %9s  %-19s  %s\n", "KEY", "BYTES", "LAST USED", "VERDICT");
+    for (size_t i = 0; i < count; i++) {
+        char when[32], reason[160];
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&entries[i].last_used.tv_sec));
+        const char *problem = verdict(entries[i].key, reason, sizeof reason);
+        printf("%-52s %9llu  %-19s  %s%s\n", entries[i].key, (unsigned long long)entries[i].bytes, when,
+               problem ? "rebuilt on next use: " : "ok", problem ? problem : "");
+    }
+    free(entries);
+    return 0;
+}
+
+static int warmup_one(const char *name)
+{
+    sneppx_config config;
+    sneppx_status status = sneppx_config_from_name(name, NULL, &config);
+    if (status != SNEPPX_OK)
+        return fail(name, status);
+    sneppx_jit_stats before, after;
+    sneppx_jit_stats_get(&before);
+    struct timespec start, end;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    status = sneppx_layer_warmup(&config);
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    if (status != SNEPPX_OK)
+        return fail(name, status);
+    sneppx_jit_stats_get(&after);
+    double ms = (double)(end.tv_sec - start.tv_sec) * 1e3 + (double)(end.tv_nsec - start.tv_nsec) * 1e-6;
+    printf("%-20s %3llu compiled (%.0f ms), %3llu loaded from disk, %3llu already in memory, %.0f ms\n", name,
+           (unsigned long long)(after.compiles - before.compiles), after.compile_ms_total - before.compile_ms_total,
+           (unsigned long long)(after.disk_hits - before.disk_hits),
+           (unsigned long long)(after.memory_hits - before.memory_hits), ms);
+    return 0;
+}
+
+static int warmup(int argc, char **argv)
+{
+    int names = 0, failures = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--all") == 0) {
+            for (int p = 0; p < sneppx_preset_count(); p++, names++)
+                failures += warmup_one(sneppx_preset_name(p));
+        } else if (strcmp(argv[i], "--arch") == 0 && i + 1 < argc) {
+            failures += warmup_one(argv[++i]);
+            names++;
+        } else {
+            fprintf(stderr, "sneppx-cache: warmup: unexpected '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (names == 0) {
+        fprintf(stderr, "sneppx-cache: warmup needs --arch NAME or --all; presets:");
+        for (int p = 0; p < sneppx_preset_count(); p++)
+            fprintf(stderr, " %s", sneppx_preset_name(p));
+        fputc('\n', stderr);
+        return 2;
+    }
+    if (!sneppx_cache_dir()[0])
+        fprintf(stderr, "sneppx-cache: warning: no disk cache, nothing was kept\n");
+    return failures ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *command = argv[1];
+    if (strcmp(command, "--help") == 0 || strcmp(command, "-h") == 0 || strcmp(command, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(command, "warmup") == 0)
+        return warmup(argc - 2, argv + 2);
+    if (argc > 2) {
+        fprintf(stderr, "sneppx-cache: %s takes no arguments\n", command);
+        return 2;
+    }
+    if (strcmp(command, "show") == 0)
+        return show();
+    if (strcmp(command, "list") == 0)
+        return list();
+    if (strcmp(command, "clear") == 0) {
+        sneppx_status status = sneppx_cache_clear();
+        if (status != SNEPPX_OK)
+            return fail("clear", status);
+        printf("cleared %s\n", sneppx_cache_dir()[0] ? sneppx_cache_dir() : "nothing (memory-only)");
+        return 0;
+    }
+    fprintf(stderr, "sneppx-cache: unknown command '%s'\n", command);
+    usage(stderr);
+    return 2;
+}

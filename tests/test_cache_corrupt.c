@@ -1,0 +1,217 @@
+/* Disk cache entries that must not be trusted: truncated, extended, corrupted,
+ * foreign (another key's valid entry), not a sneppx entry, a symbolic link, a
+ * FIFO, writable by others, not owned by us, a directory. Each is refused
+ * (never loaded), the kernel is rebuilt, and the entry is replaced by a valid
+ * one that the next process loads. */
+#include "test_cache_common.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <sys/stat.h>
+
+
+#define NORM_N 128
+#define FOREIGN_N 256
+
+static char dir[CACHE_TEST_DIR_MAX], entry[CACHE_TEST_PATH_MAX];
+static unsigned char good[1 << 20];
+static size_t good_size;
+
+static int read_file(const char *path, unsigned char *data, size_t capacity, size_t *size)
+{
+    FILE *file = fopen(path, "rb");
+    if (!file)
+        return -1;
+    *size = fread(data, 1, capacity, file);
+    int failed = ferror(file) || !feof(file);
+    fclose(file);
+    return failed ? -1 : 0;
+}
+
+static int write_file(const char *path, const unsigned char *data, size_t size)
+{
+    FILE *file = fopen(path, "wb");
+    if (!file)
+        return -1;
+    size_t written = fwrite(data, 1, size, file);
+    return fclose(file) == 0 && written == size ? 0 : -1;
+}
+
+/* Removes whatever is at the entry path (file, link, FIFO, directory). */
+static void clear_entry(void)
+{
+    if (unlink(entry) != 0 && errno == EISDIR)
+        rmdir(entry);
+    rmdir(entry);
+}
+
+static const sneppx_kernel *resolve_norm(sneppx_kernel_source *source)
+{
+    const int64_t values[] = {NORM_N};
+    const sneppx_kernel *kernel = NULL;
+    sneppx_kernel_timing timing;
+    if (sneppx_kernel_resolve("rmsnorm", values, sneppx_host_vector_width(), &kernel) != SNEPPX_OK)
+        kernel = NULL;
+    sneppx_kernel_last_timing(&timing);
+    *source = timing.source;
+    return kernel;
+}
+
+/* The entry as planted by `plant` is refused and rebuilt; afterwards a fresh
+ * resolve loads the replaced entry from disk. */
+static void check_rebuilt(test_tally *tally, const char *what, int (*plant)(void))
+{
+    clear_entry();
+    if (plant() != 0) {
+        TEST_CHECK(tally, 0, "%s: could not plant the entry: %s", what, strerror(errno));
+        return;
+    }
+    sneppx_kernel_cache_reset_for_testing();
+    sneppx_kernel_source source;
+    const sneppx_kernel *kernel = resolve_norm(&source);
+    sneppx_jit_stats stats;
+    sneppx_jit_stats_get(&stats);
+    TEST_CHECK(tally, kernel && source == SNEPPX_KERNEL_SOURCE_COMPILED && stats.disk_rejects == 1 &&
+                          stats.disk_hits == 0 && stats.disk_writes == 1,
+               "%s: source %d, %llu rejects, %llu disk hits, %llu writes (want compiled, 1, 0, 1): %s", what,
+               source, (unsigned long long)stats.disk_rejects, (unsigned long long)stats.disk_hits,
+               (unsigned long long)stats.disk_writes, kernel ? "" : sneppx_last_error());
+    if (kernel) {
+        double error = cache_test_rmsnorm_error(kernel, NORM_N, NULL);
+        TEST_CHECK(tally, error < 1e-6, "%s: rebuilt kernel error %.3g (limit 1e-6)", what, error);
+    }
+    struct stat info;
+    TEST_CHECK(tally, lstat(entry, &info) == 0 && S_ISREG(info.st_mode) && info.st_uid == geteuid() &&
+                          (info.st_mode & 077) == 0,
+               "%s: the entry is again a private regular file of ours", what);
+    sneppx_kernel_cache_reset_for_testing();
+    kernel = resolve_norm(&source);
+    TEST_CHECK(tally, kernel && source == SNEPPX_KERNEL_SOURCE_DISK, "%s: the replaced entry loads (source %d)",
+               what, source);
+}
+
+static unsigned char scratch[sizeof good];
+
+static int plant_truncated_payload(void) { return write_file(entry, good, good_size - 1); }
+static int plant_truncated_header(void) { return write_file(entry, good, 40); }
+static int plant_empty(void) { return write_file(entry, good, 0); }
+
+static int plant_extended(void)
+{
+    memcpy(scratch, good, good_size);
+    memset(scratch + good_size, 0x90, 16);
+    return write_file(entry, scratch, good_size + 16);
+}
+
+static int plant_flipped_payload_byte(void)
+{
+    memcpy(scratch, good, good_size);
+    scratch[good_size - good_size / 3] ^= 0x01;
+    return write_file(entry, scratch, good_size);
+}
+
+static int plant_flipped_magic(void)
+{
+    memcpy(scratch, good, good_size);
+    scratch[0] ^= 0x20;
+    return write_file(entry, scratch, good_size);
+}
+
+/* A valid entry of another key, renamed: its fingerprint names the other key. */
+static int plant_foreign(void)
+{
+    char foreign[CACHE_TEST_PATH_MAX];
+    size_t size;
+    char key[SNEPPX_KEY_MAX];
+    const int64_t values[] = {FOREIGN_N};
+    sneppx_kernel_key("rmsnorm", values, sneppx_host_vector_width(), key, sizeof key);
+    cache_test_entry_path(dir, key, foreign, sizeof foreign);
+    if (read_file(foreign, scratch, sizeof scratch, &size) != 0)
+        return -1;
+    return write_file(entry, scratch, size);
+}
+
+/* A link to a byte-for-byte valid entry elsewhere: still refused. */
+static int plant_symlink(void)
+{
+    char target[CACHE_TEST_PATH_MAX];
+    snprintf(target, sizeof target, "%s.elsewhere", dir);
+    if (write_file(target, good, good_size) != 0)
+        return -1;
+    return symlink(target, entry);
+}
+
+static int plant_fifo(void) { return mkfifo(entry, 0600); }
+
+static int plant_world_writable(void)
+{
+    if (write_file(entry, good, good_size) != 0)
+        return -1;
+    return chmod(entry, 0666);
+}
+
+static int plant_foreign_owner(void)
+{
+    if (write_file(entry, good, good_size) != 0)
+        return -1;
+    return chown(entry, 65534, 65534);
+}
+
+int main(void)
+{
+    test_tally tally = {0};
+    if (cache_test_make_dir(dir, sizeof dir, "corrupt") != 0 || setenv("SNEPPX_CACHE_DIR", dir, 1) != 0) {
+        perror("cache directory");
+        return 1;
+    }
+    unsetenv("SNEPPX_JIT");
+    const int64_t foreign_values[] = {FOREIGN_N};
+    const sneppx_kernel *foreign = NULL;
+    sneppx_kernel_source source;
+    const sneppx_kernel *kernel = resolve_norm(&source);
+    sneppx_status status = sneppx_kernel_resolve("rmsnorm", foreign_values, sneppx_host_vector_width(), &foreign);
+    if (!kernel || status != SNEPPX_OK) {
+        TEST_CHECK(&tally, 0, "first compile: %s", sneppx_last_error());
+        return test_finish(&tally);
+    }
+    cache_test_entry_path(dir, kernel->key, entry, sizeof entry);
+    if (read_file(entry, good, sizeof good, &good_size) != 0 || good_size < 128) {
+        TEST_CHECK(&tally, 0, "entry %s unreadable", entry);
+        return test_finish(&tally);
+    }
+
+    check_rebuilt(&tally, "payload one byte short", plant_truncated_payload);
+    check_rebuilt(&tally, "header cut at 40 bytes", plant_truncated_header);
+    check_rebuilt(&tally, "empty file", plant_empty);
+    check_rebuilt(&tally, "16 bytes appended", plant_extended);
+    check_rebuilt(&tally, "one payload bit flipped", plant_flipped_payload_byte);
+    check_rebuilt(&tally, "magic changed", plant_flipped_magic);
+    check_rebuilt(&tally, "another key's entry", plant_foreign);
+    check_rebuilt(&tally, "symbolic link to a valid entry", plant_symlink);
+    check_rebuilt(&tally, "FIFO", plant_fifo);
+    check_rebuilt(&tally, "writable by everyone", plant_world_writable);
+    if (geteuid() == 0)
+        check_rebuilt(&tally, "owned by another user", plant_foreign_owner);
+    else
+        tally.skipped++; /* only root can give a file away */
+
+    /* A directory squats the entry: refused, and the kernel still runs from memory. */
+    clear_entry();
+    mkdir(entry, 0700);
+    sneppx_kernel_cache_reset_for_testing();
+    kernel = resolve_norm(&source);
+    sneppx_jit_stats stats;
+    sneppx_jit_stats_get(&stats);
+    TEST_CHECK(&tally, kernel && source == SNEPPX_KERNEL_SOURCE_COMPILED && stats.disk_rejects == 1 &&
+                           stats.disk_writes == 0,
+               "directory at the entry: source %d, %llu rejects, %llu writes", source,
+               (unsigned long long)stats.disk_rejects, (unsigned long long)stats.disk_writes);
+    if (kernel)
+        TEST_CHECK(&tally, cache_test_rmsnorm_error(kernel, NORM_N, NULL) < 1e-6, "memory-only kernel computes");
+
+    char elsewhere[CACHE_TEST_PATH_MAX];
+    snprintf(elsewhere, sizeof elsewhere, "%s.elsewhere", dir);
+    unlink(elsewhere);
+    cache_test_remove_tree(dir);
+    return test_finish(&tally);
+}
