@@ -1,0 +1,56 @@
+"""`sneppx-gen build ...`: what the CMake build asks the generator for.
+
+    build abi -o FILE                 the kernel ABI header
+    build presets -o FILE             the runtime preset table (gen/archs.json)
+    build rope-freqs -o FILE          RoPE frequency code for libsneppx
+    build families                    family names, ';'-separated (a CMake list)
+    build jit-source --family F --vector-width VW -o FILE
+    build kernel-table --bitcode FAMILY:VW:PATH ... -o FILE
+"""
+import argparse
+from typing import List
+
+from . import archs, render, tables
+from .kernels import KERNELS, VECTOR_WIDTHS
+from .output import write_if_changed
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sneppx-gen build", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    for name in ("abi", "presets", "rope-freqs"):
+        sub.add_parser(name).add_argument("-o", "--output", required=True)
+    sub.add_parser("families")
+    jit = sub.add_parser("jit-source")
+    jit.add_argument("--family", required=True, choices=sorted(KERNELS))
+    jit.add_argument("--vector-width", type=int, required=True, choices=VECTOR_WIDTHS)
+    jit.add_argument("-o", "--output", required=True)
+    table = sub.add_parser("kernel-table")
+    table.add_argument("--bitcode", action="append", default=[], metavar="FAMILY:VW:PATH")
+    table.add_argument("-o", "--output", required=True)
+    return parser
+
+
+def main(argv: List[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.what == "families":
+        print(";".join(KERNELS))
+        return 0
+    if args.what == "abi":
+        text = render.render_abi()
+    elif args.what == "presets":
+        text = tables.presets_table(archs.load_presets())
+    elif args.what == "rope-freqs":
+        text = render.render_template("rope_freqs.c.j2", mode="runtime")
+    elif args.what == "jit-source":
+        text = render.render_kernel(args.family, args.vector_width, "jit")
+    else:
+        bitcodes = []
+        for spec in args.bitcode:
+            family, width, path = tables.parse_bitcode_spec(spec)
+            with open(path, "rb") as f:
+                bitcodes.append((family, width, f.read()))
+        text = tables.kernel_table(bitcodes)
+    write_if_changed(args.output, text)
+    return 0

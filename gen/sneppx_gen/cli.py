@@ -1,0 +1,98 @@
+"""The sneppx-gen command line.
+
+    sneppx-gen --list
+    sneppx-gen --arch NAME -o DIR [--vector-width 16|8] [--flash|--sdpa]
+    sneppx-gen --config FILE.json -o DIR [--vector-width 16|8] [--flash|--sdpa]
+    sneppx-gen build ...             (the build's subcommands, see build.py)
+
+Exit status: 0 on success, 2 on a usage error or an unknown architecture,
+1 when a config cannot be generated.
+"""
+import argparse
+import sys
+from typing import List
+
+from . import archs, build
+
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+
+
+def host_vector_width() -> int:
+    """16 where the host has AVX-512F, else 8 (what libsneppx picks too)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags") and " avx512f" in line:
+                    return 16
+    except OSError:
+        pass
+    return 8
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sneppx-gen",
+        description="Generate specialized attention kernels as a self-contained C file.",
+        epilog="Build-time subcommands: sneppx-gen build --help")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--list", action="store_true", help="list the architecture presets")
+    what.add_argument("--arch", metavar="NAME", help='preset name, case-insensitive ("llama3-8B", "mistral-7B")')
+    what.add_argument("--config", metavar="FILE.json", help="HF config.json fields (+ \"bias\")")
+    parser.add_argument("-o", "--output", metavar="DIR", help="output directory")
+    parser.add_argument("--vector-width", type=int, choices=(16, 8), default=None,
+                        help="floats per vector (default: 16 on an AVX-512 host, else 8)")
+    attention = parser.add_mutually_exclusive_group()
+    attention.add_argument("--flash", dest="flash", action="store_true", default=None,
+                           help="flash attention (default unless the config says otherwise)")
+    attention.add_argument("--sdpa", dest="flash", action="store_false", help="materialized SDPA")
+    return parser
+
+
+def _list_presets() -> int:
+    for arch in archs.load_presets():
+        s = archs.preset_summary(arch)
+        line = (f"{arch.name:<20} hidden={s['hidden']} heads={s['heads']} kv_heads={s['kv_heads']} "
+                f"head_dim={s['head_dim']} window={s['window']} bias={s['bias']}")
+        if arch.is_mla:
+            line += (f" mla(kv_lora={arch.kv_lora_rank} q_lora={arch.q_lora_rank} "
+                     f"rope={arch.qk_rope_head_dim} v={arch.v_head_dim})")
+        if arch.aliases:
+            line += f" aliases={','.join(arch.aliases)}"
+        print(line)
+    return 0
+
+
+def main(argv: List[str]) -> int:
+    if argv and argv[0] == "build":
+        return build.main(argv[1:])
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.list:
+        return _list_presets()
+    if not args.output:
+        parser.error("-o DIR is required with --arch and --config")
+    try:
+        if args.arch:
+            presets = archs.load_presets()
+            arch = archs.find_preset(args.arch, presets)
+            if arch is None:
+                print(f"sneppx-gen: unknown architecture '{args.arch}'; valid names: "
+                      + ", ".join(a.name for a in presets), file=sys.stderr)
+                return EXIT_USAGE
+        else:
+            arch = archs.load_config_file(args.config)
+    except (OSError, ValueError) as error:
+        print(f"sneppx-gen: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    from . import aot
+    flash = bool(arch.use_flash_attn) if args.flash is None else args.flash
+    width = args.vector_width or host_vector_width()
+    try:
+        written = aot.generate(arch, args.output, width, flash)
+    except (OSError, ValueError) as error:
+        print(f"sneppx-gen: {arch.name}: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    for path in written:
+        print(path)
+    return 0

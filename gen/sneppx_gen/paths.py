@@ -1,0 +1,14 @@
+"""Every path the generator reads, resolved once.
+
+Works from the source tree (gen/sneppx_gen, templates/ beside gen/) and from
+the installed layout (share/sneppx/gen/sneppx_gen, share/sneppx/templates):
+in both, the templates live next to the generator's directory. The
+environment variable SNEPPX_TEMPLATE_DIR overrides the template directory.
+"""
+import os
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+GEN_DIR = PACKAGE_DIR.parent
+ARCHS_JSON = GEN_DIR / "archs.json"
+TEMPLATE_DIR = Path(os.environ.get("SNEPPX_TEMPLATE_DIR") or GEN_DIR.parent / "templates")

@@ -1,0 +1,146 @@
+"""Rendering kernel templates in `aot` or `jit` mode.
+
+One template per kernel family (kernels.KERNELS). The mode switch lives in
+templates/spec.j2; this module supplies what it reads: `S` (the key's fields),
+`P` (helper prefix), `entry()` (entry point names) and the ABI text.
+"""
+from typing import Dict, Optional, Union
+
+import jinja2
+
+from . import paths
+from .kernels import KERNELS, Kernel, kernel_key, symbol_of_key
+
+MODES = ("aot", "jit")
+
+
+class Spec:
+    """The specialization fields of one kernel as the template sees them.
+
+    aot: values known, `S.head_dim` is the literal and the render-time tests
+    `may`/`is_` decide. jit: values unknown, `S.head_dim` is `spec_head_dim`
+    and both tests return True so the template keeps the C condition.
+    """
+
+    def __init__(self, kernel: Kernel, values: Optional[Dict[str, int]]):
+        self._kernel = kernel
+        self._fields = {f.name: f for f in kernel.fields}
+        self._values = values
+
+    def names(self):
+        return [f.name for f in self._kernel.fields]
+
+    def __getattr__(self, name: str) -> str:
+        if name.startswith("_") or name not in self._fields:
+            raise AttributeError(f"{self._kernel.family} has no key field {name!r}")
+        if self._values is None:
+            return f"spec_{name}"
+        return str(int(self._values[name]))
+
+    def _value_of(self, name: str, value: Union[int, str]) -> int:
+        field = self._fields[name]
+        if isinstance(value, str):
+            return field.choices.index(value)
+        return int(value)
+
+    def may(self, name: str) -> bool:
+        """False only when the aot value is 0 (the feature is off)."""
+        if name not in self._fields:
+            raise KeyError(name)
+        return self._values is None or int(self._values[name]) != 0
+
+    def is_(self, name: str, value: Union[int, str]) -> bool:
+        """False only when the aot value differs from value (a choice name or int)."""
+        wanted = self._value_of(name, value)
+        return self._values is None or int(self._values[name]) == wanted
+
+
+_environment: Optional[jinja2.Environment] = None
+
+
+def environment() -> jinja2.Environment:
+    global _environment
+    if _environment is None:
+        _environment = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(paths.TEMPLATE_DIR)),
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=True,
+            autoescape=False,
+        )
+    return _environment
+
+
+def render_template(name: str, **context) -> str:
+    return environment().get_template(name).render(**context)
+
+
+def render_abi() -> str:
+    return render_template("abi.h.j2")
+
+
+def check_values(family: str, values: Dict[str, int]) -> None:
+    kernel = KERNELS[family]
+    missing = [f.name for f in kernel.fields if f.name not in values]
+    if missing:
+        raise ValueError(f"{family}: missing key fields {', '.join(missing)}")
+    for f in kernel.fields:
+        v = int(values[f.name])
+        if f.choices and not 0 <= v < len(f.choices):
+            raise ValueError(f"{family}: {f.name}={v} is not one of 0..{len(f.choices) - 1}")
+        if v < 0:
+            raise ValueError(f"{family}: {f.name}={v} is negative")
+    if family.startswith("attn_"):
+        # The attention kernels step head dims in whole vectors and value dims in register tiles.
+        for name in ("head_dim", "v_head_dim"):
+            if not 16 <= int(values[name]) <= 576 or int(values[name]) % 16:
+                raise ValueError(f"{family}: {name}={values[name]} must be a multiple of 16 in [16, 576]")
+        if int(values["group"]) < 1:
+            raise ValueError(f"{family}: group must be >= 1")
+    if family == "rope" and (int(values["rotary_dim"]) < 2 or int(values["rotary_dim"]) % 2):
+        raise ValueError(f"rope: rotary_dim={values['rotary_dim']} must be even and >= 2")
+    if family in ("gemm", "rmsnorm") and any(int(values[f.name]) < 1 for f in kernel.fields if f.name != "bias"):
+        raise ValueError(f"{family}: sizes must be >= 1")
+
+
+def render_kernel(family: str, vector_width: int, mode: str,
+                  values: Optional[Dict[str, int]] = None, standalone: bool = True) -> str:
+    """Renders one kernel. aot needs values; jit takes none (they are globals).
+
+    standalone=True puts the ABI and the vector layer above the kernel (every
+    jit source, single-kernel files); the aot layer file emits them once and
+    passes standalone=False. Raises KeyError for an unknown family and
+    ValueError for a bad mode, vector width or key.
+    """
+    kernel = KERNELS[family]
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if vector_width not in (16, 8):
+        raise ValueError(f"vector width must be 16 or 8, not {vector_width}")
+    if mode == "aot":
+        if values is None:
+            raise ValueError(f"{family}: aot rendering needs the key's values")
+        check_values(family, values)
+        key = kernel_key(family, values, vector_width)
+        prefix = symbol_of_key(key)
+        entry_prefix = prefix
+        spec_values = values
+    else:
+        key = family
+        prefix = f"sneppx_{family}"
+        entry_prefix = "sneppx_kernel"
+        spec_values = None
+    return render_template(
+        kernel.template,
+        mode=mode,
+        family=family,
+        template=kernel.template,
+        key=key,
+        vw=vector_width,
+        S=Spec(kernel, spec_values),
+        P=prefix,
+        entry=lambda suffix: entry_prefix + suffix,
+        standalone=standalone,
+        abi=render_abi() if standalone else "",
+    )
