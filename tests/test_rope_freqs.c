@@ -132,7 +132,7 @@ static sneppx_config hand_config(sneppx_rope_type type, double factor)
 
 static void test_hand_types(void)
 {
-    double inv[32], factor = 0;
+    double inv[64], factor = 0;
     sneppx_config config = hand_config(SNEPPX_ROPE_DEFAULT, 1.0);
     if (library_freqs(&config, 100000, inv, 32, &factor)) {
         check_value("default d64", 1, inv[1], pow(1e4, -2.0 / 64.0));
@@ -157,7 +157,7 @@ static void test_hand_types(void)
         check_value("partial r32", 3, inv[3], 0.1778279410038923); /* 1e4^(-6/32) */
     sneppx_config llama3;
     if (sneppx_config_from_name("llama3", "8B", &llama3) == SNEPPX_OK &&
-        library_freqs(&llama3, 16, inv, 32, &factor))
+        library_freqs(&llama3, 16, inv, 64, &factor))
         check_value("llama3-8B", 10, inv[10], 0.12868737343265052); /* 5e5^(-20/128) */
     /* YaRN without mscale: attention factor 0.1 ln 4 + 1 (HF get_mscale(factor)). */
     config = hand_config(SNEPPX_ROPE_YARN, 4.0);

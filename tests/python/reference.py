@@ -296,19 +296,50 @@ def random_state_dict(config: Any, rng: np.random.Generator, qkv_bias: bool = Tr
         shapes.update({"q_proj": (heads * d, hidden), "k_proj": (kv_heads * d, hidden),
                        "v_proj": (kv_heads * d, hidden), "o_proj": (hidden, heads * d)})
         biases += ["q_proj", "k_proj", "v_proj"]
+
+    def uniform(size: Any, low: float, high: float) -> np.ndarray:
+        # Drawn in float32 directly: preset-sized matrices need no float64 temporary.
+        values = rng.random(size, dtype=np.float32)
+        values *= np.float32(high - low)
+        values += np.float32(low)
+        return values
+
     out = {}
     for name, (rows, cols) in shapes.items():
         limit = math.sqrt(3.0 / cols)
-        out[name + ".weight"] = rng.uniform(-limit, limit, (rows, cols)).astype(np.float32)
+        out[name + ".weight"] = uniform((rows, cols), -limit, limit)
     for name in biases if qkv_bias else []:
-        out[name + ".bias"] = rng.uniform(-0.5, 0.5, shapes[name][0]).astype(np.float32)
+        out[name + ".bias"] = uniform(shapes[name][0], -0.5, 0.5)
     if o_bias:
-        out["o_proj.bias"] = rng.uniform(-0.5, 0.5, hidden).astype(np.float32)
+        out["o_proj.bias"] = uniform(hidden, -0.5, 0.5)
     if is_mla(config):
         if field(config, "q_lora_rank", 0):
-            out["q_a_layernorm.weight"] = rng.uniform(0.5, 1.5, int(field(config, "q_lora_rank"))).astype(np.float32)
-        out["kv_a_layernorm.weight"] = rng.uniform(0.5, 1.5, int(field(config, "kv_lora_rank"))).astype(np.float32)
+            out["q_a_layernorm.weight"] = uniform(int(field(config, "q_lora_rank")), 0.5, 1.5)
+        out["kv_a_layernorm.weight"] = uniform(int(field(config, "kv_lora_rank")), 0.5, 1.5)
     return out
+
+
+def causal_additive_mask(batch: int, seq_len: int, window: int = 0,
+                         rng: Optional[np.random.Generator] = None) -> np.ndarray:
+    """HF's 4-D additive mask [batch, 1, seq, seq]: visible (j <= i, and i - j <= W - 1
+    when window > 0) -> 0, or a random bias in [-2, 0) when rng is given; masked ->
+    finfo(float32).min."""
+    visible = visible_keys(batch, seq_len, None, window)
+    values = np.zeros(visible.shape, np.float32) if rng is None else \
+        (-2.0 * rng.random(visible.shape)).astype(np.float32)
+    return np.where(visible, values, np.finfo(np.float32).min).astype(np.float32)
+
+
+def left_padding(pads: "list[int]", seq_len: int, window: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+    """Mask and position_ids of a left-padded batch (row b starts with pads[b] pad tokens),
+    built as HF does: causal (+ window) AND key is not a pad; position_ids =
+    cumsum(attention_mask) - 1 with pads set to 1. Pad query rows see no key."""
+    batch = len(pads)
+    keep = np.arange(seq_len)[None, :] >= np.asarray(pads)[:, None]                  # [b, s]
+    visible = visible_keys(batch, seq_len, None, window) & keep[:, None, None, :]
+    mask = np.where(visible, 0.0, np.finfo(np.float32).min).astype(np.float32)
+    positions = np.where(keep, np.cumsum(keep, axis=-1) - 1, 1).astype(np.int64)
+    return mask, positions
 
 
 def normalized_error(got: np.ndarray, want: np.ndarray) -> Tuple[float, float]:
