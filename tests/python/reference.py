@@ -25,6 +25,8 @@ import numpy as np
 
 #: Explicit mask entries at or below this count as masked (HF fills finfo(float32).min).
 MASKED_BELOW = -1.0e30
+#: max_position_embeddings when a config leaves it out (sneppx_config_init's and LLMConfig's default).
+DEFAULT_MAX_POSITION_EMBEDDINGS = 4096
 #: DeepSeek's q_a_layernorm / kv_a_layernorm are built without eps: the RMSNorm default.
 MLA_NORM_EPS = 1e-6
 
@@ -76,7 +78,7 @@ def rope_inv_freq(config: Any, seq_len: Optional[int] = None) -> Tuple[np.ndarra
     dynamic type reads it. MODELS.md section 2, every type."""
     dim = rotary_dim(config)
     base = float(field(config, "rope_theta", 10000.0))
-    mpe = int(field(config, "max_position_embeddings"))
+    mpe = int(field(config, "max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS))
     kind, s = _scaling(config)
     factor = float(s.get("factor", 1.0) or 1.0)
     orig = float(s.get("original_max_position_embeddings") or mpe)
@@ -127,7 +129,7 @@ def extend_context(config: Mapping[str, Any], new_max_positions: int) -> Dict[st
     d the rotary dim, orig the current max_position_embeddings, which becomes n."""
     out = dict(config)
     d = rotary_dim(config)
-    ratio = new_max_positions / float(field(config, "max_position_embeddings"))
+    ratio = new_max_positions / float(field(config, "max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS))
     out["rope_theta"] = float(field(config, "rope_theta", 10000.0)) * ratio ** (d / (d - 2))
     out["max_position_embeddings"] = int(new_max_positions)
     return out

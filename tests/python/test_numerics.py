@@ -24,7 +24,7 @@ FAMILIES = {
     "llama3": dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, rope_theta=500000.0,
                    attention_bias=False),
     "llama3.1": dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, rope_theta=500000.0,
-                     attention_bias=False, max_position_embeddings=1024,
+                     attention_bias=False, max_position_embeddings=131072,
                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
     "llama-attention-bias": dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=4,
