@@ -1,0 +1,70 @@
+/* sneppx-bench: what every stage shares: the run's options, the machine's
+ * measured limits, buffers, and the stage entry points. */
+#ifndef SNEPPX_BENCH_BENCH_H
+#define SNEPPX_BENCH_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "timing.h"
+
+#define BENCH_MAX_THREAD_COUNTS 2
+
+enum bench_stage {
+    BENCH_STAGE_PEAK = 1 << 0,
+    BENCH_STAGE_GEMM = 1 << 1,
+    BENCH_STAGE_ATTENTION = 1 << 2,
+    BENCH_STAGE_LAYER = 1 << 3,
+    BENCH_STAGE_JIT = 1 << 4,
+    BENCH_STAGE_MEMORY = 1 << 5,
+    BENCH_STAGE_ALL = (1 << 6) - 1
+};
+
+struct bench_context {
+    int quick;                 /* tiny sizes and single repeats: checks that the bench runs */
+    int stages;                /* enum bench_stage bits */
+    int thread_counts[BENCH_MAX_THREAD_COUNTS]; /* 1 and every core */
+    int thread_count_n;
+    int vector_width;          /* of the kernels sneppx resolves on this host */
+    /* Measured by the peak stage, in the same run as everything they divide. */
+    double fma_gflops[BENCH_MAX_THREAD_COUNTS];
+    double read_gbs[BENCH_MAX_THREAD_COUNTS];
+    int failures;              /* stages or cases that could not run */
+};
+
+/* The measured limit for a thread count of ctx->thread_counts (0 if unmeasured). */
+double bench_fma_peak(const struct bench_context *ctx, int threads);
+double bench_read_bandwidth(const struct bench_context *ctx, int threads);
+
+/* How a stage times its work: the full plan, or one run of each for --quick. */
+struct bench_plan bench_plan_for(const struct bench_context *ctx, int min_reps, int max_reps,
+                                 double budget_seconds);
+
+/* Stages. Each prints its section, records its rows and counts its failures in ctx. */
+void bench_stage_peak(struct bench_context *ctx);
+void bench_stage_gemm(struct bench_context *ctx);
+void bench_stage_attention(struct bench_context *ctx);
+void bench_stage_layer(struct bench_context *ctx);
+void bench_stage_jit(struct bench_context *ctx);
+void bench_stage_memory(struct bench_context *ctx);
+
+/* Child modes: the bench re-executes itself for work that needs a fresh process. */
+int bench_child_start(int argc, char **argv);   /* --child-start MODEL: JIT cold/warm start */
+int bench_child_memory(int argc, char **argv);  /* --child-memory T: peak memory of a forward */
+
+/* A 64-byte aligned float buffer, 2 MiB aligned and advised for transparent
+ * huge pages when large, and touched (so no timed run pays its page faults).
+ * NULL when out of memory. Free with free(). */
+float *bench_alloc_floats(size_t count);
+
+/* x[i] = scale * uniform[-1, 1) from a counter-based generator (thread-count independent). */
+void bench_fill_uniform(float *x, int64_t count, uint64_t seed, float scale);
+
+/* max |a - b| / max |b| over count floats: the relative error of a against reference b. */
+double bench_relative_error(const float *a, const float *b, int64_t count);
+
+/* Peak resident set (VmHWM) and current resident set (VmRSS) in bytes, 0 if unknown. */
+size_t bench_vm_hwm_bytes(void);
+size_t bench_vm_rss_bytes(void);
+
+#endif

@@ -1,0 +1,237 @@
+/* sneppx-bench: every stage of the attention layer, side by side with its
+ * baseline and the machine's measured limits, in one run.
+ *
+ *   sneppx-bench [--quick] [--stages LIST] [--csv FILE] [--plot FILE.png]
+ *
+ * bench/run.sh builds it and runs it in the right environment. */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cblas.h>
+
+#include "bench.h"
+#include "child.h"
+#include "kernels.h"
+#include "report.h"
+#include "sneppx/sneppx.h"
+#include "tiles.h"
+
+/* OpenBLAS reads these when it loads. This machine sets them to force AVX2
+ * kernels (1.7-3.9x slower on 2 threads); a fair baseline runs without them. */
+static const char *const blas_environment[] = {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", NULL};
+
+static const struct {
+    const char *name;
+    int bit;
+} stage_names[] = {
+    {"peak", BENCH_STAGE_PEAK},     {"gemm", BENCH_STAGE_GEMM}, {"attention", BENCH_STAGE_ATTENTION},
+    {"layer", BENCH_STAGE_LAYER},   {"jit", BENCH_STAGE_JIT},   {"memory", BENCH_STAGE_MEMORY},
+};
+
+static void usage(FILE *to)
+{
+    fprintf(to,
+            "usage: sneppx-bench [--quick] [--stages LIST] [--csv FILE] [--plot FILE.png] [--gemm-tile RxC]\n"
+            "  Measures the machine's FMA peak and read bandwidth, then sneppx's projections (vs OpenBLAS),\n"
+            "  attention (flash vs SDPA), whole layers (vs PyTorch when /usr/bin/python3 has torch),\n"
+            "  JIT compile and cache times, and the peak memory of a long flash forward.\n"
+            "  --quick        tiny sizes, one repeat: checks that the bench runs (no timing meaning)\n"
+            "  --stages LIST  comma-separated subset of peak,gemm,attention,layer,jit,memory\n"
+            "                 (the peak stage always runs: every fraction of peak needs it)\n"
+            "  --csv FILE     one row per measurement\n"
+            "  --plot FILE    PNG chart of GFLOP/s against T per stage (bench/plot.py; writes FILE.csv\n"
+            "                 too unless --csv is given)\n"
+            "  --gemm-tile RxC  GEMM task of R rows x C columns instead of the runtime's %dx%d (C a multiple\n"
+            "                 of 2 x vector width), to measure another partition of the projections\n",
+            BENCH_GEMM_TILE_ROWS, BENCH_GEMM_TILE_COLS);
+}
+
+static int parse_stages(const char *list)
+{
+    int stages = 0;
+    char copy[256];
+    snprintf(copy, sizeof copy, "%s", list);
+    for (char *save = NULL, *name = strtok_r(copy, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+        int found = 0;
+        for (size_t i = 0; i < sizeof stage_names / sizeof stage_names[0]; i++) {
+            if (strcmp(name, stage_names[i].name) == 0) {
+                stages |= stage_names[i].bit;
+                found = 1;
+            }
+        }
+        if (!found) {
+            fprintf(stderr, "sneppx-bench: unknown stage '%s'\n", name);
+            return -1;
+        }
+    }
+    return stages | BENCH_STAGE_PEAK;
+}
+
+struct bench_plan bench_plan_for(const struct bench_context *ctx, int min_reps, int max_reps,
+                                 double budget_seconds)
+{
+    if (ctx->quick)
+        return (struct bench_plan){.warmup = 1, .min_reps = 1, .max_reps = 1, .budget_seconds = 0};
+    return (struct bench_plan){.warmup = 1, .min_reps = min_reps, .max_reps = max_reps,
+                               .budget_seconds = budget_seconds};
+}
+
+/* Re-executes the bench without the OpenBLAS overrides: they are read when
+ * libopenblas loads, before main, so unsetting them here is too late. */
+static void reexec_without_blas_overrides(char **argv)
+{
+    int present = 0;
+    for (const char *const *name = blas_environment; *name; name++)
+        present |= getenv(*name) != NULL;
+    if (!present)
+        return;
+    for (const char *const *name = blas_environment; *name; name++)
+        unsetenv(*name);
+    execv(BENCH_SELF_EXE, argv);
+    perror("sneppx-bench: re-exec without OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE");
+    fprintf(stderr, "sneppx-bench: the OpenBLAS baseline runs with the overrides (unfair)\n");
+}
+
+static void print_cpu_model(void)
+{
+    FILE *cpuinfo = fopen("/proc/cpuinfo", "r");
+    char line[256];
+    while (cpuinfo && fgets(line, sizeof line, cpuinfo)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            const char *colon = strchr(line, ':');
+            printf("cpu: %s", colon ? colon + 2 : line);
+            break;
+        }
+    }
+    if (cpuinfo)
+        fclose(cpuinfo);
+}
+
+/* The host is shared: a load above idle makes every number here suspect, so say it. */
+static void print_load(const char *when)
+{
+    double load = 0;
+    FILE *loadavg = fopen("/proc/loadavg", "r");
+    if (loadavg) {
+        if (fscanf(loadavg, "%lf", &load) != 1)
+            load = 0;
+        fclose(loadavg);
+    }
+    printf("load average (1 min) %s: %.2f%s\n", when, load,
+           load > 0.5 ? "  -- WARNING: other work is running; numbers are pessimistic" : "");
+}
+
+static int run_plot(const char *csv_path, const char *png_path)
+{
+    char *const argv[] = {(char *)SNEPPX_BENCH_PYTHON, (char *)SNEPPX_BENCH_SOURCE_DIR "/plot.py",
+                          (char *)csv_path, (char *)png_path, NULL};
+    struct bench_child child;
+    if (bench_child_run(argv, NULL, NULL, &child) != 0) {
+        fprintf(stderr, "sneppx-bench: cannot run %s\n", argv[1]);
+        return 1;
+    }
+    fputs(child.output, stdout);
+    free(child.output);
+    return child.exit_code != 0;
+}
+
+int main(int argc, char **argv)
+{
+    reexec_without_blas_overrides(argv);
+    if (argc >= 2 && strcmp(argv[1], "--child-start") == 0)
+        return bench_child_start(argc - 2, argv + 2);
+    if (argc >= 2 && strcmp(argv[1], "--child-memory") == 0)
+        return bench_child_memory(argc - 2, argv + 2);
+
+    struct bench_context ctx = {.stages = BENCH_STAGE_ALL};
+    const char *csv_path = NULL, *plot_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(argv[i], "--quick") == 0) {
+            ctx.quick = 1;
+        } else if (strcmp(argv[i], "--stages") == 0 && value) {
+            if ((ctx.stages = parse_stages(value)) < 0)
+                return 2;
+            i++;
+        } else if (strcmp(argv[i], "--csv") == 0 && value) {
+            csv_path = value;
+            i++;
+        } else if (strcmp(argv[i], "--plot") == 0 && value) {
+            plot_path = value;
+            i++;
+        } else if (strcmp(argv[i], "--gemm-tile") == 0 && value) {
+            long long rows = 0, cols = 0;
+            if (sscanf(value, "%lldx%lld", &rows, &cols) != 2 || rows <= 0 || cols <= 0 || cols % 32) {
+                fprintf(stderr, "sneppx-bench: --gemm-tile wants ROWSxCOLS, COLS a multiple of 32\n");
+                return 2;
+            }
+            bench_set_gemm_tile(rows, cols);
+            i++;
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "sneppx-bench: bad argument '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    char plot_csv[4096];
+    if (plot_path && !csv_path) {
+        snprintf(plot_csv, sizeof plot_csv, "%s.csv", plot_path);
+        csv_path = plot_csv;
+    }
+
+    const int cores = omp_get_num_procs();
+    ctx.thread_counts[ctx.thread_count_n++] = 1;
+    if (cores > 1)
+        ctx.thread_counts[ctx.thread_count_n++] = cores;
+    ctx.vector_width = sneppx_host_vector_width();
+
+    const double start = bench_now();
+    printf("sneppx-bench%s: medians of repeated runs after a warm-up, [min-max]; GFLOP/s count only the "
+           "arithmetic the mask keeps\n",
+           ctx.quick ? " --quick (tiny sizes, one repeat: not a measurement)" : "");
+    print_cpu_model();
+    printf("cores: %d, sneppx vector width %d, OpenBLAS core %s (OPENBLAS_CORETYPE/L2_SIZE %s), kernel cache %s\n",
+           cores, ctx.vector_width, openblas_get_corename(),
+           getenv("OPENBLAS_CORETYPE") || getenv("OPENBLAS_L2_SIZE") ? "SET: baseline forced" : "unset",
+           sneppx_cache_dir()[0] ? sneppx_cache_dir() : "(memory only)");
+
+    int64_t tile_rows, tile_cols;
+    bench_gemm_tile(&tile_rows, &tile_cols);
+    printf("GEMM tasks %lldx%lld (rows x columns), attention tasks %d query rows x 1 K/V head, as runtime/forward.c\n",
+           (long long)tile_rows, (long long)tile_cols, BENCH_ATTN_TILE_ROWS);
+    print_load("at start");
+
+    bench_stage_peak(&ctx);
+    if (ctx.stages & BENCH_STAGE_GEMM)
+        bench_stage_gemm(&ctx);
+    if (ctx.stages & BENCH_STAGE_ATTENTION)
+        bench_stage_attention(&ctx);
+    if (ctx.stages & BENCH_STAGE_LAYER)
+        bench_stage_layer(&ctx);
+    if (ctx.stages & BENCH_STAGE_JIT)
+        bench_stage_jit(&ctx);
+    if (ctx.stages & BENCH_STAGE_MEMORY)
+        bench_stage_memory(&ctx);
+
+    printf("\n");
+    print_load("at end");
+    if (csv_path) {
+        if (bench_write_csv(csv_path) != 0) {
+            perror(csv_path);
+            ctx.failures++;
+        } else {
+            printf("\nrows written to %s\n", csv_path);
+        }
+    }
+    if (plot_path && csv_path)
+        ctx.failures += run_plot(csv_path, plot_path);
+    printf("sneppx-bench: done in %.0f s%s\n", bench_now() - start,
+           ctx.failures ? ", with failures (see above)" : "");
+    return ctx.failures ? 1 : 0;
+}

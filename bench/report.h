@@ -1,0 +1,48 @@
+/* The bench's output: aligned side-by-side lines on stdout and one CSV row per
+ * measurement (bench/plot.py draws the chart from it). */
+#ifndef SNEPPX_BENCH_REPORT_H
+#define SNEPPX_BENCH_REPORT_H
+
+#include "timing.h"
+
+enum bench_unit {
+    BENCH_UNIT_FLOPS, /* work counts floating-point operations; rates in GFLOP/s */
+    BENCH_UNIT_BYTES  /* work counts bytes read; rates in GB/s */
+};
+
+/* One measured implementation of one case. */
+struct bench_result {
+    char stage[16];       /* "peak", "gemm", "attention", "layer" */
+    char case_name[48];   /* "qkv 4096x6144", "llama3-8B", "causal d128 g4" */
+    char impl[24];        /* "sneppx", "openblas", "pytorch", "flash", "sdpa" */
+    long long tokens;     /* T, 0 where it does not apply */
+    int threads;
+    struct bench_stats seconds;
+    double work;          /* flops the mask keeps, or bytes, of one run */
+    enum bench_unit unit;
+    double peak_rate;     /* the rate that is 100% (GFLOP/s or GB/s); 0 = none */
+};
+
+/* Rate of one run of r that took `seconds` (GFLOP/s or GB/s). */
+double bench_rate(const struct bench_result *r, double seconds);
+
+/* Fraction of r's peak at its median (0 when r has no peak). */
+double bench_peak_fraction(const struct bench_result *r);
+
+/* Starts a section: a title and one line saying what its columns mean. */
+void bench_report_section(const char *title, const char *explanation);
+
+/* One line: subject and baseline (NULL = none) side by side, each as median
+ * ms [min-max], rate [min-max] and fraction of peak, then the speedup
+ * baseline median time / subject median time (the rate ratio when both do the
+ * same work). note (may be NULL) ends the line. Records both for the CSV. */
+void bench_report_pair(const struct bench_result *subject, const struct bench_result *baseline, const char *note);
+
+/* Records a scalar for the CSV: a JIT time in ms, a memory size in MiB. */
+void bench_record_value(const char *stage, const char *case_name, const char *impl, long long tokens,
+                        int threads, double value, const char *unit);
+
+/* Writes every recorded row to path. Returns 0, or -1 with errno set. */
+int bench_write_csv(const char *path);
+
+#endif

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Builds sneppx-bench and runs it: every stage side by side with its baseline.
+#   bench/run.sh [--quick] [--stages LIST] [--csv FILE] [--plot FILE.png]
+# The build directory is $SNEPPX_BUILD_DIR (default: build-bench beside the sources).
+# OpenBLAS reads OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE when it loads; this
+# machine sets them to force AVX2 kernels, 1.7-3.9x slower. The baseline
+# process runs without them (and prints the core OpenBLAS detected).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${SNEPPX_BUILD_DIR:-$root/build-bench}"
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" --target sneppx-bench -j"$(nproc)"
+exec env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$build/bench/sneppx-bench" "$@"

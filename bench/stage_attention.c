@@ -1,0 +1,166 @@
+/* Attention: the flash kernel against the materialized SDPA kernel, causal,
+ * head_dim 128, 4 query heads per K/V head (llama3-8B's 32/8 heads), and
+ * mistral-7B's 4096-key sliding window at T = 8192 against no window. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "bench.h"
+#include "kernels.h"
+#include "report.h"
+#include "tiles.h"
+
+#define KV_HEADS 8
+#define GROUP 4
+#define HEAD_DIM 128
+#define MISTRAL_WINDOW 4096
+
+static const int64_t full_tokens[] = {512, 2048, 8192};
+static const int64_t quick_tokens[] = {96, 200};
+/* SDPA's work grows as T^2 with no skipping; past this it runs on all cores only, fewer times. */
+#define SDPA_LONG_TOKENS 8192
+
+struct attention_run {
+    const sneppx_kernel *kernel;
+    int threads;
+    struct bench_attention_operands ops;
+};
+
+static int run_attention(void *opaque)
+{
+    const struct attention_run *run = opaque;
+    bench_attention_tiles(run->kernel, run->threads, &run->ops);
+    return 0;
+}
+
+/* Query/key pairs a causal mask with a window of `window` keys (0 = none) keeps. */
+static double kept_pairs(int64_t seq_len, int64_t window)
+{
+    double pairs = 0;
+    for (int64_t i = 0; i < seq_len; i++)
+        pairs += (double)(window > 0 && i + 1 > window ? window : i + 1);
+    return pairs;
+}
+
+static int resolve(struct bench_context *ctx, const char *family, int64_t window, const sneppx_kernel **kernel)
+{
+    const int64_t values[] = {HEAD_DIM, HEAD_DIM, GROUP, window, SNEPPX_MASK_CAUSAL};
+    if (sneppx_kernel_resolve(family, values, ctx->vector_width, kernel) == SNEPPX_OK)
+        return 0;
+    fprintf(stderr, "sneppx-bench: %s: %s\n", family, sneppx_last_error());
+    ctx->failures++;
+    return -1;
+}
+
+static struct bench_result attention_result(const struct bench_context *ctx, const char *impl, int64_t tokens,
+                                            int threads, int64_t window)
+{
+    struct bench_result result = {.stage = "attention", .tokens = tokens, .threads = threads,
+                                  .unit = BENCH_UNIT_FLOPS};
+    snprintf(result.impl, sizeof result.impl, "%s", impl);
+    snprintf(result.case_name, sizeof result.case_name, window ? "causal d%d g%d w%lld" : "causal d%d g%d",
+             HEAD_DIM, GROUP, (long long)window);
+    /* QK^T and PV: 2 * (d + dv) flops per kept pair and query head. */
+    result.work = 2.0 * (2 * HEAD_DIM) * (KV_HEADS * GROUP) * kept_pairs(tokens, window);
+    result.peak_rate = bench_fma_peak(ctx, threads);
+    return result;
+}
+
+void bench_stage_attention(struct bench_context *ctx)
+{
+    bench_report_section("attention: flash vs SDPA, causal, head_dim 128, group 4 (32 query / 8 K/V heads)",
+                         "speedup = SDPA time / flash time; % = of FMA peak on the flops the mask keeps; "
+                         "err = max |flash - SDPA| / max |SDPA|");
+    const int64_t *tokens_list = ctx->quick ? quick_tokens : full_tokens;
+    const int tokens_count = ctx->quick ? (int)(sizeof quick_tokens / sizeof quick_tokens[0])
+                                        : (int)(sizeof full_tokens / sizeof full_tokens[0]);
+    const int64_t max_tokens = tokens_list[tokens_count - 1];
+    const int max_threads = ctx->thread_counts[ctx->thread_count_n - 1];
+    /* --quick: a window shorter than its longest T, so that the window still cuts keys. */
+    const int64_t window = ctx->quick ? 64 : MISTRAL_WINDOW;
+    const sneppx_kernel *flash, *sdpa, *flash_window;
+    if (resolve(ctx, "attn_flash", 0, &flash) || resolve(ctx, "attn_sdpa", 0, &sdpa) ||
+        resolve(ctx, "attn_flash", window, &flash_window))
+        return;
+
+    const int64_t q_width = KV_HEADS * GROUP * HEAD_DIM, kv_width = KV_HEADS * HEAD_DIM;
+    int64_t scratch_floats = sneppx_attn_flash_scratch_floats(GROUP, HEAD_DIM);
+    if (sneppx_attn_sdpa_scratch_floats(GROUP, max_tokens) > scratch_floats)
+        scratch_floats = sneppx_attn_sdpa_scratch_floats(GROUP, max_tokens);
+    scratch_floats = (scratch_floats + 15) / 16 * 16; /* keeps every thread's slice 64-byte aligned */
+    float *q = bench_alloc_floats((size_t)(max_tokens * q_width));
+    float *k = bench_alloc_floats((size_t)(max_tokens * kv_width));
+    float *v = bench_alloc_floats((size_t)(max_tokens * kv_width));
+    float *o_flash = bench_alloc_floats((size_t)(max_tokens * q_width));
+    float *o_sdpa = bench_alloc_floats((size_t)(max_tokens * q_width));
+    float *scratch = bench_alloc_floats((size_t)(max_threads * scratch_floats));
+    if (!q || !k || !v || !o_flash || !o_sdpa || !scratch) {
+        fprintf(stderr, "sneppx-bench: attention: out of memory\n");
+        ctx->failures++;
+        goto done;
+    }
+    bench_fill_uniform(q, max_tokens * q_width, 21, 1.0f);
+    bench_fill_uniform(k, max_tokens * kv_width, 22, 1.0f);
+    bench_fill_uniform(v, max_tokens * kv_width, 23, 1.0f);
+
+    /* Flash without a window at the longest T on all cores: the window's baseline. */
+    struct bench_result flash_long = {.seconds = {.median = 0}};
+    for (int ti = 0; ti < tokens_count; ti++) {
+        const int64_t tokens = tokens_list[ti];
+        const int long_run = !ctx->quick && tokens >= SDPA_LONG_TOKENS;
+        for (int t = 0; t < ctx->thread_count_n; t++) {
+            const int threads = ctx->thread_counts[t];
+            struct attention_run run = {.threads = threads,
+                                        .ops = {.q = q, .k = k, .v = v, .seq_len = tokens, .kv_heads = KV_HEADS,
+                                                .group = GROUP, .head_dim = HEAD_DIM,
+                                                .softmax_scale = 1.0f / sqrtf((float)HEAD_DIM),
+                                                .scratch = scratch, .scratch_floats = scratch_floats}};
+            struct bench_result ours = attention_result(ctx, "flash", tokens, threads, 0);
+            struct bench_result theirs = attention_result(ctx, "sdpa", tokens, threads, 0);
+            const struct bench_plan flash_plan = bench_plan_for(ctx, 3, 9, long_run ? 12.0 : 4.0);
+            const struct bench_plan sdpa_plan = bench_plan_for(ctx, long_run ? 1 : 3, 9, 4.0);
+            run.kernel = flash;
+            run.ops.o = o_flash;
+            bench_measure(run_attention, &run, &flash_plan, &ours.seconds);
+            if (threads == max_threads && ti == tokens_count - 1)
+                flash_long = ours;
+            if (long_run && threads != max_threads) {
+                bench_report_pair(&ours, NULL, "(SDPA at this T: all cores only)");
+                continue;
+            }
+            run.kernel = sdpa;
+            run.ops.o = o_sdpa;
+            bench_measure(run_attention, &run, &sdpa_plan, &theirs.seconds);
+            const double error = bench_relative_error(o_flash, o_sdpa, tokens * q_width);
+            char note[64];
+            snprintf(note, sizeof note, "err %.1e%s", error, error > 1e-4 ? " MISMATCH" : "");
+            if (error > 1e-4)
+                ctx->failures++;
+            bench_report_pair(&ours, &theirs, note);
+        }
+    }
+
+    /* Sliding window: the same flash kernel with mistral-7B's window folded in. */
+    const int64_t tokens = max_tokens;
+    struct attention_run run = {.kernel = flash_window, .threads = max_threads,
+                                .ops = {.q = q, .k = k, .v = v, .o = o_flash, .seq_len = tokens,
+                                        .kv_heads = KV_HEADS, .group = GROUP, .head_dim = HEAD_DIM,
+                                        .softmax_scale = 1.0f / sqrtf((float)HEAD_DIM), .scratch = scratch,
+                                        .scratch_floats = scratch_floats}};
+    struct bench_result windowed = attention_result(ctx, "flash", tokens, max_threads, window);
+    const struct bench_plan window_plan = bench_plan_for(ctx, 3, 9, 12.0);
+    bench_measure(run_attention, &run, &window_plan, &windowed.seconds);
+    char note[96];
+    snprintf(note, sizeof note, "window %lld vs none: %.0f%% of the pairs, speedup = no-window time / window time",
+             (long long)window, 100 * windowed.work / flash_long.work);
+    snprintf(flash_long.impl, sizeof flash_long.impl, "no-win");
+    if (flash_long.seconds.median > 0)
+        bench_report_pair(&windowed, &flash_long, note);
+done:
+    free(q);
+    free(k);
+    free(v);
+    free(o_flash);
+    free(o_sdpa);
+    free(scratch);
+}

@@ -1,0 +1,200 @@
+/* JIT: what a layer's kernels cost to get, in fresh processes (the bench
+ * re-executes itself with --child-start MODEL):
+ *   cold: an empty SNEPPX_CACHE_DIR, every key specialized, optimized and compiled;
+ *   warm: the same directory, now full, and SNEPPX_JIT=0 so a miss would fail.
+ * Per key: compile ms (cold) and disk-cache load ms (warm). Per layer: the
+ * kernels' total, the layer created (kernels + synthetic weights + packing),
+ * its first forward, and the child's wall time from fork to exit. */
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "child.h"
+#include "report.h"
+#include "sneppx/sneppx.h"
+
+/* qwen2-72B is left out: its keys are of the same families (gemm, rope,
+ * attention), and its 2.4 GB of synthetic weights would swamp its start. */
+static const char *const full_models[] = {"llama3-8B", "mistral-7B", "deepseek-v2-lite"};
+static const char *const quick_models[] = {"deepseek-v2-lite"};
+#define FIRST_FORWARD_TOKENS 128
+#define MAX_KERNELS 32
+
+struct kernel_line {
+    char key[SNEPPX_CACHE_KEY_MAX];
+    int source;
+    double compile_ms, load_ms, total_ms;
+};
+
+struct start_report {
+    struct kernel_line kernels[MAX_KERNELS];
+    int kernel_count;
+    double kernels_ms, create_ms, forward_ms, wall_ms;
+    int ok;
+};
+
+static const char *source_name(int source)
+{
+    switch (source) {
+    case SNEPPX_KERNEL_SOURCE_COMPILED: return "compiled";
+    case SNEPPX_KERNEL_SOURCE_DISK: return "disk";
+    case SNEPPX_KERNEL_SOURCE_MEMORY: return "memory";
+    default: return "none";
+    }
+}
+
+/* ---- the child: one fresh process creating one layer ---------------------- */
+
+int bench_child_start(int argc, char **argv)
+{
+    const double start = bench_now();
+    if (argc < 1) {
+        fprintf(stderr, "sneppx-bench --child-start MODEL\n");
+        return 2;
+    }
+    sneppx_config config;
+    sneppx_layer *layer;
+    if (sneppx_config_from_name(argv[0], NULL, &config) != SNEPPX_OK ||
+        sneppx_layer_create(&config, NULL, &layer) != SNEPPX_OK) {
+        fprintf(stderr, "sneppx-bench: %s: %s\n", argv[0], sneppx_last_error());
+        return 1;
+    }
+    const double created = bench_now();
+    /* The SDPA kernel too: a deployment that switches paths needs it warm. */
+    if (sneppx_layer_set_flash(layer, 0) != SNEPPX_OK || sneppx_layer_set_flash(layer, 1) != SNEPPX_OK) {
+        fprintf(stderr, "sneppx-bench: %s: %s\n", argv[0], sneppx_last_error());
+        return 1;
+    }
+    double kernels_ms = 0;
+    for (int i = 0; i < sneppx_layer_kernel_count(layer); i++) {
+        sneppx_kernel_timing timing;
+        if (sneppx_layer_kernel_timing(layer, i, &timing) != SNEPPX_OK)
+            continue;
+        printf("kernel %s %d %.4f %.4f %.4f\n", timing.key, (int)timing.source, timing.compile_ms, timing.load_ms,
+               timing.total_ms);
+        kernels_ms += timing.total_ms;
+    }
+    const int64_t tokens = FIRST_FORWARD_TOKENS;
+    float *hidden = bench_alloc_floats((size_t)(tokens * config.hidden_size));
+    float *out = bench_alloc_floats((size_t)(tokens * config.hidden_size));
+    if (!hidden || !out)
+        return 1;
+    bench_fill_uniform(hidden, tokens * config.hidden_size, 41, 1.0f);
+    const double forward_start = bench_now();
+    if (sneppx_layer_forward(layer, 1, tokens, hidden, NULL, NULL, NULL, out) != SNEPPX_OK) {
+        fprintf(stderr, "sneppx-bench: %s forward: %s\n", argv[0], sneppx_last_error());
+        return 1;
+    }
+    printf("kernels_ms %.4f\ncreate_ms %.4f\nforward_ms %.4f\n", kernels_ms, (created - start) * 1e3,
+           (bench_now() - forward_start) * 1e3);
+    free(hidden);
+    free(out);
+    sneppx_layer_destroy(layer);
+    return 0;
+}
+
+/* ---- the parent ------------------------------------------------------------ */
+
+static void run_start(struct bench_context *ctx, const char *model, const char *cache_dir, int warm,
+                      struct start_report *report)
+{
+    memset(report, 0, sizeof *report);
+    char cache_env[4200];
+    snprintf(cache_env, sizeof cache_env, "SNEPPX_CACHE_DIR=%s", cache_dir);
+    /* Warm: SNEPPX_JIT=0 turns a cache miss into an error instead of a silent compile. */
+    const char *const set_env[] = {cache_env, warm ? "SNEPPX_JIT=0" : NULL, NULL};
+    const char *const unset_env[] = {"SNEPPX_JIT", "SNEPPX_CACHE_MAX_MB", NULL};
+    char *const argv[] = {BENCH_SELF_EXE, "--child-start", (char *)model, NULL};
+    struct bench_child child;
+    if (bench_child_run(argv, set_env, unset_env, &child) != 0) {
+        ctx->failures++;
+        return;
+    }
+    report->wall_ms = child.wall_seconds * 1e3;
+    for (const char *line = child.output; (line = strstr(line, "kernel ")) != NULL; line++) {
+        if (line != child.output && line[-1] != '\n')
+            continue;
+        struct kernel_line *k = &report->kernels[report->kernel_count];
+        if (report->kernel_count < MAX_KERNELS &&
+            sscanf(line, "kernel %159s %d %lf %lf %lf", k->key, &k->source, &k->compile_ms, &k->load_ms,
+                   &k->total_ms) == 5)
+            report->kernel_count++;
+    }
+    const char *kernels = bench_child_field(child.output, "kernels_ms");
+    const char *create = bench_child_field(child.output, "create_ms");
+    const char *forward = bench_child_field(child.output, "forward_ms");
+    report->ok = child.exit_code == 0 && kernels && create && forward;
+    if (report->ok) {
+        report->kernels_ms = atof(kernels);
+        report->create_ms = atof(create);
+        report->forward_ms = atof(forward);
+    } else {
+        fprintf(stderr, "sneppx-bench: %s %s start: child exited with status %d\n", model, warm ? "warm" : "cold",
+                child.exit_code);
+        ctx->failures++;
+    }
+    free(child.output);
+}
+
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+    (void)st;
+    (void)type;
+    (void)ftw;
+    return remove(path);
+}
+
+static void print_start(const char *model, const char *name, const struct start_report *r)
+{
+    printf("  %-17s %-4s start: kernels %7.1f ms (%d keys), layer created %7.1f ms, first forward T=%d %6.1f ms, "
+           "process fork->exit %7.1f ms\n",
+           model, name, r->kernels_ms, r->kernel_count, r->create_ms, FIRST_FORWARD_TOKENS, r->forward_ms, r->wall_ms);
+    bench_record_value("jit", model, strcmp(name, "cold") ? "warm-start-kernels" : "cold-start-kernels", 0, 0,
+                       r->kernels_ms, "ms");
+    bench_record_value("jit", model, strcmp(name, "cold") ? "warm-start-process" : "cold-start-process", 0, 0,
+                       r->wall_ms, "ms");
+}
+
+void bench_stage_jit(struct bench_context *ctx)
+{
+    bench_report_section("JIT: per key, cold compile (empty cache dir) and disk-cache load (SNEPPX_JIT=0); "
+                         "cold and warm start of a layer",
+                         "fresh processes; compile = specialize + O3 + emit object; total = the whole resolve "
+                         "(the first compile of a process also creates LLJIT)");
+    const char *const *models = ctx->quick ? quick_models : full_models;
+    const int model_count = ctx->quick ? 1 : (int)(sizeof full_models / sizeof full_models[0]);
+    for (int m = 0; m < model_count; m++) {
+        char cache_dir[] = "/tmp/sneppx-bench-cache-XXXXXX";
+        if (!mkdtemp(cache_dir)) {
+            perror("sneppx-bench: mkdtemp");
+            ctx->failures++;
+            return;
+        }
+        struct start_report cold, warm;
+        run_start(ctx, models[m], cache_dir, 0, &cold);
+        run_start(ctx, models[m], cache_dir, 1, &warm);
+        nftw(cache_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
+        if (!cold.ok || !warm.ok)
+            continue;
+        printf("  %-56s | cold: source     compile    total | warm: source      load\n", models[m]);
+        for (int i = 0; i < cold.kernel_count; i++) {
+            const struct kernel_line *c = &cold.kernels[i];
+            const struct kernel_line *w = NULL;
+            for (int j = 0; j < warm.kernel_count && !w; j++)
+                if (strcmp(warm.kernels[j].key, c->key) == 0)
+                    w = &warm.kernels[j];
+            printf("    %-54s | %-8s %8.1f ms %6.1f ms | %-8s %6.2f ms\n", c->key, source_name(c->source),
+                   c->compile_ms, c->total_ms, w ? source_name(w->source) : "-", w ? w->total_ms : 0.0);
+            bench_record_value("jit", c->key, "cold-compile", 0, 0, c->compile_ms, "ms");
+            bench_record_value("jit", c->key, "cold-total", 0, 0, c->total_ms, "ms");
+            if (w)
+                bench_record_value("jit", c->key, "disk-load", 0, 0, w->total_ms, "ms");
+        }
+        print_start(models[m], "cold", &cold);
+        print_start(models[m], "warm", &warm);
+    }
+}

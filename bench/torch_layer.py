@@ -1,0 +1,135 @@
+#!/usr/bin/python3
+"""PyTorch baseline for sneppx-bench: one attention layer as HuggingFace
+transformers runs it on a CPU (LlamaAttention's eager path): F.linear
+projections, rotate_half RoPE, repeat_kv, matmul + additive causal mask +
+float32 softmax + matmul, O projection.
+
+The bench runs it as a subprocess, one per thread count, with
+OPENBLAS_NUM_THREADS/OMP_NUM_THREADS set (PyTorch's GEMMs are OpenBLAS here and
+torch.set_num_threads does not reach them), OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE
+unset, and GLIBC_TUNABLES keeping freed memory mapped (without it every
+forward pays fresh page faults: 6.8 s instead of 0.99 s at T = 2048).
+
+Prints, for the bench to parse:
+    torch <version>
+    result <T> <threads> <median s> <min s> <max s> <repeats>
+or `unavailable <reason>` (and exit status 0) when torch cannot be imported.
+Like the model, it builds the causal mask and the cos/sin tables once per
+forward of the whole model, outside the layer: they are not timed.
+"""
+import argparse
+import math
+import statistics
+import sys
+import time
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, required=True)
+    parser.add_argument("--heads", type=int, required=True)
+    parser.add_argument("--kv-heads", type=int, required=True)
+    parser.add_argument("--head-dim", type=int, required=True)
+    parser.add_argument("--rope-theta", type=float, required=True)
+    parser.add_argument("--qkv-bias", type=int, default=0)
+    parser.add_argument("--tokens", required=True, help="comma-separated sequence lengths")
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--min-reps", type=int, default=3)
+    parser.add_argument("--max-reps", type=int, default=9)
+    parser.add_argument("--budget", type=float, default=4.0, help="seconds of repeats per T")
+    return parser.parse_args()
+
+
+class Attention:
+    """The weights and the forward of one layer, HF's eager attention."""
+
+    def __init__(self, torch, args):
+        self.torch = torch
+        self.heads, self.kv_heads, self.head_dim = args.heads, args.kv_heads, args.head_dim
+        self.groups = args.heads // args.kv_heads
+        generator = torch.Generator().manual_seed(0)
+
+        def linear(out_features, in_features, bias):
+            scale = in_features ** -0.5
+            weight = (torch.rand(out_features, in_features, generator=generator) * 2 - 1) * scale
+            return weight, (torch.rand(out_features, generator=generator) * 0.2 - 0.1) if bias else None
+
+        self.q = linear(args.heads * args.head_dim, args.hidden, args.qkv_bias)
+        self.k = linear(args.kv_heads * args.head_dim, args.hidden, args.qkv_bias)
+        self.v = linear(args.kv_heads * args.head_dim, args.hidden, args.qkv_bias)
+        self.o = linear(args.hidden, args.heads * args.head_dim, False)
+        self.inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float32) / args.head_dim))
+
+    def model_inputs(self, tokens):
+        """What the model computes once for all its layers: cos/sin and the causal mask."""
+        torch = self.torch
+        positions = torch.arange(tokens, dtype=torch.float32)
+        freqs = torch.outer(positions, self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        mask = torch.full((tokens, tokens), torch.finfo(torch.float32).min).triu(1)
+        return emb.cos()[None, None], emb.sin()[None, None], mask[None, None]
+
+    def rotate_half(self, x):
+        half = x.shape[-1] // 2
+        return self.torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    def forward(self, x, cos, sin, mask):
+        torch, F = self.torch, self.torch.nn.functional
+        batch, tokens, _ = x.shape
+        q = F.linear(x, *self.q).view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
+        k = F.linear(x, *self.k).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = F.linear(x, *self.v).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + self.rotate_half(q) * sin
+        k = k * cos + self.rotate_half(k) * sin
+        k = k[:, :, None].expand(batch, self.kv_heads, self.groups, tokens, self.head_dim).reshape(
+            batch, self.heads, tokens, self.head_dim)
+        v = v[:, :, None].expand(batch, self.kv_heads, self.groups, tokens, self.head_dim).reshape(
+            batch, self.heads, tokens, self.head_dim)
+        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim) + mask
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32)
+        out = torch.matmul(probs, v).transpose(1, 2).contiguous().reshape(batch, tokens, -1)
+        return F.linear(out, *self.o)
+
+
+def measure(run, warmup, min_reps, max_reps, budget):
+    """Median, min, max seconds: warm-up runs, then as many repeats as the budget allows."""
+    warm = 0.0
+    for _ in range(warmup):
+        start = time.perf_counter()
+        run()
+        warm = time.perf_counter() - start
+    reps = max_reps
+    if warm > 0 and reps * warm > budget:
+        reps = int(budget / warm)
+    reps = max(reps, min_reps, 1)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), min(times), max(times), len(times)
+
+
+def main():
+    args = parse_args()
+    try:
+        import torch
+    except ImportError as error:  # the bench prints the baseline as skipped
+        print(f"unavailable {error}")
+        return 0
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}", flush=True)
+    layer = Attention(torch, args)
+    with torch.no_grad():
+        for tokens in (int(t) for t in args.tokens.split(",")):
+            x = torch.rand(1, tokens, args.hidden, generator=torch.Generator().manual_seed(1)) * 2 - 1
+            cos, sin, mask = layer.model_inputs(tokens)
+            median, fastest, slowest, reps = measure(lambda: layer.forward(x, cos, sin, mask), args.warmup,
+                                                     args.min_reps, args.max_reps, args.budget)
+            print(f"result {tokens} {args.threads} {median:.6f} {fastest:.6f} {slowest:.6f} {reps}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
