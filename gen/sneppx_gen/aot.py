@@ -28,7 +28,16 @@ class Kernel:
 @dataclass(frozen=True)
 class WeightField:
     name: str
-    shape: str
+    rows: int
+    cols: int = 0     # 0: a vector (bias)
+
+    @property
+    def shape(self) -> str:
+        return f"[{self.rows}, {self.cols}]" if self.cols else f"[{self.rows}]"
+
+    @property
+    def floats(self) -> int:
+        return self.rows * (self.cols or 1)
 
 
 @dataclass(frozen=True)
@@ -81,18 +90,12 @@ def plan(arch: Arch, vector_width: int, flash: bool) -> Plan:
         "o": _kernel("gemm", {"k": dims["attn_dim"], "n": arch.hidden_size, "bias": arch.o_bias}, vector_width),
     }
     hidden = arch.hidden_size
-    fields = [WeightField("q_proj_weight", f"[{q_dim}, {hidden}]")]
-    if arch.qkv_bias:
-        fields.append(WeightField("q_proj_bias", f"[{q_dim}]"))
-    fields.append(WeightField("k_proj_weight", f"[{kv_dim}, {hidden}]"))
-    if arch.qkv_bias:
-        fields.append(WeightField("k_proj_bias", f"[{kv_dim}]"))
-    fields.append(WeightField("v_proj_weight", f"[{kv_dim}, {hidden}]"))
-    if arch.qkv_bias:
-        fields.append(WeightField("v_proj_bias", f"[{kv_dim}]"))
-    fields.append(WeightField("o_proj_weight", f"[{hidden}, {q_dim}]"))
-    if arch.o_bias:
-        fields.append(WeightField("o_proj_bias", f"[{hidden}]"))
+    fields = []
+    for name, rows, cols, has_bias in (("q_proj", q_dim, hidden, arch.qkv_bias), ("k_proj", kv_dim, hidden, arch.qkv_bias),
+                                       ("v_proj", kv_dim, hidden, arch.qkv_bias), ("o_proj", hidden, q_dim, arch.o_bias)):
+        fields.append(WeightField(f"{name}_weight", rows, cols))
+        if has_bias:
+            fields.append(WeightField(f"{name}_bias", rows))
     return Plan(arch, vector_width, flash, kernels, dims, tuple(fields))
 
 
