@@ -48,6 +48,9 @@ void bench_stage_layer(struct bench_context *ctx);
 void bench_stage_jit(struct bench_context *ctx);
 void bench_stage_memory(struct bench_context *ctx);
 
+/* The targets of issue 6 against the rows recorded so far: met or MISS, and by how much. */
+void bench_report_targets(const struct bench_context *ctx);
+
 /* Child modes: the bench re-executes itself for work that needs a fresh process. */
 int bench_child_start(int argc, char **argv);   /* --child-start MODEL: JIT cold/warm start */
 int bench_child_memory(int argc, char **argv);  /* --child-memory T: peak memory of a forward */

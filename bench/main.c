@@ -219,6 +219,7 @@ int main(int argc, char **argv)
     if (ctx.stages & BENCH_STAGE_MEMORY)
         bench_stage_memory(&ctx);
 
+    bench_report_targets(&ctx);
     printf("\n");
     print_load("at end");
     if (csv_path) {

@@ -120,6 +120,18 @@ void bench_record_value(const char *stage, const char *case_name, const char *im
     snprintf(row->value_unit, sizeof row->value_unit, "%s", unit);
 }
 
+size_t bench_row_count(void) { return row_count; }
+
+void bench_row_at(size_t index, struct bench_row_view *view)
+{
+    const struct csv_row *row = &rows[index];
+    view->result = &row->result;
+    view->baseline_impl = row->baseline_impl;
+    view->speedup = row->speedup;
+    view->value_unit = row->is_value ? row->value_unit : NULL;
+    view->value = row->value;
+}
+
 int bench_write_csv(const char *path)
 {
     FILE *file = fopen(path, "w");

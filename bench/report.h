@@ -3,6 +3,8 @@
 #ifndef SNEPPX_BENCH_REPORT_H
 #define SNEPPX_BENCH_REPORT_H
 
+#include <stddef.h>
+
 #include "timing.h"
 
 enum bench_unit {
@@ -41,6 +43,17 @@ void bench_report_pair(const struct bench_result *subject, const struct bench_re
 /* Records a scalar for the CSV: a JIT time in ms, a memory size in MiB. */
 void bench_record_value(const char *stage, const char *case_name, const char *impl, long long tokens,
                         int threads, double value, const char *unit);
+
+/* The recorded rows, in order: a measurement (value_unit NULL) or a scalar. */
+struct bench_row_view {
+    const struct bench_result *result; /* stage, case, impl, tokens, threads (and seconds, work, peak) */
+    const char *baseline_impl;         /* "" when the row had no baseline */
+    double speedup;                    /* baseline time / this time, 0 without a baseline */
+    const char *value_unit;            /* scalars only: "ms", "MiB" */
+    double value;
+};
+size_t bench_row_count(void);
+void bench_row_at(size_t index, struct bench_row_view *view);
 
 /* Writes every recorded row to path. Returns 0, or -1 with errno set. */
 int bench_write_csv(const char *path);

@@ -58,12 +58,74 @@ static struct bench_result attention_result(const struct bench_context *ctx, con
     struct bench_result result = {.stage = "attention", .tokens = tokens, .threads = threads,
                                   .unit = BENCH_UNIT_FLOPS};
     snprintf(result.impl, sizeof result.impl, "%s", impl);
-    snprintf(result.case_name, sizeof result.case_name, window ? "causal d%d g%d w%lld" : "causal d%d g%d",
-             HEAD_DIM, GROUP, (long long)window);
+    if (window)
+        snprintf(result.case_name, sizeof result.case_name, "causal d%d g%d w%lld", HEAD_DIM, GROUP,
+                 (long long)window);
+    else
+        snprintf(result.case_name, sizeof result.case_name, "causal d%d g%d", HEAD_DIM, GROUP);
     /* QK^T and PV: 2 * (d + dv) flops per kept pair and query head. */
     result.work = 2.0 * (2 * HEAD_DIM) * (KV_HEADS * GROUP) * kept_pairs(tokens, window);
     result.peak_rate = bench_fma_peak(ctx, threads);
     return result;
+}
+
+/* Operands of the longest T, shared by every measurement (shorter T use their first rows). */
+struct attention_buffers {
+    float *q, *k, *v, *o_flash, *o_sdpa, *scratch;
+    int64_t scratch_floats;
+};
+
+static struct attention_run new_run(const sneppx_kernel *kernel, int threads, int64_t tokens,
+                                    const struct attention_buffers *b, float *o)
+{
+    return (struct attention_run){.kernel = kernel, .threads = threads,
+                                  .ops = {.q = b->q, .k = b->k, .v = b->v, .o = o, .seq_len = tokens,
+                                          .kv_heads = KV_HEADS, .group = GROUP, .head_dim = HEAD_DIM,
+                                          .softmax_scale = 1.0f / sqrtf((float)HEAD_DIM), .scratch = b->scratch,
+                                          .scratch_floats = b->scratch_floats}};
+}
+
+/* Flash against SDPA at one T and thread count; returns flash's result. */
+static struct bench_result flash_vs_sdpa(struct bench_context *ctx, const sneppx_kernel *flash,
+                                         const sneppx_kernel *sdpa, int64_t tokens, int threads,
+                                         const struct attention_buffers *b)
+{
+    const int long_run = !ctx->quick && tokens >= SDPA_LONG_TOKENS;
+    const int max_threads = ctx->thread_counts[ctx->thread_count_n - 1];
+    struct bench_result ours = attention_result(ctx, "flash", tokens, threads, 0);
+    struct bench_result theirs = attention_result(ctx, "sdpa", tokens, threads, 0);
+    const struct bench_plan flash_plan = bench_plan_for(ctx, 3, 9, long_run ? 12.0 : 4.0);
+    const struct bench_plan sdpa_plan = bench_plan_for(ctx, long_run ? 1 : 3, 9, 4.0);
+    struct attention_run run = new_run(flash, threads, tokens, b, b->o_flash);
+    bench_measure(run_attention, &run, &flash_plan, &ours.seconds);
+    if (long_run && threads != max_threads) {
+        bench_report_pair(&ours, NULL, "(SDPA at this T: all cores only)");
+        return ours;
+    }
+    run = new_run(sdpa, threads, tokens, b, b->o_sdpa);
+    bench_measure(run_attention, &run, &sdpa_plan, &theirs.seconds);
+    const double error = bench_relative_error(b->o_flash, b->o_sdpa, tokens * KV_HEADS * GROUP * HEAD_DIM);
+    char note[64];
+    snprintf(note, sizeof note, "err %.1e%s", error, error > 1e-4 ? " MISMATCH" : "");
+    if (error > 1e-4)
+        ctx->failures++;
+    bench_report_pair(&ours, &theirs, note);
+    return ours;
+}
+
+/* The same flash kernel with a window folded in, against no window (no_window, already measured). */
+static void window_vs_none(struct bench_context *ctx, const sneppx_kernel *flash_window, int64_t window,
+                           struct bench_result no_window, const struct attention_buffers *b)
+{
+    struct attention_run run = new_run(flash_window, no_window.threads, no_window.tokens, b, b->o_flash);
+    struct bench_result windowed = attention_result(ctx, "flash", no_window.tokens, no_window.threads, window);
+    const struct bench_plan plan = bench_plan_for(ctx, 3, 9, 12.0);
+    bench_measure(run_attention, &run, &plan, &windowed.seconds);
+    char note[96];
+    snprintf(note, sizeof note, "window %lld vs none: %.0f%% of the pairs, speedup = no-window time / window time",
+             (long long)window, 100 * windowed.work / no_window.work);
+    snprintf(no_window.impl, sizeof no_window.impl, "no-win");
+    bench_report_pair(&windowed, &no_window, note);
 }
 
 void bench_stage_attention(struct bench_context *ctx)
@@ -84,83 +146,34 @@ void bench_stage_attention(struct bench_context *ctx)
         return;
 
     const int64_t q_width = KV_HEADS * GROUP * HEAD_DIM, kv_width = KV_HEADS * HEAD_DIM;
-    int64_t scratch_floats = sneppx_attn_flash_scratch_floats(GROUP, HEAD_DIM);
-    if (sneppx_attn_sdpa_scratch_floats(GROUP, max_tokens) > scratch_floats)
-        scratch_floats = sneppx_attn_sdpa_scratch_floats(GROUP, max_tokens);
-    scratch_floats = (scratch_floats + 15) / 16 * 16; /* keeps every thread's slice 64-byte aligned */
-    float *q = bench_alloc_floats((size_t)(max_tokens * q_width));
-    float *k = bench_alloc_floats((size_t)(max_tokens * kv_width));
-    float *v = bench_alloc_floats((size_t)(max_tokens * kv_width));
-    float *o_flash = bench_alloc_floats((size_t)(max_tokens * q_width));
-    float *o_sdpa = bench_alloc_floats((size_t)(max_tokens * q_width));
-    float *scratch = bench_alloc_floats((size_t)(max_threads * scratch_floats));
-    if (!q || !k || !v || !o_flash || !o_sdpa || !scratch) {
+    struct attention_buffers b;
+    b.scratch_floats = sneppx_attn_flash_scratch_floats(GROUP, HEAD_DIM);
+    if (sneppx_attn_sdpa_scratch_floats(GROUP, max_tokens) > b.scratch_floats)
+        b.scratch_floats = sneppx_attn_sdpa_scratch_floats(GROUP, max_tokens);
+    b.scratch_floats = (b.scratch_floats + 15) / 16 * 16; /* keeps every thread's slice 64-byte aligned */
+    b.q = bench_alloc_floats((size_t)(max_tokens * q_width));
+    b.k = bench_alloc_floats((size_t)(max_tokens * kv_width));
+    b.v = bench_alloc_floats((size_t)(max_tokens * kv_width));
+    b.o_flash = bench_alloc_floats((size_t)(max_tokens * q_width));
+    b.o_sdpa = bench_alloc_floats((size_t)(max_tokens * q_width));
+    b.scratch = bench_alloc_floats((size_t)(max_threads * b.scratch_floats));
+    if (b.q && b.k && b.v && b.o_flash && b.o_sdpa && b.scratch) {
+        bench_fill_uniform(b.q, max_tokens * q_width, 21, 1.0f);
+        bench_fill_uniform(b.k, max_tokens * kv_width, 22, 1.0f);
+        bench_fill_uniform(b.v, max_tokens * kv_width, 23, 1.0f);
+        struct bench_result longest = {.threads = 0};
+        for (int ti = 0; ti < tokens_count; ti++)
+            for (int t = 0; t < ctx->thread_count_n; t++)
+                longest = flash_vs_sdpa(ctx, flash, sdpa, tokens_list[ti], ctx->thread_counts[t], &b);
+        window_vs_none(ctx, flash_window, window, longest, &b);
+    } else {
         fprintf(stderr, "sneppx-bench: attention: out of memory\n");
         ctx->failures++;
-        goto done;
     }
-    bench_fill_uniform(q, max_tokens * q_width, 21, 1.0f);
-    bench_fill_uniform(k, max_tokens * kv_width, 22, 1.0f);
-    bench_fill_uniform(v, max_tokens * kv_width, 23, 1.0f);
-
-    /* Flash without a window at the longest T on all cores: the window's baseline. */
-    struct bench_result flash_long = {.seconds = {.median = 0}};
-    for (int ti = 0; ti < tokens_count; ti++) {
-        const int64_t tokens = tokens_list[ti];
-        const int long_run = !ctx->quick && tokens >= SDPA_LONG_TOKENS;
-        for (int t = 0; t < ctx->thread_count_n; t++) {
-            const int threads = ctx->thread_counts[t];
-            struct attention_run run = {.threads = threads,
-                                        .ops = {.q = q, .k = k, .v = v, .seq_len = tokens, .kv_heads = KV_HEADS,
-                                                .group = GROUP, .head_dim = HEAD_DIM,
-                                                .softmax_scale = 1.0f / sqrtf((float)HEAD_DIM),
-                                                .scratch = scratch, .scratch_floats = scratch_floats}};
-            struct bench_result ours = attention_result(ctx, "flash", tokens, threads, 0);
-            struct bench_result theirs = attention_result(ctx, "sdpa", tokens, threads, 0);
-            const struct bench_plan flash_plan = bench_plan_for(ctx, 3, 9, long_run ? 12.0 : 4.0);
-            const struct bench_plan sdpa_plan = bench_plan_for(ctx, long_run ? 1 : 3, 9, 4.0);
-            run.kernel = flash;
-            run.ops.o = o_flash;
-            bench_measure(run_attention, &run, &flash_plan, &ours.seconds);
-            if (threads == max_threads && ti == tokens_count - 1)
-                flash_long = ours;
-            if (long_run && threads != max_threads) {
-                bench_report_pair(&ours, NULL, "(SDPA at this T: all cores only)");
-                continue;
-            }
-            run.kernel = sdpa;
-            run.ops.o = o_sdpa;
-            bench_measure(run_attention, &run, &sdpa_plan, &theirs.seconds);
-            const double error = bench_relative_error(o_flash, o_sdpa, tokens * q_width);
-            char note[64];
-            snprintf(note, sizeof note, "err %.1e%s", error, error > 1e-4 ? " MISMATCH" : "");
-            if (error > 1e-4)
-                ctx->failures++;
-            bench_report_pair(&ours, &theirs, note);
-        }
-    }
-
-    /* Sliding window: the same flash kernel with mistral-7B's window folded in. */
-    const int64_t tokens = max_tokens;
-    struct attention_run run = {.kernel = flash_window, .threads = max_threads,
-                                .ops = {.q = q, .k = k, .v = v, .o = o_flash, .seq_len = tokens,
-                                        .kv_heads = KV_HEADS, .group = GROUP, .head_dim = HEAD_DIM,
-                                        .softmax_scale = 1.0f / sqrtf((float)HEAD_DIM), .scratch = scratch,
-                                        .scratch_floats = scratch_floats}};
-    struct bench_result windowed = attention_result(ctx, "flash", tokens, max_threads, window);
-    const struct bench_plan window_plan = bench_plan_for(ctx, 3, 9, 12.0);
-    bench_measure(run_attention, &run, &window_plan, &windowed.seconds);
-    char note[96];
-    snprintf(note, sizeof note, "window %lld vs none: %.0f%% of the pairs, speedup = no-window time / window time",
-             (long long)window, 100 * windowed.work / flash_long.work);
-    snprintf(flash_long.impl, sizeof flash_long.impl, "no-win");
-    if (flash_long.seconds.median > 0)
-        bench_report_pair(&windowed, &flash_long, note);
-done:
-    free(q);
-    free(k);
-    free(v);
-    free(o_flash);
-    free(o_sdpa);
-    free(scratch);
+    free(b.q);
+    free(b.k);
+    free(b.v);
+    free(b.o_flash);
+    free(b.o_sdpa);
+    free(b.scratch);
 }

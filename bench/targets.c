@@ -1,0 +1,215 @@
+/* The performance targets of issue 6, checked against the rows this run
+ * recorded, on all cores: each prints met or MISS and the case that decides it. */
+#include <stdio.h>
+#include <string.h>
+
+#include "bench.h"
+#include "report.h"
+
+#define LAYER_TARGET_MODEL "llama3-8B"
+#define FLASH_TARGET_TOKENS 2048
+#define LAYER_TARGET_TOKENS 2048
+
+static int is(const struct bench_row_view *row, const char *stage, const char *impl)
+{
+    return !row->value_unit && strcmp(row->result->stage, stage) == 0 && strcmp(row->result->impl, impl) == 0;
+}
+
+static void verdict(int measured, int met, const char *target, const char *detail)
+{
+    printf("  [%s] %-62s %s\n", !measured ? "n/a " : met ? "met " : "MISS", target,
+           measured ? detail : "not measured in this run");
+}
+
+/* Projections at T >= 512: >= 1.0x OpenBLAS and >= 80% of FMA peak; T = 1: >= 85% of read bandwidth. */
+static void check_projections(int threads)
+{
+    double worst_speedup = 1e300, worst_fraction = 1e300, worst_stream = 1e300;
+    char speedup_case[96] = "", fraction_case[96] = "", stream_case[96] = "";
+    for (size_t i = 0; i < bench_row_count(); i++) {
+        struct bench_row_view row;
+        bench_row_at(i, &row);
+        const struct bench_result *r = row.result;
+        if (!is(&row, "gemm", "sneppx") || r->threads != threads)
+            continue;
+        if (r->tokens == 1 && bench_peak_fraction(r) < worst_stream) {
+            worst_stream = bench_peak_fraction(r);
+            snprintf(stream_case, sizeof stream_case, "worst %s: %.0f%% of read bandwidth", r->case_name,
+                     100 * worst_stream);
+        }
+        if (r->tokens < 512)
+            continue;
+        if (row.speedup < worst_speedup) {
+            worst_speedup = row.speedup;
+            snprintf(speedup_case, sizeof speedup_case, "%s T=%lld: %.2fx", r->case_name, r->tokens, row.speedup);
+        }
+        if (bench_peak_fraction(r) < worst_fraction) {
+            worst_fraction = bench_peak_fraction(r);
+            snprintf(fraction_case, sizeof fraction_case, "%s T=%lld: %.0f%%", r->case_name, r->tokens,
+                     100 * worst_fraction);
+        }
+    }
+    char detail[256];
+    snprintf(detail, sizeof detail, "worst %s; worst %s", speedup_case, fraction_case);
+    verdict(speedup_case[0] != 0, worst_speedup >= 1.0 && worst_fraction >= 0.8,
+            "projections T >= 512: >= 1.0x OpenBLAS, >= 80% of FMA peak", detail);
+    verdict(stream_case[0] != 0, worst_stream >= 0.85, "projections T = 1: >= 85% of read bandwidth", stream_case);
+}
+
+static void check_flash(int threads)
+{
+    for (size_t i = 0; i < bench_row_count(); i++) {
+        struct bench_row_view row;
+        bench_row_at(i, &row);
+        const struct bench_result *r = row.result;
+        if (is(&row, "attention", "flash") && r->threads == threads && r->tokens == FLASH_TARGET_TOKENS &&
+            !strstr(r->case_name, " w")) {
+            char detail[96];
+            snprintf(detail, sizeof detail, "%.0f%% of FMA peak", 100 * bench_peak_fraction(r));
+            verdict(1, bench_peak_fraction(r) >= 0.5, "flash attention causal T = 2048, d 128: >= 50% of FMA peak",
+                    detail);
+            return;
+        }
+    }
+    verdict(0, 0, "flash attention causal T = 2048, d 128: >= 50% of FMA peak", "");
+}
+
+static void check_layer(int threads)
+{
+    int found = 0, compared = 0, all_faster = 1;
+    double fraction = 0, slowest_speedup = 1e300;
+    char slowest[96] = "";
+    for (size_t i = 0; i < bench_row_count(); i++) {
+        struct bench_row_view row;
+        bench_row_at(i, &row);
+        const struct bench_result *r = row.result;
+        if (!is(&row, "layer", "sneppx") || strcmp(r->case_name, LAYER_TARGET_MODEL) != 0)
+            continue;
+        if (r->threads == threads && r->tokens == LAYER_TARGET_TOKENS) {
+            found = 1;
+            fraction = bench_peak_fraction(r);
+        }
+        if (row.baseline_impl[0]) {
+            compared = 1;
+            all_faster &= row.speedup > 1.0;
+            if (row.speedup < slowest_speedup) {
+                slowest_speedup = row.speedup;
+                snprintf(slowest, sizeof slowest, "slowest vs PyTorch: T=%lld %dt %.2fx", r->tokens, r->threads,
+                         row.speedup);
+            }
+        }
+    }
+    char detail[96];
+    snprintf(detail, sizeof detail, "%.0f%% of FMA peak", 100 * fraction);
+    verdict(found, fraction >= 0.7, "layer llama3-8B T = 2048: >= 70% of FMA peak end to end", detail);
+    verdict(compared, all_faster, "layer llama3-8B: faster than PyTorch at every T", slowest);
+}
+
+/* Every stage at T >= 512: all-core time >= 1.8x faster than one core. */
+static void check_scaling(int threads)
+{
+    double worst = 1e300;
+    char worst_case[128] = "";
+    for (size_t i = 0; i < bench_row_count(); i++) {
+        struct bench_row_view many;
+        bench_row_at(i, &many);
+        const struct bench_result *r = many.result;
+        if (many.value_unit || r->threads != threads || r->tokens < 512 || strcmp(r->stage, "peak") == 0 ||
+            (strcmp(r->impl, "sneppx") != 0 && strcmp(r->impl, "flash") != 0))
+            continue;
+        for (size_t j = 0; j < bench_row_count(); j++) {
+            struct bench_row_view one;
+            bench_row_at(j, &one);
+            const struct bench_result *s = one.result;
+            if (one.value_unit || s->threads != 1 || s->tokens != r->tokens || strcmp(s->stage, r->stage) != 0 ||
+                strcmp(s->case_name, r->case_name) != 0 || strcmp(s->impl, r->impl) != 0)
+                continue;
+            const double scaling = s->seconds.median / r->seconds.median;
+            if (scaling < worst) {
+                worst = scaling;
+                snprintf(worst_case, sizeof worst_case, "worst %s %s T=%lld: %.2fx", r->stage, r->case_name,
+                         r->tokens, scaling);
+            }
+        }
+    }
+    char target[80];
+    snprintf(target, sizeof target, "%d threads >= 1.8x 1 thread, every stage at T >= 512", threads);
+    verdict(worst_case[0] != 0, worst >= 1.8, target, worst_case);
+}
+
+static void check_jit(void)
+{
+    double compile = 0, load = 0, warm = 0;
+    int compiles = 0, loads = 0, warms = 0;
+    char compile_key[96] = "", load_key[96] = "";
+    for (size_t i = 0; i < bench_row_count(); i++) {
+        struct bench_row_view row;
+        bench_row_at(i, &row);
+        if (!row.value_unit || strcmp(row.result->stage, "jit") != 0)
+            continue;
+        const char *impl = row.result->impl;
+        if (strcmp(impl, "cold-compile") == 0) {
+            compiles++;
+            if (row.value > compile) {
+                compile = row.value;
+                snprintf(compile_key, sizeof compile_key, "%s", row.result->case_name);
+            }
+        } else if (strcmp(impl, "disk-load") == 0) {
+            loads++;
+            if (row.value > load) {
+                load = row.value;
+                snprintf(load_key, sizeof load_key, "%s", row.result->case_name);
+            }
+        } else if (strcmp(impl, "warm-start-kernels") == 0) {
+            warms++;
+            warm = row.value > warm ? row.value : warm;
+        }
+    }
+    char detail[160];
+    snprintf(detail, sizeof detail, "slowest %.1f ms (%s)", compile, compile_key);
+    verdict(compiles > 0, compile <= 150, "cold compile <= 150 ms per key", detail);
+    snprintf(detail, sizeof detail, "slowest %.2f ms (%s)", load, load_key);
+    verdict(loads > 0, load <= 5, "disk-cache load <= 5 ms per key", detail);
+    snprintf(detail, sizeof detail, "slowest layer %.1f ms (all its kernels from the disk cache)", warm);
+    verdict(warms > 0, warm <= 50, "warm start of a layer <= 50 ms", detail);
+}
+
+/* Flash memory: the peak of a long forward stays within 10% of weights + activations, which at
+ * T = 32768 is far below one T x T plane (4 GiB). */
+static void check_memory(void)
+{
+    double peak = 0, expected = 0;
+    long long tokens = 0;
+    for (size_t i = 0; i < bench_row_count(); i++) {
+        struct bench_row_view row;
+        bench_row_at(i, &row);
+        if (!row.value_unit || strcmp(row.result->stage, "memory") != 0)
+            continue;
+        tokens = row.result->tokens;
+        if (strcmp(row.result->impl, "peak-rss") == 0)
+            peak = row.value;
+        else if (strcmp(row.result->impl, "weights+activations") == 0)
+            expected = row.value;
+    }
+    const double plane_mib = 4.0 * (double)tokens * (double)tokens / (1024.0 * 1024.0);
+    char detail[160];
+    snprintf(detail, sizeof detail, "T=%lld: peak %.0f MiB vs %.0f expected (+%.1f%%); a T x T plane is %.0f MiB",
+             tokens, peak, expected, expected > 0 ? 100 * (peak - expected) / expected : 0, plane_mib);
+    verdict(peak > 0 && expected > 0, peak - expected <= 0.1 * expected,
+            "flash memory O(T*d) per thread: peak <= 1.1x weights + activations", detail);
+}
+
+void bench_report_targets(const struct bench_context *ctx)
+{
+    const int threads = ctx->thread_counts[ctx->thread_count_n - 1];
+    char title[96];
+    snprintf(title, sizeof title, "targets of issue 6, on %d threads%s", threads,
+             ctx->quick ? " (--quick sizes: not meaningful)" : "");
+    bench_report_section(title, NULL);
+    check_projections(threads);
+    check_flash(threads);
+    check_memory();
+    check_layer(threads);
+    check_scaling(threads);
+    check_jit();
+}
