@@ -21,6 +21,7 @@
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,13 +77,14 @@ const char *sneppx_jit_options(void) { return JIT_OPTIONS; }
 
 int sneppx_jit_allowed(void)
 {
-    static int allowed = -1;
-    if (allowed < 0) {
+    static atomic_int allowed = -1; /* threads racing here all store the same value */
+    int value = atomic_load_explicit(&allowed, memory_order_relaxed);
+    if (value < 0) {
         const char *env = getenv("SNEPPX_JIT");
-        /* Benign race: every thread computes the same value. */
-        allowed = !(env && strcmp(env, "0") == 0);
+        value = !(env && strcmp(env, "0") == 0);
+        atomic_store_explicit(&allowed, value, memory_order_relaxed);
     }
-    return allowed;
+    return value;
 }
 
 /* ---- the family and bitcode tables ------------------------------------- */

@@ -354,8 +354,10 @@ sneppx_status sneppx_kernel_resolve(const char *family, const int64_t *values, i
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "kernel is NULL");
     *kernel = NULL;
     sneppx_status status = sneppx_kernel_key(family, values, vector_width, timing.key, sizeof timing.key);
-    if (status != SNEPPX_OK)
+    if (status != SNEPPX_OK) {
+        last_timing = timing;
         return status;
+    }
     uint64_t hash = hash_key(timing.key);
     if ((*kernel = find_published(timing.key, hash)) != NULL) {
         atomic_fetch_add_explicit(&memory_hits, 1, memory_order_relaxed);
