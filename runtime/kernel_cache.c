@@ -85,14 +85,19 @@ static double now_ms(void)
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
 }
 
-static void record_build(const sneppx_kernel_timing *timing, int rejects, int writes, int evictions)
+/* What one build did to the disk cache, for the statistics. */
+struct disk_events {
+    int rejects, writes, evictions;
+};
+
+static void record_build(const sneppx_kernel_timing *timing, const struct disk_events *events)
 {
     pthread_mutex_lock(&stats_lock);
     stats.compiles += timing->source == SNEPPX_KERNEL_SOURCE_COMPILED;
     stats.disk_hits += timing->source == SNEPPX_KERNEL_SOURCE_DISK;
-    stats.disk_rejects += (uint64_t)rejects;
-    stats.disk_writes += (uint64_t)writes;
-    stats.evictions += (uint64_t)evictions;
+    stats.disk_rejects += (uint64_t)events->rejects;
+    stats.disk_writes += (uint64_t)events->writes;
+    stats.evictions += (uint64_t)events->evictions;
     stats.compile_ms_total += timing->compile_ms;
     stats.load_ms_total += timing->load_ms;
     if (timing->source != SNEPPX_KERNEL_SOURCE_NONE) {
@@ -134,80 +139,89 @@ static void warn_store_failure(const char *key)
                sneppx_last_error());
 }
 
-/* Loads the verified entry of key, counting a refused one in *rejects. */
+/* Loads the verified entry of key; a refused one is logged and counted once. */
 static sneppx_disk_load load_entry(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
-                                   void **object, size_t *object_size, int *rejects)
+                                   void **object, size_t *object_size, struct disk_events *events)
 {
     char reason[160];
     sneppx_disk_load result = sneppx_disk_cache_load(key, fingerprint, object, object_size, reason, sizeof reason);
     if (result == SNEPPX_DISK_REJECTED) {
-        if (*rejects == 0)
+        if (events->rejects == 0)
             sneppx_log(1, "disk cache entry of '%s' refused (%s); rebuilding it", key, reason);
-        *rejects = 1;
+        events->rejects = 1;
     }
     return result;
 }
 
-static sneppx_status build_kernel_entries(const struct sneppx_kernel_family *family, const int64_t *values, int vector_width,
-                           sneppx_kernel *kernel, sneppx_kernel_timing *timing)
+/* The object file of the kernel: a verified disk cache entry, else compiled
+ * under the key's cross-process lock (after looking again, since the process
+ * that held the lock may have written it) and stored. */
+static sneppx_status obtain_object(const struct sneppx_kernel_family *family, const int64_t *values,
+                                   int vector_width, const char *key, void **object, size_t *object_size,
+                                   sneppx_kernel_timing *timing, struct disk_events *events)
+{
+    uint8_t fingerprint[SNEPPX_SHA256_SIZE];
+    sneppx_status status = sneppx_kernel_fingerprint(key, fingerprint);
+    if (status != SNEPPX_OK)
+        return status;
+    timing->source = SNEPPX_KERNEL_SOURCE_DISK;
+    if (load_entry(key, fingerprint, object, object_size, events) == SNEPPX_DISK_HIT)
+        return SNEPPX_OK;
+    if (!sneppx_jit_allowed()) {
+        const char *dir = sneppx_disk_cache_path();
+        timing->source = SNEPPX_KERNEL_SOURCE_NONE;
+        return sneppx_fail(SNEPPX_ERR_JIT, "SNEPPX_JIT=0 forbids compiling kernel '%s', and the disk cache (%s) "
+                           "holds no valid entry for it", key, dir ? dir : "memory-only");
+    }
+    int lock = sneppx_disk_cache_lock(key);
+    if (lock >= 0 && load_entry(key, fingerprint, object, object_size, events) == SNEPPX_DISK_HIT) {
+        sneppx_disk_cache_unlock(lock);
+        return SNEPPX_OK;
+    }
+    timing->source = SNEPPX_KERNEL_SOURCE_COMPILED;
+    double compile_start = now_ms();
+    status = sneppx_jit_compile_object(family, values, vector_width, object, object_size);
+    timing->compile_ms = now_ms() - compile_start;
+    if (status == SNEPPX_OK) {
+        if (sneppx_disk_cache_store(key, fingerprint, *object, *object_size, &events->evictions) == SNEPPX_OK)
+            events->writes = sneppx_disk_cache_path() != NULL;
+        else
+            warn_store_failure(key);
+    } else {
+        timing->source = SNEPPX_KERNEL_SOURCE_NONE;
+    }
+    sneppx_disk_cache_unlock(lock);
+    return status;
+}
+
+/* Fills kernel->entry for kernel->key from the disk cache or the JIT. */
+static sneppx_status build_kernel(const struct sneppx_kernel_family *family, const int64_t *values,
+                                  int vector_width, sneppx_kernel *kernel, sneppx_kernel_timing *timing)
 {
     const char *key = kernel->key;
-    int rejects = 0, writes = 0, evictions = 0;
-    uint8_t fingerprint[SNEPPX_SHA256_SIZE];
+    struct disk_events events = {0};
     void *object = NULL;
     size_t object_size = 0;
     double start = now_ms();
     if (!sneppx_jit_bitcode(family->family, vector_width))
         return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "kernel '%s': this build embeds no %s bitcode for vector width %d",
                            key, family->family, vector_width);
-    sneppx_status status = sneppx_kernel_fingerprint(key, fingerprint);
-    if (status != SNEPPX_OK)
-        return status;
-
-    sneppx_disk_load found = load_entry(key, fingerprint, &object, &object_size, &rejects);
-    if (found != SNEPPX_DISK_HIT && !sneppx_jit_allowed()) {
-        const char *dir = sneppx_disk_cache_path();
-        record_build(timing, rejects, 0, 0);
-        return sneppx_fail(SNEPPX_ERR_JIT, "SNEPPX_JIT=0 forbids compiling kernel '%s', and the disk cache (%s) "
-                           "holds no valid entry for it", key, dir ? dir : "memory-only");
-    }
-    if (found != SNEPPX_DISK_HIT) {
-        /* Another process may be building this key: wait for it, then look again. */
-        int lock = sneppx_disk_cache_lock(key);
-        if (lock >= 0)
-            found = load_entry(key, fingerprint, &object, &object_size, &rejects);
-        if (found != SNEPPX_DISK_HIT) {
-            double compile_start = now_ms();
-            status = sneppx_jit_compile_object(family, values, vector_width, &object, &object_size);
-            timing->compile_ms = now_ms() - compile_start;
-            if (status == SNEPPX_OK) {
-                if (sneppx_disk_cache_store(key, fingerprint, object, object_size, &evictions) == SNEPPX_OK)
-                    writes = sneppx_disk_cache_path() != NULL;
-                else
-                    warn_store_failure(key);
-            }
-        }
-        sneppx_disk_cache_unlock(lock);
-        if (status != SNEPPX_OK) {
-            record_build(timing, rejects, 0, 0);
-            return status;
-        }
-    }
-    timing->source = found == SNEPPX_DISK_HIT ? SNEPPX_KERNEL_SOURCE_DISK : SNEPPX_KERNEL_SOURCE_COMPILED;
-
+    sneppx_status status = obtain_object(family, values, vector_width, key, &object, &object_size, timing, &events);
     double link_start = now_ms();
-    status = sneppx_jit_link_object(family, key, object, object_size, kernel->entry);
-    free(object);
+    if (status == SNEPPX_OK) {
+        status = sneppx_jit_link_object(family, key, object, object_size, kernel->entry);
+        free(object);
+        if (status != SNEPPX_OK)
+            timing->source = SNEPPX_KERNEL_SOURCE_NONE;
+    }
     double end = now_ms();
     /* A hit's load time includes reading and verifying the file. */
     timing->load_ms = timing->source == SNEPPX_KERNEL_SOURCE_DISK ? end - start : end - link_start;
-    if (status != SNEPPX_OK)
-        timing->source = SNEPPX_KERNEL_SOURCE_NONE;
     timing->total_ms = end - start;
-    record_build(timing, rejects, writes, evictions);
-    if (status == SNEPPX_OK && timing->source == SNEPPX_KERNEL_SOURCE_COMPILED)
+    record_build(timing, &events);
+    if (timing->source == SNEPPX_KERNEL_SOURCE_COMPILED)
         sneppx_log(1, "compiled %s in %.1f ms (link %.1f ms)", key, timing->compile_ms, timing->load_ms);
-    else if (status == SNEPPX_OK)
+    else if (timing->source == SNEPPX_KERNEL_SOURCE_DISK)
         sneppx_log(2, "loaded %s from the disk cache in %.2f ms", key, timing->load_ms);
     return status;
 }
@@ -322,7 +336,7 @@ static sneppx_status resolve_miss(const struct sneppx_kernel_family *family, con
 
     snprintf(node->kernel.key, sizeof node->kernel.key, "%s", key);
     node->hash = hash;
-    sneppx_status status = build_kernel_entries(family, values, vector_width, &node->kernel, timing);
+    sneppx_status status = build_kernel(family, values, vector_width, &node->kernel, timing);
 
     pthread_mutex_lock(&table_lock);
     if (status == SNEPPX_OK) {
