@@ -58,7 +58,7 @@ sneppx_status sneppx_kernel_fingerprint(const char *key, uint8_t fingerprint[SNE
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "key '%s' is not <family>-...-v<vector width>", key);
     const struct sneppx_embedded_bitcode *bitcode = sneppx_jit_bitcode(family, vector_width);
     if (!bitcode)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "key '%s': no embedded bitcode for %s at vector width %d",
+        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "kernel '%s': this build embeds no %s bitcode for vector width %d",
                            key, family, vector_width);
     const sneppx_jit_host *host = sneppx_jit_host_info();
     char abi_version[16];

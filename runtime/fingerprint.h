@@ -22,8 +22,9 @@ void sneppx_sha256_hex(const uint8_t digest[SNEPPX_SHA256_SIZE], char hex[SNEPPX
 
 /* The fingerprint of the kernel named by key: its family and vector width are
  * read from the key (`<family>-...-v<width>`), the bitcode hash from the
- * embedded table, the host from LLVM. SNEPPX_ERR_INVALID_ARGUMENT when the key
- * names no embedded bitcode. Thread-safe. */
+ * embedded table, the host from LLVM. SNEPPX_ERR_INVALID_ARGUMENT for a key
+ * of another form, SNEPPX_ERR_UNSUPPORTED when the key names no embedded
+ * bitcode. Thread-safe. */
 sneppx_status sneppx_kernel_fingerprint(const char *key, uint8_t fingerprint[SNEPPX_SHA256_SIZE]);
 
 #endif

@@ -203,9 +203,6 @@ static sneppx_status build_kernel(const struct sneppx_kernel_family *family, con
     void *object = NULL;
     size_t object_size = 0;
     double start = now_ms();
-    if (!sneppx_jit_bitcode(family->family, vector_width))
-        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "kernel '%s': this build embeds no %s bitcode for vector width %d",
-                           key, family->family, vector_width);
     sneppx_status status = obtain_object(family, values, vector_width, key, &object, &object_size, timing, &events);
     double link_start = now_ms();
     if (status == SNEPPX_OK) {
