@@ -321,8 +321,8 @@ static void test_single_file_and_errors(void)
                 "both match layer 2's self_attn.q_proj.weight");
 
     /* Index entries: a shard that does not exist, one without the tensor, one outside the directory. */
-    const char *shards[SNEPPX_ATTN_TENSORS_MAX];
-    for (int i = 0; i < count; i++)
+    const char *shards[SNEPPX_ATTN_TENSORS_MAX + 1];
+    for (int i = 0; i <= count; i++)
         shards[i] = "model.safetensors";
     shards[1] = "gone.safetensors";
     write_index(path_in("single/broken.index.json"), tensors, shards, count);

@@ -1,0 +1,67 @@
+"""Checking and converting forward_mha's arguments into the C-contiguous
+float32 / int64 buffers the runtime reads. Each input is converted at most
+once; errors name the argument and the shape it must have."""
+from typing import Any, Optional
+
+import numpy as np
+
+_REAL_KINDS = "fiu"     # float, signed and unsigned integer
+_INTEGER_KINDS = "iu"
+
+
+def _as_array(name: str, value: Any) -> np.ndarray:
+    try:
+        array = np.asarray(value)
+    except Exception as error:  # ragged lists, tensors that need .detach(), ...
+        raise TypeError(f"{name}: cannot be read as an array ({error})") from None
+    if array.dtype.kind == "O":
+        raise TypeError(f"{name}: cannot be read as a numeric array (got dtype object; ragged input?)")
+    return array
+
+
+def _shape_text(shape: tuple) -> str:
+    return "[" + ", ".join(str(extent) for extent in shape) + "]"
+
+
+def hidden_states_array(value: Any, hidden_size: int) -> np.ndarray:
+    """[batch, seq_len, hidden_size] as C-contiguous float32 (the same object when it already is)."""
+    name = "hidden_states"
+    array = _as_array(name, value)
+    if array.dtype.kind not in _REAL_KINDS:
+        raise TypeError(f"{name}: expected real numbers (float32 preferred), got dtype {array.dtype}")
+    if array.ndim != 3 or array.shape[2] != hidden_size:
+        raise ValueError(f"{name}: expected shape [batch, seq_len, {hidden_size}], got {_shape_text(array.shape)}")
+    return np.ascontiguousarray(array, dtype=np.float32)
+
+
+def attention_mask_array(value: Any, batch: int, seq_len: int) -> Optional[np.ndarray]:
+    """None, or the additive float32 mask [batch or 1, 1, seq_len, seq_len] (bool: True -> 0, False -> -inf)."""
+    if value is None:
+        return None
+    name = "attention_mask"
+    array = _as_array(name, value)
+    expected = f"[{batch}, 1, {seq_len}, {seq_len}] (or [1, 1, {seq_len}, {seq_len}])"
+    if array.ndim != 4 or array.shape[0] not in (batch, 1) or array.shape[1:] != (1, seq_len, seq_len):
+        raise ValueError(f"{name}: expected shape {expected}, got {_shape_text(array.shape)}")
+    if array.dtype.kind == "b":
+        return np.where(array, np.float32(0.0), np.float32(-np.inf))
+    if array.dtype.kind != "f":
+        raise TypeError(f"{name}: expected an additive float mask or a bool mask (True = attend), "
+                        f"got dtype {array.dtype}")
+    return np.ascontiguousarray(array, dtype=np.float32)
+
+
+def position_ids_array(value: Any, batch: int, seq_len: int) -> Optional[np.ndarray]:
+    """None, or int64 positions [batch, seq_len] (a [1, seq_len] row is repeated over the batch)."""
+    if value is None:
+        return None
+    name = "position_ids"
+    array = _as_array(name, value)
+    if array.dtype.kind not in _INTEGER_KINDS:
+        raise TypeError(f"{name}: expected integers, got dtype {array.dtype}")
+    if array.ndim != 2 or array.shape[0] not in (batch, 1) or array.shape[1] != seq_len:
+        raise ValueError(f"{name}: expected shape [{batch}, {seq_len}] (or [1, {seq_len}]), "
+                         f"got {_shape_text(array.shape)}")
+    if array.dtype.kind == "u" and array.size and array.max() > np.uint64(np.iinfo(np.int64).max):
+        raise ValueError(f"{name}: {array.max()} does not fit in int64")
+    return np.ascontiguousarray(np.broadcast_to(array, (batch, seq_len)), dtype=np.int64)

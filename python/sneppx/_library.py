@@ -1,0 +1,102 @@
+"""Finding and loading libsneppx, and the prototypes of the C functions the package calls.
+
+This module owns every path and environment override of the package. The
+library is looked up once, at import, in this order:
+
+1. ``$SNEPPX_LIBRARY``: the path of the shared library (nothing else is tried).
+2. The installed layout: ``cmake --install`` puts this package in
+   ``<prefix>/<libdir>/python3/dist-packages/sneppx`` and the library in
+   ``<prefix>/<libdir>/libsneppx.so``.
+3. A build tree: ``<build>/python/sneppx`` (the copy the build makes) next to
+   ``<build>/runtime/libsneppx.so``; or, from a source checkout
+   (``<repo>/python/sneppx``), ``<repo>/build/runtime/libsneppx.so`` and then
+   the most recently built ``<repo>/build*/runtime/libsneppx.so``.
+
+The library is loaded with ``ctypes.CDLL``, which releases the GIL for the
+duration of every foreign call: kernels (and JIT compiles) run while other
+Python threads proceed.
+"""
+import ctypes
+import os
+from pathlib import Path
+from typing import List
+
+from . import _structs as S
+
+LIBRARY_ENV = "SNEPPX_LIBRARY"
+_NAMES = ("libsneppx.so", "libsneppx.so.0")
+
+
+def _candidates() -> List[Path]:
+    package_dir = Path(__file__).resolve().parent
+    installed_libdir = package_dir.parents[2]
+    candidates = [installed_libdir / name for name in _NAMES]
+    build_root = package_dir.parents[1]
+    candidates += [build_root / "runtime" / name for name in _NAMES]
+    repo_builds = sorted(build_root.glob("build*/runtime/libsneppx.so"),
+                         key=lambda path: (path.parent.parent.name != "build", -path.stat().st_mtime))
+    return candidates + repo_builds
+
+
+def library_path() -> Path:
+    """The path libsneppx is (or would be) loaded from; raises ImportError if none exists."""
+    override = os.environ.get(LIBRARY_ENV)
+    if override:
+        path = Path(override)
+        if not path.is_file():
+            raise ImportError(f"sneppx: ${LIBRARY_ENV} is {override!r}, which is not a file")
+        return path
+    candidates = _candidates()
+    for path in candidates:
+        if path.is_file():
+            return path
+    tried = "\n  ".join(str(path) for path in candidates)
+    raise ImportError(f"sneppx: libsneppx.so not found; set ${LIBRARY_ENV} or build/install sneppx. "
+                      f"Tried:\n  {tried}")
+
+
+_i64 = ctypes.c_int64
+_int = ctypes.c_int
+_status = ctypes.c_int
+_str = ctypes.c_char_p
+_config_p = ctypes.POINTER(S.Config)
+_layer_p = ctypes.c_void_p
+_float_p = ctypes.c_void_p   # numpy buffers are passed as addresses
+_void_p = ctypes.c_void_p
+
+# name: (restype, argtypes) of every C function the package calls.
+_PROTOTYPES = {
+    "sneppx_last_error": (_str, []),
+    "sneppx_status_name": (_str, [_status]),
+    "sneppx_config_init": (None, [_config_p]),
+    "sneppx_config_from_name": (_status, [_str, _str, _config_p]),
+    "sneppx_preset_count": (_int, []),
+    "sneppx_preset_name": (_str, [_int]),
+    "sneppx_config_validate": (_status, [_config_p]),
+    "sneppx_config_extend_context": (_status, [_config_p, _i64]),
+    "sneppx_config_softmax_scale": (ctypes.c_double, [_config_p]),
+    "sneppx_layer_create": (_status, [_config_p, ctypes.POINTER(S.Weights), ctypes.POINTER(_layer_p)]),
+    "sneppx_layer_forward": (_status, [_layer_p, _i64, _i64, _float_p, _float_p,
+                                       ctypes.POINTER(_i64), _void_p, _float_p]),
+    "sneppx_layer_warmup": (_status, [_config_p]),
+    "sneppx_layer_set_flash": (_status, [_layer_p, _int]),
+    "sneppx_layer_keys": (_str, [_layer_p]),
+    "sneppx_layer_destroy": (None, [_layer_p]),
+    "sneppx_attn_tensors": (_status, [_config_p, ctypes.POINTER(S.AttnTensor), ctypes.POINTER(_int)]),
+    "sneppx_attn_tensor_is_ignored": (_int, [_str]),
+    "sneppx_attn_weights_load": (_status, [_str, _i64, _config_p, ctypes.POINTER(_void_p)]),
+    "sneppx_attn_weights_view": (ctypes.POINTER(S.Weights), [_void_p]),
+    "sneppx_attn_weights_free": (None, [_void_p]),
+}
+
+
+def _load() -> ctypes.CDLL:
+    library = ctypes.CDLL(str(library_path()))
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        function = getattr(library, name)
+        function.restype = restype
+        function.argtypes = argtypes
+    return library
+
+
+lib = _load()

@@ -1,0 +1,112 @@
+"""Where a layer's weights come from. Each source can create the layer again
+(after extend_context() or a mla_naive change) from what it holds:
+
+SyntheticWeights   the runtime's seeded weights (sneppx_layer_create with NULL)
+StateDictWeights   float32 copies of a state dict, checked against the config's tensor list
+CheckpointWeights  a safetensors checkpoint, read by the C loader at each create
+"""
+import ctypes
+import os
+from typing import Any, Dict, List, Mapping, Tuple
+
+import numpy as np
+
+from . import _structs as S
+from ._layer import Layer
+from ._library import lib
+from .errors import check
+
+_SELF_ATTN = "self_attn."
+# Field of sneppx_weights at each byte offset (the C side reports offsetof()).
+_FIELD_AT_OFFSET = {getattr(S.Weights, name).offset: name for name, _ in S.Weights._fields_}
+
+
+def expected_tensors(config: S.Config) -> List[Tuple[str, Tuple[int, ...], str]]:
+    """(HF name, shape, sneppx_weights field) of every tensor the config's layer holds."""
+    tensors = (S.AttnTensor * S.ATTN_TENSORS_MAX)()
+    count = ctypes.c_int()
+    check(lib.sneppx_attn_tensors(ctypes.byref(config), tensors, ctypes.byref(count)))
+    return [(t.name.decode(), tuple(t.shape[:t.rank]), _FIELD_AT_OFFSET[t.weights_offset])
+            for t in tensors[:count.value]]
+
+
+class SyntheticWeights:
+    description = f"synthetic(seed={S.SYNTHETIC_SEED:#x})"
+
+    def create(self, config: S.Config) -> Layer:
+        return Layer(config, None)
+
+
+def _split_prefix(key: Any) -> Tuple[str, str]:
+    if not isinstance(key, str):
+        raise TypeError(f"state_dict: keys must be strings, got {key!r}")
+    at = key.rfind(_SELF_ATTN)
+    if at < 0 or (at > 0 and key[at - 1] != "."):
+        return "", key
+    return key[:at + len(_SELF_ATTN)], key[at + len(_SELF_ATTN):]
+
+
+def _as_float32(full_name: str, value: Any, shape: Tuple[int, ...]) -> np.ndarray:
+    try:
+        array = np.asarray(value)
+    except Exception as error:  # e.g. a torch tensor that requires grad
+        raise TypeError(f"state_dict: tensor '{full_name}' cannot be read as an array ({error})") from None
+    if array.dtype.kind != "f":
+        raise TypeError(f"state_dict: tensor '{full_name}' has dtype {array.dtype}; expected floating point")
+    if array.shape != shape:
+        raise ValueError(f"state_dict: tensor '{full_name}' has shape {list(array.shape)}, "
+                         f"expected {list(shape)}")
+    return np.ascontiguousarray(array, dtype=np.float32)
+
+
+class StateDictWeights:
+    def __init__(self, config: S.Config, state_dict: Mapping[str, Any]):
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"state_dict: expected a mapping of names to arrays, got {type(state_dict).__name__}")
+        prefixes = {_split_prefix(key)[0] for key in state_dict}
+        if len(prefixes) > 1:
+            raise ValueError(f"state_dict: keys carry different prefixes {sorted(prefixes)}; "
+                             f"pass the tensors of one self_attn module")
+        prefix = prefixes.pop() if prefixes else ""
+        expected = {name: (shape, field) for name, shape, field in expected_tensors(config)}
+        config_name = config.name.decode()
+        self.arrays: Dict[str, np.ndarray] = {}
+        for key, value in state_dict.items():
+            name = _split_prefix(key)[1]
+            if lib.sneppx_attn_tensor_is_ignored(name.encode()):
+                continue
+            if name not in expected:
+                raise ValueError(f"state_dict: unexpected tensor '{key}'; config '{config_name}' takes "
+                                 f"{', '.join(expected)}")
+            shape, field = expected[name]
+            self.arrays[field] = _as_float32(key, value, shape)
+        missing = [prefix + name for name, (_, field) in expected.items() if field not in self.arrays]
+        if missing:
+            raise ValueError(f"state_dict: missing tensor(s) {', '.join(repr(m) for m in missing)} "
+                             f"(config '{config_name}')")
+        self.description = f"state_dict({len(self.arrays)} tensors)"
+
+    def create(self, config: S.Config) -> Layer:
+        weights = S.Weights()
+        for field, array in self.arrays.items():
+            setattr(weights, field, array.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
+        return Layer(config, weights)
+
+
+class CheckpointWeights:
+    def __init__(self, path: "os.PathLike[str] | str", layer: int = 0):
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
+            raise TypeError(f"layer: expected an integer, got {layer!r}")
+        if layer < 0:
+            raise ValueError(f"layer: {layer} must be >= 0")
+        self.path = os.fsencode(path)
+        self.layer = int(layer)
+        self.description = f"safetensors({os.fsdecode(self.path)!r}, layer={self.layer})"
+
+    def create(self, config: S.Config) -> Layer:
+        loaded = ctypes.c_void_p()
+        check(lib.sneppx_attn_weights_load(self.path, self.layer, ctypes.byref(config), ctypes.byref(loaded)))
+        try:
+            return Layer(config, lib.sneppx_attn_weights_view(loaded).contents)
+        finally:
+            lib.sneppx_attn_weights_free(loaded)

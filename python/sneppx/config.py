@@ -1,0 +1,383 @@
+"""LLMConfig: one attention layer's configuration, its weights and its forward pass."""
+import ctypes
+import os
+import threading
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from . import _hf
+from . import _structs as S
+from ._arrays import attention_mask_array, hidden_states_array, position_ids_array
+from ._layer import Layer
+from ._library import lib
+from ._weights import CheckpointWeights, StateDictWeights, SyntheticWeights, expected_tensors
+from .errors import check
+
+
+def _size(name: str, value: Any, default: int = 0) -> int:
+    """An optional non-negative size; None means default (0 = 'derive' / 'none' in the C struct)."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an integer, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name}: {value} must be >= 0")
+    return int(value)
+
+
+def _flag(name: str, value: Any) -> int:
+    if not isinstance(value, (bool, np.bool_, int)) or value not in (0, 1):
+        raise TypeError(f"{name}: expected a bool, got {value!r}")
+    return int(bool(value))
+
+
+def _alias(name: str, value: Any, alias: str, alias_value: Any) -> Any:
+    if alias_value is None:
+        return value
+    if value is not None and value != alias_value:
+        raise TypeError(f"{name}={value!r} and its alias {alias}={alias_value!r} disagree")
+    return alias_value
+
+
+class LLMConfig:
+    """The configuration of one attention layer, in HuggingFace config.json terms.
+
+    Build one from a preset (``LLMConfig.from_name("llama3", "8B")``,
+    ``LLMConfig.from_name("mistral-7B")``; ``LLMConfig.names()`` lists them), from
+    a checkpoint's config.json (``LLMConfig.from_config_json(path)``), or by
+    keyword with HF's field names (``LLMConfig(hidden_size=4096,
+    num_attention_heads=32, num_key_value_heads=8, rope_theta=5e5)``).
+
+    Attributes carry HF's names and are read-only, except ``use_flash_attn``
+    and ``mla_naive``. ``forward_mha()`` runs the layer: with deterministic
+    synthetic weights (``weights_source`` says which) until
+    ``load_state_dict()`` or ``load_safetensors()`` gives real ones.
+
+    The layer (compiled kernels and packed weights) is built at the first
+    forward or weight load and reused. Kernels run with the GIL released, and
+    one LLMConfig may be used from several threads at once.
+    """
+
+    __slots__ = ("_config", "_lock", "_layer", "_weights")
+
+    def __init__(self, *, hidden_size: int, num_attention_heads: Optional[int] = None,
+                 num_key_value_heads: Optional[int] = None, head_dim: Optional[int] = None,
+                 rope_theta: float = 10000.0, rope_scaling: Optional[Mapping[str, Any]] = None,
+                 sliding_window: Optional[int] = None, max_position_embeddings: int = 4096,
+                 q_lora_rank: Optional[int] = None, kv_lora_rank: Optional[int] = None,
+                 qk_nope_head_dim: Optional[int] = None, qk_rope_head_dim: Optional[int] = None,
+                 v_head_dim: Optional[int] = None, bias: Optional[bool] = None,
+                 attention_bias: Optional[bool] = None, qkv_bias: Optional[bool] = None,
+                 o_bias: Optional[bool] = None, partial_rotary_factor: Optional[float] = None,
+                 rope_interleaved: bool = False, use_flash_attn: bool = True, mla_naive: bool = False,
+                 num_threads: int = 0, num_heads: Optional[int] = None, num_kv_heads: Optional[int] = None,
+                 name: str = "custom"):
+        """Keyword arguments are HF config.json's names, plus:
+
+        bias: q/k/v and o projections carry biases (default True, as the spec says);
+            ``attention_bias`` is HF's name for it and wins when given;
+            ``qkv_bias`` / ``o_bias`` set one side alone (Qwen2: True / False).
+        num_heads / num_kv_heads: the spec's names of num_attention_heads / num_key_value_heads.
+        head_dim: default hidden_size / num_attention_heads.
+        sliding_window: None or 0 = no window; else W keys including the query itself.
+        partial_rotary_factor: rotate only int(head_dim * factor) dims of each head.
+        rope_interleaved: rotate (x[2i], x[2i+1]) pairs instead of HF's (x[i], x[i+d/2]).
+        q_lora_rank ... v_head_dim: DeepSeek V2 MLA (kv_lora_rank turns it on).
+        num_threads: 0 = the OpenMP default.
+        """
+        num_attention_heads = _alias("num_attention_heads", num_attention_heads, "num_heads", num_heads)
+        num_key_value_heads = _alias("num_key_value_heads", num_key_value_heads, "num_kv_heads", num_kv_heads)
+        if num_attention_heads is None:
+            raise TypeError("num_attention_heads (or num_heads) is required")
+        if bias is not None and attention_bias is not None and bool(bias) != bool(attention_bias):
+            raise TypeError(f"bias={bias!r} and attention_bias={attention_bias!r} disagree")
+        both = attention_bias if attention_bias is not None else (True if bias is None else bias)
+
+        config = S.Config()
+        lib.sneppx_config_init(ctypes.byref(config))
+        config.name = _name_bytes(name)
+        config.hidden_size = _size("hidden_size", hidden_size)
+        config.num_attention_heads = _size("num_attention_heads", num_attention_heads)
+        config.num_key_value_heads = _size("num_key_value_heads", num_key_value_heads,
+                                           config.num_attention_heads)
+        config.head_dim = _size("head_dim", head_dim)
+        config.rope_theta = _hf._real("rope_theta", rope_theta)
+        _hf.fill_rope_scaling(config.rope_scaling, rope_scaling)
+        config.max_position_embeddings = _size("max_position_embeddings", max_position_embeddings)
+        config.sliding_window = _size("sliding_window", sliding_window)
+        config.qkv_bias = _flag("qkv_bias", both if qkv_bias is None else qkv_bias)
+        config.o_bias = _flag("o_bias", both if o_bias is None else o_bias)
+        config.q_lora_rank = _size("q_lora_rank", q_lora_rank)
+        config.kv_lora_rank = _size("kv_lora_rank", kv_lora_rank)
+        config.qk_nope_head_dim = _size("qk_nope_head_dim", qk_nope_head_dim)
+        config.qk_rope_head_dim = _size("qk_rope_head_dim", qk_rope_head_dim)
+        config.v_head_dim = _size("v_head_dim", v_head_dim)
+        config.rope_interleaved = _flag("rope_interleaved", rope_interleaved)
+        config.use_flash_attn = _flag("use_flash_attn", use_flash_attn)
+        config.mla_naive = _flag("mla_naive", mla_naive)
+        config.num_threads = _size("num_threads", num_threads)
+        if partial_rotary_factor is not None:
+            factor = _hf._real("partial_rotary_factor", partial_rotary_factor)
+            if not 0.0 < factor <= 1.0:
+                raise ValueError(f"partial_rotary_factor: {factor} must be in (0, 1]")
+            resolved_head_dim = config.head_dim or config.hidden_size // max(config.num_attention_heads, 1)
+            config.rotary_dim = int(resolved_head_dim * factor)
+        self._init(config)
+
+    def _init(self, config: S.Config) -> None:
+        check(lib.sneppx_config_validate(ctypes.byref(config)))
+        if config.mla_naive and config.kv_lora_rank == 0:
+            raise ValueError("mla_naive: applies to MLA configs (kv_lora_rank > 0) only")
+        self._config = config
+        self._lock = threading.RLock()
+        self._layer: Optional[Layer] = None
+        self._weights = SyntheticWeights()
+
+    # ---------------------------------------------------------------- constructors
+
+    @classmethod
+    def from_name(cls, family: str, size: Optional[str] = None) -> "LLMConfig":
+        """A preset: ("llama3", "8B"), ("mistral", "7B") or a full name ("mistral-7B"), case-insensitive.
+
+        Raises sneppx.UnknownPresetError (a ValueError) listing the valid names."""
+        if not isinstance(family, str) or not (size is None or isinstance(size, str)):
+            raise TypeError(f"from_name: expected strings, got {family!r}, {size!r}")
+        config = S.Config()
+        check(lib.sneppx_config_from_name(family.encode(), size.encode() if size is not None else None,
+                                          ctypes.byref(config)))
+        self = cls.__new__(cls)
+        self._init(config)
+        return self
+
+    @classmethod
+    def from_config_json(cls, path: "os.PathLike[str] | str", **overrides: Any) -> "LLMConfig":
+        """The attention fields of a HF config.json (or of the directory holding it).
+
+        model_type llama, mistral, qwen2 and deepseek_v2 are understood (Qwen2: q/k/v
+        bias, no o bias; Llama, DeepSeek: attention_bias; Mistral: no bias and its
+        sliding_window). Keyword overrides (e.g. use_flash_attn=False) are applied last."""
+        name, kwargs = _hf.read_config_json(path)
+        kwargs["name"] = name
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    @staticmethod
+    def names() -> List[str]:
+        """Every preset name from_name() accepts as one string ("llama3-8B", ...)."""
+        return [lib.sneppx_preset_name(i).decode() for i in range(lib.sneppx_preset_count())]
+
+    # ---------------------------------------------------------------- attributes
+
+    @property
+    def name(self) -> str:
+        return self._config.name.decode()
+
+    hidden_size = property(lambda self: self._config.hidden_size)
+    num_attention_heads = property(lambda self: self._config.num_attention_heads)
+    num_heads = num_attention_heads
+    num_key_value_heads = property(lambda self: self._config.num_key_value_heads)
+    num_kv_heads = num_key_value_heads
+    rope_theta = property(lambda self: self._config.rope_theta)
+    max_position_embeddings = property(lambda self: self._config.max_position_embeddings)
+    rope_interleaved = property(lambda self: bool(self._config.rope_interleaved))
+    qkv_bias = property(lambda self: bool(self._config.qkv_bias))
+    o_bias = property(lambda self: bool(self._config.o_bias))
+    bias = property(lambda self: bool(self._config.qkv_bias or self._config.o_bias),
+                    doc="Any projection carries a bias (qkv_bias / o_bias tell which).")
+    attention_bias = bias
+    kv_lora_rank = property(lambda self: self._config.kv_lora_rank or None)
+    q_lora_rank = property(lambda self: self._config.q_lora_rank or None)
+    qk_nope_head_dim = property(lambda self: self._config.qk_nope_head_dim or None)
+    qk_rope_head_dim = property(lambda self: self._config.qk_rope_head_dim or None)
+    v_head_dim = property(lambda self: self._config.v_head_dim or None)
+    num_threads = property(lambda self: self._config.num_threads)
+    is_mla = property(lambda self: self._config.kv_lora_rank > 0,
+                      doc="DeepSeek V2 multi-head latent attention.")
+
+    @property
+    def head_dim(self) -> int:
+        """Query/key head dim: head_dim, hidden_size / num_attention_heads, or for MLA nope + rope."""
+        c = self._config
+        if c.kv_lora_rank > 0:
+            return c.qk_nope_head_dim + c.qk_rope_head_dim
+        return c.head_dim or c.hidden_size // c.num_attention_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        c = self._config
+        if c.kv_lora_rank > 0:
+            return c.qk_rope_head_dim
+        return c.rotary_dim or self.head_dim
+
+    @property
+    def partial_rotary_factor(self) -> float:
+        return self.rotary_dim / self.head_dim
+
+    @property
+    def rope_scaling(self) -> Optional[Dict[str, Any]]:
+        """HF's rope_scaling dict (None for plain RoPE); a fresh copy."""
+        return _hf.rope_scaling_dict(self._config.rope_scaling)
+
+    @property
+    def sliding_window(self) -> Optional[int]:
+        return self._config.sliding_window or None
+
+    @property
+    def softmax_scale(self) -> float:
+        """The scale of Q.K^T: head_dim^-0.5 (DeepSeek: (nope+rope)^-0.5 * mscale^2)."""
+        return lib.sneppx_config_softmax_scale(ctypes.byref(self._config))
+
+    @property
+    def weights_source(self) -> str:
+        """Where the weights come from: "synthetic(seed=0x5eed5eed)" (see
+        sneppx_layer_create in include/sneppx/layer.h), "state_dict(<n> tensors)" or
+        "safetensors(<path>, layer=<n>)"."""
+        return self._weights.description
+
+    @property
+    def kernel_keys(self) -> List[str]:
+        """Canonical keys of the kernels the layer resolved ([] before the layer exists)."""
+        layer = self._layer
+        return layer.keys() if layer is not None else []
+
+    @property
+    def use_flash_attn(self) -> bool:
+        """Flash attention (True, default) or the materialized SDPA reference (False)."""
+        return bool(self._config.use_flash_attn)
+
+    @use_flash_attn.setter
+    def use_flash_attn(self, value: bool) -> None:
+        flag = _flag("use_flash_attn", value)
+        with self._lock:
+            if self._layer is not None:
+                self._layer.set_flash(flag)
+            self._config.use_flash_attn = flag
+
+    @property
+    def mla_naive(self) -> bool:
+        """MLA only: expand kv_b_proj to per-head K/V (the verification path) instead of absorbing it."""
+        return bool(self._config.mla_naive)
+
+    @mla_naive.setter
+    def mla_naive(self, value: bool) -> None:
+        flag = _flag("mla_naive", value)
+        if flag and self._config.kv_lora_rank == 0:
+            raise ValueError("mla_naive: applies to MLA configs (kv_lora_rank > 0) only")
+        with self._lock:
+            self._rebuild(lambda config: setattr(config, "mla_naive", flag))
+
+    def extend_context(self, max_position_embeddings: int) -> None:
+        """NTK-aware context extension: rope_theta *= (n / old)^(d / (d - 2)) with d the
+        rotary dim, and max_position_embeddings becomes n (n must exceed it)."""
+        n = _size("max_position_embeddings", max_position_embeddings)
+        with self._lock:
+            self._rebuild(lambda config: check(lib.sneppx_config_extend_context(ctypes.byref(config), n)))
+
+    def _rebuild(self, change) -> None:
+        """Applies change to a copy of the config; rebuilds an existing layer with the same
+        weights before committing, so a failure leaves everything as it was."""
+        config = S.Config.from_buffer_copy(self._config)
+        change(config)
+        if self._layer is not None:
+            self._layer = self._weights.create(config)
+        self._config = config
+
+    def __repr__(self) -> str:
+        c = self._config
+        parts = [repr(self.name), f"hidden_size={c.hidden_size}", f"num_attention_heads={c.num_attention_heads}"]
+        if self.is_mla:
+            parts += [f"q_lora_rank={self.q_lora_rank}", f"kv_lora_rank={c.kv_lora_rank}",
+                      f"qk_nope_head_dim={c.qk_nope_head_dim}", f"qk_rope_head_dim={c.qk_rope_head_dim}",
+                      f"v_head_dim={c.v_head_dim}"]
+        else:
+            parts += [f"num_key_value_heads={c.num_key_value_heads}", f"head_dim={self.head_dim}"]
+            if self.rotary_dim != self.head_dim:
+                parts.append(f"rotary_dim={self.rotary_dim}")
+        parts += [f"rope_theta={c.rope_theta:g}"]
+        if self.rope_scaling:
+            parts.append(f"rope_scaling={self.rope_scaling}")
+        parts += [f"max_position_embeddings={c.max_position_embeddings}", f"sliding_window={self.sliding_window}",
+                  f"qkv_bias={self.qkv_bias}", f"o_bias={self.o_bias}", f"use_flash_attn={self.use_flash_attn}"]
+        if self.is_mla:
+            parts.append(f"mla_naive={self.mla_naive}")
+        parts.append(f"weights={self.weights_source!r}")
+        return f"LLMConfig({', '.join(parts)})"
+
+    # ---------------------------------------------------------------- weights and forward
+
+    def tensor_shapes(self) -> Dict[str, Tuple[int, ...]]:
+        """The self_attn tensors this config's layer holds, by HF name, with their shapes
+        (what load_state_dict() and load_safetensors() expect)."""
+        return {name: shape for name, shape, _ in expected_tensors(self._config)}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Loads one self_attn module's tensors by HF name ("q_proj.weight", "q_proj.bias", ...;
+        DeepSeek: "q_a_proj.weight", "kv_a_proj_with_mqa.weight", ...), with or without a
+        prefix ending in "self_attn." (e.g. "model.layers.0.self_attn.").
+
+        Values are any float array-likes of exactly the expected shape, converted once to
+        contiguous float32 and kept (so extend_context() / mla_naive can repack them).
+        Missing, extra or mis-shaped tensors raise ValueError, a non-float dtype TypeError,
+        each naming the tensor."""
+        source = StateDictWeights(self._config, state_dict)
+        with self._lock:
+            self._layer = source.create(self._config)
+            self._weights = source
+
+    def load_safetensors(self, path: "os.PathLike[str] | str", layer: int = 0) -> None:
+        """Loads layer `layer`'s self_attn tensors from a HF checkpoint: a directory, a
+        .safetensors file or a sharded checkpoint's model.safetensors.index.json. Files are
+        memory-mapped; only that layer's tensors are read; F32/F16/BF16 become float32.
+
+        Raises sneppx.FormatError (ValueError) for missing, extra or mis-shaped tensors and
+        malformed files, sneppx.FileError (OSError) for unreadable ones, naming the tensor
+        and the file."""
+        source = CheckpointWeights(path, layer)
+        with self._lock:
+            self._layer = source.create(self._config)
+            self._weights = source
+
+    def warmup(self) -> None:
+        """Compiles (or loads from the disk cache) every kernel this config uses, flash and
+        SDPA, with and without a mask, without creating a layer."""
+        check(lib.sneppx_layer_warmup(ctypes.byref(self._config)))
+
+    def _current_layer(self) -> Layer:
+        layer = self._layer
+        if layer is None:
+            with self._lock:
+                if self._layer is None:
+                    self._layer = self._weights.create(self._config)
+                layer = self._layer
+        return layer
+
+    def forward_mha(self, hidden_states: Any, attention_mask: Any = None, position_ids: Any = None) -> np.ndarray:
+        """The attention module's forward, HF semantics: [batch, seq_len, hidden_size] -> same shape.
+
+        hidden_states: any real array-like; float64, other dtypes and non-contiguous arrays
+            are converted once (np.ascontiguousarray(x, dtype=np.float32)).
+        attention_mask: None (causal, plus the sliding window if the config has one), or
+            [batch or 1, 1, seq_len, seq_len]: float = additive (<= -1e30 or -inf masks;
+            taken as final, nothing added on top), bool = True where attention is allowed.
+        position_ids: None (0..seq_len-1) or integers [batch or 1, seq_len].
+
+        Returns a new float32 ndarray. Wrong shapes raise ValueError, wrong dtypes TypeError,
+        naming the argument and the expected shape. NaN inputs propagate to the output."""
+        x = hidden_states_array(hidden_states, self._config.hidden_size)
+        batch, seq_len = x.shape[0], x.shape[1]
+        mask = attention_mask_array(attention_mask, batch, seq_len)
+        positions = position_ids_array(position_ids, batch, seq_len)
+        out = np.empty_like(x)
+        if x.size == 0:
+            return out
+        layer = self._current_layer()
+        layer.forward(x, mask, positions, out)
+        return out
+
+
+def _name_bytes(name: str) -> bytes:
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a string, got {name!r}")
+    encoded = name.encode("utf-8")[:S.NAME_MAX - 1]
+    return encoded.decode("utf-8", "ignore").encode("utf-8")

@@ -1,0 +1,63 @@
+"""Exceptions: one class per sneppx_status, each also a standard Python exception.
+
+A failing C call raises the class of its status with the runtime's message
+(sneppx_last_error(), which names the offending argument, tensor or file), so
+callers can catch either ``sneppx.Error`` or the usual built-in type:
+
+    SNEPPX_ERR_INVALID_ARGUMENT -> InvalidArgumentError (ValueError)
+    SNEPPX_ERR_UNKNOWN_PRESET   -> UnknownPresetError   (ValueError)
+    SNEPPX_ERR_UNSUPPORTED      -> UnsupportedError     (NotImplementedError)
+    SNEPPX_ERR_OUT_OF_MEMORY    -> OutOfMemoryError     (MemoryError)
+    SNEPPX_ERR_JIT              -> JITError             (RuntimeError)
+    SNEPPX_ERR_IO               -> FileError            (OSError)
+    SNEPPX_ERR_FORMAT           -> FormatError          (ValueError)
+"""
+from ._library import lib
+
+
+class Error(Exception):
+    """Base of every error the sneppx runtime reports; ``status`` is its sneppx_status name."""
+    status = "SNEPPX_ERR"
+
+
+class InvalidArgumentError(Error, ValueError):
+    status = "SNEPPX_ERR_INVALID_ARGUMENT"
+
+
+class UnknownPresetError(Error, ValueError):
+    status = "SNEPPX_ERR_UNKNOWN_PRESET"
+
+
+class UnsupportedError(Error, NotImplementedError):
+    status = "SNEPPX_ERR_UNSUPPORTED"
+
+
+class OutOfMemoryError(Error, MemoryError):
+    status = "SNEPPX_ERR_OUT_OF_MEMORY"
+
+
+class JITError(Error, RuntimeError):
+    status = "SNEPPX_ERR_JIT"
+
+
+class FileError(Error, OSError):
+    status = "SNEPPX_ERR_IO"
+
+
+class FormatError(Error, ValueError):
+    status = "SNEPPX_ERR_FORMAT"
+
+
+_BY_STATUS = {1: InvalidArgumentError, 2: UnknownPresetError, 3: UnsupportedError,
+              4: OutOfMemoryError, 5: JITError, 6: FileError, 7: FormatError}
+
+
+def check(status: int) -> None:
+    """Raises the exception of a failed sneppx_status (call right after the C call, same thread)."""
+    if status == 0:
+        return
+    message = (lib.sneppx_last_error() or b"").decode("utf-8", "replace")
+    error_class = _BY_STATUS.get(status, Error)
+    if error_class is Error:
+        message = f"{lib.sneppx_status_name(status).decode()}: {message}"
+    raise error_class(message)

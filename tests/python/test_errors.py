@@ -1,0 +1,195 @@
+"""Every error path of the Python API: each raises ValueError / TypeError (or the
+sneppx subclass of the C status) with a message naming the argument and, for
+shapes, the expected shape. Nothing crashes; a failed call changes nothing."""
+import json
+
+import numpy as np
+import pytest
+
+import sneppx
+
+SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+
+
+@pytest.fixture
+def cfg():
+    return sneppx.LLMConfig(**SMALL)
+
+
+@pytest.fixture
+def x(rng):
+    return rng.standard_normal((2, 5, 64)).astype(np.float32)
+
+
+def test_unknown_preset_lists_valid_names():
+    with pytest.raises(sneppx.UnknownPresetError) as error:
+        sneppx.LLMConfig.from_name("llama4", "8B")
+    message = str(error.value)
+    assert "llama4-8B" in message
+    for name in sneppx.LLMConfig.names():
+        assert name in message
+    assert isinstance(error.value, ValueError) and error.value.status == "SNEPPX_ERR_UNKNOWN_PRESET"
+    with pytest.raises(ValueError, match="unknown preset 'mistral-8x7B'"):
+        sneppx.LLMConfig.from_name("mistral-8x7B")
+    with pytest.raises(TypeError, match="from_name"):
+        sneppx.LLMConfig.from_name(3, "8B")
+
+
+@pytest.mark.parametrize("kwargs, error, pattern", [
+    (dict(hidden_size=64), TypeError, "num_attention_heads"),
+    (dict(SMALL, num_heads=8), TypeError, "num_attention_heads=4 and its alias num_heads=8 disagree"),
+    (dict(SMALL, bias=True, attention_bias=False), TypeError, "disagree"),
+    (dict(SMALL, hidden_size=-64), ValueError, "hidden_size: -64 must be >= 0"),
+    (dict(SMALL, hidden_size=64.5), TypeError, "hidden_size: expected an integer"),
+    (dict(SMALL, hidden_size=0), ValueError, "config.hidden_size"),
+    (dict(SMALL, num_key_value_heads=3), ValueError, "config.num_key_value_heads: 3 does not divide"),
+    (dict(SMALL, head_dim=20), NotImplementedError, "config.head_dim: 20 is not supported"),
+    (dict(SMALL, rope_theta="big"), TypeError, "rope_theta: expected a finite number"),
+    (dict(SMALL, rope_theta=0.5), ValueError, "config.rope_theta"),
+    (dict(SMALL, rope_scaling=8.0), TypeError, "rope_scaling: expected a dict"),
+    (dict(SMALL, rope_scaling={"rope_type": "longrope", "factor": 2.0}), ValueError, "'longrope' is not supported"),
+    (dict(SMALL, rope_scaling={"rope_type": "linear"}), ValueError, "'linear' needs factor"),
+    (dict(SMALL, rope_scaling={"rope_type": "linear", "factr": 2.0}), ValueError, r"unknown key\(s\) \['factr'\]"),
+    (dict(SMALL, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                               "high_freq_factor": 1.0, "original_max_position_embeddings": 8192}),
+     ValueError, "low_freq_factor"),
+    (dict(SMALL, partial_rotary_factor=1.5), ValueError, "partial_rotary_factor"),
+    (dict(SMALL, use_flash_attn="yes"), TypeError, "use_flash_attn: expected a bool"),
+    (dict(SMALL, mla_naive=True), ValueError, "mla_naive: applies to MLA configs"),
+    (dict(SMALL, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, sliding_window=8),
+     NotImplementedError, "MLA has no sliding window"),
+    (dict(SMALL, name=7), TypeError, "name: expected a string"),
+])
+def test_bad_configs(kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        sneppx.LLMConfig(**kwargs)
+
+
+def test_bad_config_json(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gemma", "hidden_size": 64, "num_attention_heads": 4}))
+    with pytest.raises(ValueError, match="model_type 'gemma' is not supported"):
+        sneppx.LLMConfig.from_config_json(path)
+    path.write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4,
+                                "use_sliding_window": True, "sliding_window": 16}))
+    with pytest.raises(NotImplementedError, match="use_sliding_window"):
+        sneppx.LLMConfig.from_config_json(tmp_path)
+    path.write_text(json.dumps({"model_type": "llama", "num_attention_heads": 4}))
+    with pytest.raises(ValueError, match="missing 'hidden_size'"):
+        sneppx.LLMConfig.from_config_json(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        sneppx.LLMConfig.from_config_json(path)
+    with pytest.raises(FileNotFoundError):
+        sneppx.LLMConfig.from_config_json(tmp_path / "absent.json")
+
+
+@pytest.mark.parametrize("value, error, pattern", [
+    (np.zeros((5, 64), np.float32), ValueError, r"hidden_states: expected shape \[batch, seq_len, 64\], got \[5, 64\]"),
+    (np.zeros((1, 5, 63), np.float32), ValueError, r"expected shape \[batch, seq_len, 64\], got \[1, 5, 63\]"),
+    (np.zeros((1, 2, 64), np.complex64), TypeError, "hidden_states: expected real numbers.*complex64"),
+    (np.full((1, 2, 64), "a"), TypeError, "hidden_states: expected real numbers"),
+    (np.zeros((1, 2, 64), bool), TypeError, "hidden_states: expected real numbers.*bool"),
+    ([[[0.0] * 64, [0.0] * 3]], TypeError, "hidden_states: cannot be read"),
+    (None, TypeError, "hidden_states"),
+])
+def test_bad_hidden_states(cfg, value, error, pattern):
+    with pytest.raises(error, match=pattern):
+        cfg.forward_mha(value)
+
+
+def test_bad_attention_mask(cfg, x):
+    expected = r"attention_mask: expected shape \[2, 1, 5, 5\] \(or \[1, 1, 5, 5\]\)"
+    for shape in [(2, 5, 5), (2, 1, 5, 4), (3, 1, 5, 5), (2, 2, 5, 5), (5, 5)]:
+        with pytest.raises(ValueError, match=expected + r", got \[" + ", ".join(map(str, shape)) + r"\]"):
+            cfg.forward_mha(x, np.zeros(shape, np.float32))
+    with pytest.raises(TypeError, match="attention_mask: expected an additive float mask or a bool mask"):
+        cfg.forward_mha(x, np.ones((2, 1, 5, 5), np.int64))
+
+
+def test_bool_and_broadcast_masks(cfg, x):
+    causal = np.tril(np.ones((5, 5), bool))[None, None]
+    additive = np.where(causal, 0.0, -np.inf).astype(np.float32)
+    expected = cfg.forward_mha(x)
+    np.testing.assert_array_equal(cfg.forward_mha(x, causal), expected)
+    np.testing.assert_array_equal(cfg.forward_mha(x, additive), expected)
+    np.testing.assert_array_equal(cfg.forward_mha(x, np.repeat(additive, 2, axis=0).astype(np.float64)), expected)
+
+
+def test_bad_position_ids(cfg, x):
+    for shape in [(2, 4), (3, 5), (10,), (2, 5, 1)]:
+        with pytest.raises(ValueError, match=r"position_ids: expected shape \[2, 5\] \(or \[1, 5\]\)"):
+            cfg.forward_mha(x, position_ids=np.zeros(shape, np.int64))
+    with pytest.raises(TypeError, match="position_ids: expected integers, got dtype float64"):
+        cfg.forward_mha(x, position_ids=np.zeros((2, 5)))
+    with pytest.raises(ValueError, match="position_ids: entry .* is negative"):
+        cfg.forward_mha(x, position_ids=np.array([[0, 1, 2, -3, 4]] * 2))
+    with pytest.raises(ValueError, match="position_ids: position 4096 is beyond max_position_embeddings 4096"):
+        cfg.forward_mha(x, position_ids=np.array([[0, 1, 2, 3, 4096]]))
+    with pytest.raises(ValueError, match="does not fit in int64"):
+        cfg.forward_mha(x, position_ids=np.full((1, 5), 2 ** 63, np.uint64))
+    # A [1, seq] row of positions applies to every batch row; unsigned ints are fine.
+    np.testing.assert_array_equal(cfg.forward_mha(x, position_ids=np.arange(5, dtype=np.uint8)[None]),
+                                  cfg.forward_mha(x))
+
+
+@pytest.mark.parametrize("flash", [True, False], ids=["flash", "sdpa"])
+def test_nan_input_propagates(cfg, x, flash):
+    cfg.use_flash_attn = flash
+    x = x.copy()
+    x[0, 2, 7] = np.nan
+    out = cfg.forward_mha(x)
+    # Every query that attends to the NaN token is NaN. Earlier queries may be NaN too, as in
+    # HF's eager attention (a masked key's zero weight times its NaN value is NaN); the other
+    # sequence of the batch never sees it.
+    assert np.all(np.isnan(out[0, 2:]).any(axis=-1))
+    assert np.all(np.isfinite(out[1]))
+
+
+def test_empty_sequence(cfg):
+    assert cfg.forward_mha(np.zeros((1, 0, 64), np.float32)).shape == (1, 0, 64)
+
+
+def test_bad_setters_and_extend_context(cfg, x):
+    with pytest.raises(TypeError, match="use_flash_attn: expected a bool"):
+        cfg.use_flash_attn = 2
+    with pytest.raises(ValueError, match="mla_naive: applies to MLA configs"):
+        cfg.mla_naive = True
+    with pytest.raises(ValueError, match="new_max_positions: 100 must exceed max_position_embeddings 4096"):
+        cfg.extend_context(100)
+    with pytest.raises(TypeError, match="max_position_embeddings: expected an integer"):
+        cfg.extend_context(8192.0)
+    assert cfg.max_position_embeddings == 4096 and cfg.use_flash_attn is True
+    assert cfg.forward_mha(x).shape == x.shape
+
+
+def test_bad_state_dicts(cfg, rng, x):
+    good = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in cfg.tensor_shapes().items()}
+    before = cfg.forward_mha(x)
+    with pytest.raises(TypeError, match="expected a mapping"):
+        cfg.load_state_dict(list(good.items()))
+    with pytest.raises(TypeError, match="keys must be strings"):
+        cfg.load_state_dict({1: good["q_proj.weight"]})
+    missing = {("model.layers.0.self_attn." + k): v for k, v in good.items() if k != "o_proj.bias"}
+    with pytest.raises(ValueError, match="missing tensor\\(s\\) 'model.layers.0.self_attn.o_proj.bias'"):
+        cfg.load_state_dict(missing)
+    with pytest.raises(ValueError, match="unexpected tensor 'q_norm.weight'; config 'custom' takes q_proj.weight"):
+        cfg.load_state_dict(dict(good, **{"q_norm.weight": np.ones(16, np.float32)}))
+    with pytest.raises(ValueError, match=r"tensor 'k_proj.weight' has shape \[32, 63\], expected \[32, 64\]"):
+        cfg.load_state_dict(dict(good, **{"k_proj.weight": np.ones((32, 63), np.float32)}))
+    with pytest.raises(TypeError, match="tensor 'v_proj.bias' has dtype int32; expected floating point"):
+        cfg.load_state_dict(dict(good, **{"v_proj.bias": np.ones(32, np.int32)}))
+    mixed = dict(good)
+    mixed["model.layers.1.self_attn.q_proj.weight"] = mixed.pop("q_proj.weight")
+    with pytest.raises(ValueError, match="different prefixes"):
+        cfg.load_state_dict(mixed)
+    # Nothing above replaced the weights.
+    assert cfg.weights_source == "synthetic(seed=0x5eed5eed)"
+    np.testing.assert_array_equal(cfg.forward_mha(x), before)
+
+
+def test_errors_are_sneppx_errors():
+    with pytest.raises(sneppx.Error) as error:
+        sneppx.LLMConfig(**dict(SMALL, head_dim=24))
+    assert isinstance(error.value, sneppx.UnsupportedError)
+    assert error.value.status == "SNEPPX_ERR_UNSUPPORTED"
