@@ -9,8 +9,8 @@
  *     {0, 13} x mask mode {causal, explicit, fully masked rows, left padding} x
  *     RoPE {default, linear, dynamic NTK, llama3, yarn, static NTK, partial,
  *     interleaved} x bias {off, q/k/v+o} x {flash, SDPA};
- *   - longer sequences across several K/V tiles; MLA (skipped while the build
- *     reports it unsupported);
+ *   - longer sequences across several K/V tiles; MLA (DeepSeek V2) small configs
+ *     with and without q LoRA and YaRN, absorbed and naive forms;
  *   - the harness's own sensitivity: semantic bugs must exceed the thresholds.
  * Thresholds and their justification: tests/support/test_forward_case.h.
  * SNEPPX_TEST_FORCE_REFERENCE=1 runs the reference against itself. */

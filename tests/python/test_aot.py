@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import reference as ref
+import sneppx
 
 REPO = Path(__file__).resolve().parents[2]
 SNEPPX_GEN = REPO / "gen" / "sneppx-gen"
@@ -132,12 +133,9 @@ def _preset_config(name: str) -> Dict[str, Any]:
     raise KeyError(name)
 
 
-def _jit_config(hf_config: Dict[str, Any]):
-    """The same layer through the sneppx package (None when it is not importable)."""
-    try:
-        import sneppx
-    except ImportError:
-        return None
+def _jit_config(hf_config: Dict[str, Any]) -> "sneppx.LLMConfig":
+    """The same layer through the sneppx package (LLMConfig takes partial_rotary_factor,
+    sneppx-gen's --config takes rotary_dim)."""
     kwargs = {k: v for k, v in hf_config.items() if k != "rotary_dim"}
     if "rotary_dim" in hf_config:
         kwargs["partial_rotary_factor"] = hf_config["rotary_dim"] / hf_config["head_dim"]
@@ -162,7 +160,8 @@ def _assert_close(got, want, what, max_normalized, rms_relative):
         f"RMS-relative {err_rms:.3e} (limit {rms_relative:.0e})")
 
 
-def _check(layer: AotLayer, hf_config: Dict[str, Any], jit, weights, cases, rng, what: str) -> None:
+def _check(layer: AotLayer, hf_config: Dict[str, Any], jit: "sneppx.LLMConfig", weights, cases, rng,
+           what: str) -> None:
     window = int(hf_config.get("sliding_window") or 0)
     for kind, batch, seq_len in cases:
         x, mask, positions = _inputs(kind, batch, seq_len, int(hf_config["hidden_size"]), window, rng)
@@ -170,9 +169,8 @@ def _check(layer: AotLayer, hf_config: Dict[str, Any], jit, weights, cases, rng,
         got = layer.forward(x, mask, positions)
         label = f"{what} {kind} b{batch} s{seq_len}"
         _assert_close(got, want, f"{label} aot vs reference", ref.FP32_MAX_NORMALIZED, ref.FP32_RMS_RELATIVE)
-        if jit is not None:
-            _assert_close(got, jit.forward_mha(x, mask, positions).astype(np.float64), f"{label} aot vs jit",
-                          PAIR_MAX_NORMALIZED, PAIR_RMS_RELATIVE)
+        _assert_close(got, jit.forward_mha(x, mask, positions).astype(np.float64), f"{label} aot vs jit",
+                      PAIR_MAX_NORMALIZED, PAIR_RMS_RELATIVE)
 
 
 @pytest.mark.parametrize("name", list(HAND_CONFIGS))
@@ -190,8 +188,7 @@ def test_hand_config(name, tmp_path, rng):
                                     o_bias=hf_config["o_bias"])
     layer.load(weights)
     jit = _jit_config(reference_config)
-    if jit is not None:
-        jit.load_state_dict(weights)
+    jit.load_state_dict(weights)
     cases = [("none", 2, 1), ("none", 2, 70), ("explicit", 2, 37), ("left-padding", 2, 45)]
     if hf_config.get("rope_scaling", {}).get("rope_type") == "dynamic":
         # Dynamic NTK reacts to positions past max_position_embeddings (40), not to offsets.
@@ -206,10 +203,6 @@ def test_preset(name, tmp_path, rng):
     weights = ref.random_state_dict(hf_config, rng, qkv_bias=bool(hf_config["qkv_bias"]),
                                     o_bias=bool(hf_config["o_bias"]))
     layer.load(weights)
-    try:
-        import sneppx
-        jit = sneppx.LLMConfig.from_name(name)
-        jit.load_state_dict(weights)
-    except ImportError:
-        jit = None
+    jit = sneppx.LLMConfig.from_name(name)
+    jit.load_state_dict(weights)
     _check(layer, hf_config, jit, weights, [("none", 1, 5), ("left-padding", 2, 9)], rng, name)

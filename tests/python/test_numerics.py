@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 import reference as ref
-
-sneppx = pytest.importorskip("sneppx", reason="the sneppx Python package is not importable")
+import sneppx
 
 PAIR_MAX_NORMALIZED = 5e-5
 PAIR_RMS_RELATIVE = 1e-5
@@ -51,16 +50,6 @@ PRESETS = ["llama2-7B", "llama3-8B", "llama3.1-8B", "mistral-7B", "mistral-7B-v0
            "qwen2-1.5B", "deepseek-v2-lite"]
 
 MASKS = ["none", "explicit", "left-padding"]
-
-
-def _load(cfg, state_dict):
-    """load_state_dict, skipping MLA while the build reports it unsupported."""
-    try:
-        cfg.load_state_dict(state_dict)
-    except sneppx.UnsupportedError as error:
-        if cfg.is_mla:
-            pytest.skip(f"MLA is not supported by this build yet: {error}")
-        raise
 
 
 def _inputs(kind, batch, seq_len, hidden, window, rng):
@@ -103,7 +92,7 @@ def test_family_against_reference(family, mask_kind, rng):
     hf_config = FAMILIES[family]
     cfg = sneppx.LLMConfig(**hf_config)
     weights = ref.random_state_dict(hf_config, rng, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
-    _load(cfg, weights)
+    cfg.load_state_dict(weights)
     for seq_len in (1, 23, 70):
         x, mask, positions = _inputs(mask_kind, 2, seq_len, cfg.hidden_size, hf_config.get("sliding_window", 0), rng)
         _check_forward(cfg, hf_config, weights, x, mask, positions, f"{family} {mask_kind} s{seq_len}")
@@ -113,7 +102,7 @@ def test_family_against_reference(family, mask_kind, rng):
 def test_preset_against_reference(name, rng):
     cfg = sneppx.LLMConfig.from_name(name)
     weights = ref.random_state_dict(cfg, rng, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
-    _load(cfg, weights)
+    cfg.load_state_dict(weights)
     x, mask, positions = _inputs("left-padding", 2, 6, cfg.hidden_size, cfg.sliding_window or 0, rng)
     # The LLMConfig itself is the reference's config: it reads HF's attribute names.
     _check_forward(cfg, cfg, weights, x, mask, positions, name)
@@ -140,7 +129,7 @@ def test_rope_scaling_types(rope_scaling, rng):
     hf_config = dict(FAMILIES["llama3"], rope_scaling=rope_scaling, max_position_embeddings=context)
     cfg = sneppx.LLMConfig(**hf_config)
     weights = ref.random_state_dict(hf_config, rng, qkv_bias=False, o_bias=False)
-    _load(cfg, weights)
+    cfg.load_state_dict(weights)
     for kind in MASKS:
         x, mask, positions = _inputs(kind, 2, 64, cfg.hidden_size, 0, rng)
         _check_forward(cfg, hf_config, weights, x, mask, positions, f"{rope_scaling['rope_type']} {kind}")
@@ -155,7 +144,7 @@ def test_extend_context_static_ntk(rng):
     assert cfg.max_position_embeddings == 2048
     assert cfg.rope_theta == pytest.approx(extended["rope_theta"], rel=1e-12)
     weights = ref.random_state_dict(hf_config, rng, qkv_bias=False, o_bias=False)
-    _load(cfg, weights)
+    cfg.load_state_dict(weights)
     x, mask, positions = _inputs("explicit", 2, 40, cfg.hidden_size, 0, rng)
     _check_forward(cfg, extended, weights, x, mask, positions, "extend_context 64 -> 2048")
 
@@ -166,7 +155,7 @@ def test_rope_layouts(layout, rng):
     hf_config = dict(FAMILIES["llama3"], **extra)
     cfg = sneppx.LLMConfig(**hf_config)
     weights = ref.random_state_dict(hf_config, rng, qkv_bias=False, o_bias=False)
-    _load(cfg, weights)
+    cfg.load_state_dict(weights)
     x, mask, positions = _inputs("explicit", 2, 33, cfg.hidden_size, 0, rng)
     _check_forward(cfg, hf_config, weights, x, mask, positions, layout)
 
@@ -176,7 +165,7 @@ def test_mla_forms(naive, rng):
     hf_config = FAMILIES["deepseek-v2"]
     cfg = sneppx.LLMConfig(**hf_config)
     weights = ref.random_state_dict(hf_config, rng, qkv_bias=False, o_bias=False)
-    _load(cfg, weights)
+    cfg.load_state_dict(weights)
     cfg.mla_naive = naive
     x, mask, positions = _inputs("left-padding", 2, 40, cfg.hidden_size, 0, rng)
     _check_forward(cfg, hf_config, weights, x, mask, positions, "mla naive" if naive else "mla absorbed")

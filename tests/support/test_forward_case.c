@@ -69,17 +69,13 @@ static void describe_error(const test_error *e, const test_inputs *in, char *tex
              (long long)(e->worst_index % in->hidden));
 }
 
-/* Runs the layer once with flash and once with SDPA. Returns 1 on success, 0 if
- * skipped, -1 on a failed check. */
+/* Runs the layer once with flash and once with SDPA. Returns 1 on success, -1 on
+ * a failed check. */
 static int run_layer(test_tally *tally, const test_case *t, const char *what, float *flash, float *sdpa)
 {
     const test_inputs *in = t->inputs;
     sneppx_layer *layer = NULL;
     sneppx_status status = sneppx_layer_create(t->config, t->weights ? &t->weights->view : NULL, &layer);
-    if (status == SNEPPX_ERR_UNSUPPORTED && t->config->kv_lora_rank > 0) {
-        printf("SKIP %s: MLA not supported by this build: %s\n", what, sneppx_last_error());
-        return 0;
-    }
     if (!TEST_CHECK(tally, status == SNEPPX_OK, "%s: sneppx_layer_create: %s: %s", what,
                     sneppx_status_name(status), sneppx_last_error()))
         return -1;

@@ -53,8 +53,8 @@ int test_force_reference(void);
 
 void test_group_begin(test_group *group, const char *format, ...) __attribute__((format(printf, 2, 3)));
 
-/* Runs one case; every check goes into tally, the outcome into group. An MLA
- * config the library reports as SNEPPX_ERR_UNSUPPORTED is skipped (printed). */
+/* Runs one case; every check goes into tally, the outcome into group. Skipped
+ * (and printed) only in forced-reference mode for cases on synthetic weights. */
 void test_run_case(test_tally *tally, test_group *group, const test_case *test);
 
 /* Prints the group's one-line summary. */
