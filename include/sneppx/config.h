@@ -6,6 +6,7 @@
 #ifndef SNEPPX_CONFIG_H
 #define SNEPPX_CONFIG_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include "sneppx/status.h"
 
@@ -68,6 +69,22 @@ void sneppx_config_init(sneppx_config *config);
  * size may be NULL when family is a full name: "mistral-7B", "deepseek-v2". */
 sneppx_status sneppx_config_from_name(const char *family, const char *size,
                                       sneppx_config *config);
+
+/* The attention fields of a HuggingFace config.json, given as its text
+ * (length bytes, no NUL needed), with the semantics of Python's
+ * LLMConfig.from_config_json: model_type llama, mistral, qwen2 or deepseek_v2;
+ * num_key_value_heads, head_dim, rope_theta, rope_scaling (rope_type or
+ * type: default, linear, dynamic, llama3, yarn), max_position_embeddings
+ * (default of the model type's transformers class when absent),
+ * partial_rotary_factor; attention_bias (llama, deepseek_v2: q/k/v and o),
+ * Qwen2's hard-coded q/k/v bias, Mistral's sliding_window; DeepSeek's MLA
+ * fields (rope interleaved). A JSON null counts as absent. name becomes the
+ * model_type; execution fields keep sneppx_config_init()'s values.
+ * The result is validated. Errors name the field: SNEPPX_ERR_FORMAT for text
+ * that is not JSON, a missing field or a field of the wrong type or sign;
+ * SNEPPX_ERR_UNSUPPORTED for a model_type, rope type or option sneppx does
+ * not run; config is written only on success. Thread-safe. */
+sneppx_status sneppx_config_from_json(const char *json_text, size_t length, sneppx_config *config);
 
 /* Number of presets and the CLI name of the i-th ("llama2-7B"). */
 int sneppx_preset_count(void);

@@ -1,0 +1,439 @@
+/* HF config.json -> sneppx_config (include/sneppx/config.h): the attention
+ * fields of model_type llama, mistral, qwen2 and deepseek_v2, read the way
+ * python/sneppx/_hf.py reads them (read_config_json, fill_rope_scaling).
+ * The text comes from outside (a downloaded checkpoint): every field read is
+ * type-checked, and an error names the field. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "sneppx/config.h"
+
+/* Published config.json files are a few KiB; the bound keeps a hostile input
+ * from making cJSON build an arbitrarily large tree. */
+#define CONFIG_JSON_MAX_BYTES ((size_t)16 << 20)
+/* JSON numbers are doubles: larger integers are not exact. */
+#define JSON_EXACT_INT_MAX 9007199254740992.0
+
+struct model_type {
+    const char *name;
+    int64_t default_max_positions; /* the transformers config class's default */
+};
+
+static const struct model_type model_types[] = {
+    {"llama", 2048}, {"mistral", 131072}, {"qwen2", 32768}, {"deepseek_v2", 2048}};
+#define MODEL_TYPE_COUNT (int)(sizeof model_types / sizeof model_types[0])
+
+static const char *const rope_type_names[] = {"default", "linear", "dynamic", "llama3", "yarn"};
+#define ROPE_TYPE_COUNT (int)(sizeof rope_type_names / sizeof rope_type_names[0])
+
+static const char *const rope_keys[] = {
+    "rope_type", "type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+    "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"};
+#define ROPE_KEY_COUNT (int)(sizeof rope_keys / sizeof rope_keys[0])
+
+/* YaRN's correction range defaults (HF and DeepSeek agree). */
+#define YARN_BETA_FAST 32.0
+#define YARN_BETA_SLOW 1.0
+
+/* One JSON object being read; prefix names it in messages ("", "rope_scaling."). */
+struct scope {
+    const cJSON *object;
+    const char *prefix;
+};
+
+/* "a string", "-3", "true", ...: what a field held, for messages. */
+static void describe(const cJSON *item, char *text, size_t size)
+{
+    if (cJSON_IsNumber(item))
+        snprintf(text, size, "%.17g", item->valuedouble);
+    else if (cJSON_IsTrue(item))
+        snprintf(text, size, "true");
+    else if (cJSON_IsFalse(item))
+        snprintf(text, size, "false");
+    else if (cJSON_IsString(item))
+        snprintf(text, size, "the string \"%.32s\"", item->valuestring);
+    else if (cJSON_IsArray(item))
+        snprintf(text, size, "an array");
+    else if (cJSON_IsObject(item))
+        snprintf(text, size, "an object");
+    else
+        snprintf(text, size, "null");
+}
+
+static sneppx_status format_error(const struct scope *scope, const char *key, const char *what, const cJSON *got)
+{
+    char held[64];
+    describe(got, held, sizeof held);
+    return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: %s%s: expected %s, got %s", scope->prefix, key, what,
+                       held);
+}
+
+/* The member key of the scope, or NULL when absent or null (HF: None means
+ * "use the default"). A key given twice is an error: JSON parsers disagree on
+ * which one wins, so the file means different things to different readers. */
+static sneppx_status lookup(const struct scope *scope, const char *key, const cJSON **value)
+{
+    const cJSON *found = NULL, *item;
+    int count = 0;
+    *value = NULL;
+    cJSON_ArrayForEach(item, scope->object) {
+        if (item->string && strcmp(item->string, key) == 0) {
+            found = item;
+            count++;
+        }
+    }
+    if (count > 1)
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: %s%s: appears %d times", scope->prefix, key, count);
+    *value = found && !cJSON_IsNull(found) ? found : NULL;
+    return SNEPPX_OK;
+}
+
+/* An integer-valued JSON number within the exact range of doubles. */
+static int is_integer(const cJSON *item)
+{
+    return cJSON_IsNumber(item) && fabs(item->valuedouble) <= JSON_EXACT_INT_MAX &&
+           item->valuedouble == floor(item->valuedouble);
+}
+
+/* A size: a non-negative integer; absent = fallback. */
+static sneppx_status read_size(const struct scope *scope, const char *key, int64_t fallback, int64_t *out)
+{
+    const cJSON *item;
+    sneppx_status status = lookup(scope, key, &item);
+    if (status != SNEPPX_OK)
+        return status;
+    if (!item) {
+        *out = fallback;
+        return SNEPPX_OK;
+    }
+    if (!is_integer(item) || item->valuedouble < 0)
+        return format_error(scope, key, "a non-negative integer", item);
+    *out = (int64_t)item->valuedouble;
+    return SNEPPX_OK;
+}
+
+/* A size that must be present. */
+static sneppx_status read_required_size(const struct scope *scope, const char *key, int64_t *out)
+{
+    const cJSON *item;
+    sneppx_status status = lookup(scope, key, &item);
+    if (status != SNEPPX_OK)
+        return status;
+    if (!item)
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: %s%s: missing", scope->prefix, key);
+    return read_size(scope, key, 0, out);
+}
+
+/* A finite number (JSON booleans are not numbers); absent = fallback. */
+static sneppx_status read_real(const struct scope *scope, const char *key, double fallback, double *out)
+{
+    const cJSON *item;
+    sneppx_status status = lookup(scope, key, &item);
+    if (status != SNEPPX_OK)
+        return status;
+    if (!item) {
+        *out = fallback;
+        return SNEPPX_OK;
+    }
+    if (!cJSON_IsNumber(item) || !isfinite(item->valuedouble)) /* cJSON reads 1e999 as inf */
+        return format_error(scope, key, "a finite number", item);
+    *out = item->valuedouble;
+    return SNEPPX_OK;
+}
+
+/* true / false; absent = fallback. */
+static sneppx_status read_flag(const struct scope *scope, const char *key, int fallback, int *out)
+{
+    const cJSON *item;
+    sneppx_status status = lookup(scope, key, &item);
+    if (status != SNEPPX_OK)
+        return status;
+    if (!item) {
+        *out = fallback;
+        return SNEPPX_OK;
+    }
+    if (!cJSON_IsBool(item))
+        return format_error(scope, key, "true or false", item);
+    *out = cJSON_IsTrue(item) ? 1 : 0;
+    return SNEPPX_OK;
+}
+
+/* A string; absent = NULL. */
+static sneppx_status read_string(const struct scope *scope, const char *key, const char **out)
+{
+    const cJSON *item;
+    sneppx_status status = lookup(scope, key, &item);
+    if (status != SNEPPX_OK)
+        return status;
+    *out = NULL;
+    if (!item)
+        return SNEPPX_OK;
+    if (!cJSON_IsString(item))
+        return format_error(scope, key, "a string", item);
+    *out = item->valuestring;
+    return SNEPPX_OK;
+}
+
+/* ---- rope_scaling --------------------------------------------------------- */
+
+static int rope_key_known(const char *key)
+{
+    for (int i = 0; i < ROPE_KEY_COUNT; i++)
+        if (strcmp(rope_keys[i], key) == 0)
+            return 1;
+    return 0;
+}
+
+/* The rope type the dict names: "rope_type" (newer HF) or "type" (older, DeepSeek). */
+static sneppx_status rope_kind(const struct scope *scope, int *kind)
+{
+    const char *rope_type, *type;
+    sneppx_status status = read_string(scope, "rope_type", &rope_type);
+    if (status == SNEPPX_OK)
+        status = read_string(scope, "type", &type);
+    if (status != SNEPPX_OK)
+        return status;
+    if (rope_type && type && strcmp(rope_type, type) != 0)
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: rope_scaling: rope_type '%.64s' and type '%.64s' disagree",
+                           rope_type, type);
+    const char *name = rope_type ? rope_type : type;
+    if (!name)
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: rope_scaling.rope_type: missing (nor is 'type' given)");
+    for (int i = 0; i < ROPE_TYPE_COUNT; i++) {
+        if (strcmp(rope_type_names[i], name) == 0) {
+            *kind = i;
+            return SNEPPX_OK;
+        }
+    }
+    return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: rope_scaling.rope_type: '%.64s' is not supported "
+                       "(supported: default, linear, dynamic, llama3, yarn)", name);
+}
+
+/* Keys each rope type requires (HF's rope validation asks for the same). */
+static sneppx_status check_required_rope_keys(const struct scope *scope, int kind)
+{
+    static const char *const llama3_keys[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                              "original_max_position_embeddings", NULL};
+    static const char *const factor_only[] = {"factor", NULL};
+    const char *const *required = kind == SNEPPX_ROPE_LLAMA3 ? llama3_keys
+                                  : kind == SNEPPX_ROPE_DEFAULT ? NULL : factor_only;
+    for (; required && *required; required++) {
+        const cJSON *item;
+        sneppx_status status = lookup(scope, *required, &item);
+        if (status != SNEPPX_OK)
+            return status;
+        if (!item)
+            return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: rope_scaling.%s: missing (rope_type '%s' needs it)",
+                               *required, rope_type_names[kind]);
+    }
+    return SNEPPX_OK;
+}
+
+static sneppx_status read_rope_scaling(const cJSON *root, sneppx_rope_scaling *scaling)
+{
+    const struct scope top = {root, ""};
+    const cJSON *dict;
+    sneppx_status status = lookup(&top, "rope_scaling", &dict);
+    if (status != SNEPPX_OK)
+        return status;
+    scaling->type = SNEPPX_ROPE_DEFAULT;
+    scaling->factor = 1.0;
+    if (!dict)
+        return SNEPPX_OK;
+    if (!cJSON_IsObject(dict))
+        return format_error(&top, "rope_scaling", "an object or null", dict);
+
+    const struct scope scope = {dict, "rope_scaling."};
+    const cJSON *item;
+    cJSON_ArrayForEach(item, dict) {
+        if (!item->string || !rope_key_known(item->string))
+            return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: rope_scaling.%.64s: unknown key (known: "
+                               "rope_type, type, factor, low_freq_factor, high_freq_factor, "
+                               "original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim, "
+                               "attention_factor, truncate)", item->string ? item->string : "");
+    }
+    int kind = SNEPPX_ROPE_DEFAULT;
+    if ((status = rope_kind(&scope, &kind)) != SNEPPX_OK || (status = check_required_rope_keys(&scope, kind)) != SNEPPX_OK)
+        return status;
+    /* YaRN without floor/ceil of the correction range is not implemented;
+     * like HF, only an absent or true "truncate" means floor/ceil. */
+    const cJSON *truncate;
+    if ((status = lookup(&scope, "truncate", &truncate)) != SNEPPX_OK)
+        return status;
+    if (cJSON_GetObjectItemCaseSensitive(dict, "truncate") && !cJSON_IsTrue(truncate))
+        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: rope_scaling.truncate: only true (YaRN with "
+                           "floor/ceil of the correction range) is supported");
+
+    const int yarn = kind == SNEPPX_ROPE_YARN;
+    const cJSON *original;
+    if ((status = read_real(&scope, "factor", 1.0, &scaling->factor)) != SNEPPX_OK ||
+        (status = read_real(&scope, "low_freq_factor", 0.0, &scaling->low_freq_factor)) != SNEPPX_OK ||
+        (status = read_real(&scope, "high_freq_factor", 0.0, &scaling->high_freq_factor)) != SNEPPX_OK ||
+        (status = read_real(&scope, "beta_fast", yarn ? YARN_BETA_FAST : 0.0, &scaling->beta_fast)) != SNEPPX_OK ||
+        (status = read_real(&scope, "beta_slow", yarn ? YARN_BETA_SLOW : 0.0, &scaling->beta_slow)) != SNEPPX_OK ||
+        (status = read_real(&scope, "mscale", 0.0, &scaling->mscale)) != SNEPPX_OK ||
+        (status = read_real(&scope, "mscale_all_dim", 0.0, &scaling->mscale_all_dim)) != SNEPPX_OK ||
+        (status = read_real(&scope, "attention_factor", 0.0, &scaling->attention_factor)) != SNEPPX_OK ||
+        (status = lookup(&scope, "original_max_position_embeddings", &original)) != SNEPPX_OK)
+        return status;
+    scaling->original_max_position_embeddings = 0;
+    if (original) {
+        if (!is_integer(original))
+            return format_error(&scope, "original_max_position_embeddings", "an integer", original);
+        scaling->original_max_position_embeddings = (int64_t)original->valuedouble;
+    }
+    scaling->type = (sneppx_rope_type)kind;
+    return SNEPPX_OK;
+}
+
+/* ---- the model ------------------------------------------------------------------ */
+
+static sneppx_status read_model_type(const struct scope *top, const struct model_type **type)
+{
+    const char *name;
+    sneppx_status status = read_string(top, "model_type", &name);
+    if (status != SNEPPX_OK)
+        return status;
+    if (!name)
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: model_type: missing");
+    for (int i = 0; i < MODEL_TYPE_COUNT; i++) {
+        if (strcmp(model_types[i].name, name) == 0) {
+            *type = &model_types[i];
+            return SNEPPX_OK;
+        }
+    }
+    return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: model_type: '%.64s' is not supported (supported: "
+                       "llama, mistral, qwen2, deepseek_v2)", name);
+}
+
+/* partial_rotary_factor: rotate int(head_dim * factor) dims of each head. */
+static sneppx_status read_partial_rotary(const struct scope *top, sneppx_config *config)
+{
+    const cJSON *item;
+    double factor;
+    sneppx_status status = lookup(top, "partial_rotary_factor", &item);
+    if (status != SNEPPX_OK || !item)
+        return status;
+    if ((status = read_real(top, "partial_rotary_factor", 1.0, &factor)) != SNEPPX_OK)
+        return status;
+    if (!(factor > 0.0 && factor <= 1.0))
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: partial_rotary_factor: %g must be in (0, 1]", factor);
+    const int64_t heads = config->num_attention_heads > 0 ? config->num_attention_heads : 1;
+    const int64_t head_dim = config->head_dim > 0 ? config->head_dim : config->hidden_size / heads;
+    config->rotary_dim = (int64_t)((double)head_dim * factor);
+    /* 0 would mean "the whole head" in sneppx_config: say so instead. */
+    if (config->rotary_dim < 2)
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: partial_rotary_factor: %g of head_dim %lld rotates "
+                           "no dimension pair", factor, (long long)head_dim);
+    return SNEPPX_OK;
+}
+
+/* Biases and windows differ per model type (MODELS.md §5). */
+static sneppx_status read_family_fields(const struct scope *top, const struct model_type *type,
+                                        sneppx_config *config)
+{
+    sneppx_status status = SNEPPX_OK;
+    const char *name = type->name;
+    if (strcmp(name, "llama") == 0 || strcmp(name, "deepseek_v2") == 0) {
+        /* attention_bias sets q/k/v and o together (default false). */
+        status = read_flag(top, "attention_bias", 0, &config->qkv_bias);
+        config->o_bias = config->qkv_bias;
+    } else if (strcmp(name, "mistral") == 0) {
+        config->qkv_bias = config->o_bias = 0;
+        status = read_size(top, "sliding_window", 0, &config->sliding_window);
+    } else { /* qwen2: q/k/v bias hard-coded in Qwen2Attention, o_proj none */
+        int windowed = 0;
+        config->qkv_bias = 1;
+        config->o_bias = 0;
+        if ((status = read_flag(top, "use_sliding_window", 0, &windowed)) == SNEPPX_OK && windowed)
+            status = sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: use_sliding_window: true (Qwen2 per-layer "
+                                 "windows) is not supported");
+    }
+    if (status != SNEPPX_OK || strcmp(name, "deepseek_v2") != 0)
+        return status;
+    /* MLA: without kv_lora_rank the file would silently become a plain layer. */
+    if ((status = read_size(top, "q_lora_rank", 0, &config->q_lora_rank)) != SNEPPX_OK ||
+        (status = read_required_size(top, "kv_lora_rank", &config->kv_lora_rank)) != SNEPPX_OK ||
+        (status = read_required_size(top, "qk_nope_head_dim", &config->qk_nope_head_dim)) != SNEPPX_OK ||
+        (status = read_required_size(top, "qk_rope_head_dim", &config->qk_rope_head_dim)) != SNEPPX_OK ||
+        (status = read_required_size(top, "v_head_dim", &config->v_head_dim)) != SNEPPX_OK)
+        return status;
+    config->rope_interleaved = 1; /* the published weights rotate (x_2i, x_2i+1) pairs (MODELS.md §3) */
+    return SNEPPX_OK;
+}
+
+static sneppx_status read_config(const cJSON *root, sneppx_config *config)
+{
+    const struct scope top = {root, ""};
+    const struct model_type *type = NULL;
+    sneppx_status status;
+    if ((status = read_model_type(&top, &type)) != SNEPPX_OK ||
+        (status = read_required_size(&top, "hidden_size", &config->hidden_size)) != SNEPPX_OK ||
+        (status = read_required_size(&top, "num_attention_heads", &config->num_attention_heads)) != SNEPPX_OK ||
+        (status = read_size(&top, "num_key_value_heads", config->num_attention_heads,
+                            &config->num_key_value_heads)) != SNEPPX_OK ||
+        (status = read_real(&top, "rope_theta", 10000.0, &config->rope_theta)) != SNEPPX_OK ||
+        (status = read_rope_scaling(root, &config->rope_scaling)) != SNEPPX_OK ||
+        (status = read_size(&top, "max_position_embeddings", type->default_max_positions,
+                            &config->max_position_embeddings)) != SNEPPX_OK)
+        return status;
+    snprintf(config->name, sizeof config->name, "%s", type->name);
+    /* DeepSeek's head dims are the MLA fields; its head_dim / partial_rotary_factor are not read. */
+    if (strcmp(type->name, "deepseek_v2") != 0) {
+        if ((status = read_size(&top, "head_dim", 0, &config->head_dim)) != SNEPPX_OK ||
+            (status = read_partial_rotary(&top, config)) != SNEPPX_OK)
+            return status;
+    }
+    return read_family_fields(&top, type, config);
+}
+
+sneppx_status sneppx_config_from_json(const char *json_text, size_t length, sneppx_config *config)
+{
+    sneppx_clear_error();
+    if (!json_text)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "json_text: must not be NULL");
+    if (!config)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
+    if (length > CONFIG_JSON_MAX_BYTES)
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "json_text: %zu bytes; a config.json has at most %zu", length,
+                           CONFIG_JSON_MAX_BYTES);
+    /* A NUL-terminated copy: the parser then never depends on the caller's
+     * buffer ending where length says. */
+    char *text = malloc(length + 1);
+    if (!text)
+        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "json_text: out of memory copying %zu bytes", length);
+    memcpy(text, json_text, length);
+    text[length] = '\0';
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, length, &end, 0);
+    sneppx_status status = SNEPPX_OK;
+    if (!root) {
+        status = sneppx_fail(SNEPPX_ERR_FORMAT, "json_text: not valid JSON (at byte %zu)",
+                             end && end >= text ? (size_t)(end - text) : (size_t)0);
+    } else if (!cJSON_IsObject(root)) {
+        status = sneppx_fail(SNEPPX_ERR_FORMAT, "json_text: not a JSON object");
+    } else {
+        for (const char *p = end; p && p < text + length; p++) {
+            if (*p != ' ' && *p != '\n' && *p != '\r' && *p != '\t') {
+                status = sneppx_fail(SNEPPX_ERR_FORMAT, "json_text: bytes after the JSON object (at byte %zu)",
+                                     (size_t)(p - text));
+                break;
+            }
+        }
+    }
+    sneppx_config parsed;
+    sneppx_config_init(&parsed);
+    if (status == SNEPPX_OK)
+        status = read_config(root, &parsed);
+    cJSON_Delete(root);
+    free(text);
+    if (status == SNEPPX_OK)
+        status = sneppx_config_validate(&parsed);
+    if (status == SNEPPX_OK)
+        *config = parsed;
+    return status;
+}

@@ -1,0 +1,267 @@
+/* sneppx_config_from_json: the published config.json of every family gives
+ * its preset, field for field (the files live in fuzz/corpus/config_json/,
+ * where they also seed the fuzzer); each kind of bad file is refused with
+ * the right status, a message naming the field, and the config untouched. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sneppx/config.h"
+#include "test_util.h"
+
+/* Published files, named by the preset they describe. */
+static const char *const published[] = {
+    "llama2-7B", "llama3-8B", "llama3.1-8B", "mistral-7B", "mistral-7B-v0.3",
+    "qwen2-0.5B", "qwen2-7B", "deepseek-v2-lite", "deepseek-v2-236B"};
+
+static char *read_text(const char *path, size_t *size)
+{
+    FILE *stream = fopen(path, "rb");
+    if (!stream)
+        return NULL;
+    char *text = NULL;
+    if (fseek(stream, 0, SEEK_END) == 0) {
+        long length = ftell(stream);
+        text = length >= 0 ? malloc((size_t)length + 1) : NULL;
+        if (text && (fseek(stream, 0, SEEK_SET) != 0 || fread(text, 1, (size_t)length, stream) != (size_t)length)) {
+            free(text);
+            text = NULL;
+        } else if (text) {
+            text[length] = '\0';
+            *size = (size_t)length;
+        }
+    }
+    fclose(stream);
+    return text;
+}
+
+/* The q/k head dim and rotary dim a config means (0 = derive, as in config.h). */
+static int64_t effective_head_dim(const sneppx_config *c)
+{
+    if (c->kv_lora_rank > 0)
+        return c->qk_nope_head_dim + c->qk_rope_head_dim;
+    return c->head_dim > 0 ? c->head_dim : c->hidden_size / c->num_attention_heads;
+}
+
+static int64_t effective_rotary_dim(const sneppx_config *c)
+{
+    if (c->kv_lora_rank > 0)
+        return c->qk_rope_head_dim;
+    return c->rotary_dim > 0 ? c->rotary_dim : effective_head_dim(c);
+}
+
+/* Every field that shapes the math, compared exactly (the file's numbers and
+ * the registry's are the same decimal literals). The registry spells derived
+ * dims out where the file leaves them to the reader. */
+static void expect_same_config(test_tally *tally, const char *what, const sneppx_config *got,
+                               const sneppx_config *want)
+{
+    TEST_CHECK(tally, effective_head_dim(got) == effective_head_dim(want) &&
+                          effective_rotary_dim(got) == effective_rotary_dim(want),
+               "%s: head_dim %lld rotary %lld, preset %lld %lld", what, (long long)effective_head_dim(got),
+               (long long)effective_rotary_dim(got), (long long)effective_head_dim(want),
+               (long long)effective_rotary_dim(want));
+#define SAME(field)                                                                                         \
+    TEST_CHECK(tally, got->field == want->field, "%s: " #field " %.17g, preset %.17g", what, (double)got->field, \
+               (double)want->field)
+    SAME(hidden_size);
+    SAME(num_attention_heads);
+    SAME(num_key_value_heads);
+    SAME(rope_interleaved);
+    SAME(rope_theta);
+    SAME(rope_scaling.type);
+    SAME(rope_scaling.factor);
+    SAME(rope_scaling.low_freq_factor);
+    SAME(rope_scaling.high_freq_factor);
+    SAME(rope_scaling.original_max_position_embeddings);
+    SAME(rope_scaling.beta_fast);
+    SAME(rope_scaling.beta_slow);
+    SAME(rope_scaling.mscale);
+    SAME(rope_scaling.mscale_all_dim);
+    SAME(rope_scaling.attention_factor);
+    SAME(max_position_embeddings);
+    SAME(sliding_window);
+    SAME(qkv_bias);
+    SAME(o_bias);
+    SAME(q_lora_rank);
+    SAME(kv_lora_rank);
+    SAME(qk_nope_head_dim);
+    SAME(qk_rope_head_dim);
+    SAME(v_head_dim);
+#undef SAME
+}
+
+static void test_published(test_tally *tally)
+{
+    const char *source = getenv("SNEPPX_SOURCE_DIR");
+    for (size_t i = 0; i < sizeof published / sizeof published[0]; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/fuzz/corpus/config_json/%s.json", source ? source : ".", published[i]);
+        size_t size = 0;
+        char *text = read_text(path, &size);
+        if (!TEST_CHECK(tally, text != NULL, "cannot read %s (is SNEPPX_SOURCE_DIR set?)", path))
+            continue;
+        sneppx_config parsed, preset;
+        sneppx_status status = sneppx_config_from_json(text, size, &parsed);
+        TEST_CHECK(tally, status == SNEPPX_OK, "%s: %s: %s", published[i], sneppx_status_name(status),
+                   sneppx_last_error());
+        if (status == SNEPPX_OK && TEST_CHECK(tally, sneppx_config_from_name(published[i], NULL, &preset) == SNEPPX_OK,
+                                              "preset %s: %s", published[i], sneppx_last_error()))
+            expect_same_config(tally, published[i], &parsed, &preset);
+        free(text);
+    }
+}
+
+/* A small valid Llama file the bad cases below edit one field of. */
+#define LLAMA_HEAD "{\"model_type\": \"llama\", \"hidden_size\": 256, \"num_attention_heads\": 4"
+
+struct bad_case {
+    const char *json;
+    sneppx_status status;
+    const char *needle; /* the message must contain it: the field's name */
+};
+
+static const struct bad_case bad_cases[] = {
+    {"", SNEPPX_ERR_FORMAT, "json_text"},
+    {"{\"model_type\": ", SNEPPX_ERR_FORMAT, "not valid JSON"},
+    {"[1, 2]", SNEPPX_ERR_FORMAT, "not a JSON object"},
+    {LLAMA_HEAD "} trailing", SNEPPX_ERR_FORMAT, "bytes after the JSON object"},
+    {"{\"hidden_size\": 256, \"num_attention_heads\": 4}", SNEPPX_ERR_FORMAT, "model_type: missing"},
+    {"{\"model_type\": 7}", SNEPPX_ERR_FORMAT, "model_type: expected a string, got 7"},
+    {"{\"model_type\": \"gpt2\"}", SNEPPX_ERR_UNSUPPORTED, "model_type: 'gpt2' is not supported"},
+    {"{\"model_type\": \"llama\", \"num_attention_heads\": 4}", SNEPPX_ERR_FORMAT, "hidden_size: missing"},
+    {"{\"model_type\": \"llama\", \"hidden_size\": \"256\", \"num_attention_heads\": 4}", SNEPPX_ERR_FORMAT,
+     "hidden_size: expected a non-negative integer, got the string \"256\""},
+    {"{\"model_type\": \"llama\", \"hidden_size\": 256.5, \"num_attention_heads\": 4}", SNEPPX_ERR_FORMAT,
+     "hidden_size: expected a non-negative integer, got 256.5"},
+    {"{\"model_type\": \"llama\", \"hidden_size\": 1e300, \"num_attention_heads\": 4}", SNEPPX_ERR_FORMAT,
+     "hidden_size: expected a non-negative integer"},
+    {LLAMA_HEAD ", \"num_key_value_heads\": -2}", SNEPPX_ERR_FORMAT, "num_key_value_heads: expected a non-negative"},
+    {LLAMA_HEAD ", \"num_key_value_heads\": 3}", SNEPPX_ERR_INVALID_ARGUMENT, "num_key_value_heads"},
+    {LLAMA_HEAD ", \"head_dim\": true}", SNEPPX_ERR_FORMAT, "head_dim: expected a non-negative integer, got true"},
+    {LLAMA_HEAD ", \"head_dim\": 72}", SNEPPX_ERR_UNSUPPORTED, "head_dim"},
+    {LLAMA_HEAD ", \"rope_theta\": \"1e4\"}", SNEPPX_ERR_FORMAT, "rope_theta: expected a finite number"},
+    {LLAMA_HEAD ", \"rope_theta\": 1e999}", SNEPPX_ERR_FORMAT, "rope_theta: expected a finite number"},
+    {LLAMA_HEAD ", \"rope_theta\": 0.5}", SNEPPX_ERR_INVALID_ARGUMENT, "rope_theta"},
+    {LLAMA_HEAD ", \"max_position_embeddings\": 0}", SNEPPX_ERR_INVALID_ARGUMENT, "max_position_embeddings"},
+    {LLAMA_HEAD ", \"attention_bias\": 1}", SNEPPX_ERR_FORMAT, "attention_bias: expected true or false, got 1"},
+    {LLAMA_HEAD ", \"partial_rotary_factor\": 1.5}", SNEPPX_ERR_FORMAT, "partial_rotary_factor"},
+    {LLAMA_HEAD ", \"partial_rotary_factor\": 0.01}", SNEPPX_ERR_FORMAT, "partial_rotary_factor: 0.01 of head_dim 64"},
+    {LLAMA_HEAD ", \"partial_rotary_factor\": 0.3}", SNEPPX_ERR_INVALID_ARGUMENT, "rotary_dim: 19"},
+    {LLAMA_HEAD ", \"hidden_size\": 512}", SNEPPX_ERR_FORMAT, "hidden_size: appears 2 times"},
+    {LLAMA_HEAD ", \"rope_scaling\": 8}", SNEPPX_ERR_FORMAT, "rope_scaling: expected an object or null, got 8"},
+    {LLAMA_HEAD ", \"rope_scaling\": {\"factor\": 2.0}}", SNEPPX_ERR_FORMAT, "rope_scaling.rope_type: missing"},
+    {LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 2.0}}", SNEPPX_ERR_UNSUPPORTED,
+     "rope_scaling.rope_type: 'longrope' is not supported"},
+    {LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"linear\", \"type\": \"yarn\", \"factor\": 2.0}}",
+     SNEPPX_ERR_FORMAT, "rope_type 'linear' and type 'yarn' disagree"},
+    {LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"linear\"}}", SNEPPX_ERR_FORMAT, "rope_scaling.factor: missing"},
+    {LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": \"2\"}}", SNEPPX_ERR_FORMAT,
+     "rope_scaling.factor: expected a finite number"},
+    {LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": -2}}", SNEPPX_ERR_INVALID_ARGUMENT,
+     "rope_scaling.factor"},
+    {LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+     "\"high_freq_factor\": 4}}", SNEPPX_ERR_FORMAT, "rope_scaling.original_max_position_embeddings: missing"},
+    {LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+     "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 81.5}}", SNEPPX_ERR_FORMAT,
+     "rope_scaling.original_max_position_embeddings: expected an integer"},
+    {LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4, \"truncate\": false}}",
+     SNEPPX_ERR_UNSUPPORTED, "rope_scaling.truncate"},
+    {LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4, \"finetuned\": true}}",
+     SNEPPX_ERR_UNSUPPORTED, "rope_scaling.finetuned: unknown key"},
+    {"{\"model_type\": \"mistral\", \"hidden_size\": 256, \"num_attention_heads\": 4, \"sliding_window\": -1}",
+     SNEPPX_ERR_FORMAT, "sliding_window: expected a non-negative integer, got -1"},
+    {"{\"model_type\": \"qwen2\", \"hidden_size\": 256, \"num_attention_heads\": 4, \"use_sliding_window\": true}",
+     SNEPPX_ERR_UNSUPPORTED, "use_sliding_window"},
+    {"{\"model_type\": \"qwen2\", \"hidden_size\": 256, \"num_attention_heads\": 4, \"use_sliding_window\": \"no\"}",
+     SNEPPX_ERR_FORMAT, "use_sliding_window: expected true or false"},
+    {"{\"model_type\": \"deepseek_v2\", \"hidden_size\": 256, \"num_attention_heads\": 4, \"qk_nope_head_dim\": 32, "
+     "\"qk_rope_head_dim\": 32, \"v_head_dim\": 32}", SNEPPX_ERR_FORMAT, "kv_lora_rank: missing"},
+    {"{\"model_type\": \"deepseek_v2\", \"hidden_size\": 256, \"num_attention_heads\": 4, \"kv_lora_rank\": 64, "
+     "\"qk_nope_head_dim\": 32, \"qk_rope_head_dim\": [32], \"v_head_dim\": 32}", SNEPPX_ERR_FORMAT,
+     "qk_rope_head_dim: expected a non-negative integer, got an array"},
+};
+
+/* Bytes of a config nobody wrote: a failed parse must leave them all. */
+#define SENTINEL 0xa5
+
+static int untouched(const sneppx_config *config)
+{
+    const unsigned char *bytes = (const unsigned char *)config;
+    for (size_t i = 0; i < sizeof *config; i++)
+        if (bytes[i] != SENTINEL)
+            return 0;
+    return 1;
+}
+
+static void test_bad_files(test_tally *tally)
+{
+    for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
+        const struct bad_case *bad = &bad_cases[i];
+        sneppx_config config;
+        memset(&config, SENTINEL, sizeof config);
+        sneppx_status status = sneppx_config_from_json(bad->json, strlen(bad->json), &config);
+        TEST_CHECK(tally, status == bad->status && strstr(sneppx_last_error(), bad->needle) && untouched(&config),
+                   "%s\n  -> %s '%s', want %s naming '%s'%s", bad->json, sneppx_status_name(status),
+                   sneppx_last_error(), sneppx_status_name(bad->status), bad->needle,
+                   untouched(&config) ? "" : " (and config was written)");
+    }
+    sneppx_config config;
+    TEST_CHECK(tally, sneppx_config_from_json(NULL, 3, &config) == SNEPPX_ERR_INVALID_ARGUMENT &&
+                          strstr(sneppx_last_error(), "json_text"), "NULL json_text: '%s'", sneppx_last_error());
+    TEST_CHECK(tally, sneppx_config_from_json("{}", 2, NULL) == SNEPPX_ERR_INVALID_ARGUMENT &&
+                          strstr(sneppx_last_error(), "config"), "NULL config: '%s'", sneppx_last_error());
+}
+
+/* Defaults and family rules a published file does not exercise. */
+static void test_semantics(test_tally *tally)
+{
+    sneppx_config config;
+    /* The length bounds the text: what follows is not read (no NUL needed). */
+    const char padded[] = LLAMA_HEAD "}\n  garbage that is not JSON";
+    sneppx_status status = sneppx_config_from_json(padded, strlen(LLAMA_HEAD "}\n "), &config);
+    TEST_CHECK(tally, status == SNEPPX_OK, "length-bounded text: %s", sneppx_last_error());
+    if (status == SNEPPX_OK) {
+        /* llama: no attention_bias -> none; no max_position_embeddings -> LlamaConfig's 2048;
+         * no rope_theta -> 10000; no num_key_value_heads -> the head count. */
+        TEST_CHECK(tally, config.qkv_bias == 0 && config.o_bias == 0 && config.max_position_embeddings == 2048 &&
+                              config.rope_theta == 10000.0 && config.num_key_value_heads == 4 &&
+                              config.rope_scaling.type == SNEPPX_ROPE_DEFAULT && config.use_flash_attn == 1 &&
+                              strcmp(config.name, "llama") == 0,
+                   "llama defaults: bias %d/%d mpe %lld theta %g kv %lld name %s", config.qkv_bias, config.o_bias,
+                   (long long)config.max_position_embeddings, config.rope_theta,
+                   (long long)config.num_key_value_heads, config.name);
+    }
+    const char *partial = LLAMA_HEAD ", \"head_dim\": 128, \"partial_rotary_factor\": 0.25, \"attention_bias\": true}";
+    status = sneppx_config_from_json(partial, strlen(partial), &config);
+    TEST_CHECK(tally, status == SNEPPX_OK && config.rotary_dim == 32 && config.head_dim == 128 &&
+                          config.qkv_bias == 1 && config.o_bias == 1,
+               "partial_rotary_factor 0.25 of head_dim 128: rotary_dim %lld, bias %d/%d (%s)",
+               (long long)config.rotary_dim, config.qkv_bias, config.o_bias, sneppx_last_error());
+    const char *yarn = LLAMA_HEAD ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4}}";
+    status = sneppx_config_from_json(yarn, strlen(yarn), &config);
+    TEST_CHECK(tally, status == SNEPPX_OK && config.rope_scaling.type == SNEPPX_ROPE_YARN &&
+                          config.rope_scaling.beta_fast == 32.0 && config.rope_scaling.beta_slow == 1.0 &&
+                          config.rope_scaling.original_max_position_embeddings == 0,
+               "yarn defaults: beta %g/%g orig %lld (%s)", config.rope_scaling.beta_fast,
+               config.rope_scaling.beta_slow, (long long)config.rope_scaling.original_max_position_embeddings,
+               sneppx_last_error());
+    const char *mistral = "{\"model_type\": \"mistral\", \"hidden_size\": 256, \"num_attention_heads\": 4, "
+                          "\"attention_bias\": true}";
+    status = sneppx_config_from_json(mistral, strlen(mistral), &config);
+    TEST_CHECK(tally, status == SNEPPX_OK && config.qkv_bias == 0 && config.o_bias == 0 &&
+                          config.max_position_embeddings == 131072 && config.sliding_window == 0,
+               "mistral: never a bias, MistralConfig's 131072 positions, no window: %d/%d %lld %lld (%s)",
+               config.qkv_bias, config.o_bias, (long long)config.max_position_embeddings,
+               (long long)config.sliding_window, sneppx_last_error());
+}
+
+int main(void)
+{
+    test_tally tally = {0};
+    test_published(&tally);
+    test_bad_files(&tally);
+    test_semantics(&tally);
+    return test_finish(&tally);
+}
