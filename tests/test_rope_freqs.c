@@ -185,6 +185,9 @@ static void test_against_reference(void)
             worst = fmax(worst, fabs(got[i] - want[i]) / want[i]);
         TEST_CHECK(&tally, worst <= HAND_TOLERANCE, "preset %s: library vs reference relative error %.3g",
                    config.name, worst);
+        const double scale = sneppx_config_softmax_scale(&config), want_scale = ref_softmax_scale(&config);
+        TEST_CHECK(&tally, close_to(scale, want_scale, HAND_TOLERANCE), "preset %s: softmax scale %.17g, reference %.17g",
+                   config.name, scale, want_scale);
     }
     const sneppx_rope_type types[] = {SNEPPX_ROPE_DEFAULT, SNEPPX_ROPE_LINEAR, SNEPPX_ROPE_DYNAMIC,
                                       SNEPPX_ROPE_LLAMA3, SNEPPX_ROPE_YARN};

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mha_reference.h"
 #include "test_util.h"
 
 test_rng test_rng_seeded(uint64_t seed)
@@ -122,16 +123,20 @@ static const char *rope_type_name(sneppx_rope_type type)
 
 void test_describe_config(const sneppx_config *c, char *text, size_t size)
 {
+    ref_dims dims;
     int used;
     if (c->kv_lora_rank > 0)
         used = snprintf(text, size, "%s h%lld H%lld mla(qlora%lld kv%lld nope%lld rope%lld v%lld%s)", c->name,
                         (long long)c->hidden_size, (long long)c->num_attention_heads, (long long)c->q_lora_rank,
                         (long long)c->kv_lora_rank, (long long)c->qk_nope_head_dim,
                         (long long)c->qk_rope_head_dim, (long long)c->v_head_dim, c->mla_naive ? " naive" : "");
-    else
+    else if (ref_dims_of(c, &dims) == NULL)
         used = snprintf(text, size, "%s h%lld H%lld/KV%lld d%lld r%lld", c->name, (long long)c->hidden_size,
                         (long long)c->num_attention_heads, (long long)c->num_key_value_heads,
-                        (long long)c->head_dim, (long long)c->rotary_dim);
+                        (long long)dims.qk_head_dim, (long long)dims.rotary_dim);
+    else
+        used = snprintf(text, size, "%s h%lld H%lld/KV%lld (invalid shape)", c->name, (long long)c->hidden_size,
+                        (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
     if (used < 0 || (size_t)used >= size)
         return;
     snprintf(text + used, size - (size_t)used, " %s theta=%g %s(f=%g) mpe=%lld w%lld bias=%d/%d %s",

@@ -53,7 +53,8 @@ int test_check_at(test_tally *tally, int ok, const char *condition, const char *
 /* Prints "<passed> passed, <failed> failed[, <skipped> skipped]" and returns the exit code. */
 int test_finish(const test_tally *tally);
 
-/* "h96 H8/KV2 d32 r16 half theta=1e+04 llama3(f=8) w13 bias=qkv,o mpe=64" */
+/* "custom h80 H8/KV2 d32 r16 half theta=10000 llama3(f=8) mpe=64 w13 bias=1/1 flash"
+ * (head_dim and rotary dim resolved as the reference resolves them). */
 void test_describe_config(const sneppx_config *config, char *text, size_t size);
 
 /* True when the environment variable is set to something other than "" or "0". */
