@@ -137,7 +137,9 @@ def _biases(raw: dict) -> Tuple[int, int]:
     model_type = raw.get("model_type")
     if model_type == "qwen2":          # hard-coded in Qwen2Attention
         qkv, o = 1, 0
-    elif model_type in ("llama", "mistral", "deepseek_v2"):
+    elif model_type == "mistral":      # hard-coded bias=False in MistralAttention
+        qkv = o = 0
+    elif model_type in ("llama", "deepseek_v2"):
         qkv = o = int(bool(raw.get("attention_bias", False)))
     elif "attention_bias" in raw:
         qkv = o = int(bool(raw["attention_bias"]))
@@ -148,6 +150,11 @@ def _biases(raw: dict) -> Tuple[int, int]:
     if "o_bias" in raw:
         o = int(bool(raw["o_bias"]))
     return qkv, o
+
+
+def kv_lora_rank_of(raw: dict) -> int:
+    value = raw.get("kv_lora_rank")
+    return 0 if value is None else int(value)
 
 
 def arch_from_dict(raw: dict, name: str, family: str = "custom", size: str = "",
@@ -165,8 +172,20 @@ def arch_from_dict(raw: dict, name: str, family: str = "custom", size: str = "",
     kv_heads = get_int("num_key_value_heads", heads)
     kv_lora = get_int("kv_lora_rank")
     window = get_int("sliding_window")
-    if raw.get("use_sliding_window") is False:   # Qwen2: the window field is present but off
+    if raw.get("model_type") == "qwen2" or "use_sliding_window" in raw:
+        # Qwen2 windows only the layers listed in layer_types, and only with use_sliding_window.
+        if raw.get("use_sliding_window"):
+            raise ConfigError(f"{name}.use_sliding_window: true (per-layer windows) is not supported")
         window = 0
+    head_dim = get_int("head_dim")
+    rotary_dim = get_int("rotary_dim")
+    if raw.get("partial_rotary_factor") is not None and kv_lora_rank_of(raw) == 0:
+        factor = _number(raw["partial_rotary_factor"], f"{name}.partial_rotary_factor")
+        if not 0.0 < factor <= 1.0:
+            raise ConfigError(f"{name}.partial_rotary_factor: {factor} must be in (0, 1]")
+        rotary_dim = int((head_dim or hidden // heads) * factor)
+        if rotary_dim < 2:
+            raise ConfigError(f"{name}.partial_rotary_factor: {factor} rotates no dimension pair")
     qkv_bias, o_bias = _biases(raw)
     theta = raw.get("rope_theta")
     arch = Arch(
@@ -174,8 +193,8 @@ def arch_from_dict(raw: dict, name: str, family: str = "custom", size: str = "",
         hidden_size=hidden,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        head_dim=get_int("head_dim"),
-        rotary_dim=get_int("rotary_dim"),
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
         rope_interleaved=1 if kv_lora > 0 else int(bool(raw.get("rope_interleaved", False))),
         rope_theta=10000.0 if theta is None else _number(theta, f"{name}.rope_theta"),
         rope_scaling=_rope_scaling(raw.get("rope_scaling"), name),
