@@ -1,0 +1,486 @@
+/* Bad input to the public C API (issue 7, point 1). Each case asserts the
+ * status, that the message names the argument, that nothing was written to
+ * the output (pre-filled with a sentinel), and at the end that the layer still
+ * gives bitwise the output it gave before any bad call.
+ *
+ * Cases: NULL pointers; zero/negative sizes; sizes whose byte counts
+ * overflow; masks of the wrong shape; position_ids negative or beyond
+ * max_position_embeddings (accepted after extend_context); hand configs with
+ * heads not divisible by kv heads, unsupported head_dim, rotary_dim > head_dim,
+ * a negative window; weights missing or extra; unknown preset names; NaN/Inf
+ * in the input (propagate within their sequence, no crash, no effect on other
+ * sequences); SNEPPX_JIT=0 with a cold cache (child process: the switch and
+ * the cache directory are read once per process); malformed safetensors paths
+ * (directory, empty file, FIFO). Malformed safetensors headers and mis-shaped
+ * checkpoint tensors are covered in test_safetensors*.c. */
+#include "test_cache_common.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+
+#include "sneppx/safetensors.h"
+#include "sneppx/sneppx.h"
+
+#define HIDDEN 64
+#define MAX_POSITIONS 64
+#define BATCH 2
+#define SEQ 24
+#define TOKENS (BATCH * SEQ)
+#define SENTINEL_BITS 0x7fa5a5a5u /* a quiet NaN no computation produces */
+
+static float out[TOKENS * HIDDEN];
+
+static void fill_sentinel(float *data, size_t count)
+{
+    const uint32_t bits = SENTINEL_BITS;
+    for (size_t i = 0; i < count; i++)
+        memcpy(&data[i], &bits, sizeof bits);
+}
+
+static int all_sentinel(const float *data, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        uint32_t bits;
+        memcpy(&bits, &data[i], sizeof bits);
+        if (bits != SENTINEL_BITS)
+            return 0;
+    }
+    return 1;
+}
+
+/* The status is want and the message contains needle. */
+#define EXPECT_ERROR(tally, call, want, needle)                                                              \
+    do {                                                                                                      \
+        sneppx_status got_ = (call);                                                                          \
+        TEST_CHECK(tally, got_ == (want) && strstr(sneppx_last_error(), needle) != NULL,                     \
+                   "%s -> %s '%s', want %s naming '%s'", #call, sneppx_status_name(got_), sneppx_last_error(), \
+                   sneppx_status_name(want), needle);                                                        \
+    } while (0)
+
+/* A forward that must fail naming needle and leave out untouched. */
+#define EXPECT_FORWARD_ERROR(tally, layer, batch, seq, hidden, mask, shape, positions, needle)                  \
+    do {                                                                                                        \
+        fill_sentinel(out, TOKENS * HIDDEN);                                                                    \
+        EXPECT_ERROR(tally, sneppx_layer_forward(layer, batch, seq, hidden, mask, shape, positions, out),       \
+                     SNEPPX_ERR_INVALID_ARGUMENT, needle);                                                      \
+        TEST_CHECK(tally, all_sentinel(out, TOKENS * HIDDEN), "%s: out was written", needle);                  \
+    } while (0)
+
+/* GQA 4/2, head_dim 16, q/k/v/o bias: small enough to compile in a blink. */
+static void small_config(sneppx_config *config)
+{
+    sneppx_config_init(config);
+    config->hidden_size = HIDDEN;
+    config->num_attention_heads = 4;
+    config->num_key_value_heads = 2;
+    config->head_dim = 16;
+    config->max_position_embeddings = MAX_POSITIONS;
+}
+
+static void test_null_pointers(test_tally *tally, sneppx_layer *layer, const float *hidden)
+{
+    sneppx_config config;
+    small_config(&config);
+    sneppx_layer *made = (sneppx_layer *)&config; /* must become NULL on failure */
+    EXPECT_ERROR(tally, sneppx_layer_create(NULL, NULL, &made), SNEPPX_ERR_INVALID_ARGUMENT, "config");
+    TEST_CHECK(tally, made == NULL, "a failed create leaves *layer NULL");
+    EXPECT_ERROR(tally, sneppx_layer_create(&config, NULL, NULL), SNEPPX_ERR_INVALID_ARGUMENT, "layer");
+    EXPECT_FORWARD_ERROR(tally, NULL, 1, SEQ, hidden, NULL, NULL, NULL, "layer");
+    EXPECT_FORWARD_ERROR(tally, layer, 1, SEQ, NULL, NULL, NULL, NULL, "hidden_states");
+    EXPECT_ERROR(tally, sneppx_layer_forward(layer, 1, SEQ, hidden, NULL, NULL, NULL, NULL),
+                 SNEPPX_ERR_INVALID_ARGUMENT, "out");
+    EXPECT_FORWARD_ERROR(tally, layer, 1, SEQ, hidden, hidden, NULL, NULL, "mask_shape");
+    EXPECT_ERROR(tally, sneppx_layer_warmup(NULL), SNEPPX_ERR_INVALID_ARGUMENT, "config");
+    EXPECT_ERROR(tally, sneppx_layer_set_flash(NULL, 1), SNEPPX_ERR_INVALID_ARGUMENT, "layer");
+    sneppx_kernel_timing timing;
+    EXPECT_ERROR(tally, sneppx_layer_kernel_timing(NULL, 0, &timing), SNEPPX_ERR_INVALID_ARGUMENT, "layer");
+    EXPECT_ERROR(tally, sneppx_layer_kernel_timing(layer, 0, NULL), SNEPPX_ERR_INVALID_ARGUMENT, "timing");
+    EXPECT_ERROR(tally, sneppx_layer_kernel_timing(layer, -1, &timing), SNEPPX_ERR_INVALID_ARGUMENT, "index");
+    EXPECT_ERROR(tally, sneppx_jit_stats_get(NULL), SNEPPX_ERR_INVALID_ARGUMENT, "stats");
+    EXPECT_ERROR(tally, sneppx_kernel_last_timing(NULL), SNEPPX_ERR_INVALID_ARGUMENT, "timing");
+    EXPECT_ERROR(tally, sneppx_config_from_name(NULL, "8B", &config), SNEPPX_ERR_INVALID_ARGUMENT, "family");
+    EXPECT_ERROR(tally, sneppx_config_from_name("llama3", "8B", NULL), SNEPPX_ERR_INVALID_ARGUMENT, "config");
+    EXPECT_ERROR(tally, sneppx_config_validate(NULL), SNEPPX_ERR_INVALID_ARGUMENT, "config");
+    EXPECT_ERROR(tally, sneppx_config_extend_context(NULL, 128), SNEPPX_ERR_INVALID_ARGUMENT, "config");
+    double inv_freq[8], factor;
+    EXPECT_ERROR(tally, sneppx_config_rope_frequencies(&config, 0, NULL, 8, &factor), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "inv_freq");
+    EXPECT_ERROR(tally, sneppx_config_rope_frequencies(&config, 0, inv_freq, 8, NULL), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "attention_factor");
+    sneppx_safetensors *file;
+    EXPECT_ERROR(tally, sneppx_safetensors_open(NULL, &file), SNEPPX_ERR_INVALID_ARGUMENT, "path");
+    EXPECT_ERROR(tally, sneppx_safetensors_open("x.safetensors", NULL), SNEPPX_ERR_INVALID_ARGUMENT, "file");
+    /* Queries and destructors take NULL quietly. */
+    sneppx_layer_destroy(NULL);
+    sneppx_safetensors_close(NULL);
+    TEST_CHECK(tally, sneppx_layer_config(NULL) == NULL && strcmp(sneppx_layer_keys(NULL), "") == 0 &&
+                          sneppx_layer_kernel_count(NULL) == 0 && sneppx_layer_flops(NULL, 1, 1) == 0.0,
+               "NULL layer queries give empty answers");
+}
+
+static void test_sizes(test_tally *tally, sneppx_layer *layer, const float *hidden)
+{
+    EXPECT_FORWARD_ERROR(tally, layer, 0, SEQ, hidden, NULL, NULL, NULL, "batch");
+    EXPECT_FORWARD_ERROR(tally, layer, -1, SEQ, hidden, NULL, NULL, NULL, "batch");
+    EXPECT_FORWARD_ERROR(tally, layer, 1, 0, hidden, NULL, NULL, NULL, "seq_len");
+    EXPECT_FORWARD_ERROR(tally, layer, 1, -7, hidden, NULL, NULL, NULL, "seq_len");
+    EXPECT_FORWARD_ERROR(tally, layer, INT64_MAX, SEQ, hidden, NULL, NULL, NULL, "batch");
+    EXPECT_FORWARD_ERROR(tally, layer, 1, INT64_MIN, hidden, NULL, NULL, NULL, "seq_len");
+    /* Each fits, the product's bytes do not. */
+    EXPECT_FORWARD_ERROR(tally, layer, (int64_t)1 << 24, (int64_t)1 << 24, hidden, NULL, NULL, NULL,
+                         "batch * seq_len");
+
+    /* Hand configs whose byte counts would overflow are refused by validation. */
+    sneppx_config config;
+    sneppx_layer *made = NULL;
+    small_config(&config);
+    config.hidden_size = INT64_MAX;
+    EXPECT_ERROR(tally, sneppx_layer_create(&config, NULL, &made), SNEPPX_ERR_INVALID_ARGUMENT, "config.hidden_size");
+    small_config(&config);
+    config.num_attention_heads = (int64_t)1 << 40;
+    EXPECT_ERROR(tally, sneppx_layer_create(&config, NULL, &made), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "config.num_attention_heads");
+    small_config(&config);
+    config.max_position_embeddings = INT64_MAX;
+    EXPECT_ERROR(tally, sneppx_layer_create(&config, NULL, &made), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "config.max_position_embeddings");
+    small_config(&config);
+    config.num_threads = -1;
+    EXPECT_ERROR(tally, sneppx_layer_create(&config, NULL, &made), SNEPPX_ERR_INVALID_ARGUMENT, "config.num_threads");
+    TEST_CHECK(tally, made == NULL, "no layer from an oversized config");
+    small_config(&config);
+    EXPECT_ERROR(tally, sneppx_config_extend_context(&config, INT64_MAX), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "new_max_positions");
+    EXPECT_ERROR(tally, sneppx_config_extend_context(&config, MAX_POSITIONS), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "new_max_positions");
+    TEST_CHECK(tally, config.max_position_embeddings == MAX_POSITIONS && config.rope_theta == 10000.0,
+               "a refused extend_context leaves the config as it was");
+    double inv_freq[8], factor;
+    EXPECT_ERROR(tally, sneppx_config_rope_frequencies(&config, 0, inv_freq, 7, &factor),
+                 SNEPPX_ERR_INVALID_ARGUMENT, "inv_freq_len");
+}
+
+static void test_masks(test_tally *tally, sneppx_layer *layer, const float *hidden, const float *mask)
+{
+    const int64_t shapes[][4] = {
+        {BATCH, 1, SEQ, SEQ + 1}, {BATCH, 1, SEQ - 1, SEQ}, {BATCH, 2, SEQ, SEQ}, {BATCH + 1, 1, SEQ, SEQ},
+        {0, 1, SEQ, SEQ},         {-1, 1, SEQ, SEQ},        {BATCH, 1, -SEQ, -SEQ}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        EXPECT_FORWARD_ERROR(tally, layer, BATCH, SEQ, hidden, mask, shapes[i], NULL, "attention_mask");
+}
+
+static void test_positions(test_tally *tally, sneppx_layer *layer, const float *hidden)
+{
+    int64_t positions[TOKENS];
+    for (int64_t i = 0; i < TOKENS; i++)
+        positions[i] = i % SEQ;
+    positions[SEQ + 3] = -1;
+    EXPECT_FORWARD_ERROR(tally, layer, BATCH, SEQ, hidden, NULL, NULL, positions, "position_ids");
+    positions[SEQ + 3] = INT64_MIN;
+    EXPECT_FORWARD_ERROR(tally, layer, BATCH, SEQ, hidden, NULL, NULL, positions, "position_ids");
+    positions[SEQ + 3] = MAX_POSITIONS; /* one past the last position */
+    EXPECT_FORWARD_ERROR(tally, layer, BATCH, SEQ, hidden, NULL, NULL, positions, "position_ids");
+    positions[SEQ + 3] = INT64_MAX;
+    EXPECT_FORWARD_ERROR(tally, layer, BATCH, SEQ, hidden, NULL, NULL, positions, "position_ids");
+
+    /* After extend_context the same positions are in range; the next power is not. */
+    sneppx_config config;
+    small_config(&config);
+    TEST_CHECK(tally, sneppx_config_extend_context(&config, 2 * MAX_POSITIONS) == SNEPPX_OK, "extend_context: %s",
+               sneppx_last_error());
+    sneppx_layer *extended = NULL;
+    if (!TEST_CHECK(tally, sneppx_layer_create(&config, NULL, &extended) == SNEPPX_OK, "extended layer: %s",
+                    sneppx_last_error()))
+        return;
+    positions[SEQ + 3] = MAX_POSITIONS;
+    positions[SEQ + 4] = 2 * MAX_POSITIONS - 1;
+    fill_sentinel(out, TOKENS * HIDDEN);
+    sneppx_status status = sneppx_layer_forward(extended, BATCH, SEQ, hidden, NULL, NULL, positions, out);
+    int finite = 1;
+    for (int64_t i = 0; i < TOKENS * HIDDEN; i++)
+        finite &= isfinite(out[i]) != 0;
+    TEST_CHECK(tally, status == SNEPPX_OK && finite, "positions %d and %d after extend_context(%d): %s, %s",
+               MAX_POSITIONS, 2 * MAX_POSITIONS - 1, 2 * MAX_POSITIONS, sneppx_last_error(),
+               finite ? "finite" : "non-finite output");
+    positions[SEQ + 4] = 2 * MAX_POSITIONS;
+    EXPECT_FORWARD_ERROR(tally, extended, BATCH, SEQ, hidden, NULL, NULL, positions, "position_ids");
+    sneppx_layer_destroy(extended);
+}
+
+/* A hand config that validation must refuse: status, field, and no layer. */
+static void expect_config_refused(test_tally *tally, const char *what, const sneppx_config *config,
+                                  sneppx_status want, const char *field)
+{
+    sneppx_layer *made = (sneppx_layer *)config;
+    sneppx_status got = sneppx_layer_create(config, NULL, &made);
+    TEST_CHECK(tally, got == want && strstr(sneppx_last_error(), field) && made == NULL,
+               "%s: %s '%s', want %s naming '%s'%s", what, sneppx_status_name(got), sneppx_last_error(),
+               sneppx_status_name(want), field, made ? " (and a layer was made)" : "");
+    got = sneppx_config_validate(config);
+    TEST_CHECK(tally, got == want, "%s: validate says %s", what, sneppx_status_name(got));
+}
+
+static void test_hand_configs(test_tally *tally)
+{
+    sneppx_config config;
+    small_config(&config);
+    config.num_key_value_heads = 3;
+    expect_config_refused(tally, "4 heads over 3 kv heads", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.num_key_value_heads");
+    config.num_key_value_heads = 0;
+    expect_config_refused(tally, "0 kv heads", &config, SNEPPX_ERR_INVALID_ARGUMENT, "config.num_key_value_heads");
+    const int64_t head_dims[] = {72, 17, 512, 8};
+    const sneppx_status head_dim_status[] = {SNEPPX_ERR_UNSUPPORTED, SNEPPX_ERR_UNSUPPORTED,
+                                             SNEPPX_ERR_INVALID_ARGUMENT, SNEPPX_ERR_UNSUPPORTED};
+    for (int i = 0; i < 4; i++) {
+        char what[64];
+        small_config(&config);
+        config.head_dim = head_dims[i];
+        snprintf(what, sizeof what, "head_dim %lld", (long long)head_dims[i]);
+        expect_config_refused(tally, what, &config, head_dim_status[i], "config.head_dim");
+    }
+    small_config(&config);
+    config.head_dim = 0;
+    config.hidden_size = 66; /* 66 / 4 heads is not whole */
+    expect_config_refused(tally, "hidden 66 over 4 heads", &config, SNEPPX_ERR_INVALID_ARGUMENT, "config.head_dim");
+    small_config(&config);
+    config.rotary_dim = 32;
+    expect_config_refused(tally, "rotary_dim 32 > head_dim 16", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.rotary_dim");
+    config.rotary_dim = 7;
+    expect_config_refused(tally, "odd rotary_dim", &config, SNEPPX_ERR_INVALID_ARGUMENT, "config.rotary_dim");
+    small_config(&config);
+    config.sliding_window = -1;
+    expect_config_refused(tally, "sliding_window -1", &config, SNEPPX_ERR_INVALID_ARGUMENT, "config.sliding_window");
+    small_config(&config);
+    config.rope_theta = NAN;
+    expect_config_refused(tally, "rope_theta NaN", &config, SNEPPX_ERR_INVALID_ARGUMENT, "config.rope_theta");
+    small_config(&config);
+    config.rope_scaling.type = SNEPPX_ROPE_LINEAR;
+    config.rope_scaling.factor = INFINITY;
+    expect_config_refused(tally, "rope factor inf", &config, SNEPPX_ERR_INVALID_ARGUMENT, "config.rope_scaling.factor");
+}
+
+static void test_weights(test_tally *tally)
+{
+    sneppx_config config;
+    small_config(&config);
+    /* Every pointer set to one buffer large enough for any tensor of this config. */
+    static float buffer[4 * HIDDEN * HIDDEN];
+    sneppx_weights weights = {.q_proj_weight = buffer, .q_proj_bias = buffer, .k_proj_weight = buffer,
+                              .k_proj_bias = buffer, .v_proj_weight = buffer, .v_proj_bias = buffer,
+                              .o_proj_weight = buffer, .o_proj_bias = buffer};
+    sneppx_layer *made = NULL;
+    weights.k_proj_weight = NULL;
+    EXPECT_ERROR(tally, sneppx_layer_create(&config, &weights, &made), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "weights.k_proj_weight");
+    weights.k_proj_weight = buffer;
+    weights.o_proj_bias = NULL;
+    EXPECT_ERROR(tally, sneppx_layer_create(&config, &weights, &made), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "weights.o_proj_bias");
+    weights.o_proj_bias = buffer;
+    weights.kv_b_proj_weight = buffer; /* an MLA tensor given to a GQA layer */
+    EXPECT_ERROR(tally, sneppx_layer_create(&config, &weights, &made), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "weights.kv_b_proj_weight");
+    weights.kv_b_proj_weight = NULL;
+    config.qkv_bias = 0; /* biases given to a layer without them */
+    EXPECT_ERROR(tally, sneppx_layer_create(&config, &weights, &made), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "weights.q_proj_bias");
+    TEST_CHECK(tally, made == NULL, "no layer from bad weights");
+}
+
+static void test_preset_names(test_tally *tally)
+{
+    sneppx_config config;
+    const char *families[] = {"llama5", "", "llama3-8B-extra", "%s%n%s"};
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
+        EXPECT_ERROR(tally, sneppx_config_from_name(families[i], NULL, &config), SNEPPX_ERR_UNKNOWN_PRESET, "name");
+        int lists_all = 1;
+        for (int p = 0; p < sneppx_preset_count(); p++)
+            lists_all &= strstr(sneppx_last_error(), sneppx_preset_name(p)) != NULL;
+        TEST_CHECK(tally, lists_all, "'%s': the message lists every valid name: %s", families[i],
+                   sneppx_last_error());
+    }
+    EXPECT_ERROR(tally, sneppx_config_from_name("llama3", "9B", &config), SNEPPX_ERR_UNKNOWN_PRESET, "llama3-9B");
+    /* A name longer than any message: refused, not overflowed. */
+    static char long_name[8192];
+    memset(long_name, 'x', sizeof long_name - 1);
+    EXPECT_ERROR(tally, sneppx_config_from_name(long_name, long_name, &config), SNEPPX_ERR_UNKNOWN_PRESET, "name");
+    TEST_CHECK(tally, sneppx_preset_name(-1) == NULL && sneppx_preset_name(sneppx_preset_count()) == NULL,
+               "preset names out of range are NULL");
+}
+
+/* NaN or Inf in one token of sequence 1 poisons that sequence's outputs (HF
+ * does the same: p * v with p = 0 is NaN) and nothing else. */
+static void test_non_finite(test_tally *tally, sneppx_layer *layer, const float *hidden, const float *clean)
+{
+    static float poisoned[TOKENS * HIDDEN];
+    const float bad_values[] = {NAN, INFINITY, -INFINITY};
+    for (int v = 0; v < 3; v++) {
+        memcpy(poisoned, hidden, sizeof poisoned);
+        poisoned[(SEQ + 5) * HIDDEN + 7] = bad_values[v];
+        fill_sentinel(out, TOKENS * HIDDEN);
+        sneppx_status status = sneppx_layer_forward(layer, BATCH, SEQ, poisoned, NULL, NULL, NULL, out);
+        int64_t non_finite_rows = 0;
+        for (int64_t row = SEQ; row < TOKENS; row++) {
+            int bad = 0;
+            for (int64_t i = 0; i < HIDDEN; i++)
+                bad |= !isfinite(out[row * HIDDEN + i]);
+            non_finite_rows += bad;
+        }
+        int first_sequence_same = memcmp(out, clean, sizeof(float) * SEQ * HIDDEN) == 0;
+        TEST_CHECK(tally, status == SNEPPX_OK && first_sequence_same && non_finite_rows >= SEQ - 5,
+                   "%g at token 5 of sequence 1: %s; sequence 0 %s; %lld of %d rows of sequence 1 non-finite "
+                   "(want >= %d: every row that sees token 5)", bad_values[v], sneppx_status_name(status),
+                   first_sequence_same ? "bitwise unchanged" : "CHANGED", (long long)non_finite_rows, SEQ, SEQ - 5);
+    }
+}
+
+/* ---- SNEPPX_JIT=0 (child processes) ------------------------------------------ */
+
+/* Child: creates the small layer; prints the outcome; exit 0 if it matches argv's expectation. */
+static int child_create(int expect_ok)
+{
+    sneppx_config config;
+    small_config(&config);
+    sneppx_layer *layer = NULL;
+    sneppx_status status = sneppx_layer_create(&config, NULL, &layer);
+    char message[1024];
+    snprintf(message, sizeof message, "%s", sneppx_last_error()); /* the next call clears it */
+    sneppx_jit_stats stats;
+    sneppx_jit_stats_get(&stats);
+    printf("status %s compiles %llu message: %s\n", sneppx_status_name(status), (unsigned long long)stats.compiles,
+           message);
+    sneppx_layer_destroy(layer);
+    if (expect_ok)
+        return status == SNEPPX_OK && stats.compiles == 0 ? 0 : 1;
+    return status == SNEPPX_ERR_JIT && layer == NULL && stats.compiles == 0 ? 0 : 1;
+}
+
+static void test_jit_forbidden(test_tally *tally, const char *warm_dir, const char *first_key)
+{
+    char cold_dir[CACHE_TEST_DIR_MAX], cold_env[CACHE_TEST_ENV_MAX], warm_env[CACHE_TEST_ENV_MAX];
+    if (cache_test_make_dir(cold_dir, sizeof cold_dir, "cold") != 0) {
+        TEST_CHECK(tally, 0, "cannot make a cold cache directory: %s", strerror(errno));
+        return;
+    }
+    snprintf(cold_env, sizeof cold_env, "SNEPPX_CACHE_DIR=%s", cold_dir);
+    snprintf(warm_env, sizeof warm_env, "SNEPPX_CACHE_DIR=%s", warm_dir);
+    const char *cold[] = {"SNEPPX_JIT=0", cold_env, NULL}, *warm[] = {"SNEPPX_JIT=0", warm_env, NULL};
+    char *text = NULL;
+    int code = cache_test_run_child("jit-forbidden-cold", cold, &text);
+    TEST_CHECK(tally, code == 0 && text && strstr(text, "SNEPPX_JIT=0") && strstr(text, first_key),
+               "SNEPPX_JIT=0, cold cache: exit %d, want SNEPPX_ERR_JIT naming '%s', got: %s", code, first_key,
+               text ? text : "(no output)");
+    free(text);
+    code = cache_test_run_child("jit-forbidden-warm", warm, &text);
+    TEST_CHECK(tally, code == 0, "SNEPPX_JIT=0, warm cache: exit %d (want a layer, 0 compiles): %s", code,
+               text ? text : "(no output)");
+    free(text);
+    cache_test_remove_tree(cold_dir);
+}
+
+/* ---- safetensors paths that are not files ------------------------------------- */
+
+/* Child: opening a FIFO must fail, not wait for a writer; the alarm turns a hang into a failure. */
+static int child_open_fifo(const char *path)
+{
+    alarm(5);
+    sneppx_safetensors *file = NULL;
+    sneppx_status status = sneppx_safetensors_open(path, &file);
+    printf("%s: %s\n", sneppx_status_name(status), sneppx_last_error());
+    sneppx_safetensors_close(file);
+    return status == SNEPPX_ERR_IO && file == NULL && strstr(sneppx_last_error(), path) ? 0 : 1;
+}
+
+static void test_safetensors_paths(test_tally *tally, const char *dir)
+{
+    char path[CACHE_TEST_PATH_MAX], env[CACHE_TEST_ENV_MAX];
+    sneppx_safetensors *file = NULL;
+    EXPECT_ERROR(tally, sneppx_safetensors_open(dir, &file), SNEPPX_ERR_IO, dir);
+    snprintf(path, sizeof path, "%s/missing.safetensors", dir);
+    EXPECT_ERROR(tally, sneppx_safetensors_open(path, &file), SNEPPX_ERR_IO, "missing.safetensors");
+    snprintf(path, sizeof path, "%s/empty.safetensors", dir);
+    FILE *stream = fopen(path, "wb");
+    if (stream)
+        fclose(stream);
+    EXPECT_ERROR(tally, sneppx_safetensors_open(path, &file), SNEPPX_ERR_FORMAT, "empty.safetensors");
+    /* A header with a NUL byte inside its JSON. */
+    snprintf(path, sizeof path, "%s/nul.safetensors", dir);
+    static const unsigned char nul_header[] = {12, 0, 0, 0, 0, 0, 0, 0, '{', '"', 'a', 0, '"', ':', '{', '}', '}',
+                                               ' ', ' ', ' '};
+    stream = fopen(path, "wb");
+    if (stream) {
+        fwrite(nul_header, 1, sizeof nul_header, stream);
+        fclose(stream);
+    }
+    EXPECT_ERROR(tally, sneppx_safetensors_open(path, &file), SNEPPX_ERR_FORMAT, "nul.safetensors");
+    TEST_CHECK(tally, file == NULL, "no file handle from bad paths");
+
+    snprintf(path, sizeof path, "%s/fifo.safetensors", dir);
+    snprintf(env, sizeof env, "SNEPPX_TEST_FIFO=%s", path);
+    const char *changes[] = {env, NULL};
+    char *text = NULL;
+    int code = mkfifo(path, 0600) == 0 ? cache_test_run_child("open-fifo", changes, &text) : -2;
+    TEST_CHECK(tally, code == 0, "sneppx_safetensors_open on a FIFO: exit %d (-1: it blocked until killed "
+               "after 5 s; it must open with O_NONBLOCK and refuse a non-regular file): %s", code,
+               text ? text : "(no output)");
+    free(text);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "jit-forbidden-cold") == 0)
+        return child_create(0);
+    if (argc > 1 && strcmp(argv[1], "jit-forbidden-warm") == 0)
+        return child_create(1);
+    if (argc > 1 && strcmp(argv[1], "open-fifo") == 0)
+        return child_open_fifo(getenv("SNEPPX_TEST_FIFO"));
+
+    test_tally tally = {0};
+    /* A private cache: the warm-cache child needs exactly this process's entries. */
+    char dir[CACHE_TEST_DIR_MAX];
+    if (cache_test_make_dir(dir, sizeof dir, "bad-input") != 0 || setenv("SNEPPX_CACHE_DIR", dir, 1) != 0) {
+        perror("cache directory");
+        return 1;
+    }
+    sneppx_config config;
+    small_config(&config);
+    sneppx_layer *layer = NULL;
+    if (sneppx_layer_create(&config, NULL, &layer) != SNEPPX_OK) {
+        printf("FAIL: the small layer: %s\n", sneppx_last_error());
+        return 1;
+    }
+    char first_key[SNEPPX_CACHE_KEY_MAX] = "";
+    sscanf(sneppx_layer_keys(layer), "%159s", first_key);
+
+    static float hidden[TOKENS * HIDDEN], mask[BATCH * SEQ * SEQ], clean[TOKENS * HIDDEN], again[TOKENS * HIDDEN];
+    test_rng rng = test_rng_seeded(11);
+    test_fill_uniform(&rng, hidden, TOKENS * HIDDEN, 1.0f);
+    for (int64_t i = 0; i < BATCH * SEQ * SEQ; i++)
+        mask[i] = (i % SEQ) <= (i / SEQ % SEQ) ? 0.0f : -INFINITY;
+    sneppx_status status = sneppx_layer_forward(layer, BATCH, SEQ, hidden, NULL, NULL, NULL, clean);
+    TEST_CHECK(&tally, status == SNEPPX_OK, "clean forward: %s", sneppx_last_error());
+
+    test_null_pointers(&tally, layer, hidden);
+    test_sizes(&tally, layer, hidden);
+    test_masks(&tally, layer, hidden, mask);
+    test_positions(&tally, layer, hidden);
+    test_hand_configs(&tally);
+    test_weights(&tally);
+    test_preset_names(&tally);
+    test_non_finite(&tally, layer, hidden, clean);
+
+    /* After every refusal above the layer computes exactly what it did before. */
+    status = sneppx_layer_forward(layer, BATCH, SEQ, hidden, NULL, NULL, NULL, again);
+    TEST_CHECK(&tally, status == SNEPPX_OK && memcmp(clean, again, sizeof clean) == 0,
+               "the layer after the bad calls: %s, output %s", sneppx_status_name(status),
+               memcmp(clean, again, sizeof clean) == 0 ? "bitwise unchanged" : "CHANGED");
+    sneppx_layer_destroy(layer);
+
+    test_jit_forbidden(&tally, dir, first_key);
+    test_safetensors_paths(&tally, dir);
+    cache_test_remove_tree(dir);
+    return test_finish(&tally);
+}
