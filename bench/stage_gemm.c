@@ -2,10 +2,11 @@
  * OpenBLAS on the shapes of one layer, [T,4096]x[4096,6144] (fused QKV) and
  * [T,4096]x[4096,4096] (O). T = 1 is decode: sneppx's GEMM against
  * cblas_sgemv (OpenBLAS's sgemm with M = 1 does not route to sgemv and is
- * 3.3x slower), rated as the bandwidth of streaming the weights. */
+ * 3.3x slower), rated as the bandwidth of streaming the weights from memory. */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cblas.h>
 
@@ -25,11 +26,25 @@ static const int64_t full_tokens[] = {1, 128, 512, 2048};
 static const struct gemm_case quick_cases[] = {{"qkv", 512, 768}, {"o", 512, 512}};
 static const int64_t quick_tokens[] = {1, 24};
 
+/* Decode reads every layer's weights once per token, from memory. Reused, a
+ * 100 MB matrix partly stays in this machine's caches (a 64 MiB buffer reads
+ * at ~56 GB/s on one core, 1 GiB at ~34), so T = 1 cycles through copies of
+ * the weights that add up to more than the caches hold. */
+#define DECODE_ROTATION_BYTES ((double)(1 << 30))
+#define MAX_COPIES 32
+
+/* Copies of one weight matrix, in both layouts; copy i is used by run i % count. */
+struct weight_copies {
+    float *weights[MAX_COPIES]; /* HF layout [n, k], for OpenBLAS */
+    float *panels[MAX_COPIES];  /* the same weights packed for the kernel */
+    int count;
+};
+
 struct gemm_run {
     const sneppx_kernel *kernel;
     int64_t k, n, tokens;
-    const float *weights; /* HF layout [n, k], for OpenBLAS */
-    const float *panels;  /* the same weights packed for the kernel */
+    const struct weight_copies *copies;
+    int uses;             /* copies used so far: the next run takes copy uses % count */
     const float *src;     /* [tokens, k] */
     float *dst;           /* [tokens, n] */
     int threads;
@@ -37,21 +52,23 @@ struct gemm_run {
 
 static int run_sneppx(void *opaque)
 {
-    const struct gemm_run *run = opaque;
-    bench_gemm_tiles(run->kernel, run->threads, run->tokens, run->n, run->src, run->k, run->panels, NULL,
-                     run->dst, run->n);
+    struct gemm_run *run = opaque;
+    const float *panels = run->copies->panels[run->uses++ % run->copies->count];
+    bench_gemm_tiles(run->kernel, run->threads, run->tokens, run->n, run->src, run->k, panels, NULL, run->dst,
+                     run->n);
     return 0;
 }
 
 static int run_openblas(void *opaque)
 {
-    const struct gemm_run *run = opaque;
+    struct gemm_run *run = opaque;
+    const float *weights = run->copies->weights[run->uses++ % run->copies->count];
     const int k = (int)run->k, n = (int)run->n;
     if (run->tokens == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, run->weights, k, run->src, 1, 0.0f, run->dst, 1);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, weights, k, run->src, 1, 0.0f, run->dst, 1);
     else /* dst = src W^T, as torch.nn.functional.linear computes it */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)run->tokens, n, k, 1.0f, run->src, k,
-                    run->weights, k, 0.0f, run->dst, n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)run->tokens, n, k, 1.0f, run->src, k, weights, k,
+                    0.0f, run->dst, n);
     return 0;
 }
 
@@ -70,6 +87,30 @@ static void pack_weights(const sneppx_kernel *kernel, const float *weights, int6
     }
 }
 
+/* `count` copies of one random weight matrix, in HF layout and packed. Returns -1 when out of memory
+ * (what was allocated is in copies, for the caller to free). */
+static int make_copies(const struct bench_context *ctx, const sneppx_kernel *kernel, const struct gemm_case *shape,
+                       int count, struct weight_copies *copies)
+{
+    const size_t weight_floats = (size_t)(shape->n * shape->k);
+    const size_t panel_floats = (size_t)sneppx_gemm_packed_floats(shape->k, shape->n, ctx->vector_width);
+    for (int c = 0; c < count; c++) {
+        copies->weights[c] = bench_alloc_floats(weight_floats);
+        copies->panels[c] = bench_alloc_floats(panel_floats);
+        copies->count = c + 1;
+        if (!copies->weights[c] || !copies->panels[c])
+            return -1;
+        if (c == 0) {
+            bench_fill_uniform(copies->weights[0], shape->n * shape->k, 11, 1.0f / 64.0f);
+            pack_weights(kernel, copies->weights[0], shape->k, shape->n, copies->panels[0]);
+        } else {
+            memcpy(copies->weights[c], copies->weights[0], weight_floats * sizeof(float));
+            memcpy(copies->panels[c], copies->panels[0], panel_floats * sizeof(float));
+        }
+    }
+    return 0;
+}
+
 static void bench_case(struct bench_context *ctx, const struct gemm_case *shape, const int64_t *tokens_list,
                        int tokens_count)
 {
@@ -81,19 +122,24 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
         ctx->failures++;
         return;
     }
-    float *weights = bench_alloc_floats((size_t)(shape->n * shape->k));
-    float *panels = bench_alloc_floats((size_t)sneppx_gemm_packed_floats(shape->k, shape->n, ctx->vector_width));
+    struct weight_copies single, rotation;
+    memset(&single, 0, sizeof single);
+    memset(&rotation, 0, sizeof rotation);
+    const double weight_bytes = 4.0 * (double)(shape->n * shape->k);
     float *src = bench_alloc_floats((size_t)(max_tokens * shape->k));
     float *dst = bench_alloc_floats((size_t)(max_tokens * shape->n));
     float *reference = bench_alloc_floats((size_t)(max_tokens * shape->n));
-    if (!weights || !panels || !src || !dst || !reference) {
+    int copies = ctx->quick ? 2 : (int)(DECODE_ROTATION_BYTES / weight_bytes) + 1;
+    copies = copies < MAX_COPIES ? copies : MAX_COPIES;
+    if (!src || !dst || !reference || make_copies(ctx, kernel, shape, copies, &rotation) != 0) {
         fprintf(stderr, "sneppx-bench: gemm %s: out of memory\n", shape->name);
         ctx->failures++;
         goto done;
     }
-    bench_fill_uniform(weights, shape->n * shape->k, 11, 1.0f / 64.0f);
+    single.weights[0] = rotation.weights[0];
+    single.panels[0] = rotation.panels[0];
+    single.count = 1;
     bench_fill_uniform(src, max_tokens * shape->k, 12, 1.0f);
-    pack_weights(kernel, weights, shape->k, shape->n, panels);
 
     const struct bench_plan plan = bench_plan_for(ctx, 5, 15, 2.0);
     for (int ti = 0; ti < tokens_count; ti++) {
@@ -101,7 +147,7 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
         for (int t = 0; t < ctx->thread_count_n; t++) {
             const int threads = ctx->thread_counts[t];
             struct gemm_run run = {.kernel = kernel, .k = shape->k, .n = shape->n, .tokens = tokens,
-                                   .weights = weights, .panels = panels, .src = src, .threads = threads};
+                                   .copies = tokens == 1 ? &rotation : &single, .src = src, .threads = threads};
             struct bench_result ours = {.stage = "gemm", .impl = "sneppx", .tokens = tokens, .threads = threads};
             snprintf(ours.case_name, sizeof ours.case_name, "%s %lldx%lld", shape->name, (long long)shape->k,
                      (long long)shape->n);
@@ -122,6 +168,7 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
             bench_settle();
             openblas_set_num_threads(threads);
             run.dst = reference;
+            run.uses = 0;
             bench_measure(run_openblas, &run, &plan, &theirs.seconds);
             bench_settle();
 
@@ -134,8 +181,10 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
         }
     }
 done:
-    free(weights);
-    free(panels);
+    for (int c = 0; c < rotation.count; c++) {
+        free(rotation.weights[c]);
+        free(rotation.panels[c]);
+    }
     free(src);
     free(dst);
     free(reference);
