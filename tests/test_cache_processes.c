@@ -1,0 +1,348 @@
+/* The disk cache across processes (issue 7, point 2):
+ *
+ * 1. Eight processes started at once (released together from a pipe) on a
+ *    cache directory that does not exist yet each warm a GQA and an MLA
+ *    config. All succeed; the directory then holds exactly one valid entry
+ *    per key and no temporary file; the processes compiled each key exactly
+ *    once between them (the per-key flock plus the re-check after taking it)
+ *    and loaded it from disk otherwise; a ninth process compiles nothing.
+ * 2. A process SIGKILLed while writing an entry (mid-payload, and after the
+ *    last byte but before the rename publishes it) leaves no entry under the
+ *    key's name: the next resolve compiles the kernel again (it never loads
+ *    the partial file), its lock is free (the kernel dropped the dead
+ *    process's flock), the new entry verifies, and a cache clear removes the
+ *    orphaned temporary file.
+ *
+ * The kill points are exact, not timing-dependent: in the child, this file's
+ * write() and renameat() stand in for libc's (the executable's definitions
+ * win at link time) and SIGKILL the process at the chosen point of the
+ * store; otherwise they pass straight to the system calls. */
+#include "test_cache_common.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <sys/syscall.h>
+
+#include "disk_cache.h"
+#include "fingerprint.h"
+#include "sneppx/sneppx.h"
+
+enum { WORKERS = 8 };
+
+/* ---- kill points of the writer child ------------------------------------------ */
+
+enum kill_point { KILL_NOWHERE, KILL_MID_PAYLOAD, KILL_BEFORE_RENAME };
+static enum kill_point kill_point = KILL_NOWHERE;
+
+/* True when fd is a temporary file of the cache (".<key>.o.tmp-<pid>-<n>"). */
+static int is_cache_temp_file(int fd)
+{
+    char link[64], target[PATH_MAX];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t length = readlink(link, target, sizeof target - 1);
+    if (length <= 0)
+        return 0;
+    target[length] = '\0';
+    return strstr(target, ".o.tmp-") != NULL;
+}
+
+ssize_t write(int fd, const void *data, size_t size)
+{
+    /* The store writes the header, then the payload: die halfway through the payload. */
+    static int cache_writes;
+    if (kill_point == KILL_MID_PAYLOAD && is_cache_temp_file(fd) && ++cache_writes == 2) {
+        syscall(SYS_write, fd, data, size / 2);
+        kill(getpid(), SIGKILL);
+    }
+    return (ssize_t)syscall(SYS_write, fd, data, size);
+}
+
+int renameat(int old_dir, const char *old_path, int new_dir, const char *new_path)
+{
+    if (kill_point == KILL_BEFORE_RENAME && strstr(old_path, ".o.tmp-"))
+        kill(getpid(), SIGKILL);
+    return (int)syscall(SYS_renameat, old_dir, old_path, new_dir, new_path);
+}
+
+/* ---- children ------------------------------------------------------------------ */
+
+static void gqa_config(sneppx_config *c)
+{
+    sneppx_config_init(c);
+    c->hidden_size = 128, c->num_attention_heads = 8, c->num_key_value_heads = 2, c->head_dim = 16;
+    c->sliding_window = 5;
+}
+
+static void mla_config(sneppx_config *c)
+{
+    sneppx_config_init(c);
+    c->hidden_size = 128, c->num_attention_heads = 2, c->num_key_value_heads = 2, c->q_lora_rank = 32;
+    c->kv_lora_rank = 32, c->qk_nope_head_dim = 16, c->qk_rope_head_dim = 16, c->v_head_dim = 16;
+    c->rope_interleaved = 1;
+}
+
+/* Waits at the gate (EOF on the pipe), warms both configs, prints its counters. */
+static int child_worker(int gate)
+{
+    char byte;
+    while (read(gate, &byte, 1) > 0)
+        continue;
+    sneppx_config gqa, mla;
+    gqa_config(&gqa);
+    mla_config(&mla);
+    sneppx_status status = sneppx_layer_warmup(&gqa);
+    if (status == SNEPPX_OK)
+        status = sneppx_layer_warmup(&mla);
+    sneppx_jit_stats stats;
+    char message[1024];
+    snprintf(message, sizeof message, "%s", sneppx_last_error());
+    sneppx_jit_stats_get(&stats);
+    printf("compiles %llu disk_hits %llu rejects %llu status %s %s\n", (unsigned long long)stats.compiles,
+           (unsigned long long)stats.disk_hits, (unsigned long long)stats.disk_rejects, sneppx_status_name(status),
+           message);
+    return status == SNEPPX_OK ? 0 : 1;
+}
+
+static const int64_t killed_norm_n[] = {208, 240}; /* rmsnorm keys of the two kill points */
+
+/* Compiles an rmsnorm kernel and dies at the kill point while storing it. */
+static int child_killed_writer(enum kill_point point)
+{
+    kill_point = point;
+    const int64_t values[] = {killed_norm_n[point == KILL_BEFORE_RENAME]};
+    const sneppx_kernel *kernel;
+    sneppx_status status = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_vector_width(), &kernel);
+    printf("the store returned (%s: %s) instead of dying\n", sneppx_status_name(status), sneppx_last_error());
+    return 3;
+}
+
+/* ---- parent helpers ------------------------------------------------------------- */
+
+/* Starts `self scenario argument` with stdout and stderr to log_path; the
+ * gate's write end stays with the parent only. */
+static pid_t spawn_child(const char *scenario, const char *argument, int close_fd, const char *log_path)
+{
+    char self[PATH_MAX];
+    ssize_t length = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (length <= 0)
+        return -1;
+    self[length] = '\0';
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    if (close_fd >= 0)
+        posix_spawn_file_actions_addclose(&actions, close_fd);
+    char *argv[] = {self, (char *)scenario, (char *)argument, NULL};
+    pid_t child = -1;
+    if (posix_spawn(&child, self, &actions, NULL, argv, environ) != 0)
+        child = -1;
+    posix_spawn_file_actions_destroy(&actions);
+    return child;
+}
+
+static char *read_log(const char *path)
+{
+    FILE *stream = fopen(path, "r");
+    static char text[4096];
+    text[0] = '\0';
+    if (stream) {
+        size_t n = fread(text, 1, sizeof text - 1, stream);
+        text[n] = '\0';
+        fclose(stream);
+    }
+    return text;
+}
+
+struct dir_census {
+    int entries, locks, temps, others;
+    char first_temp[NAME_MAX + 1];
+};
+
+static struct dir_census census(const char *dir)
+{
+    struct dir_census count = {0};
+    DIR *stream = opendir(dir);
+    for (struct dirent *item; stream && (item = readdir(stream)) != NULL;) {
+        const char *name = item->d_name;
+        size_t length = strlen(name);
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+            continue;
+        if (name[0] == '.' && strstr(name, ".o.tmp-")) {
+            if (count.temps++ == 0)
+                snprintf(count.first_temp, sizeof count.first_temp, "%s", name);
+        } else if (length > 2 && strcmp(name + length - 2, ".o") == 0) {
+            count.entries++;
+        } else if (length > 5 && strcmp(name + length - 5, ".lock") == 0) {
+            count.locks++;
+        } else {
+            count.others++;
+        }
+    }
+    if (stream)
+        closedir(stream);
+    return count;
+}
+
+/* ---- 1. eight processes at once ------------------------------------------------ */
+
+static void test_eight_processes(test_tally *tally, const char *dir, const char *log_dir)
+{
+    int gate[2];
+    if (pipe(gate) != 0) {
+        TEST_CHECK(tally, 0, "pipe: %s", strerror(errno));
+        return;
+    }
+    char gate_fd[16], logs[WORKERS][CACHE_TEST_PATH_MAX];
+    snprintf(gate_fd, sizeof gate_fd, "%d", gate[0]);
+    pid_t children[WORKERS];
+    for (int w = 0; w < WORKERS; w++) {
+        snprintf(logs[w], sizeof logs[w], "%s/worker-%d.log", log_dir, w);
+        children[w] = spawn_child("worker", gate_fd, gate[1], logs[w]);
+    }
+    close(gate[0]);
+    close(gate[1]); /* every worker sees EOF now: they start together */
+
+    unsigned long long compiles = 0, disk_hits = 0, rejects = 0;
+    int succeeded = 0;
+    for (int w = 0; w < WORKERS; w++) {
+        int status = 0;
+        int exited = children[w] > 0 && waitpid(children[w], &status, 0) == children[w] && WIFEXITED(status) &&
+                     WEXITSTATUS(status) == 0;
+        unsigned long long c = 0, h = 0, r = 0;
+        const char *log = read_log(logs[w]);
+        exited &= sscanf(log, "compiles %llu disk_hits %llu rejects %llu", &c, &h, &r) == 3;
+        TEST_CHECK(tally, exited, "worker %d: status 0x%x, output: %s", w, status, log);
+        succeeded += exited;
+        compiles += c, disk_hits += h, rejects += r;
+    }
+    if (succeeded != WORKERS)
+        return;
+
+    const struct dir_census files = census(dir);
+    TEST_CHECK(tally, files.temps == 0 && files.others == 0 && files.entries > 0,
+               "after %d workers: %d entries, %d temporary files (want 0, e.g. %s), %d foreign files", WORKERS,
+               files.entries, files.temps, files.first_temp, files.others);
+    TEST_CHECK(tally, compiles == (unsigned long long)files.entries && rejects == 0 &&
+                          disk_hits == (unsigned long long)(WORKERS - 1) * (unsigned long long)files.entries,
+               "%d workers x %d keys: %llu compiles (want %d: each key once), %llu disk hits (want %d), %llu "
+               "rejected entries", WORKERS, files.entries, compiles, files.entries, disk_hits,
+               (WORKERS - 1) * files.entries, rejects);
+
+    /* Each entry is the one valid file of its key. */
+    sneppx_disk_entry *entries = NULL;
+    size_t count = 0;
+    int valid = 0;
+    if (sneppx_disk_cache_list(&entries, &count) == SNEPPX_OK) {
+        for (size_t i = 0; i < count; i++) {
+            uint8_t fingerprint[SNEPPX_SHA256_SIZE];
+            char reason[160] = "";
+            int ok = sneppx_kernel_fingerprint(entries[i].key, fingerprint) == SNEPPX_OK &&
+                     sneppx_disk_cache_verify(entries[i].key, fingerprint, reason, sizeof reason) == SNEPPX_DISK_HIT;
+            TEST_CHECK(tally, ok, "entry %s does not verify: %s", entries[i].key, reason);
+            valid += ok;
+        }
+        free(entries);
+    }
+    TEST_CHECK(tally, valid == files.entries && (int)count == files.entries, "%d of %d listed entries verify",
+               valid, (int)count);
+
+    /* This process, the ninth, finds every kernel on disk. */
+    sneppx_jit_stats before, after;
+    sneppx_jit_stats_get(&before);
+    sneppx_config gqa, mla;
+    gqa_config(&gqa);
+    mla_config(&mla);
+    sneppx_status status = sneppx_layer_warmup(&gqa);
+    if (status == SNEPPX_OK)
+        status = sneppx_layer_warmup(&mla);
+    sneppx_jit_stats_get(&after);
+    TEST_CHECK(tally, status == SNEPPX_OK && after.compiles == before.compiles &&
+                          after.disk_hits - before.disk_hits == (uint64_t)files.entries,
+               "a ninth process: %s, %llu compiles, %llu disk hits (want 0, %d)", sneppx_last_error(),
+               (unsigned long long)(after.compiles - before.compiles),
+               (unsigned long long)(after.disk_hits - before.disk_hits), files.entries);
+}
+
+/* ---- 2. killed while writing ---------------------------------------------------- */
+
+static void test_killed_writer(test_tally *tally, const char *dir, const char *log_dir, enum kill_point point)
+{
+    const char *what = point == KILL_MID_PAYLOAD ? "killed mid-payload" : "killed before the rename";
+    const int64_t values[] = {killed_norm_n[point == KILL_BEFORE_RENAME]};
+    char key[SNEPPX_KEY_MAX], log[CACHE_TEST_PATH_MAX], entry[CACHE_TEST_PATH_MAX], argument[8];
+    sneppx_kernel_key("rmsnorm", values, sneppx_host_vector_width(), key, sizeof key);
+    cache_test_entry_path(dir, key, entry, sizeof entry);
+    snprintf(log, sizeof log, "%s/writer-%d.log", log_dir, (int)point);
+    snprintf(argument, sizeof argument, "%d", (int)point);
+    const struct dir_census before = census(dir);
+
+    pid_t child = spawn_child("killed-writer", argument, -1, log);
+    int status = 0;
+    int killed = child > 0 && waitpid(child, &status, 0) == child && WIFSIGNALED(status) &&
+                 WTERMSIG(status) == SIGKILL;
+    if (!TEST_CHECK(tally, killed, "%s: the writer was not killed (status 0x%x): %s", what, status, read_log(log)))
+        return;
+    const struct dir_census after = census(dir);
+    struct stat info;
+    TEST_CHECK(tally, lstat(entry, &info) != 0 && errno == ENOENT && after.temps == before.temps + 1,
+               "%s: %s must not exist, and one orphaned temporary file must (%d before, %d after)", what, entry,
+               before.temps, after.temps);
+
+    uint8_t fingerprint[SNEPPX_SHA256_SIZE];
+    void *object = NULL;
+    size_t object_size = 0;
+    char reason[160] = "";
+    sneppx_kernel_fingerprint(key, fingerprint);
+    sneppx_disk_load load = sneppx_disk_cache_load(key, fingerprint, &object, &object_size, reason, sizeof reason);
+    free(object);
+    TEST_CHECK(tally, load == SNEPPX_DISK_MISS, "%s: the disk cache answers %d for %s (want a miss): %s", what,
+               (int)load, key, reason);
+
+    /* The next resolve takes the dead writer's lock (alarm: a held lock would hang it) and compiles. */
+    alarm(60);
+    const sneppx_kernel *kernel = NULL;
+    sneppx_status resolved = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_vector_width(), &kernel);
+    alarm(0);
+    sneppx_kernel_timing timing;
+    sneppx_kernel_last_timing(&timing);
+    TEST_CHECK(tally, resolved == SNEPPX_OK && timing.source == SNEPPX_KERNEL_SOURCE_COMPILED,
+               "%s: the next resolve of %s: %s, source %d (want compiled)", what, key, sneppx_last_error(),
+               (int)timing.source);
+    if (kernel) {
+        double error = cache_test_rmsnorm_error(kernel, values[0], NULL);
+        TEST_CHECK(tally, error < 1e-6, "%s: %s normalized error %.3g (limit 1e-6)", what, key, error);
+    }
+    TEST_CHECK(tally, sneppx_disk_cache_verify(key, fingerprint, reason, sizeof reason) == SNEPPX_DISK_HIT,
+               "%s: the rewritten entry verifies: %s", what, reason);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 2 && strcmp(argv[1], "worker") == 0)
+        return child_worker(atoi(argv[2]));
+    if (argc > 2 && strcmp(argv[1], "killed-writer") == 0)
+        return child_killed_writer((enum kill_point)atoi(argv[2]));
+
+    test_tally tally = {0};
+    char base[CACHE_TEST_DIR_MAX], dir[CACHE_TEST_PATH_MAX];
+    if (cache_test_make_dir(base, sizeof base, "processes") != 0) {
+        perror("mkdtemp");
+        return 1;
+    }
+    /* A cache directory nobody created yet: the workers race to create it too. */
+    snprintf(dir, sizeof dir, "%s/cache", base);
+    setenv("SNEPPX_CACHE_DIR", dir, 1);
+    test_eight_processes(&tally, dir, base);
+    test_killed_writer(&tally, dir, base, KILL_MID_PAYLOAD);
+    test_killed_writer(&tally, dir, base, KILL_BEFORE_RENAME);
+
+    TEST_CHECK(&tally, census(dir).temps == 2, "two orphaned temporary files before the clear: %d",
+               census(dir).temps);
+    TEST_CHECK(&tally, sneppx_cache_clear() == SNEPPX_OK && census(dir).temps == 0 && census(dir).entries == 0,
+               "sneppx_cache_clear removes entries and orphaned temporary files: %s (%d left)", sneppx_last_error(),
+               census(dir).temps + census(dir).entries);
+    cache_test_remove_tree(base);
+    return test_finish(&tally);
+}
