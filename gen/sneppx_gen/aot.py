@@ -66,37 +66,93 @@ def _kernel(family: str, values: Dict[str, int], vector_width: int) -> Kernel:
     return Kernel(family, tuple(values.items()), key, symbol_of_key(key))
 
 
-def plan(arch: Arch, vector_width: int, flash: bool) -> Plan:
-    """Raises ValueError for what the vendored layer does not cover."""
-    if arch.is_mla:
-        raise ValueError("the vendored layer covers standard attention (Llama, Mistral, Qwen 2); "
-                         "MLA (DeepSeek V2) runs in the runtime")
+def _attention_kernels(attention: str, head_dim: int, v_head_dim: int, group: int, window: int,
+                       vector_width: int) -> Dict[str, Kernel]:
+    values = {"head_dim": head_dim, "v_head_dim": v_head_dim, "group": group}
+    return {
+        "attention": _kernel(attention, dict(values, window=window, mask_mode=MASK_MODES.index("causal")),
+                             vector_width),
+        # An explicit mask is final (HF semantics): no causal mask or window on top.
+        "attention_mask": _kernel(attention, dict(values, window=0, mask_mode=MASK_MODES.index("mask")),
+                                  vector_width),
+    }
+
+
+def _weight_fields(specs) -> Tuple[WeightField, ...]:
+    """(name, rows, cols, present) -> the fields that are present."""
+    return tuple(WeightField(name, rows, cols) for name, rows, cols, present in specs if present)
+
+
+def _plan_standard(arch: Arch, vector_width: int, attention: str) -> Tuple[Dict[str, Kernel], Dict[str, int],
+                                                                           Tuple[WeightField, ...]]:
     head_dim = arch.resolved_head_dim
     q_dim = arch.num_attention_heads * head_dim
     kv_dim = arch.num_key_value_heads * head_dim
+    hidden = arch.hidden_size
     dims = {"head_dim": head_dim, "v_head_dim": head_dim, "rotary_dim": arch.resolved_rotary_dim,
-            "q_dim": q_dim, "kv_dim": kv_dim, "qkv_dim": q_dim + 2 * kv_dim, "attn_dim": q_dim}
-    attention = "attn_flash" if flash else "attn_sdpa"
-    attn_values = {"head_dim": head_dim, "v_head_dim": head_dim, "group": arch.group}
+            "q_dim": q_dim, "kv_dim": kv_dim, "qkv_dim": q_dim + 2 * kv_dim, "attn_dim": q_dim,
+            "attn_head_dim": head_dim, "attn_v_head_dim": head_dim, "attn_group": arch.group,
+            "attn_kv_heads": arch.num_key_value_heads}
     kernels = {
-        "qkv": _kernel("gemm", {"k": arch.hidden_size, "n": dims["qkv_dim"], "bias": arch.qkv_bias}, vector_width),
+        "qkv": _kernel("gemm", {"k": hidden, "n": dims["qkv_dim"], "bias": arch.qkv_bias}, vector_width),
         "rope": _kernel("rope", {"rotary_dim": dims["rotary_dim"], "interleaved": arch.rope_interleaved},
                         vector_width),
-        "attention": _kernel(attention, dict(attn_values, window=arch.sliding_window,
-                                             mask_mode=MASK_MODES.index("causal")), vector_width),
-        # An explicit mask is final (HF semantics): no causal mask or window on top.
-        "attention_mask": _kernel(attention, dict(attn_values, window=0, mask_mode=MASK_MODES.index("mask")),
-                                  vector_width),
-        "o": _kernel("gemm", {"k": dims["attn_dim"], "n": arch.hidden_size, "bias": arch.o_bias}, vector_width),
+        **_attention_kernels(attention, head_dim, head_dim, arch.group, arch.sliding_window, vector_width),
+        "o": _kernel("gemm", {"k": q_dim, "n": hidden, "bias": arch.o_bias}, vector_width),
     }
-    hidden = arch.hidden_size
-    fields = []
-    for name, rows, cols, has_bias in (("q_proj", q_dim, hidden, arch.qkv_bias), ("k_proj", kv_dim, hidden, arch.qkv_bias),
-                                       ("v_proj", kv_dim, hidden, arch.qkv_bias), ("o_proj", hidden, q_dim, arch.o_bias)):
-        fields.append(WeightField(f"{name}_weight", rows, cols))
-        if has_bias:
-            fields.append(WeightField(f"{name}_bias", rows))
-    return Plan(arch, vector_width, flash, kernels, dims, tuple(fields))
+    fields = _weight_fields((
+        ("q_proj_weight", q_dim, hidden, True), ("q_proj_bias", q_dim, 0, arch.qkv_bias),
+        ("k_proj_weight", kv_dim, hidden, True), ("k_proj_bias", kv_dim, 0, arch.qkv_bias),
+        ("v_proj_weight", kv_dim, hidden, True), ("v_proj_bias", kv_dim, 0, arch.qkv_bias),
+        ("o_proj_weight", hidden, q_dim, True), ("o_proj_bias", hidden, 0, arch.o_bias)))
+    return kernels, dims, fields
+
+
+def _plan_mla(arch: Arch, vector_width: int, attention: str) -> Tuple[Dict[str, Kernel], Dict[str, int],
+                                                                      Tuple[WeightField, ...]]:
+    """Absorbed MLA, as the runtime runs it: attention over the shared latent
+    (one K/V head of dim kv_lora + rope, value dim kv_lora, all heads one group)."""
+    heads, hidden, rank = arch.num_attention_heads, arch.hidden_size, arch.kv_lora_rank
+    nope, rope, v_dim, q_lora = arch.qk_nope_head_dim, arch.qk_rope_head_dim, arch.v_head_dim, arch.q_lora_rank
+    dq = nope + rope
+    latent = rank + rope
+    dims = {"head_dim": dq, "v_head_dim": v_dim, "rotary_dim": rope, "q_dim": heads * dq, "latent_dim": latent,
+            "attn_dim": heads * v_dim, "attn_head_dim": latent, "attn_v_head_dim": rank, "attn_group": heads,
+            "attn_kv_heads": 1}
+    kernels = {}
+    if q_lora:
+        kernels["q_a"] = _kernel("gemm", {"k": hidden, "n": q_lora, "bias": arch.qkv_bias}, vector_width)
+        kernels["q_a_norm"] = _kernel("rmsnorm", {"n": q_lora}, vector_width)
+    kernels["q"] = _kernel("gemm", {"k": q_lora or hidden, "n": dims["q_dim"], "bias": 0}, vector_width)
+    kernels["kv_a"] = _kernel("gemm", {"k": hidden, "n": latent, "bias": arch.qkv_bias}, vector_width)
+    kernels["kv_a_norm"] = _kernel("rmsnorm", {"n": rank}, vector_width)
+    kernels["rope"] = _kernel("rope", {"rotary_dim": rope, "interleaved": arch.rope_interleaved}, vector_width)
+    kernels["absorb_uk"] = _kernel("gemm", {"k": nope, "n": rank, "bias": 0}, vector_width)
+    kernels.update(_attention_kernels(attention, latent, rank, heads, 0, vector_width))
+    kernels["absorb_uv"] = _kernel("gemm", {"k": rank, "n": v_dim, "bias": 0}, vector_width)
+    kernels["o"] = _kernel("gemm", {"k": dims["attn_dim"], "n": hidden, "bias": arch.o_bias}, vector_width)
+    fields = _weight_fields((
+        ("q_a_proj_weight", q_lora, hidden, bool(q_lora)),
+        ("q_a_proj_bias", q_lora, 0, bool(q_lora) and arch.qkv_bias),
+        ("q_a_layernorm_weight", q_lora, 0, bool(q_lora)),
+        ("q_b_proj_weight", dims["q_dim"], q_lora, bool(q_lora)),
+        ("q_proj_weight", dims["q_dim"], hidden, not q_lora),
+        ("kv_a_proj_with_mqa_weight", latent, hidden, True),
+        ("kv_a_proj_with_mqa_bias", latent, 0, arch.qkv_bias),
+        ("kv_a_layernorm_weight", rank, 0, True),
+        ("kv_b_proj_weight", heads * (nope + v_dim), rank, True),
+        ("o_proj_weight", hidden, dims["attn_dim"], True),
+        ("o_proj_bias", hidden, 0, arch.o_bias)))
+    return kernels, dims, fields
+
+
+def plan(arch: Arch, vector_width: int, flash: bool) -> Plan:
+    """The kernels, sizes and weight fields of the arch's layer. Raises
+    ValueError for a key the kernels do not cover."""
+    attention = "attn_flash" if flash else "attn_sdpa"
+    planner = _plan_mla if arch.is_mla else _plan_standard
+    kernels, dims, fields = planner(arch, vector_width, attention)
+    return Plan(arch, vector_width, flash, kernels, dims, fields)
 
 
 def _rope_literals(arch: Arch) -> Dict[str, str]:
@@ -134,6 +190,7 @@ def render_layer(p: Plan) -> Tuple[str, str]:
         rope=_rope_literals(p.arch),
         rope_freqs=render.render_template("rope_freqs.c.j2", mode="aot"),
         softmax_scale=_float_literal(p.arch.softmax_scale()),
+        pipeline_template="layer_mla.c.j2" if p.arch.is_mla else "layer_standard.c.j2",
         abi=render.render_abi(),
     )
     return (render.render_template("layer.c.j2", **context),
