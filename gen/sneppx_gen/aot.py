@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 from . import render
-from .archs import Arch, ROPE_TYPES
+from .archs import Arch
 from .kernels import MASK_MODES, kernel_key, symbol_of_key
 from .output import write_if_changed
 from .tables import ROPE_TYPE_NAMES, c_double

@@ -9,7 +9,7 @@ A key is `<family>-<field><value>-...-v<vector width>`, e.g.
 `attn_flash-d128-dv128-g4-w4096-causal-v16`. Every field is an int64 value;
 in `jit` mode it becomes the global `spec_<name>` and in `aot` mode a literal.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 MASK_MODES = ("none", "causal", "mask")  # SNEPPX_MASK_NONE / CAUSAL / EXPLICIT

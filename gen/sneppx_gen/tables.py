@@ -55,9 +55,9 @@ def _config_initializer(arch: Arch) -> str:
         f".qk_nope_head_dim = {arch.qk_nope_head_dim}",
         f".qk_rope_head_dim = {arch.qk_rope_head_dim}",
         f".v_head_dim = {arch.v_head_dim}",
-        f".mla_naive = 0",
+        ".mla_naive = 0",
         f".use_flash_attn = {arch.use_flash_attn}",
-        f".num_threads = 0",
+        ".num_threads = 0",
     ]
     return "{\n         " + ",\n         ".join(fields) + "}"
 
