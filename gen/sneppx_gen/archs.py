@@ -28,8 +28,8 @@ class RopeScaling:
     low_freq_factor: float = 0.0
     high_freq_factor: float = 0.0
     original_max_position_embeddings: int = 0
-    beta_fast: float = 32.0       # YaRN defaults (HF, DeepSeek)
-    beta_slow: float = 1.0
+    beta_fast: float = 0.0
+    beta_slow: float = 0.0
     mscale: float = 0.0
     mscale_all_dim: float = 0.0
     attention_factor: float = 0.0
@@ -124,6 +124,10 @@ def _rope_scaling(raw: Optional[dict], where: str) -> RopeScaling:
                           ("attention_factor", float)):
         if raw.get(name) is not None:
             values[name] = _number(raw[name], f"{where}.rope_scaling.{name}", kind_of)
+    if values["type"] == ROPE_TYPES["yarn"]:
+        # HF's and DeepSeek's defaults; other types leave them 0, as the runtime's config.json reader does.
+        values.setdefault("beta_fast", 32.0)
+        values.setdefault("beta_slow", 1.0)
     return RopeScaling(**values)
 
 
