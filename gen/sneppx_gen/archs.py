@@ -261,7 +261,10 @@ def find_preset(name: str, presets: Optional[List[Arch]] = None) -> Optional[Arc
 
 def load_config_file(path: str) -> Arch:
     with open(path) as f:
-        raw = json.load(f)
+        try:
+            raw = json.load(f)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path}: not JSON: {error}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     name = raw.get("name") or Path(path).stem
