@@ -1,0 +1,100 @@
+/* Fuzzes the sharded-checkpoint loader: the input becomes
+ * model.safetensors.index.json in a private directory that also holds two
+ * valid shards ("model-00001-of-00002.safetensors": q/k/v_proj of layer 0,
+ * "model-00002-of-00002.safetensors": o_proj), and sneppx_attn_weights_load()
+ * reads layer 0 of a small GQA config from the directory. Promises: success
+ * gives every tensor the config needs; failure leaves no weights and has a
+ * message. (Shard names that leave the directory are refused by the loader;
+ * the seeds hold such names for the fuzzer to mutate.) */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fuzz.h"
+#include "sneppx/safetensors.h"
+
+static char dir[512], index_path[PATH_MAX];
+static sneppx_config config;
+
+/* Writes a shard holding the tensors [first, last) of the config, zeros in BF16. */
+static int write_shard(const char *name, const sneppx_attn_tensor *tensors, int first, int last)
+{
+    char header[2048] = "{\"__metadata__\":{\"format\":\"pt\"}";
+    size_t used = strlen(header);
+    uint64_t offset = 0;
+    for (int t = first; t < last; t++) {
+        const uint64_t elements = (uint64_t)tensors[t].shape[0] * (uint64_t)(tensors[t].rank == 2 ? tensors[t].shape[1] : 1);
+        used += (size_t)snprintf(header + used, sizeof header - used,
+                                 ",\"model.layers.0.self_attn.%s\":{\"dtype\":\"BF16\",\"shape\":[%lld,%lld],"
+                                 "\"data_offsets\":[%llu,%llu]}", tensors[t].name, (long long)tensors[t].shape[0],
+                                 (long long)tensors[t].shape[1], (unsigned long long)offset,
+                                 (unsigned long long)(offset + 2 * elements));
+        offset += 2 * elements;
+    }
+    used += (size_t)snprintf(header + used, sizeof header - used, "}");
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *stream = fopen(path, "wb");
+    if (!stream || used >= sizeof header)
+        return -1;
+    uint8_t length[8];
+    for (int i = 0; i < 8; i++)
+        length[i] = (uint8_t)((uint64_t)used >> (8 * i));
+    int ok = fwrite(length, 1, 8, stream) == 8 && fwrite(header, 1, used, stream) == used;
+    for (uint64_t i = 0; ok && i < offset; i++)
+        ok = fputc(0, stream) != EOF;
+    return fclose(stream) == 0 && ok ? 0 : -1;
+}
+
+static void remove_directory(void)
+{
+    char path[PATH_MAX];
+    const char *files[] = {"model.safetensors.index.json", "model-00001-of-00002.safetensors",
+                           "model-00002-of-00002.safetensors"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    sneppx_config_init(&config);
+    config.hidden_size = 32, config.num_attention_heads = 2, config.num_key_value_heads = 1, config.head_dim = 16;
+    config.qkv_bias = config.o_bias = 0;
+    sneppx_attn_tensor tensors[SNEPPX_ATTN_TENSORS_MAX];
+    int count = 0;
+    const char *tmp = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/sneppx-fuzz-checkpoint-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+    if (sneppx_attn_tensors(&config, tensors, &count) != SNEPPX_OK || count != 4 || !mkdtemp(dir) ||
+        write_shard("model-00001-of-00002.safetensors", tensors, 0, 3) != 0 ||
+        write_shard("model-00002-of-00002.safetensors", tensors, 3, 4) != 0) {
+        fprintf(stderr, "fuzz_checkpoint_index: cannot prepare the shards in %s\n", dir);
+        exit(1);
+    }
+    snprintf(index_path, sizeof index_path, "%s/model.safetensors.index.json", dir);
+    atexit(remove_directory);
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    FILE *stream = fopen(index_path, "wb");
+    FUZZ_ASSERT(stream && fwrite(data, 1, size, stream) == size && fclose(stream) == 0, "cannot write %s",
+                index_path);
+    sneppx_attn_weights *weights = NULL;
+    sneppx_status status = sneppx_attn_weights_load(dir, 0, &config, &weights);
+    if (status == SNEPPX_OK) {
+        const sneppx_weights *view = sneppx_attn_weights_view(weights);
+        FUZZ_ASSERT(view && view->q_proj_weight && view->k_proj_weight && view->v_proj_weight && view->o_proj_weight,
+                    "a loaded layer lacks a tensor the config needs");
+    } else {
+        FUZZ_ASSERT(!weights && sneppx_last_error()[0] != '\0', "status %d without a message", (int)status);
+    }
+    sneppx_attn_weights_free(weights);
+    return 0;
+}
