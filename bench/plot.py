@@ -10,20 +10,24 @@ import sys
 from collections import defaultdict
 
 
+STAGE_ORDER = ("gemm", "attention", "layer")
+STAGE_TITLES = {"gemm": "projection ", "attention": "attention ", "layer": "layer "}
+
+
 def load(path):
     with open(path, newline="") as f:
         return [row for row in csv.DictReader(f)]
 
 
 def panels_of(rows):
-    """{panel title: {line label: [(T, rate, rate_min, rate_max)]}} for the GFLOP/s rows."""
+    """{(stage order, panel title): {line label: [(T, rate, rate_min, rate_max)]}} for the GFLOP/s rows."""
     panels = defaultdict(lambda: defaultdict(list))
     for row in rows:
         if row["stage"] not in ("gemm", "attention", "layer") or row["unit"] != "GFLOP/s":
             continue
         if row["impl"] == "no-win" or " w" in row["case"]:  # the window comparison is one point
             continue
-        title = {"gemm": "projection ", "attention": "attention ", "layer": "layer "}[row["stage"]] + row["case"]
+        title = (STAGE_ORDER.index(row["stage"]), STAGE_TITLES[row["stage"]] + row["case"])
         label = f'{row["impl"]} {row["threads"]}t'
         panels[title][label].append((int(row["tokens"]), float(row["value"]),
                                      float(row["value_min"]), float(row["value_max"])))
@@ -58,7 +62,7 @@ def main():
     impls = sorted({label.rsplit(" ", 1)[0] for lines in panels.values() for label in lines})
     colours = {impl: f"C{i}" for i, impl in enumerate(impls)}
     most_threads = max(peaks) if peaks else 0
-    for axis, (title, lines) in zip(axes.flat, sorted(panels.items())):
+    for axis, ((_, title), lines) in zip(axes.flat, sorted(panels.items())):
         for label, points in sorted(lines.items()):
             impl, threads = label.rsplit(" ", 1)
             points.sort()
