@@ -9,7 +9,9 @@
  *                  mask_shape gives its 4 dimensions (checked); NULL when the mask is.
  *                  Entries <= -1e30 (and -inf) count as masked; a row with every key
  *                  masked gives zeros.
- *   position_ids   [batch, seq_len]; NULL = 0..seq_len-1 for every batch row.
+ *   position_ids   [batch, seq_len]; NULL = 0..seq_len-1 for every batch row. Every
+ *                  position must be in [0, max_position_embeddings) (the dynamic RoPE
+ *                  type excepted: it exists to run past it); extend_context() raises it.
  *   out            [batch, seq_len, hidden_size]
  */
 #ifndef SNEPPX_LAYER_H
