@@ -12,6 +12,7 @@
 # the ctest fuzz_replay_<harness> replays it in every build from then on.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/deps.sh" # clang-19, libclang-rt-19-dev (libFuzzer), libomp-19-dev
 build="${SNEPPX_FUZZ_BUILD_DIR:-$root/build-fuzz}"
 seconds="${1:-30}"
 shift || true
