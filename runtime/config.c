@@ -96,6 +96,42 @@ int64_t sneppx_config_rotary_dim(const sneppx_config *config)
                                (long long)(config->field), (long long)(lo), (long long)(hi));    \
     } while (0)
 
+/* The scaling parameters feed formulas (1/factor, YaRN's log(orig / beta),
+ * mscale ratios): values that are each finite can still overflow them. Rather
+ * than bound every parameter, compute what the runtime will compute and refuse
+ * a config whose RoPE tables or softmax scale would not be finite. */
+static sneppx_status validate_rope_numbers(const sneppx_config *config, int64_t rotary_dim)
+{
+    const sneppx_rope_scaling *s = &config->rope_scaling;
+    const double parameters[] = {s->low_freq_factor, s->high_freq_factor, s->beta_fast, s->beta_slow,
+                                 s->mscale, s->mscale_all_dim, s->attention_factor};
+    const char *const names[] = {"low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
+                                 "mscale", "mscale_all_dim", "attention_factor"};
+    for (int i = 0; i < (int)(sizeof parameters / sizeof parameters[0]); i++)
+        if (!isfinite(parameters[i]))
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.rope_scaling.%s: %g is not finite", names[i],
+                               parameters[i]);
+    double inv_freq[SNEPPX_MAX_HEAD_DIM / 2], attention_factor;
+    struct sneppx_rope_params params;
+    sneppx_config_rope_params(config, &params);
+    sneppx_rope_inv_freq(&params, config->max_position_embeddings, inv_freq, &attention_factor);
+    for (int64_t i = 0; i < rotary_dim / 2; i++)
+        if (!isfinite(inv_freq[i]) || inv_freq[i] < 0)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "config.rope_scaling: these parameters (factor %g) give RoPE frequency %lld = %g",
+                               s->factor, (long long)i, inv_freq[i]);
+    if (!isfinite(attention_factor) || !(attention_factor > 0))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "config.rope_scaling: these parameters give the cos/sin attention factor %g",
+                           attention_factor);
+    const double scale = sneppx_config_softmax_scale(config);
+    if (!isfinite(scale) || !(scale > 0))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "config.rope_scaling.mscale_all_dim: %g gives the softmax scale %g", s->mscale_all_dim,
+                           scale);
+    return SNEPPX_OK;
+}
+
 static sneppx_status validate_rope(const sneppx_config *config, int64_t rotary_dim)
 {
     const sneppx_rope_scaling *scaling = &config->rope_scaling;
@@ -123,7 +159,7 @@ static sneppx_status validate_rope(const sneppx_config *config, int64_t rotary_d
                                "config.rope_scaling.original_max_position_embeddings: %lld must be >= 0",
                                (long long)scaling->original_max_position_embeddings);
     }
-    return SNEPPX_OK;
+    return validate_rope_numbers(config, rotary_dim);
 }
 
 sneppx_status sneppx_config_validate(const sneppx_config *config)
@@ -195,8 +231,18 @@ sneppx_status sneppx_config_extend_context(sneppx_config *config, int64_t new_ma
                            (long long)new_max_positions, (long long)config->max_position_embeddings);
     const double dim = (double)sneppx_config_rotary_dim(config);
     const double ratio = (double)new_max_positions / (double)config->max_position_embeddings;
-    config->rope_theta *= pow(ratio, dim / (dim - 2.0));
-    config->max_position_embeddings = new_max_positions;
+    sneppx_config extended = *config;
+    extended.rope_theta *= pow(ratio, dim / (dim - 2.0));
+    extended.max_position_embeddings = new_max_positions;
+    /* A longer context moves YaRN's correction range and grows theta: the
+     * result must be as valid as the input, or the input stays as it was. */
+    if (sneppx_config_validate(&extended) != SNEPPX_OK) {
+        char reason[512];
+        snprintf(reason, sizeof reason, "%s", sneppx_last_error());
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "new_max_positions: %lld makes the config invalid (%s)",
+                           (long long)new_max_positions, reason);
+    }
+    *config = extended;
     return SNEPPX_OK;
 }
 

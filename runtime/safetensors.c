@@ -239,7 +239,8 @@ static sneppx_status parse_header(sneppx_safetensors *file, const char *header, 
 
 static sneppx_status map_file(sneppx_safetensors *file)
 {
-    int fd = open(file->path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO must not make open() wait for a writer; fstat refuses it below. */
+    int fd = open(file->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return sneppx_fail(SNEPPX_ERR_IO, "%s: cannot open: %s", file->path, strerror(errno));
     struct stat st;
