@@ -9,21 +9,26 @@
 #include "error.h"
 #include "layer_internal.h"
 
-static void append_key(sneppx_layer *layer, const char *key)
+/* Records a resolved kernel once (key line and timing); caller holds layer->lock. */
+static void record_kernel(sneppx_layer *layer, const char *key, const sneppx_kernel_timing *timing)
 {
+    for (int i = 0; i < layer->timing_count; i++)
+        if (strcmp(layer->timings[i].key, key) == 0)
+            return;
+    if (layer->timing_count == SNEPPX_LAYER_MAX_KERNELS)
+        return;
     size_t len = strlen(key);
-    if (layer->keys_len + len + 2 > layer->keys_cap) {
-        size_t cap = (layer->keys_cap + len + 2) * 2;
-        char *grown = realloc(layer->keys, cap);
-        if (!grown)
-            return; /* the key list is informational; the kernel itself is resolved */
-        layer->keys = grown;
-        layer->keys_cap = cap;
-    }
     memcpy(layer->keys + layer->keys_len, key, len);
     layer->keys_len += len;
     layer->keys[layer->keys_len++] = '\n';
     layer->keys[layer->keys_len] = '\0';
+    sneppx_kernel_timing *slot = &layer->timings[layer->timing_count++];
+    if (timing) {
+        *slot = *timing;
+    } else {
+        memset(slot, 0, sizeof *slot);
+        snprintf(slot->key, sizeof slot->key, "%s", key);
+    }
 }
 
 static sneppx_status resolve(sneppx_layer *layer, const char *family, const int64_t *values,
@@ -34,17 +39,7 @@ static sneppx_status resolve(sneppx_layer *layer, const char *family, const int6
         sneppx_kernel_timing timing;
         int timed = sneppx_kernel_last_timing(&timing) == SNEPPX_OK;
         pthread_mutex_lock(&layer->lock);
-        append_key(layer, (*kernel)->key);
-        if (timed && layer->timing_count == layer->timing_cap) {
-            int cap = layer->timing_cap ? layer->timing_cap * 2 : 16;
-            sneppx_kernel_timing *grown = realloc(layer->timings, sizeof *grown * (size_t)cap);
-            if (grown) {
-                layer->timings = grown;
-                layer->timing_cap = cap;
-            }
-        }
-        if (timed && layer->timing_count < layer->timing_cap)
-            layer->timings[layer->timing_count++] = timing;
+        record_kernel(layer, (*kernel)->key, timed ? &timing : NULL);
         pthread_mutex_unlock(&layer->lock);
     }
     return status;
@@ -238,7 +233,7 @@ const sneppx_config *sneppx_layer_config(const sneppx_layer *layer) { return lay
 
 const char *sneppx_layer_keys(const sneppx_layer *layer)
 {
-    return layer && layer->keys ? layer->keys : "";
+    return layer ? layer->keys : "";
 }
 
 int sneppx_layer_kernel_count(const sneppx_layer *layer) { return layer ? layer->timing_count : 0; }
@@ -314,8 +309,6 @@ void sneppx_layer_destroy(sneppx_layer *layer)
     free(layer->inv_freq);
     free(layer->cos_cache);
     free(layer->sin_cache);
-    free(layer->keys);
-    free(layer->timings);
     pthread_mutex_destroy(&layer->lock);
     free(layer);
 }

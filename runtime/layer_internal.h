@@ -38,6 +38,9 @@ struct sneppx_workspace {
     int64_t thread_scratch_floats;
 };
 
+/* Kernels one layer can resolve: MLA absorbed with q LoRA has 9 plus 4 attention variants. */
+#define SNEPPX_LAYER_MAX_KERNELS 16
+
 enum { SNEPPX_ATTN_SDPA = 0, SNEPPX_ATTN_FLASH = 1 };
 enum { SNEPPX_ATTN_IMPLICIT = 0, SNEPPX_ATTN_EXPLICIT = 1 };
 
@@ -74,10 +77,12 @@ struct sneppx_layer {
     int64_t cached_positions;
     struct sneppx_workspace *free_workspaces;
 
-    sneppx_kernel_timing *timings; /* one per resolved kernel */
-    int timing_count, timing_cap;
-    char *keys;              /* one per line, for sneppx_layer_keys() */
-    size_t keys_len, keys_cap;
+    /* Fixed-size, so the string sneppx_layer_keys() returned stays valid when a
+     * later call resolves another kernel (a realloc would free it under the caller). */
+    sneppx_kernel_timing timings[SNEPPX_LAYER_MAX_KERNELS]; /* one per distinct resolved kernel */
+    int timing_count;
+    char keys[SNEPPX_LAYER_MAX_KERNELS * (SNEPPX_KEY_MAX + 1) + 1]; /* one per line */
+    size_t keys_len;
 };
 
 /* layer.c */
