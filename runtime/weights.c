@@ -6,6 +6,7 @@
 
 #include "error.h"
 #include "layer_internal.h"
+#include "sneppx/safetensors.h"
 
 sneppx_status sneppx_pack_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *gemm, int64_t instances,
                                int has_bias)
@@ -69,66 +70,16 @@ static float *synthetic_tensor(int tensor_id, int64_t count, float scale, float 
     return tensor;
 }
 
-enum {
-    W_Q, W_Q_BIAS, W_K, W_K_BIAS, W_V, W_V_BIAS, W_O, W_O_BIAS, W_Q_A, W_Q_A_BIAS, W_Q_A_NORM, W_Q_B,
-    W_KV_A, W_KV_A_BIAS, W_KV_A_NORM, W_KV_B, W_COUNT
-};
-
-struct tensor_spec {
-    int64_t rows, cols; /* cols = 1 for vectors */
-    int kind;           /* 0 weight, 1 bias, 2 norm */
-};
-
-static void tensor_specs(const sneppx_layer *layer, struct tensor_spec specs[W_COUNT])
+/* The weight pointer a tensor fills, and its synthetic-tensor id (the field's
+ * index in sneppx_weights, as layer.h documents). */
+static const float **weight_slot(sneppx_weights *weights, const sneppx_attn_tensor *tensor)
 {
-    const sneppx_config *c = &layer->config;
-    const int64_t hidden = c->hidden_size, heads = c->num_attention_heads;
-    memset(specs, 0, sizeof(struct tensor_spec) * W_COUNT);
-    if (layer->is_mla) {
-        if (c->q_lora_rank > 0) {
-            specs[W_Q_A] = (struct tensor_spec){c->q_lora_rank, hidden, 0};
-            if (c->qkv_bias)
-                specs[W_Q_A_BIAS] = (struct tensor_spec){c->q_lora_rank, 1, 1};
-            specs[W_Q_A_NORM] = (struct tensor_spec){c->q_lora_rank, 1, 2};
-            specs[W_Q_B] = (struct tensor_spec){layer->q_dim, c->q_lora_rank, 0};
-        } else {
-            specs[W_Q] = (struct tensor_spec){layer->q_dim, hidden, 0};
-        }
-        specs[W_KV_A] = (struct tensor_spec){layer->latent_dim, hidden, 0};
-        if (c->qkv_bias)
-            specs[W_KV_A_BIAS] = (struct tensor_spec){layer->latent_dim, 1, 1};
-        specs[W_KV_A_NORM] = (struct tensor_spec){c->kv_lora_rank, 1, 2};
-        specs[W_KV_B] = (struct tensor_spec){heads * (c->qk_nope_head_dim + c->v_head_dim), c->kv_lora_rank, 0};
-    } else {
-        specs[W_Q] = (struct tensor_spec){layer->q_dim, hidden, 0};
-        specs[W_K] = (struct tensor_spec){layer->kv_dim, hidden, 0};
-        specs[W_V] = (struct tensor_spec){layer->kv_dim, hidden, 0};
-        if (c->qkv_bias) {
-            specs[W_Q_BIAS] = (struct tensor_spec){layer->q_dim, 1, 1};
-            specs[W_K_BIAS] = (struct tensor_spec){layer->kv_dim, 1, 1};
-            specs[W_V_BIAS] = (struct tensor_spec){layer->kv_dim, 1, 1};
-        }
-    }
-    specs[W_O] = (struct tensor_spec){hidden, layer->attn_dim, 0};
-    if (c->o_bias)
-        specs[W_O_BIAS] = (struct tensor_spec){hidden, 1, 1};
+    return (const float **)((char *)weights + tensor->weights_offset);
 }
 
-static const char *const tensor_names[W_COUNT] = {
-    "q_proj_weight", "q_proj_bias", "k_proj_weight", "k_proj_bias", "v_proj_weight", "v_proj_bias",
-    "o_proj_weight", "o_proj_bias", "q_a_proj_weight", "q_a_proj_bias", "q_a_layernorm_weight",
-    "q_b_proj_weight", "kv_a_proj_with_mqa_weight", "kv_a_proj_with_mqa_bias", "kv_a_layernorm_weight",
-    "kv_b_proj_weight"};
-
-static const float **weight_slot(sneppx_weights *weights, int id)
+static int tensor_id(const sneppx_attn_tensor *tensor)
 {
-    const float **slots[W_COUNT] = {
-        &weights->q_proj_weight, &weights->q_proj_bias, &weights->k_proj_weight, &weights->k_proj_bias,
-        &weights->v_proj_weight, &weights->v_proj_bias, &weights->o_proj_weight, &weights->o_proj_bias,
-        &weights->q_a_proj_weight, &weights->q_a_proj_bias, &weights->q_a_layernorm_weight,
-        &weights->q_b_proj_weight, &weights->kv_a_proj_with_mqa_weight, &weights->kv_a_proj_with_mqa_bias,
-        &weights->kv_a_layernorm_weight, &weights->kv_b_proj_weight};
-    return slots[id];
+    return (int)(tensor->weights_offset / sizeof(const float *));
 }
 
 static sneppx_status pack_projection(sneppx_layer *layer, struct sneppx_packed_gemm *gemm, const float *weight,
@@ -226,39 +177,57 @@ static sneppx_status load_mla(sneppx_layer *layer, const sneppx_weights *w)
     return pack_projection(layer, &layer->o_proj, w->o_proj_weight, w->o_proj_bias);
 }
 
+/* sneppx_weights' fields in declaration order (include/sneppx/layer.h). */
+static const char *const field_names[] = {
+    "q_proj_weight", "q_proj_bias", "k_proj_weight", "k_proj_bias", "v_proj_weight", "v_proj_bias",
+    "o_proj_weight", "o_proj_bias", "q_a_proj_weight", "q_a_proj_bias", "q_a_layernorm_weight",
+    "q_b_proj_weight", "kv_a_proj_with_mqa_weight", "kv_a_proj_with_mqa_bias", "kv_a_layernorm_weight",
+    "kv_b_proj_weight"};
+_Static_assert(sizeof field_names / sizeof field_names[0] == sizeof(sneppx_weights) / sizeof(const float *),
+               "field_names must list every sneppx_weights field");
+
 sneppx_status sneppx_layer_load_weights(sneppx_layer *layer, const sneppx_weights *weights)
 {
-    struct tensor_spec specs[W_COUNT];
-    tensor_specs(layer, specs);
-    sneppx_weights synthetic = {0};
-    float *owned[W_COUNT] = {0};
-    sneppx_status status = SNEPPX_OK;
-    for (int id = 0; id < W_COUNT; id++) {
-        const float *given = weights ? *weight_slot((sneppx_weights *)weights, id) : NULL;
-        const int needed = specs[id].rows > 0;
-        if (weights && needed && !given)
-            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "weights.%s: NULL, but this config needs [%lld, %lld]",
-                               tensor_names[id], (long long)specs[id].rows, (long long)specs[id].cols);
-        if (weights && !needed && given)
-            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "weights.%s: given, but this config has no such tensor",
-                               tensor_names[id]);
-        if (!weights && needed) {
-            const struct tensor_spec *spec = &specs[id];
-            float scale = spec->kind == 0 ? (float)(1.0 / sqrt((double)spec->cols)) : 0.1f;
-            owned[id] = synthetic_tensor(id, spec->rows * spec->cols, scale, spec->kind == 2 ? 1.0f : 0.0f);
-            if (!owned[id]) {
-                status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "weights: no memory for synthetic %s",
-                                     tensor_names[id]);
-                break;
-            }
-            *weight_slot(&synthetic, id) = owned[id];
+    /* The one table of what a config's layer holds (shared with the checkpoint loader). */
+    sneppx_attn_tensor tensors[SNEPPX_ATTN_TENSORS_MAX];
+    int count = 0;
+    sneppx_status status = sneppx_attn_tensors(&layer->config, tensors, &count);
+    if (status != SNEPPX_OK)
+        return status;
+    if (weights) {
+        /* Every pointer the config needs must be set, and no other. */
+        int needed[sizeof(sneppx_weights) / sizeof(const float *)] = {0};
+        for (int i = 0; i < count; i++) {
+            needed[tensor_id(&tensors[i])] = 1;
+            if (!*weight_slot((sneppx_weights *)weights, &tensors[i]))
+                return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                                   "weights.%s: NULL, but this config needs %s [%lld x %lld]",
+                                   field_names[tensor_id(&tensors[i])], tensors[i].name,
+                                   (long long)tensors[i].shape[0], (long long)(tensors[i].rank == 2 ? tensors[i].shape[1] : 1));
         }
+        const float *const *given = (const float *const *)weights;
+        for (size_t field = 0; field < sizeof needed / sizeof needed[0]; field++)
+            if (given[field] && !needed[field])
+                return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                                   "weights.%s: given, but this config has no such tensor", field_names[field]);
+        return layer->is_mla ? load_mla(layer, weights) : load_standard(layer, weights);
     }
-    if (status == SNEPPX_OK) {
-        const sneppx_weights *source = weights ? weights : &synthetic;
-        status = layer->is_mla ? load_mla(layer, source) : load_standard(layer, source);
+    sneppx_weights synthetic = {0};
+    float *owned[SNEPPX_ATTN_TENSORS_MAX] = {0};
+    for (int i = 0; i < count && status == SNEPPX_OK; i++) {
+        const sneppx_attn_tensor *tensor = &tensors[i];
+        const int is_norm = strstr(tensor->name, "layernorm") != NULL;
+        const int64_t in_features = tensor->rank == 2 ? tensor->shape[1] : 1;
+        const float scale = tensor->rank == 2 ? (float)(1.0 / sqrt((double)in_features)) : 0.1f;
+        owned[i] = synthetic_tensor(tensor_id(tensor), tensor->shape[0] * in_features, scale, is_norm ? 1.0f : 0.0f);
+        if (!owned[i])
+            status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "weights: no memory for synthetic %s", tensor->name);
+        else
+            *weight_slot(&synthetic, tensor) = owned[i];
     }
-    for (int id = 0; id < W_COUNT; id++)
-        free(owned[id]);
+    if (status == SNEPPX_OK)
+        status = layer->is_mla ? load_mla(layer, &synthetic) : load_standard(layer, &synthetic);
+    for (int i = 0; i < count; i++)
+        free(owned[i]);
     return status;
 }
