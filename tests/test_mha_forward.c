@@ -119,7 +119,10 @@ static void test_presets(void)
         if (!TEST_CHECK(&tally, sneppx_config_from_name(name, NULL, &config) == SNEPPX_OK, "preset %s: %s", name,
                         sneppx_last_error()))
             continue;
-        const int synthetic = test_weights_float_count(&config) > RANDOM_WEIGHTS_MAX_FLOATS;
+        /* DeepSeek-V2 (236B) is just above the bound, but issue 5 wants both MLA presets
+         * against the reference: it runs with random weights at batch 1, seq 3. */
+        const int big = test_weights_float_count(&config) > RANDOM_WEIGHTS_MAX_FLOATS;
+        const int synthetic = big && config.kv_lora_rank == 0;
         if (config.kv_lora_rank > 0)
             TEST_CHECK(&tally, config.rope_interleaved == 1,
                        "preset %s: DeepSeek rotates (2i, 2i+1) pairs (MODELS.md 3), rope_interleaved is %d", name,
@@ -129,9 +132,9 @@ static void test_presets(void)
             snprintf(key, sizeof key, "-g%lld-", (long long)(config.num_attention_heads / config.num_key_value_heads));
         test_group group;
         test_group_begin(&group, "preset %s%s", name, synthetic ? " (synthetic weights: flash vs sdpa only)" : "");
-        run_one(&group, &config, NULL, TEST_MASK_CAUSAL, synthetic ? 1 : 2, synthetic ? 2 : 7, synthetic, 100 + p,
+        run_one(&group, &config, NULL, TEST_MASK_CAUSAL, big ? 1 : 2, synthetic ? 2 : (big ? 3 : 7), synthetic, 100 + p,
                 key[0] ? key : NULL);
-        if (!synthetic)
+        if (!big)
             run_one(&group, &config, NULL, TEST_MASK_LEFT_PADDING, 2, 9, 0, 200 + p, NULL);
         test_group_end(&group);
     }
