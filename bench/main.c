@@ -124,6 +124,31 @@ static void print_load(const char *when)
            load > 0.5 ? "  -- WARNING: other work is running; numbers are pessimistic" : "");
 }
 
+/* Seconds that some runnable task waited for a core since boot (Linux PSI,
+ * /proc/pressure/cpu "some ... total=" in microseconds); -1 when unavailable. */
+static double cpu_stalled_seconds(void)
+{
+    FILE *pressure = fopen("/proc/pressure/cpu", "r");
+    if (!pressure)
+        return -1;
+    unsigned long long total = 0;
+    const int found = fscanf(pressure, "some avg10=%*f avg60=%*f avg300=%*f total=%llu", &total) == 1;
+    fclose(pressure);
+    return found ? (double)total * 1e-6 : -1;
+}
+
+/* With the bench's threads at most one per core, a task waiting for a core
+ * means other work shared the machine: say how much, per stage. */
+static void print_contention(const char *stage, double seconds, double stalled)
+{
+    if (seconds <= 0 || stalled < 0)
+        return;
+    bench_record_value("contention", stage, "cpu-wait", 0, 0, 100 * stalled / seconds, "%");
+    printf("   (CPU pressure during this stage: some task waited for a core %.0f%% of the time%s)\n",
+           100 * stalled / seconds,
+           stalled / seconds > 0.05 ? " -- other work was running; all-core rows are pessimistic" : "");
+}
+
 static int run_plot(const char *csv_path, const char *png_path)
 {
     char *const argv[] = {(char *)SNEPPX_BENCH_PYTHON, (char *)SNEPPX_BENCH_SOURCE_DIR "/plot.py",
@@ -207,17 +232,25 @@ int main(int argc, char **argv)
            (long long)tile_rows, (long long)tile_cols, BENCH_ATTN_TILE_ROWS);
     print_load("at start");
 
-    bench_stage_peak(&ctx);
-    if (ctx.stages & BENCH_STAGE_GEMM)
-        bench_stage_gemm(&ctx);
-    if (ctx.stages & BENCH_STAGE_ATTENTION)
-        bench_stage_attention(&ctx);
-    if (ctx.stages & BENCH_STAGE_LAYER)
-        bench_stage_layer(&ctx);
-    if (ctx.stages & BENCH_STAGE_JIT)
-        bench_stage_jit(&ctx);
-    if (ctx.stages & BENCH_STAGE_MEMORY)
-        bench_stage_memory(&ctx);
+    static const struct {
+        int bit;
+        const char *name;
+        void (*run)(struct bench_context *);
+    } stages[] = {
+        {BENCH_STAGE_PEAK, "peak", bench_stage_peak},
+        {BENCH_STAGE_GEMM, "gemm", bench_stage_gemm},
+        {BENCH_STAGE_ATTENTION, "attention", bench_stage_attention},
+        {BENCH_STAGE_LAYER, "layer", bench_stage_layer},
+        {BENCH_STAGE_JIT, "jit", bench_stage_jit},
+        {BENCH_STAGE_MEMORY, "memory", bench_stage_memory},
+    };
+    for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++) {
+        if (!(ctx.stages & stages[i].bit))
+            continue;
+        const double stage_start = bench_now(), stalled_start = cpu_stalled_seconds();
+        stages[i].run(&ctx);
+        print_contention(stages[i].name, bench_now() - stage_start, cpu_stalled_seconds() - stalled_start);
+    }
 
     bench_report_targets(&ctx);
     printf("\n");
