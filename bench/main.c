@@ -249,7 +249,9 @@ int main(int argc, char **argv)
             continue;
         const double stage_start = bench_now(), stalled_start = cpu_stalled_seconds();
         stages[i].run(&ctx);
-        print_contention(stages[i].name, bench_now() - stage_start, cpu_stalled_seconds() - stalled_start);
+        const double stalled_end = cpu_stalled_seconds();
+        print_contention(stages[i].name, bench_now() - stage_start,
+                         stalled_start < 0 || stalled_end < 0 ? -1 : stalled_end - stalled_start);
     }
 
     bench_report_targets(&ctx);
