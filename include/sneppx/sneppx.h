@@ -6,5 +6,6 @@
 #include "sneppx/config.h"
 #include "sneppx/cache.h"
 #include "sneppx/layer.h"
+#include "sneppx/safetensors.h"
 
 #endif
