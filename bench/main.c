@@ -44,9 +44,9 @@ static void usage(FILE *to)
             "  --csv FILE     one row per measurement\n"
             "  --plot FILE    PNG chart of GFLOP/s against T per stage (bench/plot.py; writes FILE.csv\n"
             "                 too unless --csv is given)\n"
-            "  --gemm-tile RxC  GEMM task of R rows x C columns instead of the runtime's %dx%d (C a multiple\n"
-            "                 of 2 x vector width), to measure another partition of the projections\n",
-            BENCH_GEMM_TILE_ROWS, BENCH_GEMM_TILE_COLS);
+            "  --gemm-tile RxC  GEMM task of R rows x C columns instead of the runtime's (at most %dx%d,\n"
+            "                 split evenly; C a multiple of 2 x vector width), to measure another partition\n",
+            SNEPPX_GEMM_MAX_TILE_ROWS, SNEPPX_GEMM_MAX_TILE_COLS);
 }
 
 static int parse_stages(const char *list)
@@ -226,10 +226,10 @@ int main(int argc, char **argv)
            getenv("OPENBLAS_CORETYPE") || getenv("OPENBLAS_L2_SIZE") ? "SET: baseline forced" : "unset",
            sneppx_cache_dir()[0] ? sneppx_cache_dir() : "(memory only)");
 
-    int64_t tile_rows, tile_cols;
-    bench_gemm_tile(&tile_rows, &tile_cols);
-    printf("GEMM tasks %lldx%lld (rows x columns), attention tasks %d query rows x 1 K/V head, as runtime/forward.c\n",
-           (long long)tile_rows, (long long)tile_cols, BENCH_ATTN_TILE_ROWS);
+    const struct sneppx_gemm_tiles tile = bench_gemm_tile(2048, 6144);
+    printf("GEMM tasks %lldx%lld (rows x columns, qkv at T = 2048), attention tasks %d query rows x 1 K/V head, "
+           "as runtime/partition.h\n",
+           (long long)tile.rows, (long long)tile.cols, SNEPPX_ATTN_TILE_ROWS);
     print_load("at start");
 
     static const struct {

@@ -4,8 +4,8 @@
 #include <omp.h>
 #include <string.h>
 
-static int64_t gemm_tile_rows = BENCH_GEMM_TILE_ROWS;
-static int64_t gemm_tile_cols = BENCH_GEMM_TILE_COLS;
+/* --gemm-tile's shape; zero: the runtime's (runtime/partition.h). */
+static int64_t gemm_tile_rows, gemm_tile_cols;
 
 struct sneppx_args bench_new_args(void)
 {
@@ -22,10 +22,11 @@ void bench_set_gemm_tile(int64_t rows, int64_t cols)
     gemm_tile_cols = cols;
 }
 
-void bench_gemm_tile(int64_t *rows, int64_t *cols)
+struct sneppx_gemm_tiles bench_gemm_tile(int64_t rows, int64_t n)
 {
-    *rows = gemm_tile_rows;
-    *cols = gemm_tile_cols;
+    if (gemm_tile_rows == 0)
+        return sneppx_gemm_tiles_for(rows, n);
+    return (struct sneppx_gemm_tiles){.rows = gemm_tile_rows, .cols = gemm_tile_cols};
 }
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -33,7 +34,8 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 void bench_gemm_tiles(const sneppx_kernel *kernel, int threads, int64_t rows, int64_t n, const float *src,
                       int64_t src_stride, const float *panels, const float *bias, float *dst, int64_t dst_stride)
 {
-    const int64_t tile_rows = gemm_tile_rows, tile_cols = gemm_tile_cols;
+    const struct sneppx_gemm_tiles tile = bench_gemm_tile(rows, n);
+    const int64_t tile_rows = tile.rows, tile_cols = tile.cols;
     const int64_t row_tiles = ceil_div(rows, tile_rows), col_tiles = ceil_div(n, tile_cols);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t task = 0; task < row_tiles * col_tiles; task++) {
@@ -55,14 +57,15 @@ void bench_gemm_tiles(const sneppx_kernel *kernel, int threads, int64_t rows, in
 
 void bench_attention_tiles(const sneppx_kernel *kernel, int threads, const struct bench_attention_operands *ops)
 {
-    const int64_t q_tiles = ceil_div(ops->seq_len, BENCH_ATTN_TILE_ROWS);
+    const int64_t q_tiles = ceil_div(ops->seq_len, SNEPPX_ATTN_TILE_ROWS);
     const int64_t q_width = ops->kv_heads * ops->group * ops->head_dim, kv_width = ops->kv_heads * ops->head_dim;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t task = 0; task < q_tiles * ops->kv_heads; task++) {
-        const int64_t q_tile = q_tiles - 1 - task / ops->kv_heads, kv_head = task % ops->kv_heads;
+        const struct sneppx_attention_task at = sneppx_attention_task_at(task, ops->kv_heads, q_tiles);
+        const int64_t q_tile = at.q_tile, kv_head = at.kv_head;
         struct sneppx_args args = bench_new_args();
-        args.row_begin = q_tile * BENCH_ATTN_TILE_ROWS;
-        args.row_end = args.row_begin + BENCH_ATTN_TILE_ROWS < ops->seq_len ? args.row_begin + BENCH_ATTN_TILE_ROWS
+        args.row_begin = q_tile * SNEPPX_ATTN_TILE_ROWS;
+        args.row_end = args.row_begin + SNEPPX_ATTN_TILE_ROWS < ops->seq_len ? args.row_begin + SNEPPX_ATTN_TILE_ROWS
                                                                              : ops->seq_len;
         args.q = ops->q + kv_head * ops->group * ops->head_dim;
         args.k = ops->k + kv_head * ops->head_dim;

@@ -1,19 +1,13 @@
-/* The parallel partitions the stage benchmarks call kernels over: the same
- * tiles, schedules and loop order as runtime/forward.c, so that a stage here
- * measures what the layer runs. (The runtime exports no entry point for its
- * partitions; when it does, these become calls to it.) */
+/* The parallel partitions the stage benchmarks call kernels over: the tiles
+ * of runtime/partition.h, with the schedules and loop order of
+ * runtime/forward.c, so that a stage here measures what the layer runs. */
 #ifndef SNEPPX_BENCH_TILES_H
 #define SNEPPX_BENCH_TILES_H
 
 #include <stdint.h>
 
 #include "kernels.h"
-
-/* forward.c's GEMM task: rows x output columns (columns a multiple of every NR). */
-#define BENCH_GEMM_TILE_ROWS 192
-#define BENCH_GEMM_TILE_COLS 256
-/* forward.c's attention task: query rows of one (sequence, kv head). */
-#define BENCH_ATTN_TILE_ROWS 64
+#include "partition.h"
 
 /* A zeroed argument block with the ABI's size and version filled in. */
 struct sneppx_args bench_new_args(void);
@@ -21,7 +15,8 @@ struct sneppx_args bench_new_args(void);
 /* Overrides the GEMM task shape (--gemm-tile), to measure other tilings
  * against the runtime's; cols must be a multiple of 2 * vector width. */
 void bench_set_gemm_tile(int64_t rows, int64_t cols);
-void bench_gemm_tile(int64_t *rows, int64_t *cols);
+/* The task shape bench_gemm_tiles() uses for a [rows, k] x [k, n] product. */
+struct sneppx_gemm_tiles bench_gemm_tile(int64_t rows, int64_t n);
 
 /* dst[r, c] = src[r, :] . W[c, :] (+ bias) for r < rows, c < n, over `threads`
  * OpenMP threads: row tiles x column tiles, statically scheduled. */
@@ -30,8 +25,8 @@ void bench_gemm_tiles(const sneppx_kernel *kernel, int threads, int64_t rows, in
 
 /* Causal self-attention of one sequence of seq_len tokens: q [seq_len, kv_heads *
  * group * d] (the group's heads adjacent), k and v [seq_len, kv_heads * d],
- * o like q. Tasks are (query tile, kv head), dynamically scheduled, last query
- * tiles first (they see the most keys). scratch: threads x scratch_floats. */
+ * o like q. Tasks are (query tile, kv head), dynamically scheduled in the
+ * order of sneppx_attention_task_at(). scratch: threads x scratch_floats. */
 struct bench_attention_operands {
     const float *q, *k, *v;
     float *o;

@@ -4,12 +4,8 @@
 #include <string.h>
 
 #include "layer_internal.h"
+#include "partition.h"
 
-/* GEMM tiles: rows x columns per task; columns a multiple of every NR. */
-#define GEMM_TILE_ROWS 192
-#define GEMM_TILE_COLS 256
-/* Query rows per attention task. */
-#define ATTN_TILE_ROWS 64
 /* Rows per RoPE / RMSNorm task. */
 #define ROW_TILE 32
 
@@ -30,8 +26,9 @@ static void run_gemm(const sneppx_layer *layer, const struct sneppx_packed_gemm 
                      const float *src, int64_t src_stride, int64_t src_step, float *dst, int64_t dst_stride,
                      int64_t dst_step, int64_t rows)
 {
-    const int64_t row_tiles = ceil_div(rows, GEMM_TILE_ROWS);
-    const int64_t col_tiles = ceil_div(gemm->n, GEMM_TILE_COLS);
+    const struct sneppx_gemm_tiles tile = sneppx_gemm_tiles_for(rows, gemm->n);
+    const int64_t row_tiles = ceil_div(rows, tile.rows);
+    const int64_t col_tiles = ceil_div(gemm->n, tile.cols);
     const int64_t tasks = instances * row_tiles * col_tiles;
 #pragma omp parallel for schedule(static) num_threads(sneppx_thread_count(layer))
     for (int64_t task = 0; task < tasks; task++) {
@@ -39,10 +36,10 @@ static void run_gemm(const sneppx_layer *layer, const struct sneppx_packed_gemm 
         const int64_t col_tile = task / row_tiles % col_tiles;
         const int64_t row_tile = task % row_tiles;
         struct sneppx_args args = new_args();
-        args.row_begin = row_tile * GEMM_TILE_ROWS;
-        args.row_end = args.row_begin + GEMM_TILE_ROWS < rows ? args.row_begin + GEMM_TILE_ROWS : rows;
-        args.col_begin = col_tile * GEMM_TILE_COLS;
-        args.col_end = args.col_begin + GEMM_TILE_COLS < gemm->n ? args.col_begin + GEMM_TILE_COLS : gemm->n;
+        args.row_begin = row_tile * tile.rows;
+        args.row_end = args.row_begin + tile.rows < rows ? args.row_begin + tile.rows : rows;
+        args.col_begin = col_tile * tile.cols;
+        args.col_end = args.col_begin + tile.cols < gemm->n ? args.col_begin + tile.cols : gemm->n;
         args.src = src + instance * src_step;
         args.src_stride = src_stride;
         args.weight = gemm->panels + instance * gemm->panel_floats;
@@ -105,17 +102,15 @@ static void run_attention(const sneppx_layer *layer, const struct sneppx_workspa
                           const sneppx_kernel *kernel, const struct attention_operands *ops, int64_t batch,
                           int64_t seq_len, const float *mask, int64_t mask_batch_stride)
 {
-    const int64_t q_tiles = ceil_div(seq_len, ATTN_TILE_ROWS);
+    const int64_t q_tiles = ceil_div(seq_len, SNEPPX_ATTN_TILE_ROWS);
     const int64_t tasks = batch * layer->kv_heads * q_tiles;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(sneppx_thread_count(layer))
     for (int64_t task = 0; task < tasks; task++) {
-        /* Last query tiles first: under a causal mask they carry the most keys. */
-        const int64_t q_tile = q_tiles - 1 - task / (batch * layer->kv_heads);
-        const int64_t b = task / layer->kv_heads % batch;
-        const int64_t kv_head = task % layer->kv_heads;
+        const struct sneppx_attention_task at = sneppx_attention_task_at(task, layer->kv_heads, q_tiles);
+        const int64_t q_tile = at.q_tile, b = at.sequence, kv_head = at.kv_head;
         struct sneppx_args args = new_args();
-        args.row_begin = q_tile * ATTN_TILE_ROWS;
-        args.row_end = args.row_begin + ATTN_TILE_ROWS < seq_len ? args.row_begin + ATTN_TILE_ROWS : seq_len;
+        args.row_begin = q_tile * SNEPPX_ATTN_TILE_ROWS;
+        args.row_end = args.row_begin + SNEPPX_ATTN_TILE_ROWS < seq_len ? args.row_begin + SNEPPX_ATTN_TILE_ROWS : seq_len;
         args.q = ops->q + b * ops->q_batch_step + kv_head * ops->q_head_step;
         args.k = ops->k + b * ops->k_batch_step + kv_head * ops->k_head_step;
         args.v = ops->v + b * ops->v_batch_step + kv_head * ops->v_head_step;
