@@ -163,7 +163,7 @@ void bench_stage_jit(struct bench_context *ctx)
 {
     bench_report_section("JIT: per key, cold compile (empty cache dir) and disk-cache load (SNEPPX_JIT=0); "
                          "cold and warm start of a layer",
-                         "fresh processes; compile = specialize + O3 + emit object; load = read + verify + link the "
+                         "fresh processes; compile = specialize + O2 + emit object; load = read + verify + link the "
                          "object; total = the whole resolve (a process's first resolve also sets up LLVM and LLJIT)");
     const char *const *models = ctx->quick ? quick_models : full_models;
     const int model_count = ctx->quick ? 1 : (int)(sizeof full_models / sizeof full_models[0]);

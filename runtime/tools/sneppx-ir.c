@@ -22,7 +22,7 @@ static void usage(FILE *out)
           "                 [--stage specialized|optimized] [--print-key]\n"
           "Prints the LLVM IR of one kernel key as the JIT builds it for this host:\n"
           "  specialized  spec_ globals constant, entries renamed, host CPU attributes\n"
-          "  optimized    and the default<O3> pipeline run (the default)\n"
+          "  optimized    and the default<O2> pipeline run (the default)\n"
           "--print-key prints the key's canonical text instead.\n"
           "A choice field takes its name or its index (mask_mode=causal, mask_mode=1).\n",
           out);
