@@ -1,7 +1,8 @@
 #include "fingerprint.h"
 
-#include <openssl/evp.h>
+#include <nettle/sha2.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
@@ -10,8 +11,10 @@
 
 void sneppx_sha256(const void *data, size_t size, uint8_t digest[SNEPPX_SHA256_SIZE])
 {
-    unsigned int digest_size = SNEPPX_SHA256_SIZE;
-    EVP_Digest(data, size, digest, &digest_size, EVP_sha256(), NULL);
+    struct sha256_ctx hash;
+    sha256_init(&hash);
+    sha256_update(&hash, size, data);
+    sha256_digest(&hash, SNEPPX_SHA256_SIZE, digest);
 }
 
 void sneppx_sha256_hex(const uint8_t digest[SNEPPX_SHA256_SIZE], char hex[SNEPPX_SHA256_HEX_SIZE])
@@ -26,11 +29,11 @@ void sneppx_sha256_hex(const uint8_t digest[SNEPPX_SHA256_SIZE], char hex[SNEPPX
 
 /* Each part is hashed with its length first, so no two different lists of
  * parts hash the same bytes ("ab","c" vs "a","bc"). */
-static void add_part(EVP_MD_CTX *hash, const char *part)
+static void add_part(struct sha256_ctx *hash, const char *part)
 {
     uint64_t length = strlen(part);
-    EVP_DigestUpdate(hash, &length, sizeof length);
-    EVP_DigestUpdate(hash, part, length);
+    sha256_update(hash, sizeof length, (const uint8_t *)&length);
+    sha256_update(hash, length, (const uint8_t *)part);
 }
 
 /* Family and vector width of a key: `<family>-...-v<width>`. */
@@ -70,14 +73,10 @@ sneppx_status sneppx_kernel_fingerprint(const char *key, uint8_t fingerprint[SNE
         SNEPPX_VERSION, abi_version, SNEPPX_LLVM_VERSION, sneppx_jit_options(),
         host->triple, host->cpu, host->features,
     };
-    EVP_MD_CTX *hash = EVP_MD_CTX_new();
-    if (!hash)
-        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "out of memory hashing kernel '%s'", key);
-    EVP_DigestInit_ex(hash, EVP_sha256(), NULL);
+    struct sha256_ctx hash;
+    sha256_init(&hash);
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
-        add_part(hash, parts[i]);
-    unsigned int size = SNEPPX_SHA256_SIZE;
-    EVP_DigestFinal_ex(hash, fingerprint, &size);
-    EVP_MD_CTX_free(hash);
+        add_part(&hash, parts[i]);
+    sha256_digest(&hash, SNEPPX_SHA256_SIZE, fingerprint);
     return SNEPPX_OK;
 }

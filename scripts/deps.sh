@@ -4,7 +4,7 @@ set -euo pipefail
 SNEPPX_PACKAGES=(
   cmake ninja-build gcc pkg-config
   llvm-19-dev clang-19 llvm-19-tools libclang-rt-19-dev libomp-19-dev
-  libcjson-dev libssl-dev libopenblas-dev
+  libcjson-dev nettle-dev libopenblas-dev
   python3 python3-jinja2 python3-numpy python3-pytest
 )
 missing=()
