@@ -307,6 +307,27 @@ static void test_preset_names(test_tally *tally)
     static char long_name[8192];
     memset(long_name, 'x', sizeof long_name - 1);
     EXPECT_ERROR(tally, sneppx_config_from_name(long_name, long_name, &config), SNEPPX_ERR_UNKNOWN_PRESET, "name");
+    /* Its echo is bounded (64 bytes and "..."), so every valid name still fits. */
+    char echoed[80];
+    snprintf(echoed, sizeof echoed, "'%.64s...'", long_name);
+    for (int sized = 0; sized < 2; sized++) {
+        EXPECT_ERROR(tally, sneppx_config_from_name(long_name, sized ? "8B" : NULL, &config),
+                     SNEPPX_ERR_UNKNOWN_PRESET, echoed);
+        int lists_all = strlen(sneppx_last_error()) < 1000;
+        for (int p = 0; p < sneppx_preset_count(); p++)
+            lists_all &= strstr(sneppx_last_error(), sneppx_preset_name(p)) != NULL;
+        TEST_CHECK(tally, lists_all, "a %zu-byte name: the message stays short and lists every valid name: %s",
+                   strlen(long_name), sneppx_last_error());
+    }
+    /* Cut on a whole UTF-8 character: 63 ASCII bytes, then a 2-byte 'é' straddling byte 64. */
+    char accented[128];
+    memset(accented, 'y', 63);
+    snprintf(accented + 63, sizeof accented - 63, "\xc3\xa9tail-of-the-name");
+    EXPECT_ERROR(tally, sneppx_config_from_name(accented, NULL, &config), SNEPPX_ERR_UNKNOWN_PRESET, "name");
+    TEST_CHECK(tally, strstr(sneppx_last_error(), "\xc3") == NULL && strstr(sneppx_last_error(), "y...'"),
+               "a name cut inside a UTF-8 character drops the partial character: %s", sneppx_last_error());
+    /* A name that fits is echoed whole. */
+    EXPECT_ERROR(tally, sneppx_config_from_name("llama3", "9B", &config), SNEPPX_ERR_UNKNOWN_PRESET, "'llama3-9B';");
     TEST_CHECK(tally, sneppx_preset_name(-1) == NULL && sneppx_preset_name(sneppx_preset_count()) == NULL,
                "preset names out of range are NULL");
 }
