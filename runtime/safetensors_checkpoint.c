@@ -4,15 +4,21 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "error.h"
 #include "sneppx/safetensors.h"
 
-/* Index files of the largest public checkpoints are a few hundred KiB. */
+/* Index files of the largest public checkpoints are a few hundred KiB (one
+ * line per tensor; a few MiB for mixtures of experts with tens of thousands).
+ * The bound refuses anything else before allocating; a file within it gets a
+ * buffer of its own size. */
 #define INDEX_MAX_BYTES (64u << 20)
 /* Each tensor's buffer starts on a cache line (and a zmm register). */
 #define TENSOR_ALIGN_FLOATS 16
@@ -170,24 +176,56 @@ static int safe_shard_name(const char *name)
     return 1;
 }
 
+/* The whole index file, NUL-terminated, in a buffer of its own size (from
+ * fstat) plus one byte; files larger than INDEX_MAX_BYTES are refused. */
 static char *read_small_file(const char *path, size_t *size, sneppx_status *status)
 {
-    FILE *stream = fopen(path, "rb");
-    if (!stream) {
+    /* O_NONBLOCK: a FIFO named like an index must not block the open. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
         *status = sneppx_fail(SNEPPX_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
         return NULL;
     }
-    char *text = malloc(INDEX_MAX_BYTES + 1);
-    size_t got = text ? fread(text, 1, INDEX_MAX_BYTES + 1, stream) : 0;
-    int failed = text ? ferror(stream) : 1;
-    fclose(stream);
-    if (failed || got > INDEX_MAX_BYTES) {
-        free(text);
-        *status = text ? sneppx_fail(SNEPPX_ERR_FORMAT, "%s: unreadable or larger than %u bytes", path,
-                                     INDEX_MAX_BYTES)
-                       : sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        *status = sneppx_fail(SNEPPX_ERR_FORMAT, "%s: not a regular file", path);
         return NULL;
     }
+    if ((uint64_t)st.st_size > INDEX_MAX_BYTES) {
+        close(fd);
+        *status = sneppx_fail(SNEPPX_ERR_FORMAT, "%s: %lld bytes; a checkpoint index has at most %u MiB", path,
+                              (long long)st.st_size, INDEX_MAX_BYTES >> 20);
+        return NULL;
+    }
+    const size_t expected = (size_t)st.st_size;
+    char *text = malloc(expected + 1);
+    if (!text) {
+        close(fd);
+        *status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu bytes", path, expected);
+        return NULL;
+    }
+    /* Reads up to the size fstat gave; a file that grew meanwhile is read as
+     * it was, one that shrank as far as it goes. */
+    size_t got = 0;
+    while (got < expected) {
+        ssize_t n = read(fd, text + got, expected - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            *status = sneppx_fail(SNEPPX_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+            free(text);
+            close(fd);
+            return NULL;
+        }
+        if (n == 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fd);
+    text[got] = '\0';
     *size = got;
     return text;
 }

@@ -4,11 +4,15 @@
  * GQA and MLA configs; and every error (missing, extra, mis-shaped, absent
  * layer, bad index), each naming the tensor or the file. */
 #define _XOPEN_SOURCE 700
+#include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "sneppx/safetensors.h"
@@ -216,6 +220,72 @@ static void test_tensor_lists(void)
     CHECK(sneppx_attn_tensor_is_ignored("rotary_emb.inv_freq") && !sneppx_attn_tensor_is_ignored("q_proj.weight"));
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+
+/* The index reader allocates what the file needs: a small index loads in a
+ * child whose address space has only 32 MiB to spare (a 64 MiB buffer per
+ * read, as before, fails there). ASan reserves terabytes of shadow memory,
+ * so under it the check is skipped. */
+static void test_index_memory(const char *dir, const sneppx_config *config)
+{
+#ifdef UNDER_ASAN
+    (void)dir, (void)config;
+    fprintf(stderr, "test_index_memory: skipped under AddressSanitizer\n");
+#else
+    fflush(NULL);
+    pid_t child = fork();
+    if (child == 0) {
+        unsigned long pages = 0;
+        FILE *statm = fopen("/proc/self/statm", "r");
+        if (!statm || fscanf(statm, "%lu", &pages) != 1)
+            _exit(3);
+        fclose(statm);
+        struct rlimit limit;
+        limit.rlim_cur = limit.rlim_max = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + ((rlim_t)32 << 20);
+        if (setrlimit(RLIMIT_AS, &limit) != 0)
+            _exit(3);
+        sneppx_attn_weights *weights = NULL;
+        sneppx_status status = sneppx_attn_weights_load(dir, 0, config, &weights);
+        if (status != SNEPPX_OK)
+            fprintf(stderr, "index load with 32 MiB of address space to spare: %s\n", sneppx_last_error());
+        sneppx_attn_weights_free(weights);
+        _exit(status == SNEPPX_OK ? 0 : 1);
+    }
+    int status = 0;
+    CHECK(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+#endif
+}
+
+/* Index files that are not what they claim: larger than the bound (refused
+ * before any read, naming the file), or a FIFO (refused, not a hang). */
+static void test_index_files(const sneppx_config *config)
+{
+    sneppx_attn_weights *weights = NULL;
+    const char *huge = path_in("huge.index.json");
+    int fd = open(huge, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CHECK(fd >= 0 && ftruncate(fd, ((off_t)64 << 20) + 1) == 0); /* sparse: no disk used */
+    if (fd >= 0)
+        close(fd);
+    CHECK_ERROR(sneppx_attn_weights_load(huge, 0, config, &weights), SNEPPX_ERR_FORMAT, huge);
+    CHECK(strstr(sneppx_last_error(), "67108865 bytes; a checkpoint index has at most 64 MiB") != NULL);
+    CHECK(weights == NULL);
+    unlink(huge);
+
+    const char *fifo = path_in("fifo.index.json");
+    CHECK(mkfifo(fifo, 0600) == 0);
+    alarm(30); /* a blocking open would hang here */
+    CHECK_ERROR(sneppx_attn_weights_load(fifo, 0, config, &weights), SNEPPX_ERR_FORMAT, "not a regular file");
+    alarm(0);
+    CHECK(weights == NULL);
+    unlink(fifo);
+}
+
 /* Layers 0 and 1 over two shards: q/k/v in BF16 in the first, o and the other
  * layer in F32 in the second, plus unrelated tensors and an ignored buffer. */
 static void test_sharded_checkpoint(void)
@@ -277,6 +347,9 @@ static void test_sharded_checkpoint(void)
     no_bias.qkv_bias = 0;
     CHECK_ERROR(sneppx_attn_weights_load(path_in("sharded"), 0, &no_bias, &weights), SNEPPX_ERR_FORMAT,
                 "unexpected tensor 'model.layers.0.self_attn.q_proj.bias'");
+
+    test_index_memory(path_in("sharded"), &config);
+    test_index_files(&config);
 
     /* A directory of shards without an index works the same. */
     unlink(path_in("sharded/model.safetensors.index.json"));
