@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -24,6 +25,7 @@
 #define ENTRY_FORMAT_VERSION 1
 #define DEFAULT_MAX_MB 1024
 #define MAX_PAYLOAD_BYTES (256u << 20)  /* far above any kernel; bounds a hostile size field */
+#define ORPHAN_AGE_SECONDS (10 * 60)    /* a temp file untouched this long is a dead writer's (evict) */
 
 struct entry_header {
     char magic[8];
@@ -416,15 +418,83 @@ sneppx_status sneppx_disk_cache_list(sneppx_disk_entry **entries, size_t *count)
     return SNEPPX_OK;
 }
 
-/* Removes least recently used entries, never keep_key, until the directory
- * fits the bound. Returns how many it removed. */
+/* A temporary file of a store: ".<key>.o.tmp-<pid>-<n>". */
+static int is_temp_name(const char *name) { return name[0] == '.' && strstr(name, ENTRY_SUFFIX TEMP_MARK) != NULL; }
+
+/* Removes the temporary file name if its writer is certainly gone; 1 if it did.
+ *
+ * A writer killed mid-store (SIGKILL, OOM killer, power loss) leaves its temp
+ * file behind; a live writer's temp file must never go (its rename would fail).
+ * Two tests, both required:
+ * - Age: the file's mtime is ORPHAN_AGE_SECONDS (10 minutes) old. A store
+ *   creates the file after the compile, then writes it in one go, fsyncs and
+ *   renames it: the mtime moves with every write, and only a stalled fsync
+ *   keeps a live file unchanged, never for minutes. The age alone covers
+ *   writers that hold no lock (a refused lock file means building unlocked)
+ *   and lock files removed by eviction or `sneppx-cache clear` under a writer.
+ * - The key's flock: writers hold it from before the compile until after the
+ *   rename, so when we can take it without blocking, no process (this one
+ *   included: flock conflicts between descriptors) is storing that key. We
+ *   unlink while holding it. A missing lock file leaves the age to decide.
+ * Not the pid in the name: pids are reused, and processes in another pid
+ *   namespace (containers sharing the cache) have pids we cannot see. */
+static int remove_orphan(const char *name, const struct stat *info)
+{
+    struct timespec now;
+    if (clock_gettime(CLOCK_REALTIME, &now) != 0 || now.tv_sec - info->st_mtim.tv_sec < ORPHAN_AGE_SECONDS)
+        return 0;
+    char lock_name[NAME_MAX + 1];
+    const char *key = name + 1, *key_end = strstr(name, ENTRY_SUFFIX TEMP_MARK);
+    if ((size_t)(key_end - key) >= SNEPPX_KEY_MAX)
+        return 0;
+    snprintf(lock_name, sizeof lock_name, "%.*s" LOCK_SUFFIX, (int)(key_end - key), key);
+    int lock = openat(cache.fd, lock_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (lock < 0 && errno != ENOENT)
+        return 0;
+    if (lock >= 0 && flock(lock, LOCK_EX | LOCK_NB) != 0) {
+        close(lock); /* a live writer stores this key now */
+        return 0;
+    }
+    int removed = unlinkat(cache.fd, name, 0) == 0;
+    if (lock >= 0)
+        close(lock);
+    if (removed)
+        sneppx_log(2, "removed %s/%s, the temporary file of a writer that died %lld s ago", cache.path, name,
+                   (long long)(now.tv_sec - info->st_mtim.tv_sec));
+    return removed;
+}
+
+struct eviction_scan {
+    struct entry_list list;
+    uint64_t temp_bytes; /* temporary files kept: they take room in the bound too */
+};
+
+/* Entries into the list; orphaned temporary files removed, the others counted. */
+static int scan_for_eviction(const char *name, const struct stat *info, void *context)
+{
+    struct eviction_scan *scan = context;
+    if (is_temp_name(name) && S_ISREG(info->st_mode)) {
+        if (!remove_orphan(name, info))
+            scan->temp_bytes += (uint64_t)info->st_size;
+        return 0;
+    }
+    return collect_entry(name, info, &scan->list);
+}
+
+/* Removes orphaned temporary files (see remove_orphan), then least recently
+ * used entries, never keep_key, until the directory (entries and the
+ * temporary files left) fits the bound. Returns how many entries it removed. */
 static int evict(const char *keep_key)
 {
-    uint64_t bound = cache.max_bytes, total = 0;
-    sneppx_disk_entry *entries;
-    size_t count;
-    if (bound == 0 || sneppx_disk_cache_list(&entries, &count) != SNEPPX_OK)
+    uint64_t bound = cache.max_bytes;
+    struct eviction_scan scan = {0};
+    if (for_each_file(scan_for_eviction, &scan) != SNEPPX_OK || scan.list.out_of_memory || bound == 0) {
+        free(scan.list.entries);
         return 0;
+    }
+    sneppx_disk_entry *entries = scan.list.entries;
+    size_t count = scan.list.count;
+    uint64_t total = scan.temp_bytes;
     for (size_t i = 0; i < count; i++)
         total += entries[i].bytes;
     qsort(entries, count, sizeof *entries, by_last_use);
@@ -485,8 +555,7 @@ sneppx_status sneppx_disk_cache_store(const char *key, const uint8_t fingerprint
 static int remove_cache_file(const char *name, const struct stat *info, void *context)
 {
     sneppx_status *status = context;
-    int ours = has_suffix(name, ENTRY_SUFFIX) || has_suffix(name, LOCK_SUFFIX) ||
-               (name[0] == '.' && strstr(name, ENTRY_SUFFIX TEMP_MARK) != NULL);
+    int ours = has_suffix(name, ENTRY_SUFFIX) || has_suffix(name, LOCK_SUFFIX) || is_temp_name(name);
     if (!ours || S_ISDIR(info->st_mode))
         return 0;
     if (unlinkat(cache.fd, name, 0) != 0 && errno != ENOENT && *status == SNEPPX_OK)

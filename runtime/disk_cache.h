@@ -51,9 +51,11 @@ sneppx_disk_load sneppx_disk_cache_verify(const char *key, const uint8_t fingerp
 int sneppx_disk_cache_lock(const char *key);
 void sneppx_disk_cache_unlock(int lock);
 
-/* Writes the entry of key atomically, then evicts least recently used
- * entries (never this one) while the directory exceeds the size bound.
- * *evicted counts them. A failure leaves no partial entry. */
+/* Writes the entry of key atomically, removes temporary files orphaned by
+ * dead writers (10 minutes old, key not locked), then evicts least recently
+ * used entries (never this one) while the entries and the temporary files
+ * left exceed the size bound. *evicted counts the entries. A failure leaves
+ * no partial entry. */
 sneppx_status sneppx_disk_cache_store(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
                                       const void *object, size_t object_size, int *evicted);
 

@@ -13,6 +13,13 @@
  *    process's flock), the new entry verifies, and a cache clear removes the
  *    orphaned temporary file.
  *
+ * 3. Eviction counts temporary files and removes orphaned ones: with the two
+ *    writers' leftovers, one aged past 10 minutes, and a planted old one whose
+ *    key's lock this process holds (a live writer), a process bounded by
+ *    SNEPPX_CACHE_MAX_MB stores a key: the aged orphan is gone, the fresh
+ *    one and the locked one stay, and the bytes of those two make it evict
+ *    some (not all) least recently used entries.
+ *
  * The kill points are exact, not timing-dependent: in the child, this file's
  * write() and renameat() stand in for libc's (the executable's definitions
  * win at link time) and SIGKILL the process at the chosen point of the
@@ -23,6 +30,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <time.h>
 
 #include "disk_cache.h"
 #include "fingerprint.h"
@@ -115,6 +123,20 @@ static int child_killed_writer(enum kill_point point)
     sneppx_status status = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_vector_width(), &kernel);
     printf("the store returned (%s: %s) instead of dying\n", sneppx_status_name(status), sneppx_last_error());
     return 3;
+}
+
+static const int64_t bounded_norm_n[] = {256}; /* the key the bounded child stores */
+
+/* Resolves (compiles and stores) one key under $SNEPPX_CACHE_MAX_MB; prints the evictions. */
+static int child_bounded_store(void)
+{
+    const sneppx_kernel *kernel;
+    sneppx_status status = sneppx_kernel_resolve("rmsnorm", bounded_norm_n, sneppx_host_vector_width(), &kernel);
+    sneppx_jit_stats stats;
+    sneppx_jit_stats_get(&stats);
+    printf("evictions %llu writes %llu status %s %s\n", (unsigned long long)stats.evictions,
+           (unsigned long long)stats.disk_writes, sneppx_status_name(status), sneppx_last_error());
+    return status == SNEPPX_OK ? 0 : 1;
 }
 
 /* ---- parent helpers ------------------------------------------------------------- */
@@ -318,12 +340,103 @@ static void test_killed_writer(test_tally *tally, const char *dir, const char *l
                "%s: the rewritten entry verifies: %s", what, reason);
 }
 
+/* ---- 3. eviction and orphaned temporary files ----------------------------------- */
+
+/* The path of the first temporary file of key in dir, or "" if none. */
+static void temp_file_of(const char *dir, const char *key, char *path, size_t size)
+{
+    char prefix[SNEPPX_KEY_MAX + 16];
+    snprintf(prefix, sizeof prefix, ".%s.o.tmp-", key);
+    path[0] = '\0';
+    DIR *stream = opendir(dir);
+    for (struct dirent *item; stream && (item = readdir(stream)) != NULL;)
+        if (strncmp(item->d_name, prefix, strlen(prefix)) == 0) {
+            snprintf(path, size, "%s/%s", dir, item->d_name);
+            break;
+        }
+    if (stream)
+        closedir(stream);
+}
+
+static int set_age(const char *path, time_t seconds)
+{
+    struct timespec times[2];
+    clock_gettime(CLOCK_REALTIME, &times[0]);
+    times[0].tv_sec -= seconds;
+    times[1] = times[0];
+    return utimensat(AT_FDCWD, path, times, AT_SYMLINK_NOFOLLOW);
+}
+
+static void test_orphans_evicted(test_tally *tally, const char *dir, const char *log_dir)
+{
+    enum { PLANTED_BYTES = 256 << 10 };
+    char keys[3][SNEPPX_KEY_MAX], aged[CACHE_TEST_PATH_MAX], fresh[CACHE_TEST_PATH_MAX];
+    char planted[CACHE_TEST_PATH_MAX], stored[CACHE_TEST_PATH_MAX], log[CACHE_TEST_PATH_MAX];
+    const int64_t locked_n[] = {224};
+    sneppx_kernel_key("rmsnorm", &killed_norm_n[0], sneppx_host_vector_width(), keys[0], sizeof keys[0]);
+    sneppx_kernel_key("rmsnorm", &killed_norm_n[1], sneppx_host_vector_width(), keys[1], sizeof keys[1]);
+    sneppx_kernel_key("rmsnorm", locked_n, sneppx_host_vector_width(), keys[2], sizeof keys[2]);
+    temp_file_of(dir, keys[0], aged, sizeof aged);
+    temp_file_of(dir, keys[1], fresh, sizeof fresh);
+    if (!TEST_CHECK(tally, aged[0] && fresh[0], "the killed writers' temporary files: '%s' '%s'", aged, fresh))
+        return;
+    /* The dead mid-payload writer's file, 11 minutes old: an orphan. */
+    TEST_CHECK(tally, set_age(aged, 11 * 60) == 0, "utimensat %s: %s", aged, strerror(errno));
+    /* A live writer: as old, but its key's lock is held (by this process). */
+    snprintf(planted, sizeof planted, "%s/.%s.o.tmp-%ld-0", dir, keys[2], (long)getpid());
+    int fd = open(planted, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    TEST_CHECK(tally, fd >= 0 && ftruncate(fd, PLANTED_BYTES) == 0, "cannot plant %s", planted);
+    if (fd >= 0)
+        close(fd);
+    set_age(planted, 11 * 60);
+    int lock = sneppx_disk_cache_lock(keys[2]);
+    TEST_CHECK(tally, lock >= 0, "the lock of %s", keys[2]);
+
+    /* A bound with PLANTED_BYTES to spare over the entries: only the kept
+     * temporary files (and the new entry) push the directory over it. */
+    sneppx_disk_entry *entries = NULL;
+    size_t count = 0;
+    uint64_t entry_bytes = 0;
+    if (sneppx_disk_cache_list(&entries, &count) == SNEPPX_OK)
+        for (size_t i = 0; i < count; i++)
+            entry_bytes += entries[i].bytes;
+    free(entries);
+    char bound[64];
+    snprintf(bound, sizeof bound, "%.9f", (double)(entry_bytes + PLANTED_BYTES) / (1 << 20));
+    setenv("SNEPPX_CACHE_MAX_MB", bound, 1); /* for the child: this process resolved its cache already */
+    snprintf(log, sizeof log, "%s/bounded.log", log_dir);
+    pid_t child = spawn_child("bounded-store", "-", -1, log);
+    unsetenv("SNEPPX_CACHE_MAX_MB");
+    int status = 0;
+    unsigned long long evictions = 0, writes = 0;
+    int ok = child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+             sscanf(read_log(log), "evictions %llu writes %llu", &evictions, &writes) == 2;
+    sneppx_disk_cache_unlock(lock);
+    if (!TEST_CHECK(tally, ok && writes == 1, "the bounded store (status 0x%x): %s", status, read_log(log)))
+        return;
+
+    struct stat info;
+    TEST_CHECK(tally, lstat(aged, &info) != 0 && errno == ENOENT,
+               "the orphan of a writer dead for 11 minutes is removed by eviction: %s", aged);
+    TEST_CHECK(tally, lstat(fresh, &info) == 0, "a dead writer's file younger than 10 minutes stays: %s", fresh);
+    TEST_CHECK(tally, lstat(planted, &info) == 0, "an old file whose key's lock is held stays: %s", planted);
+    char key[SNEPPX_KEY_MAX];
+    sneppx_kernel_key("rmsnorm", bounded_norm_n, sneppx_host_vector_width(), key, sizeof key);
+    cache_test_entry_path(dir, key, stored, sizeof stored);
+    TEST_CHECK(tally, lstat(stored, &info) == 0, "the stored entry stays: %s", stored);
+    TEST_CHECK(tally, evictions >= 1 && evictions < count,
+               "the kept temporary files count in the bound: %llu of %zu entries evicted (want some, not all)",
+               evictions, count);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 2 && strcmp(argv[1], "worker") == 0)
         return child_worker(atoi(argv[2]));
     if (argc > 2 && strcmp(argv[1], "killed-writer") == 0)
         return child_killed_writer((enum kill_point)atoi(argv[2]));
+    if (argc > 2 && strcmp(argv[1], "bounded-store") == 0)
+        return child_bounded_store();
 
     test_tally tally = {0};
     char base[CACHE_TEST_DIR_MAX], dir[CACHE_TEST_PATH_MAX];
@@ -338,7 +451,9 @@ int main(int argc, char **argv)
     test_killed_writer(&tally, dir, base, KILL_MID_PAYLOAD);
     test_killed_writer(&tally, dir, base, KILL_BEFORE_RENAME);
 
-    TEST_CHECK(&tally, census(dir).temps == 2, "two orphaned temporary files before the clear: %d",
+    test_orphans_evicted(&tally, dir, base);
+
+    TEST_CHECK(&tally, census(dir).temps == 2, "two temporary files before the clear (one orphan, one planted): %d",
                census(dir).temps);
     TEST_CHECK(&tally, sneppx_cache_clear() == SNEPPX_OK && census(dir).temps == 0 && census(dir).entries == 0,
                "sneppx_cache_clear removes entries and orphaned temporary files: %s (%d left)", sneppx_last_error(),

@@ -17,7 +17,9 @@
  *   SNEPPX_CACHE_DIR     the directory (see above)
  *   SNEPPX_CACHE_MAX_MB  size bound of the directory in MiB (fractions allowed),
  *                        least recently used entries evicted after a write
- *                        (default 1024, 0 = no bound)
+ *                        (default 1024, 0 = no bound); temporary files count
+ *                        too, and a dead writer's (10 minutes old, its key
+ *                        not locked) are removed after every write
  *   SNEPPX_JIT=0         never compile: a kernel missing from both caches fails
  *                        with SNEPPX_ERR_JIT and a message naming its key
  *   SNEPPX_VERBOSE=1     log each compile (key and milliseconds)
