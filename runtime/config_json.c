@@ -1,6 +1,8 @@
 /* HF config.json -> sneppx_config (include/sneppx/config.h): the attention
- * fields of model_type llama, mistral, qwen2 and deepseek_v2, read the way
- * python/sneppx/_hf.py reads them (read_config_json, fill_rope_scaling).
+ * fields of model_type llama, mistral, qwen2 and deepseek_v2. The one reader
+ * of config.json: Python's LLMConfig.from_config_json calls it too; its
+ * rope_scaling rules match python/sneppx/_hf.py's fill_rope_scaling (the
+ * constructor's rope_scaling dict).
  * The text comes from outside (a downloaded checkpoint): every field read is
  * type-checked, and an error names the field. */
 #include <cjson/cJSON.h>

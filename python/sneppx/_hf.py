@@ -1,11 +1,10 @@
-"""HuggingFace config.json conventions: the rope_scaling dict, and the attention
-fields of each supported model_type (MODELS.md §1 and §5-6)."""
-import json
+"""HuggingFace conventions on the Python side: the rope_scaling dict of the
+constructor (MODELS.md §1), and the constructor arguments of a C config. A
+config.json file itself is read by the C runtime (sneppx_config_from_json,
+runtime/config_json.c)."""
 import math
 import numbers
-import os
-from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional
 
 from . import _structs as S
 
@@ -94,63 +93,24 @@ def rope_scaling_dict(scaling: S.RopeScaling) -> Optional[Dict[str, Any]]:
     return result
 
 
-# max_position_embeddings of each transformers config class when the file omits it.
-_DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "deepseek_v2": 2048}
-SUPPORTED_MODEL_TYPES = tuple(_DEFAULT_MAX_POSITIONS)
-
-
-def read_config_json(path: "os.PathLike[str] | str") -> Tuple[str, Dict[str, Any]]:
-    """(name, LLMConfig keyword arguments) from a config.json file or a directory holding one."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    try:
-        with open(path, encoding="utf-8") as stream:
-            data = json.load(stream)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    model_type = data.get("model_type")
-    if model_type not in _DEFAULT_MAX_POSITIONS:
-        raise ValueError(f"{path}: model_type {model_type!r} is not supported "
-                         f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-    for key in ("hidden_size", "num_attention_heads"):
-        if data.get(key) is None:
-            raise ValueError(f"{path}: missing {key!r}")
-
-    def get(key: str, default: Any = None) -> Any:
-        value = data.get(key)
-        return default if value is None else value
-
-    heads = data["num_attention_heads"]
+def constructor_kwargs(config: S.Config) -> Dict[str, Any]:
+    """LLMConfig keyword arguments that rebuild the C struct config (from_config_json's
+    overrides are applied to these)."""
+    c = config
     kwargs: Dict[str, Any] = dict(
-        hidden_size=data["hidden_size"],
-        num_attention_heads=heads,
-        num_key_value_heads=get("num_key_value_heads", heads),
-        head_dim=get("head_dim"),
-        rope_theta=get("rope_theta", 10000.0),
-        rope_scaling=data.get("rope_scaling"),
-        max_position_embeddings=get("max_position_embeddings", _DEFAULT_MAX_POSITIONS[model_type]),
-        partial_rotary_factor=get("partial_rotary_factor"),
-    )
-    if model_type in ("llama", "deepseek_v2"):
-        kwargs["attention_bias"] = bool(get("attention_bias", False))
-    elif model_type == "mistral":
-        kwargs["bias"] = False
-        kwargs["sliding_window"] = get("sliding_window")
-    else:  # qwen2: biases hard-coded in Qwen2Attention, not a config field
-        kwargs["qkv_bias"], kwargs["o_bias"] = True, False
-        if data.get("use_sliding_window"):
-            raise NotImplementedError(f"{path}: use_sliding_window true (Qwen2 per-layer windows) is not "
-                                      f"supported")
-    if model_type == "deepseek_v2":
-        kwargs.update(q_lora_rank=get("q_lora_rank"), kv_lora_rank=data.get("kv_lora_rank"),
-                      qk_nope_head_dim=data.get("qk_nope_head_dim"),
-                      qk_rope_head_dim=data.get("qk_rope_head_dim"), v_head_dim=data.get("v_head_dim"),
-                      # The published weights rotate (x_2i, x_2i+1) pairs (MODELS.md §3).
-                      rope_interleaved=True)
-        kwargs.pop("head_dim")
-        kwargs.pop("partial_rotary_factor")
-    name = path.resolve().parent.name or model_type
-    return name, kwargs
+        name=c.name.decode("utf-8", "replace"), hidden_size=c.hidden_size,
+        num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
+        head_dim=c.head_dim or None, rope_theta=c.rope_theta, rope_scaling=rope_scaling_dict(c.rope_scaling),
+        max_position_embeddings=c.max_position_embeddings, sliding_window=c.sliding_window or None,
+        qkv_bias=bool(c.qkv_bias), o_bias=bool(c.o_bias), q_lora_rank=c.q_lora_rank or None,
+        kv_lora_rank=c.kv_lora_rank or None, qk_nope_head_dim=c.qk_nope_head_dim or None,
+        qk_rope_head_dim=c.qk_rope_head_dim or None, v_head_dim=c.v_head_dim or None,
+        rope_interleaved=bool(c.rope_interleaved), use_flash_attn=bool(c.use_flash_attn),
+        mla_naive=bool(c.mla_naive), num_threads=c.num_threads)
+    if c.rotary_dim and not c.kv_lora_rank:
+        head_dim = c.head_dim or c.hidden_size // max(c.num_attention_heads, 1)
+        factor = c.rotary_dim / head_dim
+        if int(head_dim * factor) < c.rotary_dim:   # the constructor's int(head_dim * factor) rounds down
+            factor = math.nextafter(factor, 2.0)
+        kwargs["partial_rotary_factor"] = factor
+    return kwargs

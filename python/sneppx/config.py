@@ -2,6 +2,7 @@
 import ctypes
 import os
 import threading
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -156,11 +157,36 @@ class LLMConfig:
 
         model_type llama, mistral, qwen2 and deepseek_v2 are understood (Qwen2: q/k/v
         bias, no o bias; Llama, DeepSeek: attention_bias; Mistral: no bias and its
-        sliding_window). Keyword overrides (e.g. use_flash_attn=False) are applied last."""
-        name, kwargs = _hf.read_config_json(path)
-        kwargs["name"] = name
-        kwargs.update(overrides)
-        return cls(**kwargs)
+        sliding_window). Keyword overrides (e.g. use_flash_attn=False) are applied last.
+
+        The file is read by the C runtime's reader (sneppx_config_from_json), so C and
+        Python accept the same files. Errors name the file and the field: FormatError
+        (ValueError) for malformed files, UnsupportedError (NotImplementedError) for
+        valid ones sneppx cannot run (another model_type, rope type, ...), OSError
+        when the file cannot be read. The name is the directory holding the file."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        with open(path, "rb") as stream:
+            # One byte past the C reader's bound, so it reports an oversized file.
+            text = stream.read(_CONFIG_JSON_MAX_BYTES + 1)
+        config = S.Config()
+        check(lib.sneppx_config_from_json(text, len(text), ctypes.byref(config)), str(path),
+              ("config.json: ", "json_text: "))
+        config.name = _name_bytes(path.resolve().parent.name or config.name.decode())
+        if overrides:
+            kwargs = _hf.constructor_kwargs(config)
+            # An override by another name replaces the file's value, not disagrees with it.
+            if "bias" in overrides or "attention_bias" in overrides:
+                del kwargs["qkv_bias"], kwargs["o_bias"]
+            for alias, field in (("num_heads", "num_attention_heads"), ("num_kv_heads", "num_key_value_heads")):
+                if alias in overrides:
+                    del kwargs[field]
+            kwargs.update(overrides)
+            return cls(**kwargs)
+        self = cls.__new__(cls)
+        self._init(config)
+        return self
 
     @staticmethod
     def names() -> List[str]:
@@ -374,6 +400,10 @@ class LLMConfig:
         layer = self._current_layer()
         layer.forward(x, mask, positions, out)
         return out
+
+
+# CONFIG_JSON_MAX_BYTES of runtime/config_json.c.
+_CONFIG_JSON_MAX_BYTES = 16 << 20
 
 
 def _name_bytes(name: str) -> bytes:

@@ -52,11 +52,20 @@ _BY_STATUS = {1: InvalidArgumentError, 2: UnknownPresetError, 3: UnsupportedErro
               4: OutOfMemoryError, 5: JITError, 6: FileError, 7: FormatError}
 
 
-def check(status: int) -> None:
-    """Raises the exception of a failed sneppx_status (call right after the C call, same thread)."""
+def check(status: int, file: "str | None" = None, generic_prefixes: "tuple[str, ...]" = ()) -> None:
+    """Raises the exception of a failed sneppx_status (call right after the C call, same thread).
+
+    file: the message is made to name it: a leading prefix from generic_prefixes
+    (how the C call names its input, e.g. "config.json: ") is replaced by "<file>: "."""
     if status == 0:
         return
     message = (lib.sneppx_last_error() or b"").decode("utf-8", "replace")
+    if file is not None:
+        for prefix in generic_prefixes:
+            if message.startswith(prefix):
+                message = message[len(prefix):]
+                break
+        message = f"{file}: {message}"
     error_class = _BY_STATUS.get(status, Error)
     if error_class is Error:
         message = f"{lib.sneppx_status_name(status).decode()}: {message}"

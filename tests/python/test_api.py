@@ -266,7 +266,9 @@ def test_from_config_json(model, tmp_path):
         assert cfg.name == model
         for key, value in expected.items():
             assert getattr(cfg, key) == value, key
-    assert sneppx.LLMConfig.from_config_json(directory, use_flash_attn=False).use_flash_attn is False
+    overridden = sneppx.LLMConfig.from_config_json(directory, use_flash_attn=False)
+    assert overridden.use_flash_attn is False
+    assert repr(overridden) == repr(cfg).replace("use_flash_attn=True", "use_flash_attn=False")
     if data.get("rope_scaling"):
         assert cfg.rope_scaling["factor"] == data["rope_scaling"]["factor"]
 

@@ -2,6 +2,7 @@
 sneppx subclass of the C status) with a message naming the argument and, for
 shapes, the expected shape. Nothing crashes; a failed call changes nothing."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -68,17 +69,27 @@ def test_bad_configs(kwargs, error, pattern):
 def test_bad_config_json(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "gemma", "hidden_size": 64, "num_attention_heads": 4}))
-    with pytest.raises(ValueError, match="model_type 'gemma' is not supported"):
+    # The C reader's statuses: a valid file of another model is unsupported, a malformed one a FormatError.
+    with pytest.raises(sneppx.UnsupportedError, match=f"^{re.escape(str(path))}: model_type: 'gemma' is not "
+                                                      f"supported"):
         sneppx.LLMConfig.from_config_json(path)
     path.write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4,
                                 "use_sliding_window": True, "sliding_window": 16}))
     with pytest.raises(NotImplementedError, match="use_sliding_window"):
         sneppx.LLMConfig.from_config_json(tmp_path)
     path.write_text(json.dumps({"model_type": "llama", "num_attention_heads": 4}))
-    with pytest.raises(ValueError, match="missing 'hidden_size'"):
+    with pytest.raises(sneppx.FormatError, match=f"^{re.escape(str(path))}: hidden_size: missing"):
+        sneppx.LLMConfig.from_config_json(path)
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+                                "rope_scaling": {"rope_type": "linear", "factor": "2"}}))
+    with pytest.raises(ValueError, match=r"config.json: rope_scaling.factor: expected a finite number, got the "
+                                         r"string \"2\""):
+        sneppx.LLMConfig.from_config_json(path)
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 5}))
+    with pytest.raises(ValueError, match="hidden_size"):            # validation, after the reading
         sneppx.LLMConfig.from_config_json(path)
     path.write_text("{not json")
-    with pytest.raises(ValueError, match="not valid JSON"):
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: not valid JSON"):
         sneppx.LLMConfig.from_config_json(path)
     with pytest.raises(FileNotFoundError):
         sneppx.LLMConfig.from_config_json(tmp_path / "absent.json")
