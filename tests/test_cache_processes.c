@@ -383,7 +383,10 @@ static void test_orphans_evicted(test_tally *tally, const char *dir, const char 
     /* The dead mid-payload writer's file, 11 minutes old: an orphan. */
     TEST_CHECK(tally, set_age(aged, 11 * 60) == 0, "utimensat %s: %s", aged, strerror(errno));
     /* A live writer: as old, but its key's lock is held (by this process). */
-    snprintf(planted, sizeof planted, "%s/.%s.o.tmp-%ld-0", dir, keys[2], (long)getpid());
+    if (!TEST_CHECK(tally, snprintf(planted, sizeof planted, "%s/.%s.o.tmp-%ld-0", dir, keys[2], (long)getpid()) <
+                               (int)sizeof planted,
+                    "the planted file's path fits"))
+        return;
     int fd = open(planted, O_WRONLY | O_CREAT | O_EXCL, 0600);
     TEST_CHECK(tally, fd >= 0 && ftruncate(fd, PLANTED_BYTES) == 0, "cannot plant %s", planted);
     if (fd >= 0)
@@ -422,8 +425,8 @@ static void test_orphans_evicted(test_tally *tally, const char *dir, const char 
     TEST_CHECK(tally, lstat(planted, &info) == 0, "an old file whose key's lock is held stays: %s", planted);
     char key[SNEPPX_KEY_MAX];
     sneppx_kernel_key("rmsnorm", bounded_norm_n, sneppx_host_vector_width(), key, sizeof key);
-    cache_test_entry_path(dir, key, stored, sizeof stored);
-    TEST_CHECK(tally, lstat(stored, &info) == 0, "the stored entry stays: %s", stored);
+    TEST_CHECK(tally, cache_test_entry_path(dir, key, stored, sizeof stored) == 0 && lstat(stored, &info) == 0,
+               "the stored entry stays: %s", stored);
     TEST_CHECK(tally, evictions >= 1 && evictions < count,
                "the kept temporary files count in the bound: %llu of %zu entries evicted (want some, not all)",
                evictions, count);
