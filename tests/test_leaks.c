@@ -19,16 +19,6 @@
 #include "sneppx/sneppx.h"
 #include "test_util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
 
 enum { CYCLES = 1000, WARMUP_CYCLES = 50, HIDDEN = 64, BATCH = 2, SEQ = 20 };
 #define RSS_GROWTH_LIMIT (1.5 * 1024 * 1024)
@@ -137,7 +127,7 @@ int main(void)
     }
     const double growth = resident_bytes() - rss_after_warmup;
     TEST_CHECK(&tally, failures == 0, "%d unexpected outcomes over %d cycles (last: %s)", failures, CYCLES, error);
-    if (UNDER_ASAN) {
+    if (TEST_UNDER_ASAN) {
         printf("%d create/forward/destroy cycles of a GQA and an MLA layer; LeakSanitizer checks at exit\n", CYCLES);
     } else {
         TEST_CHECK(&tally, growth <= RSS_GROWTH_LIMIT,

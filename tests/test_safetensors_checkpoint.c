@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "sneppx/safetensors.h"
+#include "test_util.h"
 
 static int failures;
 
@@ -220,21 +221,13 @@ static void test_tensor_lists(void)
     CHECK(sneppx_attn_tensor_is_ignored("rotary_emb.inv_freq") && !sneppx_attn_tensor_is_ignored("q_proj.weight"));
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-
 /* The index reader allocates what the file needs: a small index loads in a
  * child whose address space has only 32 MiB to spare (a 64 MiB buffer per
  * read, as before, fails there). ASan reserves terabytes of shadow memory,
  * so under it the check is skipped. */
 static void test_index_memory(const char *dir, const sneppx_config *config)
 {
-#ifdef UNDER_ASAN
+#if TEST_UNDER_ASAN
     (void)dir, (void)config;
     fprintf(stderr, "test_index_memory: skipped under AddressSanitizer\n");
 #else

@@ -8,6 +8,19 @@
 #include <stdio.h>
 #include "sneppx/config.h"
 
+/* 1 when built with AddressSanitizer (gcc or clang), else 0: its shadow memory
+ * and quarantine make address-space and resident-set bounds meaningless. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_UNDER_ASAN 1
+#endif
+#endif
+#ifndef TEST_UNDER_ASAN
+#define TEST_UNDER_ASAN 0
+#endif
+
 /* splitmix64: tiny, seedable, the same sequence on every platform. */
 typedef struct test_rng {
     uint64_t state;
