@@ -4,7 +4,6 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -12,6 +11,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "regular_file.h"
 
 /* The reference implementation (huggingface/safetensors) refuses larger headers. */
 #define HEADER_MAX_BYTES 100000000ull
@@ -239,15 +239,12 @@ static sneppx_status parse_header(sneppx_safetensors *file, const char *header, 
 
 static sneppx_status map_file(sneppx_safetensors *file)
 {
-    /* O_NONBLOCK: a FIFO must not make open() wait for a writer; fstat refuses it below. */
-    int fd = open(file->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return sneppx_fail(SNEPPX_ERR_IO, "%s: cannot open: %s", file->path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return sneppx_fail(SNEPPX_ERR_IO, "%s: not a regular file", file->path);
-    }
+    int not_regular;
+    int fd = sneppx_open_regular(file->path, &st, &not_regular);
+    if (fd < 0)
+        return not_regular ? sneppx_fail(SNEPPX_ERR_IO, "%s: not a regular file", file->path)
+                           : sneppx_fail(SNEPPX_ERR_IO, "%s: cannot open: %s", file->path, strerror(errno));
     if (st.st_size < 8) {
         close(fd);
         return sneppx_fail(SNEPPX_ERR_FORMAT, "%s: %lld bytes, too small for the 8-byte header length",

@@ -4,7 +4,6 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +12,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "regular_file.h"
 #include "sneppx/safetensors.h"
 
 /* Index files of the largest public checkpoints are a few hundred KiB (one
@@ -180,18 +180,12 @@ static int safe_shard_name(const char *name)
  * fstat) plus one byte; files larger than INDEX_MAX_BYTES are refused. */
 static char *read_small_file(const char *path, size_t *size, sneppx_status *status)
 {
-    /* O_NONBLOCK: a FIFO named like an index must not block the open. */
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        *status = sneppx_fail(SNEPPX_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return NULL;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        *status = sneppx_fail(SNEPPX_ERR_FORMAT, "%s: not a regular file", path);
+    int not_regular;
+    int fd = sneppx_open_regular(path, &st, &not_regular);
+    if (fd < 0) {
+        *status = not_regular ? sneppx_fail(SNEPPX_ERR_FORMAT, "%s: not a regular file", path)
+                              : sneppx_fail(SNEPPX_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
     if ((uint64_t)st.st_size > INDEX_MAX_BYTES) {
