@@ -26,7 +26,7 @@ static void run_gemm(const sneppx_layer *layer, const struct sneppx_packed_gemm 
                      const float *src, int64_t src_stride, int64_t src_step, float *dst, int64_t dst_stride,
                      int64_t dst_step, int64_t rows)
 {
-    const struct sneppx_gemm_tiles tile = sneppx_gemm_tiles_for(rows, gemm->n);
+    const struct sneppx_gemm_tiles tile = sneppx_gemm_tiles_for(rows, gemm->n, SNEPPX_GEMM_MR(layer->vector_width));
     const int64_t row_tiles = ceil_div(rows, tile.rows);
     const int64_t col_tiles = ceil_div(gemm->n, tile.cols);
     const int64_t tasks = instances * row_tiles * col_tiles;

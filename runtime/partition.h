@@ -44,13 +44,16 @@ struct sneppx_gemm_tiles {
 #define SNEPPX_GEMM_COL_ALIGN 32
 
 /* The task shape for a [rows, k] x [k, n] product: as few tasks as the bounds
- * allow, of equal size, so the last row or column tile is not a sliver. */
-static inline struct sneppx_gemm_tiles sneppx_gemm_tiles_for(int64_t rows, int64_t n)
+ * allow, of equal size, so the last row or column tile is not a sliver; rows
+ * a multiple of row_align (the kernel's register tile height,
+ * SNEPPX_GEMM_MR), so that only the matrix's last task pads a partial tile. */
+static inline struct sneppx_gemm_tiles sneppx_gemm_tiles_for(int64_t rows, int64_t n, int64_t row_align)
 {
     const int64_t row_tiles = (rows + SNEPPX_GEMM_MAX_TILE_ROWS - 1) / SNEPPX_GEMM_MAX_TILE_ROWS;
     const int64_t col_tiles = (n + SNEPPX_GEMM_MAX_TILE_COLS - 1) / SNEPPX_GEMM_MAX_TILE_COLS;
     struct sneppx_gemm_tiles tiles;
     tiles.rows = row_tiles > 0 ? (rows + row_tiles - 1) / row_tiles : 1;
+    tiles.rows = (tiles.rows + row_align - 1) / row_align * row_align;
     tiles.cols = col_tiles > 0 ? (n + col_tiles - 1) / col_tiles : SNEPPX_GEMM_COL_ALIGN;
     tiles.cols = (tiles.cols + SNEPPX_GEMM_COL_ALIGN - 1) / SNEPPX_GEMM_COL_ALIGN * SNEPPX_GEMM_COL_ALIGN;
     return tiles;
