@@ -7,6 +7,7 @@
 
 #include "config_internal.h"
 #include "error.h"
+#include "kernel_table.h"
 #include "layer_internal.h"
 
 /* Records a resolved kernel once (key line and timing); caller holds layer->lock. */
@@ -31,33 +32,85 @@ static void record_kernel(sneppx_layer *layer, const char *key, const sneppx_ker
     }
 }
 
-static sneppx_status resolve(sneppx_layer *layer, const char *family, const int64_t *values,
-                             const sneppx_kernel **kernel)
+/* The kernels a layer needs, gathered before any is resolved so that they
+ * compile side by side (kernel_cache.c compiles distinct keys concurrently). */
+#define MAX_REQUESTS (SNEPPX_LAYER_MAX_KERNELS + 4)
+
+struct kernel_request {
+    const char *family;
+    int64_t values[SNEPPX_MAX_KEY_FIELDS];
+    const sneppx_kernel **kernel;            /* where the resolved kernel goes */
+    sneppx_status status;
+    sneppx_kernel_timing timing;
+    int timed;
+    char error[512];
+};
+
+struct kernel_requests {
+    struct kernel_request items[MAX_REQUESTS];
+    int count;
+};
+
+static void request(struct kernel_requests *requests, const char *family, const int64_t *values, int value_count,
+                    const sneppx_kernel **kernel)
 {
-    sneppx_status status = sneppx_kernel_resolve(family, values, layer->vector_width, kernel);
-    if (status == SNEPPX_OK) {
-        sneppx_kernel_timing timing;
-        int timed = sneppx_kernel_last_timing(&timing) == SNEPPX_OK;
-        pthread_mutex_lock(&layer->lock);
-        record_kernel(layer, (*kernel)->key, timed ? &timing : NULL);
-        pthread_mutex_unlock(&layer->lock);
-    }
-    return status;
+    struct kernel_request *r = &requests->items[requests->count++];
+    memset(r, 0, sizeof *r);
+    r->family = family;
+    memcpy(r->values, values, (size_t)value_count * sizeof *values);
+    r->kernel = kernel;
 }
 
-static sneppx_status resolve_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *gemm, int64_t k, int64_t n,
-                                  int has_bias)
+static void request_gemm(struct kernel_requests *requests, struct sneppx_packed_gemm *gemm, int64_t k, int64_t n,
+                         int has_bias)
 {
     const int64_t values[] = {k, n, has_bias ? 1 : 0};
     gemm->k = k;
     gemm->n = n;
-    return resolve(layer, "gemm", values, &gemm->kernel);
+    request(requests, "gemm", values, 3, &gemm->kernel);
 }
 
-static sneppx_status resolve_rmsnorm(sneppx_layer *layer, int64_t n, const sneppx_kernel **kernel)
+static void request_rmsnorm(struct kernel_requests *requests, int64_t n, const sneppx_kernel **kernel)
 {
     const int64_t values[] = {n};
-    return resolve(layer, "rmsnorm", values, kernel);
+    request(requests, "rmsnorm", values, 1, kernel);
+}
+
+static void request_attention(struct kernel_requests *requests, const sneppx_layer *layer, int flash,
+                              int explicit_mask, const sneppx_kernel **kernel)
+{
+    /* An explicit mask is final (HF semantics): no causal or window on top. */
+    const int64_t values[] = {layer->attn_head_dim, layer->attn_v_head_dim, layer->attn_group,
+                              explicit_mask ? 0 : layer->attn_window,
+                              explicit_mask ? SNEPPX_MASK_EXPLICIT : SNEPPX_MASK_CAUSAL};
+    request(requests, flash ? "attn_flash" : "attn_sdpa", values, 5, kernel);
+}
+
+/* Resolves every request, on up to the layer's threads at once: a cold layer
+ * costs the longest chain of compiles, not their sum. Kernels are recorded
+ * in request order, so the layer's key list does not depend on timing; the
+ * first failure in that order is the error reported. */
+static sneppx_status resolve_requests(sneppx_layer *layer, struct kernel_requests *requests)
+{
+    const int threads = sneppx_thread_count(layer) < requests->count ? sneppx_thread_count(layer) : requests->count;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads > 0 ? threads : 1)
+    for (int i = 0; i < requests->count; i++) {
+        struct kernel_request *r = &requests->items[i];
+        r->status = sneppx_kernel_resolve(r->family, r->values, layer->vector_width, r->kernel);
+        if (r->status == SNEPPX_OK)
+            r->timed = sneppx_kernel_last_timing(&r->timing) == SNEPPX_OK;
+        else
+            snprintf(r->error, sizeof r->error, "%s", sneppx_last_error());
+    }
+    for (int i = 0; i < requests->count; i++) {
+        const struct kernel_request *r = &requests->items[i];
+        if (r->status != SNEPPX_OK)
+            return sneppx_fail(r->status, "%s", r->error);
+        pthread_mutex_lock(&layer->lock);
+        record_kernel(layer, (*r->kernel)->key, r->timed ? &r->timing : NULL);
+        pthread_mutex_unlock(&layer->lock);
+    }
+    return SNEPPX_OK;
 }
 
 sneppx_status sneppx_layer_attention_kernel(sneppx_layer *layer, int flash, int explicit_mask,
@@ -69,18 +122,17 @@ sneppx_status sneppx_layer_attention_kernel(sneppx_layer *layer, int flash, int 
         *kernel = cached;
         return SNEPPX_OK;
     }
-    /* An explicit mask is final (HF semantics): no causal or window on top. */
-    const int64_t values[] = {layer->attn_head_dim, layer->attn_v_head_dim, layer->attn_group,
-                              explicit_mask ? 0 : layer->attn_window,
-                              explicit_mask ? SNEPPX_MASK_EXPLICIT : SNEPPX_MASK_CAUSAL};
-    sneppx_status status = resolve(layer, flash ? "attn_flash" : "attn_sdpa", values, kernel);
+    struct kernel_requests requests = {.count = 0};
+    request_attention(&requests, layer, flash, explicit_mask, kernel);
+    sneppx_status status = resolve_requests(layer, &requests);
     if (status == SNEPPX_OK)
         atomic_store_explicit(&layer->attention[flash][explicit_mask], *kernel, memory_order_release);
     return status;
 }
 
-/* Derives every dimension and resolves the kernels; no weights yet. */
-static sneppx_status layer_init(const sneppx_config *config, sneppx_layer **out)
+/* Derives every dimension and resolves the kernels, the attention kernel in
+ * use or (all_attention) every attention variant; no weights yet. */
+static sneppx_status layer_init(const sneppx_config *config, int all_attention, sneppx_layer **out)
 {
     sneppx_status status = sneppx_config_validate(config);
     if (status != SNEPPX_OK)
@@ -98,6 +150,8 @@ static sneppx_status layer_init(const sneppx_config *config, sneppx_layer **out)
     layer->is_mla = config->kv_lora_rank > 0;
     *out = layer;
 
+    /* The largest kernels first: the threads take requests in this order. */
+    struct kernel_requests requests = {.count = 0};
     if (layer->is_mla) {
         layer->head_dim = config->qk_nope_head_dim + config->qk_rope_head_dim;
         layer->v_head_dim = config->v_head_dim;
@@ -105,42 +159,31 @@ static sneppx_status layer_init(const sneppx_config *config, sneppx_layer **out)
         layer->q_dim = heads * layer->head_dim;
         layer->attn_dim = heads * layer->v_head_dim;
         if (config->q_lora_rank > 0) {
-            if ((status = resolve_gemm(layer, &layer->q_a_proj, config->hidden_size, config->q_lora_rank,
-                                       config->qkv_bias)) != SNEPPX_OK ||
-                (status = resolve_rmsnorm(layer, config->q_lora_rank, &layer->q_a_norm)) != SNEPPX_OK ||
-                (status = resolve_gemm(layer, &layer->qkv_proj, config->q_lora_rank, layer->q_dim, 0)) != SNEPPX_OK)
-                return status;
-        } else if ((status = resolve_gemm(layer, &layer->qkv_proj, config->hidden_size, layer->q_dim, 0)) !=
-                   SNEPPX_OK) {
-            return status;
+            request_gemm(&requests, &layer->q_a_proj, config->hidden_size, config->q_lora_rank, config->qkv_bias);
+            request_rmsnorm(&requests, config->q_lora_rank, &layer->q_a_norm);
+            request_gemm(&requests, &layer->qkv_proj, config->q_lora_rank, layer->q_dim, 0);
+        } else {
+            request_gemm(&requests, &layer->qkv_proj, config->hidden_size, layer->q_dim, 0);
         }
-        if ((status = resolve_gemm(layer, &layer->kv_a_proj, config->hidden_size, layer->latent_dim,
-                                   config->qkv_bias)) != SNEPPX_OK ||
-            (status = resolve_rmsnorm(layer, config->kv_lora_rank, &layer->kv_a_norm)) != SNEPPX_OK)
-            return status;
+        request_gemm(&requests, &layer->kv_a_proj, config->hidden_size, layer->latent_dim, config->qkv_bias);
+        request_rmsnorm(&requests, config->kv_lora_rank, &layer->kv_a_norm);
         if (config->mla_naive) {
             layer->kv_heads = heads;
             layer->attn_head_dim = layer->head_dim;
             layer->attn_v_head_dim = layer->v_head_dim;
             layer->attn_group = 1;
-            status = resolve_gemm(layer, &layer->kv_b_proj, config->kv_lora_rank,
-                                  heads * (config->qk_nope_head_dim + config->v_head_dim), 0);
+            request_gemm(&requests, &layer->kv_b_proj, config->kv_lora_rank,
+                         heads * (config->qk_nope_head_dim + config->v_head_dim), 0);
         } else {
             /* Absorbed: one shared latent "kv head" of q/k dim kv_lora+rope and v dim kv_lora. */
             layer->kv_heads = 1;
             layer->attn_head_dim = layer->latent_dim;
             layer->attn_v_head_dim = config->kv_lora_rank;
             layer->attn_group = heads;
-            if ((status = resolve_gemm(layer, &layer->absorb_uk, config->qk_nope_head_dim,
-                                       config->kv_lora_rank, 0)) != SNEPPX_OK)
-                return status;
-            status = resolve_gemm(layer, &layer->absorb_uv, config->kv_lora_rank, config->v_head_dim, 0);
+            request_gemm(&requests, &layer->absorb_uk, config->qk_nope_head_dim, config->kv_lora_rank, 0);
+            request_gemm(&requests, &layer->absorb_uv, config->kv_lora_rank, config->v_head_dim, 0);
         }
-        if (status != SNEPPX_OK)
-            return status;
-        if ((status = resolve_gemm(layer, &layer->o_proj, layer->attn_dim, config->hidden_size,
-                                   config->o_bias)) != SNEPPX_OK)
-            return status;
+        request_gemm(&requests, &layer->o_proj, layer->attn_dim, config->hidden_size, config->o_bias);
     } else {
         layer->head_dim = sneppx_config_head_dim(config);
         layer->v_head_dim = layer->head_dim;
@@ -154,21 +197,26 @@ static sneppx_status layer_init(const sneppx_config *config, sneppx_layer **out)
         layer->attn_v_head_dim = layer->head_dim;
         layer->attn_group = layer->group;
         layer->attn_window = config->sliding_window;
-        if ((status = resolve_gemm(layer, &layer->qkv_proj, config->hidden_size, layer->qkv_dim,
-                                   config->qkv_bias)) != SNEPPX_OK ||
-            (status = resolve_gemm(layer, &layer->o_proj, layer->attn_dim, config->hidden_size,
-                                   config->o_bias)) != SNEPPX_OK)
-            return status;
+        request_gemm(&requests, &layer->qkv_proj, config->hidden_size, layer->qkv_dim, config->qkv_bias);
+        request_gemm(&requests, &layer->o_proj, layer->attn_dim, config->hidden_size, config->o_bias);
     }
     layer->group = layer->attn_group;
 
     const int64_t rope_values[] = {layer->rotary_dim, config->rope_interleaved ? 1 : 0};
-    if ((status = resolve(layer, "rope", rope_values, &layer->rope)) != SNEPPX_OK)
+    request(&requests, "rope", rope_values, 2, &layer->rope);
+    const sneppx_kernel *attention[2][2] = {{NULL, NULL}, {NULL, NULL}};
+    const int use_flash = atomic_load(&layer->use_flash);
+    for (int flash = 0; flash < 2; flash++)
+        for (int explicit_mask = 0; explicit_mask < 2; explicit_mask++)
+            if (all_attention || (flash == use_flash && !explicit_mask))
+                request_attention(&requests, layer, flash, explicit_mask, &attention[flash][explicit_mask]);
+    if ((status = resolve_requests(layer, &requests)) != SNEPPX_OK)
         return status;
-    const sneppx_kernel *attention;
-    if ((status = sneppx_layer_attention_kernel(layer, atomic_load(&layer->use_flash), 0, &attention)) !=
-        SNEPPX_OK)
-        return status;
+    for (int flash = 0; flash < 2; flash++)
+        for (int explicit_mask = 0; explicit_mask < 2; explicit_mask++)
+            if (attention[flash][explicit_mask])
+                atomic_store_explicit(&layer->attention[flash][explicit_mask], attention[flash][explicit_mask],
+                                      memory_order_release);
 
     layer->inv_freq = malloc(sizeof(double) * (size_t)(layer->rotary_dim / 2));
     if (!layer->inv_freq)
@@ -189,7 +237,7 @@ sneppx_status sneppx_layer_create(const sneppx_config *config, const sneppx_weig
     if (!config)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
     sneppx_layer *layer = NULL;
-    sneppx_status status = layer_init(config, &layer);
+    sneppx_status status = layer_init(config, 0, &layer);
     if (status == SNEPPX_OK)
         status = sneppx_layer_load_weights(layer, weights);
     if (status != SNEPPX_OK) {
@@ -206,11 +254,7 @@ sneppx_status sneppx_layer_warmup(const sneppx_config *config)
     if (!config)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
     sneppx_layer *layer = NULL;
-    sneppx_status status = layer_init(config, &layer);
-    const sneppx_kernel *attention;
-    for (int flash = 0; flash < 2 && status == SNEPPX_OK; flash++)
-        for (int explicit_mask = 0; explicit_mask < 2 && status == SNEPPX_OK; explicit_mask++)
-            status = sneppx_layer_attention_kernel(layer, flash, explicit_mask, &attention);
+    sneppx_status status = layer_init(config, 1, &layer);
     sneppx_layer_destroy(layer);
     return status;
 }
