@@ -1,10 +1,14 @@
 /* JIT: what a layer's kernels cost to get, in fresh processes (the bench
- * re-executes itself with --child-start MODEL):
- *   cold: an empty SNEPPX_CACHE_DIR, every key specialized, optimized and compiled;
- *   warm: the same directory, now full, and SNEPPX_JIT=0 so a miss would fail.
- * Per key: compile ms (cold) and disk-cache load ms (warm). Per layer: the
- * kernels' total, the layer created (kernels + synthetic weights + packing),
- * its first forward, and the child's wall time from fork to exit. */
+ * re-executes itself with --child-start MODEL THREADS):
+ *   cold, 1 thread: an empty SNEPPX_CACHE_DIR, every key specialized, optimized
+ *     and compiled one after another: the compile time of each key alone;
+ *   cold, all cores: another empty directory; the layer resolves its keys
+ *     side by side on its threads, as a user's layer does;
+ *   warm: that directory, now full, and SNEPPX_JIT=0 so a miss would fail.
+ * Per key: compile ms (cold, 1 thread) and disk-cache load ms (warm). Per
+ * layer: the sum of its keys' resolves, the layer created (kernels +
+ * synthetic weights + packing), its first forward, and the child's wall time
+ * from fork to exit. */
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,14 +56,16 @@ static const char *source_name(int source)
 int bench_child_start(int argc, char **argv)
 {
     const double start = bench_now();
-    if (argc < 1) {
-        fprintf(stderr, "sneppx-bench --child-start MODEL\n");
+    if (argc < 2) {
+        fprintf(stderr, "sneppx-bench --child-start MODEL THREADS\n");
         return 2;
     }
     sneppx_config config;
     sneppx_layer *layer;
-    if (sneppx_config_from_name(argv[0], NULL, &config) != SNEPPX_OK ||
-        sneppx_layer_create(&config, NULL, &layer) != SNEPPX_OK) {
+    if (sneppx_config_from_name(argv[0], NULL, &config) != SNEPPX_OK)
+        return 1;
+    config.num_threads = atoi(argv[1]);
+    if (sneppx_layer_create(&config, NULL, &layer) != SNEPPX_OK) {
         fprintf(stderr, "sneppx-bench: %s: %s\n", argv[0], sneppx_last_error());
         return 1;
     }
@@ -99,7 +105,7 @@ int bench_child_start(int argc, char **argv)
 
 /* ---- the parent ------------------------------------------------------------ */
 
-static void run_start(struct bench_context *ctx, const char *model, const char *cache_dir, int warm,
+static void run_start(struct bench_context *ctx, const char *model, const char *cache_dir, int warm, int threads,
                       struct start_report *report)
 {
     memset(report, 0, sizeof *report);
@@ -108,7 +114,9 @@ static void run_start(struct bench_context *ctx, const char *model, const char *
     /* Warm: SNEPPX_JIT=0 turns a cache miss into an error instead of a silent compile. */
     const char *const set_env[] = {cache_env, warm ? "SNEPPX_JIT=0" : NULL, NULL};
     const char *const unset_env[] = {"SNEPPX_JIT", "SNEPPX_CACHE_MAX_MB", NULL};
-    char *const argv[] = {BENCH_SELF_EXE, "--child-start", (char *)model, NULL};
+    char thread_arg[16];
+    snprintf(thread_arg, sizeof thread_arg, "%d", threads);
+    char *const argv[] = {BENCH_SELF_EXE, "--child-start", (char *)model, thread_arg, NULL};
     struct bench_child child;
     if (bench_child_run(argv, set_env, unset_env, &child) != 0) {
         ctx->failures++;
@@ -148,37 +156,48 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
     return remove(path);
 }
 
-static void print_start(const char *model, const char *name, const struct start_report *r)
+/* name: "cold" or "warm" with threads > 1, "cold-1t" for the one-thread child. */
+static void print_start(const char *model, const char *name, int threads, const struct start_report *r)
 {
-    printf("  %-17s %-4s start: kernels %7.1f ms (%d keys, incl. SDPA), layer created %7.1f ms (flash kernels + "
-           "weights), first forward T=%d %6.1f ms, process fork->exit %7.1f ms\n",
-           model, name, r->kernels_ms, r->kernel_count, r->create_ms, FIRST_FORWARD_TOKENS, r->forward_ms, r->wall_ms);
-    bench_record_value("jit", model, strcmp(name, "cold") ? "warm-start-kernels" : "cold-start-kernels", 0, 0,
-                       r->kernels_ms, "ms");
-    bench_record_value("jit", model, strcmp(name, "cold") ? "warm-start-process" : "cold-start-process", 0, 0,
-                       r->wall_ms, "ms");
+    printf("  %-17s %-7s start, %d thread%s: keys' resolves %7.1f ms summed (%d keys, incl. SDPA), layer created "
+           "%7.1f ms (kernels + weights), first forward T=%d %6.1f ms, process fork->exit %7.1f ms\n",
+           model, name, threads, threads > 1 ? "s" : " ", r->kernels_ms, r->kernel_count, r->create_ms,
+           FIRST_FORWARD_TOKENS, r->forward_ms, r->wall_ms);
+    char metric[64];
+    snprintf(metric, sizeof metric, "%s-start-kernels", name);
+    bench_record_value("jit", model, metric, 0, threads, r->kernels_ms, "ms");
+    snprintf(metric, sizeof metric, "%s-start-created", name);
+    bench_record_value("jit", model, metric, 0, threads, r->create_ms, "ms");
+    snprintf(metric, sizeof metric, "%s-start-process", name);
+    bench_record_value("jit", model, metric, 0, threads, r->wall_ms, "ms");
 }
 
 void bench_stage_jit(struct bench_context *ctx)
 {
     bench_report_section("JIT: per key, cold compile (empty cache dir) and disk-cache load (SNEPPX_JIT=0); "
                          "cold and warm start of a layer",
-                         "fresh processes; compile = specialize + O2 + emit object; load = read + verify + link the "
-                         "object; total = the whole resolve (a process's first resolve also sets up LLVM and LLJIT)");
+                         "fresh processes; compile = specialize + O2 + emit object, one key at a time (a 1-thread "
+                         "layer); load = read + verify + link the object; total = the whole resolve (a process's "
+                         "first resolve also sets up LLVM and LLJIT); a layer on all cores resolves its keys side "
+                         "by side");
+    const int threads = ctx->thread_counts[ctx->thread_count_n - 1];
     const char *const *models = ctx->quick ? quick_models : full_models;
     const int model_count = ctx->quick ? 1 : (int)(sizeof full_models / sizeof full_models[0]);
     for (int m = 0; m < model_count; m++) {
-        char cache_dir[] = "/tmp/sneppx-bench-cache-XXXXXX";
-        if (!mkdtemp(cache_dir)) {
+        char serial_dir[] = "/tmp/sneppx-bench-cache-XXXXXX";
+        char parallel_dir[] = "/tmp/sneppx-bench-cache-XXXXXX";
+        if (!mkdtemp(serial_dir) || !mkdtemp(parallel_dir)) {
             perror("sneppx-bench: mkdtemp");
             ctx->failures++;
             return;
         }
-        struct start_report cold, warm;
-        run_start(ctx, models[m], cache_dir, 0, &cold);
-        run_start(ctx, models[m], cache_dir, 1, &warm);
-        nftw(cache_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
-        if (!cold.ok || !warm.ok)
+        struct start_report cold, cold_parallel, warm;
+        run_start(ctx, models[m], serial_dir, 0, 1, &cold);
+        run_start(ctx, models[m], parallel_dir, 0, threads, &cold_parallel);
+        run_start(ctx, models[m], parallel_dir, 1, threads, &warm);
+        nftw(serial_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
+        nftw(parallel_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
+        if (!cold.ok || !cold_parallel.ok || !warm.ok)
             continue;
         printf("  %-56s | cold: source     compile    total | warm: source      load     total\n", models[m]);
         for (int i = 0; i < cold.kernel_count; i++) {
@@ -197,7 +216,8 @@ void bench_stage_jit(struct bench_context *ctx)
                 bench_record_value("jit", c->key, "disk-total", 0, 0, w->total_ms, "ms");
             }
         }
-        print_start(models[m], "cold", &cold);
-        print_start(models[m], "warm", &warm);
+        print_start(models[m], "cold-1t", 1, &cold);
+        print_start(models[m], "cold", threads, &cold_parallel);
+        print_start(models[m], "warm", threads, &warm);
     }
 }

@@ -407,6 +407,8 @@ static void create_jit(void)
     LLVMOrcJITDylibAddGenerator(LLVMOrcLLJITGetMainJITDylib(jit), process_symbols);
 }
 
+void sneppx_jit_prepare(void) { pthread_once(&jit_once, create_jit); }
+
 static sneppx_status get_jit(const char *key)
 {
     pthread_once(&jit_once, create_jit);

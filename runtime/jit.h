@@ -51,6 +51,10 @@ sneppx_status sneppx_jit_module_ir(const struct sneppx_kernel_family *family, co
 sneppx_status sneppx_jit_compile_object(const struct sneppx_kernel_family *family, const int64_t *values,
                                         int vector_width, void **object, size_t *object_size);
 
+/* Creates the process-wide LLJIT now if it does not exist yet (creation
+ * errors are reported by the link that needs it). Thread-safe. */
+void sneppx_jit_prepare(void);
+
 /* Links an object made by sneppx_jit_compile_object for key into the process
  * JIT and writes the address of each entry of family to entry[] (unused
  * slots NULL). The code lives until process exit. Thread-safe. */

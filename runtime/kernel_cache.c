@@ -356,6 +356,8 @@ static sneppx_status resolve_miss(const struct sneppx_kernel_family *family, con
     return status;
 }
 
+void sneppx_kernel_prepare(void) { sneppx_jit_prepare(); }
+
 sneppx_status sneppx_kernel_resolve(const char *family, const int64_t *values, int vector_width,
                                     const sneppx_kernel **kernel)
 {

@@ -24,6 +24,11 @@ sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, int v
 sneppx_status sneppx_kernel_resolve(const char *family, const int64_t *values, int vector_width,
                                     const sneppx_kernel **kernel);
 
+/* Sets up what every resolve needs once per process (the LLJIT that links
+ * each kernel's object, ~3 ms), so that threads resolving keys side by side
+ * do not queue behind its creation. Optional; thread-safe. */
+void sneppx_kernel_prepare(void);
+
 /* Tests only: forgets every resolved kernel (their code is unlinked: pointers
  * handed out before become invalid) and zeroes the JIT statistics, so the
  * next resolve goes to the disk cache or the JIT again. Not thread-safe. */
