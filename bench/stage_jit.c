@@ -2,10 +2,12 @@
  * re-executes itself with --child-start MODEL THREADS):
  *   cold, 1 thread: an empty SNEPPX_CACHE_DIR, every key specialized, optimized
  *     and compiled one after another: the compile time of each key alone;
- *   cold, all cores: another empty directory; the layer resolves its keys
- *     side by side on its threads, as a user's layer does;
- *   warm: that directory, now full, and SNEPPX_JIT=0 so a miss would fail.
- * Per key: compile ms (cold, 1 thread) and disk-cache load ms (warm). Per
+ *   warm, 1 thread: that directory, now full, and SNEPPX_JIT=0 so a miss
+ *     would fail: the load time of each key alone;
+ *   cold and warm, all cores: the same in another directory, with the layer
+ *     resolving its keys side by side on its threads, as a user's layer does
+ *     (a key's time then includes waiting for the other threads' links).
+ * Per key: compile ms and disk-cache load ms, one thread. Per
  * layer: the sum of its keys' resolves, the layer created (kernels +
  * synthetic weights + packing), its first forward, and the child's wall time
  * from fork to exit. */
@@ -156,7 +158,7 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
     return remove(path);
 }
 
-/* name: "cold" or "warm" with threads > 1, "cold-1t" for the one-thread child. */
+/* name: "cold" or "warm" with threads > 1, "cold-1t" / "warm-1t" for one-thread children. */
 static void print_start(const char *model, const char *name, int threads, const struct start_report *r)
 {
     printf("  %-17s %-7s start, %d thread%s: keys' resolves %7.1f ms summed (%d keys, incl. SDPA), layer created "
@@ -177,8 +179,8 @@ void bench_stage_jit(struct bench_context *ctx)
     bench_report_section("JIT: per key, cold compile (empty cache dir) and disk-cache load (SNEPPX_JIT=0); "
                          "cold and warm start of a layer",
                          "fresh processes; compile = specialize + O2 + emit object, one key at a time (a 1-thread "
-                         "layer); load = read + verify + link the object; total = the whole resolve (a process's "
-                         "first resolve also sets up LLVM and LLJIT); a layer on all cores resolves its keys side "
+                         "layer); load = read + verify + link the object, one key at a time too; total = the whole resolve (a process's "
+                         "first compile also sets up LLVM; the LLJIT is created before the first key, counted in the start, not in a key); a layer on all cores resolves its keys side "
                          "by side");
     const int threads = ctx->thread_counts[ctx->thread_count_n - 1];
     const char *const *models = ctx->quick ? quick_models : full_models;
@@ -191,13 +193,14 @@ void bench_stage_jit(struct bench_context *ctx)
             ctx->failures++;
             return;
         }
-        struct start_report cold, cold_parallel, warm;
+        struct start_report cold, warm, cold_parallel, warm_parallel;
         run_start(ctx, models[m], serial_dir, 0, 1, &cold);
+        run_start(ctx, models[m], serial_dir, 1, 1, &warm);
         run_start(ctx, models[m], parallel_dir, 0, threads, &cold_parallel);
-        run_start(ctx, models[m], parallel_dir, 1, threads, &warm);
+        run_start(ctx, models[m], parallel_dir, 1, threads, &warm_parallel);
         nftw(serial_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
         nftw(parallel_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
-        if (!cold.ok || !cold_parallel.ok || !warm.ok)
+        if (!cold.ok || !warm.ok || !cold_parallel.ok || !warm_parallel.ok)
             continue;
         printf("  %-56s | cold: source     compile    total | warm: source      load     total\n", models[m]);
         for (int i = 0; i < cold.kernel_count; i++) {
@@ -217,7 +220,8 @@ void bench_stage_jit(struct bench_context *ctx)
             }
         }
         print_start(models[m], "cold-1t", 1, &cold);
+        print_start(models[m], "warm-1t", 1, &warm);
         print_start(models[m], "cold", threads, &cold_parallel);
-        print_start(models[m], "warm", threads, &warm);
+        print_start(models[m], "warm", threads, &warm_parallel);
     }
 }

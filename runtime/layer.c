@@ -93,8 +93,8 @@ static void request_attention(struct kernel_requests *requests, const sneppx_lay
 static sneppx_status resolve_requests(sneppx_layer *layer, struct kernel_requests *requests)
 {
     const int threads = sneppx_thread_count(layer) < requests->count ? sneppx_thread_count(layer) : requests->count;
-    if (threads > 1)
-        sneppx_kernel_prepare();
+    /* Once per process, before the first key: no thread's key waits for it. */
+    sneppx_kernel_prepare();
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads > 0 ? threads : 1)
     for (int i = 0; i < requests->count; i++) {
         struct kernel_request *r = &requests->items[i];

@@ -45,7 +45,8 @@ typedef struct sneppx_weights {
 typedef struct sneppx_layer sneppx_layer;
 
 /* Validates config and weights, resolves (JIT-compiles or loads) every kernel
- * the layer needs and packs the weights. Thread-safe.
+ * the layer needs, side by side on config->num_threads threads (0: OpenMP's
+ * default), and packs the weights. Thread-safe.
  * weights == NULL gives deterministic synthetic weights: every tensor element is
  * uniform in [-1, 1) from splitmix64(SNEPPX_SYNTHETIC_SEED + tensor index, element
  * index), scaled by in_features^-0.5 (biases by 0.1; RMSNorm weights are 1 + 0.1 u). */
@@ -61,7 +62,8 @@ sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t s
                                    float *out);
 
 /* Resolves (compiles or loads from the disk cache) every kernel a layer of this
- * config uses, without weights: for deployments that warm the cache. */
+ * config uses, flash and SDPA, causal and explicit-mask, side by side on
+ * config->num_threads threads, without weights: for deployments that warm the cache. */
 sneppx_status sneppx_layer_warmup(const sneppx_config *config);
 
 /* Switches flash (1) / SDPA (0) on an existing layer (resolves the kernel). */
