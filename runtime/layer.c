@@ -33,7 +33,8 @@ static void record_kernel(sneppx_layer *layer, const char *key, const sneppx_ker
 }
 
 /* The kernels a layer needs, gathered before any is resolved so that they
- * compile side by side (kernel_cache.c compiles distinct keys concurrently). */
+ * compile side by side (kernel_cache.c compiles distinct keys concurrently).
+ * At most 13 today: MLA with q LoRA has 9 plus 4 attention variants. */
 #define MAX_REQUESTS (SNEPPX_LAYER_MAX_KERNELS + 4)
 
 struct kernel_request {
@@ -43,7 +44,7 @@ struct kernel_request {
     sneppx_status status;
     sneppx_kernel_timing timing;
     int timed;
-    char error[512];
+    char error[1024];   /* sneppx_last_error() of the thread that failed */
 };
 
 struct kernel_requests {
@@ -54,6 +55,8 @@ struct kernel_requests {
 static void request(struct kernel_requests *requests, const char *family, const int64_t *values, int value_count,
                     const sneppx_kernel **kernel)
 {
+    if (requests->count == MAX_REQUESTS)
+        abort(); /* a programming error: MAX_REQUESTS is below what layer_init asks for */
     struct kernel_request *r = &requests->items[requests->count++];
     memset(r, 0, sizeof *r);
     r->family = family;
@@ -152,7 +155,7 @@ static sneppx_status layer_init(const sneppx_config *config, int all_attention, 
     layer->is_mla = config->kv_lora_rank > 0;
     *out = layer;
 
-    /* The largest kernels first: the threads take requests in this order. */
+    /* The threads take requests in this order, the order of the layer's key list too. */
     struct kernel_requests requests = {.count = 0};
     if (layer->is_mla) {
         layer->head_dim = config->qk_nope_head_dim + config->qk_rope_head_dim;
