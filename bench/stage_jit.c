@@ -64,10 +64,12 @@ int bench_child_start(int argc, char **argv)
     }
     sneppx_config config;
     sneppx_layer *layer;
-    if (sneppx_config_from_name(argv[0], NULL, &config) != SNEPPX_OK)
-        return 1;
-    config.num_threads = atoi(argv[1]);
-    if (sneppx_layer_create(&config, NULL, &layer) != SNEPPX_OK) {
+    int ok = sneppx_config_from_name(argv[0], NULL, &config) == SNEPPX_OK;
+    if (ok) {
+        config.num_threads = atoi(argv[1]);
+        ok = sneppx_layer_create(&config, NULL, &layer) == SNEPPX_OK;
+    }
+    if (!ok) {
         fprintf(stderr, "sneppx-bench: %s: %s\n", argv[0], sneppx_last_error());
         return 1;
     }
@@ -179,9 +181,10 @@ void bench_stage_jit(struct bench_context *ctx)
     bench_report_section("JIT: per key, cold compile (empty cache dir) and disk-cache load (SNEPPX_JIT=0); "
                          "cold and warm start of a layer",
                          "fresh processes; compile = specialize + O2 + emit object, one key at a time (a 1-thread "
-                         "layer); load = read + verify + link the object, one key at a time too; total = the whole resolve (a process's "
-                         "first compile also sets up LLVM; the LLJIT is created before the first key, counted in the start, not in a key); a layer on all cores resolves its keys side "
-                         "by side");
+                         "layer); load = read + verify + link the object, one key at a time too; total = the whole "
+                         "resolve (a process's first compile also sets up LLVM; the LLJIT is created before the "
+                         "first key, counted in the start, not in a key); a layer on all cores resolves its keys "
+                         "side by side");
     const int threads = ctx->thread_counts[ctx->thread_count_n - 1];
     const char *const *models = ctx->quick ? quick_models : full_models;
     const int model_count = ctx->quick ? 1 : (int)(sizeof full_models / sizeof full_models[0]);
@@ -190,6 +193,7 @@ void bench_stage_jit(struct bench_context *ctx)
         char parallel_dir[] = "/tmp/sneppx-bench-cache-XXXXXX";
         if (!mkdtemp(serial_dir) || !mkdtemp(parallel_dir)) {
             perror("sneppx-bench: mkdtemp");
+            rmdir(serial_dir); /* fails harmlessly when it was not made */
             ctx->failures++;
             return;
         }

@@ -411,7 +411,7 @@ void sneppx_jit_prepare(void) { pthread_once(&jit_once, create_jit); }
 
 static sneppx_status get_jit(const char *key)
 {
-    pthread_once(&jit_once, create_jit);
+    sneppx_jit_prepare();
     if (jit_creation_error[0])
         return sneppx_fail(SNEPPX_ERR_JIT, "cannot create the LLVM JIT (kernel '%s'): %s", key, jit_creation_error);
     return SNEPPX_OK;

@@ -19,7 +19,6 @@
 #include "sneppx/sneppx.h"
 #include "test_util.h"
 
-
 enum { CYCLES = 1000, WARMUP_CYCLES = 50, HIDDEN = 64, BATCH = 2, SEQ = 20 };
 #define RSS_GROWTH_LIMIT (1.5 * 1024 * 1024)
 
