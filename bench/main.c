@@ -226,10 +226,10 @@ int main(int argc, char **argv)
            getenv("OPENBLAS_CORETYPE") || getenv("OPENBLAS_L2_SIZE") ? "SET: baseline forced" : "unset",
            sneppx_cache_dir()[0] ? sneppx_cache_dir() : "(memory only)");
 
-    const struct sneppx_gemm_tiles tile = bench_gemm_tile(2048, 6144);
-    printf("GEMM tasks %lldx%lld (rows x columns, qkv at T = 2048), attention tasks %d query rows x 1 K/V head, "
+    const struct sneppx_gemm_tiles tile = bench_gemm_tile(2048, 6144, cores);
+    printf("GEMM tasks %lldx%lld (rows x columns, qkv at T = 2048 on %d threads), attention tasks %d query rows x 1 K/V head, "
            "as runtime/partition.h\n",
-           (long long)tile.rows, (long long)tile.cols, SNEPPX_ATTN_TILE_ROWS);
+           (long long)tile.rows, (long long)tile.cols, cores, SNEPPX_ATTN_TILE_ROWS);
     print_load("at start");
 
     static const struct {

@@ -16,7 +16,7 @@ struct sneppx_args bench_new_args(void);
  * against the runtime's; cols must be a multiple of 2 * vector width. */
 void bench_set_gemm_tile(int64_t rows, int64_t cols);
 /* The task shape bench_gemm_tiles() uses for a [rows, k] x [k, n] product. */
-struct sneppx_gemm_tiles bench_gemm_tile(int64_t rows, int64_t n);
+struct sneppx_gemm_tiles bench_gemm_tile(int64_t rows, int64_t n, int threads);
 
 /* dst[r, c] = src[r, :] . W[c, :] (+ bias) for r < rows, c < n, over `threads`
  * OpenMP threads: row tiles x column tiles, statically scheduled. */

@@ -26,11 +26,13 @@ static void run_gemm(const sneppx_layer *layer, const struct sneppx_packed_gemm 
                      const float *src, int64_t src_stride, int64_t src_step, float *dst, int64_t dst_stride,
                      int64_t dst_step, int64_t rows)
 {
-    const struct sneppx_gemm_tiles tile = sneppx_gemm_tiles_for(rows, gemm->n, SNEPPX_GEMM_MR(layer->vector_width));
+    const int threads = sneppx_thread_count(layer);
+    const struct sneppx_gemm_tiles tile =
+        sneppx_gemm_tiles_for(rows, gemm->n, SNEPPX_GEMM_MR(layer->vector_width), instances, threads);
     const int64_t row_tiles = ceil_div(rows, tile.rows);
     const int64_t col_tiles = ceil_div(gemm->n, tile.cols);
     const int64_t tasks = instances * row_tiles * col_tiles;
-#pragma omp parallel for schedule(static) num_threads(sneppx_thread_count(layer))
+#pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t task = 0; task < tasks; task++) {
         const int64_t instance = task / (row_tiles * col_tiles);
         const int64_t col_tile = task / row_tiles % col_tiles;

@@ -33,29 +33,67 @@ struct sneppx_gemm_tiles {
 };
 
 /* At most this many rows and columns per GEMM task. The GEMM kernel copies a
- * task's activations once per k slice, so a task's copy is amortized over its
- * columns (192 x 256 tasks spent ~5% re-copying at T = 2048); and it sweeps
- * the task's C once per k slice, so the task's C (rows x cols floats) should
- * stay near L2. Measured on [2048, 4096] x [4096, 6144], one thread: 448 x 512
- * ran 3-7% faster than 192 x 256; 2048-row tasks 10% slower. */
-#define SNEPPX_GEMM_MAX_TILE_ROWS 448
-#define SNEPPX_GEMM_MAX_TILE_COLS 512
+ * task's activations once per k slice, so the copy is amortized over the
+ * task's columns; it sweeps the task's C once per k slice, which costs little
+ * even from L3 (a 14 x 32 tile is loaded and stored once per 512 k steps).
+ * Measured on [2048, 4096] x [4096, 6144] and x [4096, 4096], one process
+ * timing the shapes interleaved: 518 x 2048 ran 2-4% faster than 420 x 512
+ * on one and two threads (perf: the copy was 4% of the time at 512 columns),
+ * 192 x 256 5% slower still; 420 x 6144 (C of 10 MB) 6% slower. */
+#define SNEPPX_GEMM_MAX_TILE_ROWS 560
+#define SNEPPX_GEMM_MAX_TILE_COLS 2048
 /* Columns of a task are a multiple of every kernel's panel width (2 x vector width). */
 #define SNEPPX_GEMM_COL_ALIGN 32
 
-/* The task shape for a [rows, k] x [k, n] product: as few tasks as the bounds
- * allow, of equal size, so the last row or column tile is not a sliver; rows
- * a multiple of row_align (the kernel's register tile height,
- * SNEPPX_GEMM_MR), so that only the matrix's last task pads a partial tile. */
-static inline struct sneppx_gemm_tiles sneppx_gemm_tiles_for(int64_t rows, int64_t n, int64_t row_align)
+static inline int64_t sneppx_partition_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Threads may idle at most this fraction of a stage's time (tasks counted equal). */
+#define SNEPPX_GEMM_MAX_IDLE 0.05
+
+/* The fraction of `threads` threads' time that `tasks` equal tasks keep busy. */
+static inline double sneppx_gemm_busy(int64_t tasks, int threads)
 {
-    const int64_t row_tiles = (rows + SNEPPX_GEMM_MAX_TILE_ROWS - 1) / SNEPPX_GEMM_MAX_TILE_ROWS;
-    const int64_t col_tiles = (n + SNEPPX_GEMM_MAX_TILE_COLS - 1) / SNEPPX_GEMM_MAX_TILE_COLS;
+    const int64_t workers = threads > 1 ? threads : 1;
+    return (double)tasks / (double)(sneppx_partition_ceil_div(tasks, workers) * workers);
+}
+
+/* The task shape for `instances` products [rows, k] x [k, n] on `threads`
+ * threads (static schedule): tasks of equal size, rows a multiple of row_align
+ * (the kernel's register tile height, SNEPPX_GEMM_MR) so that only the
+ * matrix's last task pads a partial tile; as few column tiles as the bounds
+ * allow, and a few more when the threads would otherwise idle more than
+ * SNEPPX_GEMM_MAX_IDLE (3 tasks on 2 threads idle one thread a third of the
+ * time; 4 tasks of 1536 columns instead of 3 of 2048 cost nothing measurable). */
+static inline struct sneppx_gemm_tiles sneppx_gemm_tiles_for(int64_t rows, int64_t n, int64_t row_align,
+                                                             int64_t instances, int threads)
+{
     struct sneppx_gemm_tiles tiles;
-    tiles.rows = row_tiles > 0 ? (rows + row_tiles - 1) / row_tiles : 1;
-    tiles.rows = (tiles.rows + row_align - 1) / row_align * row_align;
-    tiles.cols = col_tiles > 0 ? (n + col_tiles - 1) / col_tiles : SNEPPX_GEMM_COL_ALIGN;
-    tiles.cols = (tiles.cols + SNEPPX_GEMM_COL_ALIGN - 1) / SNEPPX_GEMM_COL_ALIGN * SNEPPX_GEMM_COL_ALIGN;
+    if (rows <= 0 || n <= 0) {
+        tiles.rows = row_align > 0 ? row_align : 1;
+        tiles.cols = SNEPPX_GEMM_COL_ALIGN;
+        return tiles;
+    }
+    const int64_t row_tiles = sneppx_partition_ceil_div(rows, SNEPPX_GEMM_MAX_TILE_ROWS);
+    tiles.rows = sneppx_partition_ceil_div(sneppx_partition_ceil_div(rows, row_tiles), row_align) * row_align;
+    const int64_t row_tasks = (instances > 0 ? instances : 1) * sneppx_partition_ceil_div(rows, tiles.rows);
+    const int64_t panels = sneppx_partition_ceil_div(n, SNEPPX_GEMM_COL_ALIGN);
+    const int64_t min_col_tiles = sneppx_partition_ceil_div(n, SNEPPX_GEMM_MAX_TILE_COLS);
+    const int64_t workers = threads > 1 ? threads : 1;
+    double best_busy = -1.0;
+    /* The search stops at 4 tiles per thread more than the fewest: by then the
+     * best balance is found or the tasks are small enough that it is close. */
+    for (int64_t col_tiles = min_col_tiles; col_tiles <= panels && col_tiles <= min_col_tiles + 4 * workers;
+         col_tiles++) {
+        const int64_t cols = sneppx_partition_ceil_div(n, col_tiles * SNEPPX_GEMM_COL_ALIGN) * SNEPPX_GEMM_COL_ALIGN;
+        const int64_t tasks = row_tasks * sneppx_partition_ceil_div(n, cols);
+        const double busy = sneppx_gemm_busy(tasks, threads);
+        if (busy > best_busy) {
+            best_busy = busy;
+            tiles.cols = cols;
+        }
+        if (busy >= 1.0 - SNEPPX_GEMM_MAX_IDLE)
+            break;
+    }
     return tiles;
 }
 
