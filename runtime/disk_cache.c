@@ -299,6 +299,10 @@ sneppx_disk_load sneppx_disk_cache_verify(const char *key, const uint8_t fingerp
     return read_entry(key, fingerprint, NULL, NULL, reason, reason_size);
 }
 
+/* Attempts at a lock file that keeps being unlinked under us before building
+ * unlocked (which only risks building the key twice). */
+#define LOCK_ATTEMPTS 64
+
 int sneppx_disk_cache_lock(const char *key)
 {
     int dir = cache_fd();
@@ -306,21 +310,32 @@ int sneppx_disk_cache_lock(const char *key)
         return -1;
     char name[SNEPPX_KEY_MAX + 16];
     entry_name(key, LOCK_SUFFIX, name, sizeof name);
-    int fd = openat(dir, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
-    struct stat info;
-    if (fd < 0 || fstat(fd, &info) != 0 || !S_ISREG(info.st_mode) || info.st_uid != geteuid()) {
-        sneppx_log(1, "kernel '%s': lock file %s/%s refused; building without it", key, cache.path, name);
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    while (flock(fd, LOCK_EX) != 0) {
-        if (errno != EINTR) {
-            close(fd);
+    for (int attempt = 0; attempt < LOCK_ATTEMPTS; attempt++) {
+        int fd = openat(dir, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+        struct stat info;
+        if (fd < 0 || fstat(fd, &info) != 0 || !S_ISREG(info.st_mode) || info.st_uid != geteuid()) {
+            sneppx_log(1, "kernel '%s': lock file %s/%s refused; building without it", key, cache.path, name);
+            if (fd >= 0)
+                close(fd);
             return -1;
         }
+        while (flock(fd, LOCK_EX) != 0) {
+            if (errno != EINTR) {
+                close(fd);
+                return -1;
+            }
+        }
+        /* Eviction and clear unlink a lock file only while holding it, so a
+         * process that waited on it may now hold a file no longer at the path,
+         * which guards nothing: the next process creates a new one. Take that. */
+        struct stat at_path;
+        if (fstatat(dir, name, &at_path, AT_SYMLINK_NOFOLLOW) == 0 && at_path.st_dev == info.st_dev &&
+            at_path.st_ino == info.st_ino)
+            return fd;
+        close(fd);
     }
-    return fd;
+    sneppx_log(1, "kernel '%s': lock file %s/%s keeps being removed; building without it", key, cache.path, name);
+    return -1;
 }
 
 void sneppx_disk_cache_unlock(int lock)
@@ -418,8 +433,51 @@ sneppx_status sneppx_disk_cache_list(sneppx_disk_entry **entries, size_t *count)
     return SNEPPX_OK;
 }
 
+/* Unlinks the lock file `name` unless a process holds it. It is taken without
+ * blocking and unlinked while held, so a process waiting on it finds it gone
+ * afterwards and takes a new one (sneppx_disk_cache_lock). A held lock stays:
+ * unlinked, it would let a second process create a new lock file and build
+ * the same key beside the holder. Returns -1 (errno set) if the unlink failed. */
+static int remove_free_lock(const char *name)
+{
+    int lock = openat(cache.fd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (lock < 0)
+        return errno == ENOENT ? 0 : -1;
+    int failed = 0;
+    if (flock(lock, LOCK_EX | LOCK_NB) == 0)
+        failed = unlinkat(cache.fd, name, 0) != 0 && errno != ENOENT;
+    int saved_errno = errno;
+    close(lock);
+    errno = saved_errno;
+    return failed ? -1 : 0;
+}
+
 /* A temporary file of a store: ".<key>.o.tmp-<pid>-<n>". */
 static int is_temp_name(const char *name) { return name[0] == '.' && strstr(name, ENTRY_SUFFIX TEMP_MARK) != NULL; }
+
+struct temp_census {
+    size_t count;
+    uint64_t bytes;
+};
+
+static int count_temp_file(const char *name, const struct stat *info, void *context)
+{
+    struct temp_census *census = context;
+    if (is_temp_name(name) && S_ISREG(info->st_mode)) {
+        census->count++;
+        census->bytes += (uint64_t)info->st_size;
+    }
+    return 0;
+}
+
+sneppx_status sneppx_disk_cache_temp_files(size_t *count, uint64_t *bytes)
+{
+    struct temp_census census = {0};
+    sneppx_status status = for_each_file(count_temp_file, &census);
+    *count = census.count;
+    *bytes = census.bytes;
+    return status;
+}
 
 /* Removes the temporary file name if its writer is certainly gone; 1 if it did.
  *
@@ -430,8 +488,7 @@ static int is_temp_name(const char *name) { return name[0] == '.' && strstr(name
  *   creates the file after the compile, then writes it in one go, fsyncs and
  *   renames it: the mtime moves with every write, and only a stalled fsync
  *   keeps a live file unchanged, never for minutes. The age alone covers
- *   writers that hold no lock (a refused lock file means building unlocked)
- *   and lock files removed by eviction or `sneppx-cache clear` under a writer.
+ *   writers that hold no lock (a refused lock file means building unlocked).
  * - The key's flock: writers hold it from before the compile until after the
  *   rename, so when we can take it without blocking, no process (this one
  *   included: flock conflicts between descriptors) is storing that key. We
@@ -508,7 +565,7 @@ static int evict(const char *keep_key)
             total -= entries[i].bytes;
             evicted++;
             entry_name(entries[i].key, LOCK_SUFFIX, name, sizeof name);
-            unlinkat(cache.fd, name, 0);
+            remove_free_lock(name);
             sneppx_log(2, "evicted kernel '%s' from the disk cache", entries[i].key);
         }
     }
@@ -555,10 +612,12 @@ sneppx_status sneppx_disk_cache_store(const char *key, const uint8_t fingerprint
 static int remove_cache_file(const char *name, const struct stat *info, void *context)
 {
     sneppx_status *status = context;
-    int ours = has_suffix(name, ENTRY_SUFFIX) || has_suffix(name, LOCK_SUFFIX) || is_temp_name(name);
+    const int lock = has_suffix(name, LOCK_SUFFIX);
+    int ours = has_suffix(name, ENTRY_SUFFIX) || lock || is_temp_name(name);
     if (!ours || S_ISDIR(info->st_mode))
         return 0;
-    if (unlinkat(cache.fd, name, 0) != 0 && errno != ENOENT && *status == SNEPPX_OK)
+    const int failed = lock ? remove_free_lock(name) != 0 : unlinkat(cache.fd, name, 0) != 0 && errno != ENOENT;
+    if (failed && *status == SNEPPX_OK)
         *status = sneppx_fail(SNEPPX_ERR_IO, "cannot remove %s/%s: %s", cache.path, name, strerror(errno));
     return 0;
 }

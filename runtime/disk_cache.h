@@ -59,7 +59,8 @@ void sneppx_disk_cache_unlock(int lock);
 sneppx_status sneppx_disk_cache_store(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
                                       const void *object, size_t object_size, int *evicted);
 
-/* Removes every entry, lock file and temp file. */
+/* Removes every entry and temp file, and every lock file no process holds
+ * (a held one guards a build in progress; the next clear takes it). */
 sneppx_status sneppx_disk_cache_clear(void);
 
 typedef struct sneppx_disk_entry {
@@ -70,5 +71,9 @@ typedef struct sneppx_disk_entry {
 
 /* The entries, sorted by key: *entries is malloc'd (the caller frees it). */
 sneppx_status sneppx_disk_cache_list(sneppx_disk_entry **entries, size_t *count);
+
+/* The temporary files of stores in the directory (in progress, or left by
+ * writers that died: see store), which count in the size bound too. */
+sneppx_status sneppx_disk_cache_temp_files(size_t *count, uint64_t *bytes);
 
 #endif

@@ -20,6 +20,12 @@
  *    one and the locked one stay, and the bytes of those two make it evict
  *    some (not all) least recently used entries.
  *
+ * 4. Lock files: a clear removes a free one and keeps a held one (its holder
+ *    is building that key); and a process that waited on a lock file that
+ *    was unlinked meanwhile (by a user's rm, or an older version) ends up
+ *    holding the lock file at the path, not the unlinked one, which would
+ *    let the next process build the same key beside it.
+ *
  * The kill points are exact, not timing-dependent: in the child, this file's
  * write() and renameat() stand in for libc's (the executable's definitions
  * win at link time) and SIGKILL the process at the chosen point of the
@@ -28,6 +34,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -432,6 +439,87 @@ static void test_orphans_evicted(test_tally *tally, const char *dir, const char 
                evictions, count);
 }
 
+/* ---- 4. lock files ---------------------------------------------------------- */
+
+struct lock_waiter {
+    const char *key;
+    int fd;
+};
+
+static void *take_lock(void *context)
+{
+    struct lock_waiter *waiter = context;
+    waiter->fd = sneppx_disk_cache_lock(waiter->key);
+    return NULL;
+}
+
+/* How many of this process's descriptors are open on path (through /proc/self/fd). */
+static int descriptors_on(const char *path)
+{
+    int count = 0;
+    DIR *stream = opendir("/proc/self/fd");
+    for (struct dirent *item; stream && (item = readdir(stream)) != NULL;) {
+        char link[NAME_MAX + 32], target[CACHE_TEST_PATH_MAX];
+        snprintf(link, sizeof link, "/proc/self/fd/%s", item->d_name);
+        ssize_t length = readlink(link, target, sizeof target - 1);
+        if (length > 0) {
+            target[length] = '\0';
+            count += strcmp(target, path) == 0;
+        }
+    }
+    if (stream)
+        closedir(stream);
+    return count;
+}
+
+static void test_lock_files(test_tally *tally, const char *dir)
+{
+    const int64_t n[] = {240};
+    char key[SNEPPX_KEY_MAX], path[CACHE_TEST_PATH_MAX];
+    sneppx_kernel_key("rmsnorm", n, sneppx_host_vector_width(), key, sizeof key);
+    char real_dir[PATH_MAX];
+    if (!TEST_CHECK(tally, realpath(dir, real_dir) != NULL, "realpath %s: %s", dir, strerror(errno)))
+        return;
+    snprintf(path, sizeof path, "%s/%s.lock", real_dir, key);
+    struct stat info;
+
+    int holder = sneppx_disk_cache_lock(key);
+    if (!TEST_CHECK(tally, holder >= 0, "the lock of %s", key))
+        return;
+    TEST_CHECK(tally, sneppx_cache_clear() == SNEPPX_OK && lstat(path, &info) == 0,
+               "a clear keeps a held lock file: %s (%s)", path, sneppx_last_error());
+    sneppx_disk_cache_unlock(holder);
+    TEST_CHECK(tally, sneppx_cache_clear() == SNEPPX_OK && lstat(path, &info) != 0 && errno == ENOENT,
+               "a clear removes a free lock file: %s", path);
+
+    /* The waiter opens the lock file and blocks on it; the file is unlinked;
+     * the holder lets go. */
+    holder = sneppx_disk_cache_lock(key);
+    struct lock_waiter waiter = {.key = key, .fd = -1};
+    pthread_t thread;
+    if (!TEST_CHECK(tally, holder >= 0 && pthread_create(&thread, NULL, take_lock, &waiter) == 0,
+                    "the lock of %s and a waiting thread", key)) {
+        sneppx_disk_cache_unlock(holder);
+        return;
+    }
+    int opened = 0;
+    for (int waited_ms = 0; waited_ms < 10000 && !opened; waited_ms++) {
+        opened = descriptors_on(path) >= 2;
+        if (!opened)
+            usleep(1000);
+    }
+    TEST_CHECK(tally, opened, "the waiting thread opened %s", path);
+    TEST_CHECK(tally, unlink(path) == 0, "unlink %s: %s", path, strerror(errno));
+    sneppx_disk_cache_unlock(holder);
+    pthread_join(thread, NULL);
+    struct stat held;
+    TEST_CHECK(tally,
+               waiter.fd >= 0 && fstat(waiter.fd, &held) == 0 && lstat(path, &info) == 0 &&
+                   held.st_ino == info.st_ino && held.st_dev == info.st_dev,
+               "the waiter holds the lock file at the path, not the unlinked one (fd %d)", waiter.fd);
+    sneppx_disk_cache_unlock(waiter.fd);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 2 && strcmp(argv[1], "worker") == 0)
@@ -461,6 +549,7 @@ int main(int argc, char **argv)
     TEST_CHECK(&tally, sneppx_cache_clear() == SNEPPX_OK && census(dir).temps == 0 && census(dir).entries == 0,
                "sneppx_cache_clear removes entries and orphaned temporary files: %s (%d left)", sneppx_last_error(),
                census(dir).temps + census(dir).entries);
+    test_lock_files(&tally, dir);
     cache_test_remove_tree(base);
     return test_finish(&tally);
 }

@@ -41,8 +41,9 @@ extern "C" {
  * until process exit. */
 const char *sneppx_cache_dir(void);
 
-/* Removes every entry of the disk cache (object files, lock files, temporary
- * files). Kernels this process already resolved stay valid and stay in the
+/* Removes every entry of the disk cache (object files, temporary files, and
+ * the lock files no process holds: a held one guards a build in progress).
+ * Kernels this process already resolved stay valid and stay in the
  * in-memory cache. Memory-only: does nothing and returns SNEPPX_OK.
  * Thread-safe; a process writing an entry at the same time keeps its kernel in
  * memory. */

@@ -65,9 +65,17 @@ static int show(void)
             loadable += verdict(entries[i].key, reason, sizeof reason) == NULL;
         }
         free(entries);
+        size_t temp_count;
+        uint64_t temp_bytes;
+        if ((status = sneppx_disk_cache_temp_files(&temp_count, &temp_bytes)) != SNEPPX_OK)
+            return fail("list", status);
         uint64_t bound = sneppx_disk_cache_max_bytes();
         printf("entries     %zu (%zu loadable by this build)\n", count, loadable);
-        printf("size        %.2f MiB\n", (double)bytes / (1 << 20));
+        printf("temporary   %zu file%s of %.2f MiB (stores in progress, or left by writers that died: a later"
+               " store removes those once 10 minutes old)\n",
+               temp_count, temp_count == 1 ? "" : "s", (double)temp_bytes / (1 << 20));
+        printf("size        %.2f MiB (entries and temporary files, as the bound counts them)\n",
+               (double)(bytes + temp_bytes) / (1 << 20));
         if (bound)
             printf("bound       %.0f MiB (SNEPPX_CACHE_MAX_MB), least recently used evicted\n",
                    (double)bound / (1 << 20));
