@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "perf_map.h"
 
 /* Changing any of these changes the code: the string below is part of every
  * disk cache fingerprint, so keep the two in step. */
@@ -454,6 +455,11 @@ sneppx_status sneppx_jit_link_object(const struct sneppx_kernel_family *family, 
         if ((error = LLVMOrcLLJITLookup(jit, &address, symbol)))
             status = fail_llvm(error, "linking", key);
         entry[i] = (sneppx_kernel_fn)(uintptr_t)address;
+    }
+    if (status == SNEPPX_OK && family->entry_count > 0) {
+        char symbol[SNEPPX_KEY_MAX + 64];
+        entry_symbol(key, family->entry_suffixes[0], symbol, sizeof symbol);
+        sneppx_perf_map_add(key, object, object_size, symbol, (uint64_t)(uintptr_t)entry[0]);
     }
     if (status == SNEPPX_OK)
         status = remember_tracker(tracker, key);

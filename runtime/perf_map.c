@@ -1,0 +1,111 @@
+/* perf's map of JIT code (perf_map.h). The object's function symbols carry
+ * offsets within its text section; the linked address of one entry gives
+ * the section's base, and with it every function's address. */
+#include "perf_map.h"
+
+#include <errno.h>
+#include <llvm-c/Core.h>
+#include <llvm-c/Object.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "error.h"
+
+static pthread_once_t enabled_once = PTHREAD_ONCE_INIT;
+static int enabled;
+static pthread_mutex_t map_lock = PTHREAD_MUTEX_INITIALIZER;
+static FILE *map; /* opened on the first kernel; NULL after a failure */
+static int map_failed;
+
+static void read_enabled(void)
+{
+    const char *value = getenv("SNEPPX_PERF_MAP");
+    enabled = value && value[0] && strcmp(value, "0") != 0;
+}
+
+/* The map file, opened for appending on first use (perf reads it after the process exits). */
+static FILE *open_map(void)
+{
+    if (map || map_failed)
+        return map;
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/perf-%ld.map", (long)getpid());
+    map = fopen(path, "a");
+    if (!map) {
+        map_failed = 1;
+        sneppx_log(1, "SNEPPX_PERF_MAP: cannot open %s: %s; kernels stay unnamed in perf", path, strerror(errno));
+    }
+    return map;
+}
+
+/* The section name and offset of symbol `name` in the object; 0 if found. */
+static int find_symbol(LLVMBinaryRef binary, const char *name, char *section, size_t section_size, uint64_t *offset)
+{
+    int found = 0;
+    LLVMSymbolIteratorRef symbol = LLVMObjectFileCopySymbolIterator(binary);
+    LLVMSectionIteratorRef containing = LLVMObjectFileCopySectionIterator(binary);
+    for (; !found && !LLVMObjectFileIsSymbolIteratorAtEnd(binary, symbol); LLVMMoveToNextSymbol(symbol)) {
+        if (strcmp(LLVMGetSymbolName(symbol), name) != 0)
+            continue;
+        LLVMMoveToContainingSection(containing, symbol);
+        if (LLVMObjectFileIsSectionIteratorAtEnd(binary, containing))
+            break;
+        snprintf(section, section_size, "%s", LLVMGetSectionName(containing));
+        *offset = LLVMGetSymbolAddress(symbol);
+        found = 1;
+    }
+    LLVMDisposeSectionIterator(containing);
+    LLVMDisposeSymbolIterator(symbol);
+    return found ? 0 : -1;
+}
+
+void sneppx_perf_map_add(const char *key, const void *object, size_t object_size, const char *entry_symbol,
+                         uint64_t entry_address)
+{
+    pthread_once(&enabled_once, read_enabled);
+    if (!enabled)
+        return;
+    LLVMMemoryBufferRef buffer = LLVMCreateMemoryBufferWithMemoryRange(object, object_size, key, 0);
+    char *message = NULL;
+    LLVMBinaryRef binary = LLVMCreateBinary(buffer, NULL, &message);
+    if (!binary) {
+        sneppx_log(1, "SNEPPX_PERF_MAP: kernel '%s': %s", key, message ? message : "unreadable object");
+        LLVMDisposeMessage(message);
+        LLVMDisposeMemoryBuffer(buffer);
+        return;
+    }
+    char text[64];
+    uint64_t entry_offset = 0;
+    if (find_symbol(binary, entry_symbol, text, sizeof text, &entry_offset) == 0) {
+        const uint64_t base = entry_address - entry_offset;
+        pthread_mutex_lock(&map_lock);
+        FILE *out = open_map();
+        LLVMSymbolIteratorRef symbol = LLVMObjectFileCopySymbolIterator(binary);
+        LLVMSectionIteratorRef containing = LLVMObjectFileCopySectionIterator(binary);
+        for (; out && !LLVMObjectFileIsSymbolIteratorAtEnd(binary, symbol); LLVMMoveToNextSymbol(symbol)) {
+            const uint64_t size = LLVMGetSymbolSize(symbol);
+            const char *name = LLVMGetSymbolName(symbol);
+            if (size == 0 || !name[0])
+                continue;
+            /* Functions share the entry's text section; data symbols do not. */
+            LLVMMoveToContainingSection(containing, symbol);
+            if (LLVMObjectFileIsSectionIteratorAtEnd(binary, containing) ||
+                strcmp(LLVMGetSectionName(containing), text) != 0)
+                continue;
+            fprintf(out, "%llx %llx %s [%s]\n", (unsigned long long)(base + LLVMGetSymbolAddress(symbol)),
+                    (unsigned long long)size, name, key);
+        }
+        if (out)
+            fflush(out);
+        LLVMDisposeSectionIterator(containing);
+        LLVMDisposeSymbolIterator(symbol);
+        pthread_mutex_unlock(&map_lock);
+    } else {
+        sneppx_log(1, "SNEPPX_PERF_MAP: kernel '%s': no symbol %s in its object", key, entry_symbol);
+    }
+    LLVMDisposeBinary(binary);
+    LLVMDisposeMemoryBuffer(buffer);
+}
