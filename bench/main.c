@@ -227,7 +227,7 @@ int main(int argc, char **argv)
            sneppx_cache_dir()[0] ? sneppx_cache_dir() : "(memory only)");
 
     const struct sneppx_gemm_tiles tile = bench_gemm_tile(2048, 6144, cores);
-    printf("GEMM tasks %lldx%lld (rows x columns, qkv at T = 2048 on %d threads), attention tasks %d query rows x 1 K/V head, "
+    printf("GEMM tasks %lldx%lld (rows x columns, qkv at T = 2048 on %d threads), attention tasks up to %d query rows x 1 K/V head, "
            "as runtime/partition.h\n",
            (long long)tile.rows, (long long)tile.cols, cores, SNEPPX_ATTN_TILE_ROWS);
     print_load("at start");

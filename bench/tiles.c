@@ -57,16 +57,16 @@ void bench_gemm_tiles(const sneppx_kernel *kernel, int threads, int64_t rows, in
 
 void bench_attention_tiles(const sneppx_kernel *kernel, int threads, const struct bench_attention_operands *ops)
 {
-    const int64_t q_tiles = ceil_div(ops->seq_len, SNEPPX_ATTN_TILE_ROWS);
+    const int64_t tile_rows = sneppx_attention_tile_rows(ops->seq_len, 1, ops->kv_heads, threads);
+    const int64_t q_tiles = ceil_div(ops->seq_len, tile_rows);
     const int64_t q_width = ops->kv_heads * ops->group * ops->head_dim, kv_width = ops->kv_heads * ops->head_dim;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t task = 0; task < q_tiles * ops->kv_heads; task++) {
         const struct sneppx_attention_task at = sneppx_attention_task_at(task, ops->kv_heads, q_tiles);
         const int64_t q_tile = at.q_tile, kv_head = at.kv_head;
         struct sneppx_args args = bench_new_args();
-        args.row_begin = q_tile * SNEPPX_ATTN_TILE_ROWS;
-        args.row_end = args.row_begin + SNEPPX_ATTN_TILE_ROWS < ops->seq_len ? args.row_begin + SNEPPX_ATTN_TILE_ROWS
-                                                                             : ops->seq_len;
+        args.row_begin = q_tile * tile_rows;
+        args.row_end = args.row_begin + tile_rows < ops->seq_len ? args.row_begin + tile_rows : ops->seq_len;
         args.q = ops->q + kv_head * ops->group * ops->head_dim;
         args.k = ops->k + kv_head * ops->head_dim;
         args.v = ops->v + kv_head * ops->head_dim;

@@ -104,15 +104,17 @@ static void run_attention(const sneppx_layer *layer, const struct sneppx_workspa
                           const sneppx_kernel *kernel, const struct attention_operands *ops, int64_t batch,
                           int64_t seq_len, const float *mask, int64_t mask_batch_stride)
 {
-    const int64_t q_tiles = ceil_div(seq_len, SNEPPX_ATTN_TILE_ROWS);
+    const int threads = sneppx_thread_count(layer);
+    const int64_t tile_rows = sneppx_attention_tile_rows(seq_len, batch, layer->kv_heads, threads);
+    const int64_t q_tiles = ceil_div(seq_len, tile_rows);
     const int64_t tasks = batch * layer->kv_heads * q_tiles;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(sneppx_thread_count(layer))
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t task = 0; task < tasks; task++) {
         const struct sneppx_attention_task at = sneppx_attention_task_at(task, layer->kv_heads, q_tiles);
         const int64_t q_tile = at.q_tile, b = at.sequence, kv_head = at.kv_head;
         struct sneppx_args args = new_args();
-        args.row_begin = q_tile * SNEPPX_ATTN_TILE_ROWS;
-        args.row_end = args.row_begin + SNEPPX_ATTN_TILE_ROWS < seq_len ? args.row_begin + SNEPPX_ATTN_TILE_ROWS : seq_len;
+        args.row_begin = q_tile * tile_rows;
+        args.row_end = args.row_begin + tile_rows < seq_len ? args.row_begin + tile_rows : seq_len;
         args.q = ops->q + b * ops->q_batch_step + kv_head * ops->q_head_step;
         args.k = ops->k + b * ops->k_batch_step + kv_head * ops->k_head_step;
         args.v = ops->v + b * ops->v_batch_step + kv_head * ops->v_head_step;

@@ -5,8 +5,29 @@
 
 #include <stdint.h>
 
-/* Query rows per attention task (one sequence, one kv head). */
+/* Query rows per attention task (one sequence, one kv head), and the fewest
+ * it is cut to: the flash kernel works in blocks of 16 query positions. */
 #define SNEPPX_ATTN_TILE_ROWS 64
+#define SNEPPX_ATTN_MIN_TILE_ROWS 16
+/* Tiles are cut (64 -> 32 -> 16 rows) while there are fewer tasks than this per thread. */
+#define SNEPPX_ATTN_TASKS_PER_THREAD 4
+
+/* Query rows per attention task for `sequences` x `kv_heads` heads of seq_len
+ * queries on `threads` threads. A causal task's work grows with its last
+ * query, so with few tasks the last one decides the time: deepseek-v2-lite's
+ * absorbed attention (one K/V head) at T = 128 made 2 tasks of 64 rows, one
+ * with 3x the other's work. Smaller tiles cost little (each 16-query block
+ * reads its keys once either way) but are kept for when they are needed: each
+ * task is an OpenMP dispatch. */
+static inline int64_t sneppx_attention_tile_rows(int64_t seq_len, int64_t sequences, int64_t kv_heads, int threads)
+{
+    const int64_t heads = sequences * kv_heads > 0 ? sequences * kv_heads : 1;
+    const int64_t wanted = SNEPPX_ATTN_TASKS_PER_THREAD * (threads > 1 ? threads : 1);
+    int64_t rows = SNEPPX_ATTN_TILE_ROWS;
+    while (rows > SNEPPX_ATTN_MIN_TILE_ROWS && heads * ((seq_len + rows - 1) / rows) < wanted)
+        rows /= 2;
+    return rows;
+}
 
 /* Which query tile of which (sequence, kv head) attention task number `task`
  * is, of sequences x kv_heads x q_tiles, dynamically scheduled. One (sequence,

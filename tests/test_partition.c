@@ -1,7 +1,8 @@
 /* The GEMM task partition (runtime/partition.h): tasks cover the product
  * exactly once, stay within the bounds, keep rows whole register tiles and
  * columns whole panels, and columns are split past the bound only to keep the
- * threads busy. Pinned shapes are the ones the benchmarks quote. */
+ * threads busy; attention tiles shrink only when tasks are few. Pinned shapes
+ * are the ones the benchmarks quote. */
 #include <stdio.h>
 
 #include "partition.h"
@@ -68,6 +69,13 @@ int main(void)
                 check_shape(&tally, rows_list[r], n_list[c], 14, 1, threads);
                 check_shape(&tally, rows_list[r], n_list[c], 6, 3, threads);
             }
+    /* Attention: 64-row tiles unless that leaves fewer than 4 tasks per thread. */
+    TEST_CHECK(&tally, sneppx_attention_tile_rows(128, 1, 8, 2) == 64, "llama3-8B T=128: 16 tasks of 64 rows");
+    TEST_CHECK(&tally, sneppx_attention_tile_rows(128, 1, 1, 2) == 16, "deepseek (1 K/V head) T=128: 8 tasks of 16");
+    TEST_CHECK(&tally, sneppx_attention_tile_rows(256, 1, 1, 2) == 32, "1 K/V head T=256: 8 tasks of 32");
+    TEST_CHECK(&tally, sneppx_attention_tile_rows(8192, 1, 1, 2) == 64, "1 K/V head T=8192: 128 tasks of 64");
+    TEST_CHECK(&tally, sneppx_attention_tile_rows(1, 1, 1, 2) == SNEPPX_ATTN_MIN_TILE_ROWS, "decode: the fewest rows");
+    TEST_CHECK(&tally, sneppx_attention_tile_rows(128, 4, 1, 2) == 64, "4 sequences of T=128: 8 tasks of 64");
     /* Degenerate sizes still give a usable shape (the callers never pass them). */
     const struct sneppx_gemm_tiles empty = sneppx_gemm_tiles_for(0, 0, 14, 1, 2);
     TEST_CHECK(&tally, empty.rows == 14 && empty.cols == SNEPPX_GEMM_COL_ALIGN, "empty: %lldx%lld",
