@@ -212,6 +212,18 @@ static void test_long_sequences(void)
         run_one(&group, &config, NULL, TEST_MASK_LEFT_PADDING, 2, 300, 0, 6000 + window, NULL);
     }
     test_group_end(&group);
+
+    /* Flash transposes Q and O in tiles once they outgrow 56 KB of scratch
+     * (d 256 x 64 rows at group 4; d 128 x 128 rows at group 8): query counts
+     * that leave the last tile partly padded, across several K/V tiles. */
+    test_group_begin(&group, "tiled transposes d256 g4, d128 g8");
+    const sneppx_config wide = gqa_config(256, 4, 1, 256, 0, 1);
+    run_one(&group, &wide, NULL, TEST_MASK_CAUSAL, 2, 77, 0, 7100, "attn_flash-d256-dv256-g4-");
+    run_one(&group, &wide, NULL, TEST_MASK_EXPLICIT, 1, 77, 0, 7101, NULL);
+    const sneppx_config grouped = gqa_config(256, 16, 2, 128, 13, 0);
+    run_one(&group, &grouped, NULL, TEST_MASK_CAUSAL, 1, 71, 0, 7102, "attn_flash-d128-dv128-g8-w13-");
+    run_one(&group, &grouped, NULL, TEST_MASK_LEFT_PADDING, 2, 37, 0, 7103, NULL);
+    test_group_end(&group);
 }
 
 static sneppx_config mla_config(int64_t q_lora_rank, int yarn, int bias)
