@@ -60,7 +60,9 @@ struct sneppx_gemm_tiles {
  * Measured on [2048, 4096] x [4096, 6144] and x [4096, 4096], one process
  * timing the shapes interleaved: 518 x 2048 ran 2-4% faster than 420 x 512
  * on one and two threads (perf: the copy was 4% of the time at 512 columns),
- * 192 x 256 5% slower still; 420 x 6144 (C of 10 MB) 6% slower. */
+ * 192 x 256 5% slower still; 224 x 6144 (all columns, C of 5.5 MB) 6% slower.
+ * With a memory-streaming loop on the other core, 518 x 2048 ran 2-3% slower
+ * than 420 x 512 (README, Performance). */
 #define SNEPPX_GEMM_MAX_TILE_ROWS 560
 #define SNEPPX_GEMM_MAX_TILE_COLS 2048
 /* Columns of a task are a multiple of every kernel's panel width (2 x vector width). */
