@@ -228,7 +228,7 @@ int main(int argc, char **argv)
 
     const struct sneppx_gemm_tiles tile = bench_gemm_tile(2048, 6144, cores);
     printf("GEMM tasks %lldx%lld (rows x columns, qkv at T = 2048 on %d threads), attention tasks up to %d query rows x 1 K/V head, "
-           "as runtime/partition.h\n",
+           "as templates/partition.h.j2\n",
            (long long)tile.rows, (long long)tile.cols, cores, SNEPPX_ATTN_TILE_ROWS);
     print_load("at start");
 

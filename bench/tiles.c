@@ -4,7 +4,7 @@
 #include <omp.h>
 #include <string.h>
 
-/* --gemm-tile's shape; zero: the runtime's (runtime/partition.h). */
+/* --gemm-tile's shape; zero: the runtime's (templates/partition.h.j2). */
 static int64_t gemm_tile_rows, gemm_tile_cols;
 
 struct sneppx_args bench_new_args(void)

@@ -1,5 +1,5 @@
 /* The parallel partitions the stage benchmarks call kernels over: the tiles
- * of runtime/partition.h, with the schedules and loop order of
+ * of templates/partition.h.j2, with the schedules and loop order of
  * runtime/forward.c, so that a stage here measures what the layer runs. */
 #ifndef SNEPPX_BENCH_TILES_H
 #define SNEPPX_BENCH_TILES_H
@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
-#include "partition.h"
+#include "sneppx_abi.h"
 
 /* A zeroed argument block with the ABI's size and version filled in. */
 struct sneppx_args bench_new_args(void);

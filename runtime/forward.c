@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "layer_internal.h"
-#include "partition.h"
+#include "sneppx_abi.h"
 
 /* Rows per RoPE / RMSNorm task. */
 #define ROW_TILE 32

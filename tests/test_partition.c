@@ -1,11 +1,11 @@
-/* The GEMM task partition (runtime/partition.h): tasks cover the product
+/* The GEMM task partition (templates/partition.h.j2): tasks cover the product
  * exactly once, stay within the bounds, keep rows whole register tiles and
  * columns whole panels, and columns are split past the bound only to keep the
  * threads busy; attention tiles shrink only when tasks are few. Pinned shapes
  * are the ones the benchmarks quote. */
 #include <stdio.h>
 
-#include "partition.h"
+#include "sneppx_abi.h"
 #include "test_util.h"
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
