@@ -427,7 +427,8 @@ sneppx_status sneppx_disk_cache_list(sneppx_disk_entry **entries, size_t *count)
         free(list.entries);
         return status;
     }
-    qsort(list.entries, list.count, sizeof *list.entries, by_key);
+    if (list.count > 1) /* an empty directory leaves entries NULL, which qsort must not get */
+        qsort(list.entries, list.count, sizeof *list.entries, by_key);
     *entries = list.entries;
     *count = list.count;
     return SNEPPX_OK;
@@ -554,7 +555,8 @@ static int evict(const char *keep_key)
     uint64_t total = scan.temp_bytes;
     for (size_t i = 0; i < count; i++)
         total += entries[i].bytes;
-    qsort(entries, count, sizeof *entries, by_last_use);
+    if (count > 1)
+        qsort(entries, count, sizeof *entries, by_last_use);
     int evicted = 0;
     for (size_t i = 0; i < count && total > bound; i++) {
         if (strcmp(entries[i].key, keep_key) == 0)

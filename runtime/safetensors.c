@@ -229,7 +229,8 @@ static sneppx_status parse_header(sneppx_safetensors *file, const char *header, 
     if (status != SNEPPX_OK)
         return status;
 
-    qsort(file->entries, (size_t)file->count, sizeof *file->entries, compare_by_name);
+    if (file->count > 1) /* a header of metadata only may leave entries NULL */
+        qsort(file->entries, (size_t)file->count, sizeof *file->entries, compare_by_name);
     for (int64_t i = 1; i < file->count; i++)
         if (strcmp(file->entries[i - 1].name, file->entries[i].name) == 0)
             return sneppx_fail(SNEPPX_ERR_FORMAT, "%s: tensor '%s' appears twice in the header", file->path,
