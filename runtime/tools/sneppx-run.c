@@ -33,14 +33,18 @@ static const char *source_name(sneppx_kernel_source source)
     }
 }
 
-/* The value of option `name` as an integer in [min, INT32_MAX]; complains naming the option otherwise. */
-static int parse_count(const char *name, const char *text, long long min, long long *value)
+/* --seq and --batch at most what sneppx_layer_forward accepts (2^24 each),
+ * so that tokens x hidden cannot overflow before the forward checks them. */
+#define MAX_TOKENS_PER_AXIS (1LL << 24)
+
+/* The value of option `name` as an integer in [min, max]; complains naming the option otherwise. */
+static int parse_count(const char *name, const char *text, long long min, long long max, long long *value)
 {
     char *end;
     errno = 0;
     long long parsed = strtoll(text, &end, 10);
-    if (errno || end == text || *end || parsed < min || parsed > INT32_MAX) {
-        fprintf(stderr, "sneppx-run: %s: '%.64s' is not an integer in [%lld, %d]\n", name, text, min, INT32_MAX);
+    if (errno || end == text || *end || parsed < min || parsed > max) {
+        fprintf(stderr, "sneppx-run: %s: '%.64s' is not an integer in [%lld, %lld]\n", name, text, min, max);
         return -1;
     }
     *value = parsed;
@@ -139,19 +143,19 @@ int main(int argc, char **argv)
             archs[arch_count++] = value;
             i++;
         } else if (!strcmp(arg, "--seq") && value) {
-            if (parse_count("--seq", value, 1, &seq_len) != 0)
+            if (parse_count("--seq", value, 1, MAX_TOKENS_PER_AXIS, &seq_len) != 0)
                 return 2;
             i++;
         } else if (!strcmp(arg, "--batch") && value) {
-            if (parse_count("--batch", value, 1, &batch) != 0)
+            if (parse_count("--batch", value, 1, MAX_TOKENS_PER_AXIS, &batch) != 0)
                 return 2;
             i++;
         } else if (!strcmp(arg, "--threads") && value) {
-            if (parse_count("--threads", value, 0, &threads) != 0)
+            if (parse_count("--threads", value, 0, INT32_MAX, &threads) != 0)
                 return 2;
             i++;
         } else if (!strcmp(arg, "--repeat") && value) {
-            if (parse_count("--repeat", value, 1, &repeat) != 0)
+            if (parse_count("--repeat", value, 1, INT32_MAX, &repeat) != 0)
                 return 2;
             i++;
         } else if (!strcmp(arg, "--sdpa")) {
