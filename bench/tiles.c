@@ -62,11 +62,12 @@ void bench_attention_tiles(const sneppx_kernel *kernel, int threads, const struc
     const int64_t q_width = ops->kv_heads * ops->group * ops->head_dim, kv_width = ops->kv_heads * ops->head_dim;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t task = 0; task < q_tiles * ops->kv_heads; task++) {
-        const struct sneppx_attention_task at = sneppx_attention_task_at(task, ops->kv_heads, q_tiles);
-        const int64_t q_tile = at.q_tile, kv_head = at.kv_head;
+        const struct sneppx_attention_task at =
+            sneppx_attention_task_at(task, ops->kv_heads, q_tiles, tile_rows, ops->seq_len);
+        const int64_t kv_head = at.kv_head;
         struct sneppx_args args = bench_new_args();
-        args.row_begin = q_tile * tile_rows;
-        args.row_end = args.row_begin + tile_rows < ops->seq_len ? args.row_begin + tile_rows : ops->seq_len;
+        args.row_begin = at.row_begin;
+        args.row_end = at.row_end;
         args.q = ops->q + kv_head * ops->group * ops->head_dim;
         args.k = ops->k + kv_head * ops->head_dim;
         args.v = ops->v + kv_head * ops->head_dim;

@@ -110,11 +110,12 @@ static void run_attention(const sneppx_layer *layer, const struct sneppx_workspa
     const int64_t tasks = batch * layer->kv_heads * q_tiles;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t task = 0; task < tasks; task++) {
-        const struct sneppx_attention_task at = sneppx_attention_task_at(task, layer->kv_heads, q_tiles);
-        const int64_t q_tile = at.q_tile, b = at.sequence, kv_head = at.kv_head;
+        const struct sneppx_attention_task at =
+            sneppx_attention_task_at(task, layer->kv_heads, q_tiles, tile_rows, seq_len);
+        const int64_t b = at.sequence, kv_head = at.kv_head;
         struct sneppx_args args = new_args();
-        args.row_begin = q_tile * tile_rows;
-        args.row_end = args.row_begin + tile_rows < seq_len ? args.row_begin + tile_rows : seq_len;
+        args.row_begin = at.row_begin;
+        args.row_end = at.row_end;
         args.q = ops->q + b * ops->q_batch_step + kv_head * ops->q_head_step;
         args.k = ops->k + b * ops->k_batch_step + kv_head * ops->k_head_step;
         args.v = ops->v + b * ops->v_batch_step + kv_head * ops->v_head_step;

@@ -76,6 +76,28 @@ int main(void)
     TEST_CHECK(&tally, sneppx_attention_tile_rows(8192, 1, 1, 2) == 64, "1 K/V head T=8192: 128 tasks of 64");
     TEST_CHECK(&tally, sneppx_attention_tile_rows(1, 1, 1, 2) == SNEPPX_ATTN_MIN_TILE_ROWS, "decode: the fewest rows");
     TEST_CHECK(&tally, sneppx_attention_tile_rows(128, 4, 1, 2) == 64, "4 sequences of T=128: 8 tasks of 64");
+    /* The attention tasks cover every query row of every (sequence, K/V head) once, last tiles first. */
+    static const int64_t seq_lens[] = {1, 15, 16, 17, 64, 77, 128, 300};
+    for (size_t s = 0; s < sizeof seq_lens / sizeof seq_lens[0]; s++) {
+        const int64_t seq_len = seq_lens[s], sequences = 2, kv_heads = 3;
+        const int64_t tile_rows = sneppx_attention_tile_rows(seq_len, sequences, kv_heads, 2);
+        const int64_t q_tiles = ceil_div(seq_len, tile_rows), tasks = sequences * kv_heads * q_tiles;
+        int64_t covered[2][3] = {{0}}, bad = 0;
+        for (int64_t task = 0; task < tasks; task++) {
+            const struct sneppx_attention_task at = sneppx_attention_task_at(task, kv_heads, q_tiles, tile_rows, seq_len);
+            bad += at.row_begin < 0 || at.row_end > seq_len || at.row_begin >= at.row_end ||
+                   at.row_end - at.row_begin > tile_rows || at.sequence >= sequences || at.kv_head >= kv_heads;
+            if (task % q_tiles == 0)
+                bad += at.row_end != seq_len; /* a head's first task is its last tile */
+            if (!bad)
+                covered[at.sequence][at.kv_head] += at.row_end - at.row_begin;
+        }
+        for (int64_t b = 0; b < sequences; b++)
+            for (int64_t h = 0; h < kv_heads; h++)
+                bad += covered[b][h] != seq_len;
+        TEST_CHECK(&tally, bad == 0, "attention tasks of seq_len %lld (tiles of %lld rows): %lld problems",
+                   (long long)seq_len, (long long)tile_rows, (long long)bad);
+    }
     /* Degenerate sizes still give a usable shape (the callers never pass them). */
     const struct sneppx_gemm_tiles empty = sneppx_gemm_tiles_for(0, 0, 14, 1, 2);
     TEST_CHECK(&tally, empty.rows == 14 && empty.cols == SNEPPX_GEMM_COL_ALIGN, "empty: %lldx%lld",
