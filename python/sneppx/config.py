@@ -71,7 +71,7 @@ class LLMConfig:
                  v_head_dim: Optional[int] = None, bias: Optional[bool] = None,
                  attention_bias: Optional[bool] = None, qkv_bias: Optional[bool] = None,
                  o_bias: Optional[bool] = None, partial_rotary_factor: Optional[float] = None,
-                 rope_interleaved: bool = False, use_flash_attn: bool = True, mla_naive: bool = False,
+                 rope_interleaved: Optional[bool] = None, use_flash_attn: bool = True, mla_naive: bool = False,
                  num_threads: int = 0, num_heads: Optional[int] = None, num_kv_heads: Optional[int] = None,
                  name: str = "custom"):
         """Keyword arguments are HF config.json's names, plus:
@@ -83,7 +83,9 @@ class LLMConfig:
         head_dim: default hidden_size / num_attention_heads.
         sliding_window: None or 0 = no window; else W keys including the query itself.
         partial_rotary_factor: rotate only int(head_dim * factor) dims of each head.
-        rope_interleaved: rotate (x[2i], x[2i+1]) pairs instead of HF's (x[i], x[i+d/2]).
+        rope_interleaved: rotate (x[2i], x[2i+1]) pairs instead of HF's (x[i], x[i+d/2]);
+            default: True for MLA (DeepSeek's published weights pair them so, as
+            from_config_json assumes), False otherwise.
         q_lora_rank ... v_head_dim: DeepSeek V2 MLA (kv_lora_rank turns it on).
         num_threads: 0 = the OpenMP default.
         """
@@ -114,6 +116,8 @@ class LLMConfig:
         config.qk_nope_head_dim = _size("qk_nope_head_dim", qk_nope_head_dim)
         config.qk_rope_head_dim = _size("qk_rope_head_dim", qk_rope_head_dim)
         config.v_head_dim = _size("v_head_dim", v_head_dim)
+        if rope_interleaved is None:
+            rope_interleaved = config.kv_lora_rank > 0
         config.rope_interleaved = _flag("rope_interleaved", rope_interleaved)
         config.use_flash_attn = _flag("use_flash_attn", use_flash_attn)
         config.mla_naive = _flag("mla_naive", mla_naive)

@@ -169,3 +169,17 @@ def test_mla_forms(naive, rng):
     cfg.mla_naive = naive
     x, mask, positions = _inputs("left-padding", 2, 40, cfg.hidden_size, 0, rng)
     _check_forward(cfg, hf_config, weights, x, mask, positions, "mla naive" if naive else "mla absorbed")
+
+
+def test_mla_config_pairs_rope_dims_as_deepseek(rng):
+    """Without rope_interleaved, an MLA config rotates (2i, 2i+1) pairs, as DeepSeek's
+    weights and from_config_json do; rotate_half here was 18-46% off the reference."""
+    hf_config = FAMILIES["deepseek-v2-lite-like"]
+    cfg = sneppx.LLMConfig(**{key: value for key, value in hf_config.items() if key != "rope_interleaved"})
+    assert cfg.rope_interleaved
+    assert not sneppx.LLMConfig(**hf_config | {"rope_interleaved": False}).rope_interleaved
+    assert not sneppx.LLMConfig(**FAMILIES["mistral"]).rope_interleaved
+    weights = ref.random_state_dict(hf_config, rng, qkv_bias=False, o_bias=False)
+    cfg.load_state_dict(weights)
+    x, mask, positions = _inputs("left-padding", 2, 24, cfg.hidden_size, 0, rng)
+    _check_forward(cfg, hf_config, weights, x, mask, positions, "mla default pairing")
