@@ -210,6 +210,42 @@ static int write_fully(int fd, const void *data, size_t size)
     return 0;
 }
 
+/* Whether name[0, length) has the shape of a kernel key (kernel_cache.c):
+ * family, then "-<prefix><value>" fields, the last "-v<vector width>", all in
+ * [a-z0-9_]. The directory may hold other files (SNEPPX_CACHE_DIR is the
+ * user's choice): listing, eviction and clear touch only files named by keys. */
+static int is_key_name(const char *name, size_t length)
+{
+    if (length == 0 || length >= SNEPPX_KEY_MAX || name[0] < 'a' || name[0] > 'z')
+        return 0;
+    for (size_t i = 0; i < length; i++) {
+        const char c = name[i];
+        if (c == '-' ? name[i - 1] == '-' || i + 1 == length
+                     : !((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'))
+            return 0;
+    }
+    const char *width = memrchr(name, '-', length);
+    if (!width || width[1] != 'v' || width + 2 == name + length)
+        return 0;
+    for (const char *digit = width + 2; digit < name + length; digit++)
+        if (*digit < '0' || *digit > '9')
+            return 0;
+    return 1;
+}
+
+/* Whether the file name in the cache directory starts with the entry magic:
+ * what sneppx writes, and what no other program's file starts with. */
+static int starts_with_magic(const char *name)
+{
+    int fd = openat(cache.fd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    char magic[sizeof ENTRY_MAGIC - 1];
+    const int ours = read_fully(fd, magic, sizeof magic) == 0 && memcmp(magic, ENTRY_MAGIC, sizeof magic) == 0;
+    close(fd);
+    return ours;
+}
+
 /* Why the open entry fd (of expected payload) is not trusted, or NULL. */
 static const char *verify_entry(int fd, const uint8_t fingerprint[SNEPPX_SHA256_SIZE], void **object,
                                 size_t *object_size)
@@ -379,12 +415,18 @@ struct entry_list {
     int out_of_memory;
 };
 
+/* "<key>.o", a regular file that starts with the entry magic. */
+static int is_entry_file(const char *name, const struct stat *info)
+{
+    return has_suffix(name, ENTRY_SUFFIX) && S_ISREG(info->st_mode) &&
+           is_key_name(name, strlen(name) - strlen(ENTRY_SUFFIX)) && starts_with_magic(name);
+}
+
 static int collect_entry(const char *name, const struct stat *info, void *context)
 {
     struct entry_list *list = context;
     size_t length = strlen(name);
-    if (name[0] == '.' || !has_suffix(name, ENTRY_SUFFIX) || !S_ISREG(info->st_mode) ||
-        length - strlen(ENTRY_SUFFIX) >= SNEPPX_KEY_MAX)
+    if (!is_entry_file(name, info))
         return 0;
     if (list->count == list->capacity) {
         size_t capacity = list->capacity ? 2 * list->capacity : 64;
@@ -453,8 +495,20 @@ static int remove_free_lock(const char *name)
     return failed ? -1 : 0;
 }
 
-/* A temporary file of a store: ".<key>.o.tmp-<pid>-<n>". */
-static int is_temp_name(const char *name) { return name[0] == '.' && strstr(name, ENTRY_SUFFIX TEMP_MARK) != NULL; }
+/* A temporary file of a store: ".<key>.o.tmp-<pid>-<n>", empty or begun with
+ * the entry magic (a store writes the header first). */
+static int is_temp_file(const char *name, const struct stat *info)
+{
+    const char *mark = strstr(name, ENTRY_SUFFIX TEMP_MARK);
+    if (name[0] != '.' || !mark || !is_key_name(name + 1, (size_t)(mark - name - 1)) || !S_ISREG(info->st_mode))
+        return 0;
+    const char *tail = mark + strlen(ENTRY_SUFFIX TEMP_MARK);
+    const size_t digits = strspn(tail, "0123456789");
+    if (digits == 0 || tail[digits] != '-' || tail[digits + 1] == '\0' ||
+        strspn(tail + digits + 1, "0123456789") != strlen(tail + digits + 1))
+        return 0;
+    return info->st_size < (off_t)(sizeof ENTRY_MAGIC - 1) || starts_with_magic(name);
+}
 
 struct temp_census {
     size_t count;
@@ -464,7 +518,7 @@ struct temp_census {
 static int count_temp_file(const char *name, const struct stat *info, void *context)
 {
     struct temp_census *census = context;
-    if (is_temp_name(name) && S_ISREG(info->st_mode)) {
+    if (is_temp_file(name, info)) {
         census->count++;
         census->bytes += (uint64_t)info->st_size;
     }
@@ -531,7 +585,7 @@ struct eviction_scan {
 static int scan_for_eviction(const char *name, const struct stat *info, void *context)
 {
     struct eviction_scan *scan = context;
-    if (is_temp_name(name) && S_ISREG(info->st_mode)) {
+    if (is_temp_file(name, info)) {
         if (!remove_orphan(name, info))
             scan->temp_bytes += (uint64_t)info->st_size;
         return 0;
@@ -614,9 +668,11 @@ sneppx_status sneppx_disk_cache_store(const char *key, const uint8_t fingerprint
 static int remove_cache_file(const char *name, const struct stat *info, void *context)
 {
     sneppx_status *status = context;
-    const int lock = has_suffix(name, LOCK_SUFFIX);
-    int ours = has_suffix(name, ENTRY_SUFFIX) || lock || is_temp_name(name);
-    if (!ours || S_ISDIR(info->st_mode))
+    const size_t length = strlen(name);
+    /* Lock files are created empty and never written. */
+    const int lock = has_suffix(name, LOCK_SUFFIX) && is_key_name(name, length - strlen(LOCK_SUFFIX)) &&
+                     S_ISREG(info->st_mode) && info->st_size == 0;
+    if (!lock && !is_temp_file(name, info) && !is_entry_file(name, info))
         return 0;
     const int failed = lock ? remove_free_lock(name) != 0 : unlinkat(cache.fd, name, 0) != 0 && errno != ENOENT;
     if (failed && *status == SNEPPX_OK)

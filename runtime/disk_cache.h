@@ -5,6 +5,8 @@
  * payload size, payload SHA-256) and the object file. It is written to a temp
  * file in the same directory, fsynced and renamed, so readers see a whole
  * entry or none; <key>.lock serializes processes that build the same key.
+ * Other files in the directory are the user's: listing, eviction and clear
+ * touch only key-named entries with the magic, empty locks and temp files.
  * Every operation goes through one directory descriptor opened and checked
  * once, and never follows a symbolic link inside it.
  *

@@ -394,8 +394,11 @@ static void test_orphans_evicted(test_tally *tally, const char *dir, const char 
                                (int)sizeof planted,
                     "the planted file's path fits"))
         return;
+    /* It begins with the entry magic, as a store's header does: eviction and
+     * clear leave other files in the directory alone. */
     int fd = open(planted, O_WRONLY | O_CREAT | O_EXCL, 0600);
-    TEST_CHECK(tally, fd >= 0 && ftruncate(fd, PLANTED_BYTES) == 0, "cannot plant %s", planted);
+    TEST_CHECK(tally, fd >= 0 && write(fd, "sneppxK\n", 8) == 8 && ftruncate(fd, PLANTED_BYTES) == 0,
+               "cannot plant %s", planted);
     if (fd >= 0)
         close(fd);
     set_age(planted, 11 * 60);
