@@ -31,7 +31,19 @@ def hidden_states_array(value: Any, hidden_size: int) -> np.ndarray:
         raise TypeError(f"{name}: expected real numbers (float32 preferred), got dtype {array.dtype}")
     if array.ndim != 3 or array.shape[2] != hidden_size:
         raise ValueError(f"{name}: expected shape [batch, seq_len, {hidden_size}], got {_shape_text(array.shape)}")
-    return np.ascontiguousarray(array, dtype=np.float32)
+    if array.dtype.kind != "f" or array.dtype.itemsize <= 4:
+        return np.ascontiguousarray(array, dtype=np.float32)    # integers and float16 always fit
+    with np.errstate(over="ignore"):
+        converted = np.ascontiguousarray(array, dtype=np.float32)
+    # A finite value beyond float32's range would become +-inf; NaN / inf inputs stay as they are
+    # (they propagate to the output, as in HF).
+    if converted.size and not np.isfinite(converted).all():
+        overflowed = np.isinf(converted) & np.isfinite(array)
+        if overflowed.any():
+            index = tuple(int(i) for i in np.argwhere(overflowed)[0])
+            raise ValueError(f"{name}: {array[index]} at index {list(index)} is beyond the float32 range "
+                             f"(|x| <= {np.finfo(np.float32).max:.8g}); the layer computes in float32")
+    return converted
 
 
 def attention_mask_array(value: Any, batch: int, seq_len: int) -> Optional[np.ndarray]:

@@ -21,16 +21,41 @@ _ROPE_REQUIRED = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("facto
 _YARN_BETA_FAST, _YARN_BETA_SLOW = 32.0, 1.0
 
 
+# Ranges of the C struct fields Python integers are stored in (ctypes would wrap them silently).
+INT64_MAX = 2 ** 63 - 1
+INT64_MIN = -2 ** 63
+INT_MAX = 2 ** 31 - 1       # C int (sneppx_config.num_threads)
+
+
 def _real(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    """A finite real for a C double: TypeError for a non-number, ValueError (naming name and
+    the value) for NaN, infinities and integers beyond the double range."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: expected a finite number, got {value!r}")
-    return float(value)
+    try:
+        result = float(value)
+    except OverflowError:
+        raise ValueError(f"{name}: expected a finite number, got {value!r} (beyond the range of a C double)") \
+            from None
+    if not math.isfinite(result):
+        raise ValueError(f"{name}: expected a finite number, got {value!r}")
+    return result
 
 
 def _whole(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != int(value):
+    """An integer (or integral float, as JSON writes them) for a C int64_t field."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: expected an integer, got {value!r}")
-    return int(value)
+    if isinstance(value, numbers.Integral):
+        result = int(value)
+    else:
+        real = _real(name, value)
+        if real != math.floor(real):
+            raise TypeError(f"{name}: expected an integer, got {value!r}")
+        result = int(real)
+    if not INT64_MIN <= result <= INT64_MAX:
+        raise ValueError(f"{name}: {value!r} does not fit in int64 (the C field's type)")
+    return result
 
 
 def fill_rope_scaling(scaling: S.RopeScaling, rope_scaling: Optional[Mapping[str, Any]]) -> None:

@@ -17,6 +17,7 @@ from ._library import lib
 from .errors import check
 
 _SELF_ATTN = "self_attn."
+_INT64_MAX = 2 ** 63 - 1     # sneppx_attn_weights_load's layer is int64_t
 # Field of sneppx_weights at each byte offset (the C side reports offsetof()).
 _FIELD_AT_OFFSET = {getattr(S.Weights, name).offset: name for name, _ in S.Weights._fields_}
 
@@ -97,10 +98,18 @@ class CheckpointWeights:
     def __init__(self, path: "os.PathLike[str] | str", layer: int = 0):
         if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
             raise TypeError(f"layer: expected an integer, got {layer!r}")
+        layer = int(layer)
         if layer < 0:
             raise ValueError(f"layer: {layer} must be >= 0")
-        self.path = os.fsencode(path)
-        self.layer = int(layer)
+        if layer > _INT64_MAX:
+            raise ValueError(f"layer: {layer} does not fit in int64 (the C argument's type)")
+        try:
+            self.path = os.fsencode(path)
+        except TypeError:
+            raise TypeError(f"path: expected a str, bytes or os.PathLike, got {path!r}") from None
+        if b"\0" in self.path:   # the C string would end there: another file would be read
+            raise ValueError(f"path: {path!r} contains a NUL character")
+        self.layer = layer
         self.description = f"safetensors({os.fsdecode(self.path)!r}, layer={self.layer})"
 
     def create(self, config: S.Config) -> Layer:

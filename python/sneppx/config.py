@@ -1,4 +1,5 @@
 """LLMConfig: one attention layer's configuration, its weights and its forward pass."""
+import copy
 import ctypes
 import os
 import threading
@@ -16,15 +17,37 @@ from ._weights import CheckpointWeights, StateDictWeights, SyntheticWeights, exp
 from .errors import check
 
 
-def _size(name: str, value: Any, default: int = 0) -> int:
-    """An optional non-negative size; None means default (0 = 'derive' / 'none' in the C struct)."""
+def _size(name: str, value: Any, default: int = 0, c_type: str = "int64") -> int:
+    """An optional non-negative size; None means default (0 = 'derive' / 'none' in the C struct).
+
+    c_type: the C field's type, "int64" or "int"; a larger value raises ValueError
+    (ctypes would store it modulo 2^64 / 2^32)."""
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name}: expected an integer, got {value!r}")
+    value = int(value)
     if value < 0:
         raise ValueError(f"{name}: {value} must be >= 0")
-    return int(value)
+    maximum = _hf.INT64_MAX if c_type == "int64" else _hf.INT_MAX
+    if value > maximum:
+        raise ValueError(f"{name}: {value} does not fit in {c_type} (the C field's type; at most {maximum})")
+    return value
+
+
+def _partial_rotary_dim(config: S.Config, partial_rotary_factor: Any) -> int:
+    """int(head_dim * factor), refused as runtime/config_json.c's read_partial_rotary refuses it:
+    a factor outside (0, 1], or one that rotates no dimension pair (rotary_dim 0 would mean
+    "the whole head" in sneppx_config; HF would rotate nothing)."""
+    factor = _hf._real("partial_rotary_factor", partial_rotary_factor)
+    if not 0.0 < factor <= 1.0:
+        raise ValueError(f"partial_rotary_factor: {factor:g} must be in (0, 1]")
+    heads = config.num_attention_heads if config.num_attention_heads > 0 else 1
+    head_dim = config.head_dim if config.head_dim > 0 else config.hidden_size // heads
+    rotary_dim = int(head_dim * factor)
+    if rotary_dim < 2:
+        raise ValueError(f"partial_rotary_factor: {factor:g} of head_dim {head_dim} rotates no dimension pair")
+    return rotary_dim
 
 
 def _flag(name: str, value: Any) -> int:
@@ -58,6 +81,14 @@ class LLMConfig:
     The layer (compiled kernels and packed weights) is built at the first
     forward or weight load and reused. Kernels run with the GIL released, and
     one LLMConfig may be used from several threads at once.
+
+    ``copy.copy()`` and ``copy.deepcopy()`` give an independent LLMConfig with the
+    same fields and weights (a deep copy also copies load_state_dict()'s arrays; a
+    safetensors source is the same path and layer, read again when the copy builds
+    its layer); the copy builds its own layer on first use, so changing one (e.g.
+    use_flash_attn, extend_context) leaves the other as it was. Pickling is refused
+    (TypeError): the layer lives in C memory; pickle the constructor's arguments
+    and weights instead.
     """
 
     __slots__ = ("_config", "_lock", "_layer", "_weights")
@@ -82,7 +113,9 @@ class LLMConfig:
         num_heads / num_kv_heads: the spec's names of num_attention_heads / num_key_value_heads.
         head_dim: default hidden_size / num_attention_heads.
         sliding_window: None or 0 = no window; else W keys including the query itself.
-        partial_rotary_factor: rotate only int(head_dim * factor) dims of each head.
+        partial_rotary_factor: rotate only int(head_dim * factor) dims of each head; a factor
+            outside (0, 1] or one that rotates no pair (int(head_dim * factor) < 2) raises
+            ValueError, as config.json's reader does.
         rope_interleaved: rotate (x[2i], x[2i+1]) pairs instead of HF's (x[i], x[i+d/2]);
             default: True for MLA (DeepSeek's published weights pair them so, as
             from_config_json assumes), False otherwise.
@@ -121,13 +154,9 @@ class LLMConfig:
         config.rope_interleaved = _flag("rope_interleaved", rope_interleaved)
         config.use_flash_attn = _flag("use_flash_attn", use_flash_attn)
         config.mla_naive = _flag("mla_naive", mla_naive)
-        config.num_threads = _size("num_threads", num_threads)
+        config.num_threads = _size("num_threads", num_threads, c_type="int")
         if partial_rotary_factor is not None:
-            factor = _hf._real("partial_rotary_factor", partial_rotary_factor)
-            if not 0.0 < factor <= 1.0:
-                raise ValueError(f"partial_rotary_factor: {factor} must be in (0, 1]")
-            resolved_head_dim = config.head_dim or config.hidden_size // max(config.num_attention_heads, 1)
-            config.rotary_dim = int(resolved_head_dim * factor)
+            config.rotary_dim = _partial_rotary_dim(config, partial_rotary_factor)
         self._init(config)
 
     def _init(self, config: S.Config) -> None:
@@ -149,7 +178,7 @@ class LLMConfig:
         if not isinstance(family, str) or not (size is None or isinstance(size, str)):
             raise TypeError(f"from_name: expected strings, got {family!r}, {size!r}")
         config = S.Config()
-        check(lib.sneppx_config_from_name(family.encode(), size.encode() if size is not None else None,
+        check(lib.sneppx_config_from_name(_c_text(family), _c_text(size) if size is not None else None,
                                           ctypes.byref(config)))
         self = cls.__new__(cls)
         self._init(config)
@@ -313,6 +342,28 @@ class LLMConfig:
             self._layer = self._weights.create(config)
         self._config = config
 
+    def _copy(self, weights_copy) -> "LLMConfig":
+        with self._lock:
+            config = S.Config.from_buffer_copy(self._config)
+            weights = weights_copy(self._weights)
+        other = type(self).__new__(type(self))
+        other._init(config)
+        other._weights = weights
+        return other
+
+    def __copy__(self) -> "LLMConfig":
+        # The weight sources are never changed after construction: sharing one is safe.
+        return self._copy(lambda weights: weights)
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "LLMConfig":
+        return self._copy(lambda weights: copy.deepcopy(weights, memo))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError("LLMConfig cannot be pickled: its layer (compiled kernels, packed weights) lives in C "
+                        "memory; pickle the constructor's keyword arguments (or the preset name / config.json "
+                        "path) and the weights instead, and rebuild it. copy.copy / copy.deepcopy work in "
+                        "the same process")
+
     def __repr__(self) -> str:
         c = self._config
         parts = [repr(self.name), f"hidden_size={c.hidden_size}", f"num_attention_heads={c.num_attention_heads}"]
@@ -386,7 +437,8 @@ class LLMConfig:
         """The attention module's forward, HF semantics: [batch, seq_len, hidden_size] -> same shape.
 
         hidden_states: any real array-like; float64, other dtypes and non-contiguous arrays
-            are converted once (np.ascontiguousarray(x, dtype=np.float32)).
+            are converted once (np.ascontiguousarray(x, dtype=np.float32)); a finite value
+            beyond the float32 range raises ValueError rather than becoming inf.
         attention_mask: None (causal, plus the sliding window if the config has one), or
             [batch or 1, 1, seq_len, seq_len]: float = additive (<= -1e30 or -inf masks;
             taken as final, nothing added on top), bool = True where attention is allowed.
@@ -410,8 +462,15 @@ class LLMConfig:
 _CONFIG_JSON_MAX_BYTES = 16 << 20
 
 
+def _c_text(text: str) -> bytes:
+    """UTF-8 for a C string, every character kept visible: what UTF-8 cannot encode (lone
+    surrogates, e.g. from undecodable file names) becomes a backslash escape, and so does
+    NUL, which would otherwise end the C string early (from_name("llama3-8B\\0x") was llama3-8B)."""
+    return text.encode("utf-8", "backslashreplace").replace(b"\0", b"\\x00")
+
+
 def _name_bytes(name: str) -> bytes:
     if not isinstance(name, str):
         raise TypeError(f"name: expected a string, got {name!r}")
-    encoded = name.encode("utf-8")[:S.NAME_MAX - 1]
+    encoded = _c_text(name)[:S.NAME_MAX - 1]
     return encoded.decode("utf-8", "ignore").encode("utf-8")

@@ -4,6 +4,7 @@ config.json, attributes, flash/SDPA switching, extend_context, threads.
 
 Numerics per architecture family (masks, RoPE variants, MLA forms) are in
 test_numerics.py; both compare against the float64 reference of reference.py."""
+import copy
 import json
 import threading
 
@@ -299,3 +300,25 @@ def test_warmup_and_library_path():
     cfg.warmup()
     assert cfg.kernel_keys == []   # warmup compiles kernels without creating the layer
     assert sneppx.library_path().name.startswith("libsneppx")
+
+
+@pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy], ids=["copy", "deepcopy"])
+def test_copies_are_independent(rng, copier):
+    cfg = sneppx.LLMConfig(**SMALL["llama3-gqa"], max_position_embeddings=64)
+    x = rng.standard_normal((1, 4, cfg.hidden_size)).astype(np.float32)
+    synthetic = cfg.forward_mha(x)
+    state = random_state_dict(cfg, rng)
+    cfg.load_state_dict(state)
+    before = cfg.forward_mha(x)
+    twin = copier(cfg)
+    assert repr(twin) == repr(cfg) and twin.weights_source == cfg.weights_source
+    np.testing.assert_array_equal(twin.forward_mha(x), before)
+    # Changing the copy leaves the original as it was, and the other way round.
+    twin.use_flash_attn = False
+    twin.extend_context(128)
+    assert cfg.use_flash_attn is True and cfg.max_position_embeddings == 64
+    np.testing.assert_array_equal(cfg.forward_mha(x), before)
+    cfg.load_state_dict(synthetic_state_dict(cfg))
+    np.testing.assert_array_equal(cfg.forward_mha(x), synthetic)
+    assert twin.weights_source.startswith("state_dict") and twin.max_position_embeddings == 128
+    assert_close(twin.forward_mha(x), ref.mha_forward(twin, state, x), "the copy after extend_context")

@@ -204,3 +204,136 @@ def test_errors_are_sneppx_errors():
         sneppx.LLMConfig(**dict(SMALL, head_dim=24))
     assert isinstance(error.value, sneppx.UnsupportedError)
     assert error.value.status == "SNEPPX_ERR_UNSUPPORTED"
+
+
+@pytest.mark.parametrize("factor", [0.01, 0.1])
+def test_partial_rotary_factor_that_rotates_nothing(tmp_path, factor):
+    # int(16 * factor) < 2: HF rotates nothing, and rotary_dim 0 would mean "the whole head" in C.
+    # The constructor refuses it with the C config.json reader's message.
+    message = f"partial_rotary_factor: {factor:g} of head_dim 16 rotates no dimension pair"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sneppx.LLMConfig(**SMALL, partial_rotary_factor=factor)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+                                "partial_rotary_factor": factor}))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sneppx.LLMConfig.from_config_json(path)
+    assert sneppx.LLMConfig(**SMALL, partial_rotary_factor=0.125).rotary_dim == 2
+
+
+@pytest.mark.parametrize("kwargs, error, pattern", [
+    # Integers beyond the C field's type were stored modulo 2^64 / 2^32.
+    (dict(SMALL, hidden_size=2 ** 64 + 64), ValueError, "hidden_size: 18446744073709551680 does not fit in int64"),
+    (dict(SMALL, num_attention_heads=2 ** 64), ValueError,
+     "num_attention_heads: 18446744073709551616 does not fit in int64"),
+    (dict(SMALL, num_key_value_heads=2 ** 63), ValueError, "num_key_value_heads: 9223372036854775808 does not fit"),
+    (dict(SMALL, max_position_embeddings=2 ** 64 + 16), ValueError,
+     "max_position_embeddings: 18446744073709551632 does not fit in int64"),
+    (dict(SMALL, sliding_window=np.uint64(2 ** 64 - 1)), ValueError, "sliding_window: 18446744073709551615 does not"),
+    (dict(SMALL, num_threads=2 ** 32 + 1), ValueError, "num_threads: 4294967297 does not fit in int "),
+    (dict(SMALL, num_threads=2 ** 31), ValueError, "num_threads: 2147483648 does not fit in int "),
+    (dict(SMALL, rope_theta=2 ** 2000), ValueError, "rope_theta: expected a finite number, got 1148130695"),
+    (dict(SMALL, rope_theta=float("nan")), ValueError, "rope_theta: expected a finite number, got nan"),
+    (dict(SMALL, partial_rotary_factor=float("inf")), ValueError, "partial_rotary_factor: expected a finite number"),
+    (dict(SMALL, rope_scaling={"rope_type": "linear", "factor": -float("inf")}), ValueError,
+     r"rope_scaling\['factor'\]: expected a finite number, got -inf"),
+] + [
+    (dict(SMALL, max_position_embeddings=32768,
+          rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": value}),
+     error, r"rope_scaling\['original_max_position_embeddings'\]: " + pattern)
+    for value, error, pattern in [
+        (1e30, ValueError, r"1e\+30 does not fit in int64"),
+        (2 ** 70, ValueError, "1180591620717411303424 does not fit in int64"),
+        (-2 ** 63 - 1, ValueError, "-9223372036854775809 does not fit in int64"),
+        (float("nan"), ValueError, "expected a finite number, got nan"),
+        (float("inf"), ValueError, "expected a finite number, got inf"),
+        (4096.5, TypeError, "expected an integer, got 4096.5"),
+        ("4096", TypeError, "expected an integer, got '4096'"),
+    ]
+])
+def test_out_of_range_numbers(kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        sneppx.LLMConfig(**kwargs)
+
+
+def test_integral_float_original_max_position_embeddings_is_kept():
+    cfg = sneppx.LLMConfig(**SMALL, max_position_embeddings=32768,
+                           rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192.0})
+    assert cfg.rope_scaling["original_max_position_embeddings"] == 8192
+
+
+def test_out_of_range_extend_context_and_layer(cfg, x, tmp_path):
+    with pytest.raises(ValueError, match="max_position_embeddings: 18446744073709559808 does not fit in int64"):
+        cfg.extend_context(2 ** 64 + 8192)
+    assert cfg.max_position_embeddings == 4096
+    with pytest.raises(ValueError, match="layer: 18446744073709551616 does not fit in int64"):
+        cfg.load_safetensors(tmp_path, layer=2 ** 64)
+    assert cfg.weights_source == "synthetic(seed=0x5eed5eed)"
+
+
+@pytest.mark.parametrize("key", ["beta_fast", "beta_slow"])
+@pytest.mark.parametrize("value", [0.0, -1.0])
+def test_yarn_beta_not_positive_as_the_config_json_reader(tmp_path, key, value):
+    # The constructor treats rope_scaling exactly as the C config.json reader does: both
+    # accept the value (and report it back), or both refuse it naming the key.
+    scaling = {"rope_type": "yarn", "factor": 4.0, key: value}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+                                "num_key_value_heads": 2, "rope_scaling": scaling}))
+    outcomes = []
+    for make in (lambda: sneppx.LLMConfig(**SMALL, rope_scaling=scaling),
+                 lambda: sneppx.LLMConfig.from_config_json(path),
+                 lambda: sneppx.LLMConfig.from_config_json(path, use_flash_attn=False)):
+        try:
+            outcomes.append(make().rope_scaling)
+        except ValueError as error:
+            assert key in str(error)
+            outcomes.append(ValueError)
+    assert outcomes[0] == outcomes[1] == outcomes[2]
+
+
+@pytest.mark.parametrize("family, size, shown", [
+    ("\udc80", None, r"'\\udc80'"),               # not encodable as UTF-8 (an undecodable file name)
+    ("llama3", "8B\udcff", r"'llama3-8B\\udcff'"),
+    ("llama3-8B\x00junk", None, r"'llama3-8B\\x00junk'"),   # was llama3-8B: the C string ended at NUL
+    ("llama3\x00", "8B", r"'llama3\\x00-8B'"),
+])
+def test_unencodable_preset_names(family, size, shown):
+    with pytest.raises(sneppx.UnknownPresetError, match=f"^name: unknown preset {shown}; valid names: llama2-7B"):
+        sneppx.LLMConfig.from_name(family, size)
+
+
+def test_unencodable_config_name():
+    assert sneppx.LLMConfig(**SMALL, name="a\udc80b\x00c").name == r"a\udc80b\x00c"
+
+
+@pytest.mark.parametrize("path, error, pattern", [
+    (None, TypeError, "path: expected a str, bytes or os.PathLike, got None"),
+    (3, TypeError, "path: expected a str, bytes or os.PathLike, got 3"),
+    ("/tmp\x00/model.safetensors", ValueError, r"path: '/tmp\\x00/model.safetensors' contains a NUL character"),
+])
+def test_bad_safetensors_path(cfg, path, error, pattern):
+    with pytest.raises(error, match=pattern):
+        cfg.load_safetensors(path)
+    assert cfg.weights_source == "synthetic(seed=0x5eed5eed)"
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.longdouble])
+def test_hidden_states_beyond_float32(cfg, x, dtype):
+    wide = x.astype(dtype)
+    wide[1, 3, 10] = -1e39
+    with pytest.raises(ValueError, match=r"hidden_states: -1e\+39 at index \[1, 3, 10\] is beyond the float32 range"):
+        cfg.forward_mha(wide)
+    # The float32 maximum itself, NaN and inf are converted as they are (NaN / inf propagate).
+    wide[1, 3, 10] = np.finfo(np.float32).max
+    assert np.all(np.isfinite(cfg.forward_mha(wide)[0]))
+    for special in (np.nan, np.inf):
+        wide[1, 3, 10] = special
+        out = cfg.forward_mha(wide)
+        assert np.isnan(out[1, 3:]).any(axis=-1).all() and np.all(np.isfinite(out[0]))
+
+
+def test_pickle_is_refused_with_a_reason(cfg):
+    import pickle
+    with pytest.raises(TypeError, match="LLMConfig cannot be pickled.*copy.deepcopy"):
+        pickle.dumps(cfg)
