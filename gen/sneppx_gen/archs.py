@@ -5,20 +5,13 @@ the preset table the runtime compiles and the configs the AOT generator
 specializes are one data set. Field names and defaults follow HF config.json
 and `sneppx_config_init()`.
 """
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from . import paths
-
-# sneppx_rope_type, by the names HF uses in rope_scaling["rope_type" | "type"].
-ROPE_TYPES = {"default": 0, "linear": 1, "dynamic": 2, "llama3": 3, "yarn": 4}
-
-
-class ConfigError(ValueError):
-    """A config (preset or hand-built) that sneppx cannot represent."""
+from . import config_json, paths
+from .config_json import ROPE_TYPES, ConfigError  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -101,152 +94,46 @@ class Arch:
         return scale
 
 
-def _number(value, name: str, kind=float):
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{name}: expected a number, got {value!r}")
-    if kind is int:
-        if float(value) != int(value):
-            raise ConfigError(f"{name}: expected an integer, got {value!r}")
-        return int(value)
-    return float(value)
-
-
-def _rope_scaling(raw: Optional[dict], where: str) -> RopeScaling:
-    if not raw:
-        return RopeScaling()
-    kind = raw.get("rope_type", raw.get("type", "default"))
-    if kind not in ROPE_TYPES:
-        raise ConfigError(f"{where}.rope_scaling: unknown type {kind!r} (known: {', '.join(ROPE_TYPES)})")
-    values = {"type": ROPE_TYPES[kind]}
-    for name, kind_of in (("factor", float), ("low_freq_factor", float), ("high_freq_factor", float),
-                          ("original_max_position_embeddings", int), ("beta_fast", float),
-                          ("beta_slow", float), ("mscale", float), ("mscale_all_dim", float),
-                          ("attention_factor", float)):
-        if raw.get(name) is not None:
-            values[name] = _number(raw[name], f"{where}.rope_scaling.{name}", kind_of)
-    if values["type"] == ROPE_TYPES["yarn"]:
-        # HF's and DeepSeek's defaults; other types leave them 0, as the runtime's config.json reader does.
-        values.setdefault("beta_fast", 32.0)
-        values.setdefault("beta_slow", 1.0)
-    return RopeScaling(**values)
-
-
-def _biases(raw: dict) -> Tuple[int, int]:
-    """(qkv_bias, o_bias): explicit keys first, then the model type's rule, then the spec default (on)."""
-    if "bias" in raw:
-        return int(bool(raw["bias"])), int(bool(raw["bias"]))
-    model_type = raw.get("model_type")
-    if model_type == "qwen2":          # hard-coded in Qwen2Attention
-        qkv, o = 1, 0
-    elif model_type == "mistral":      # hard-coded bias=False in MistralAttention
-        qkv = o = 0
-    elif model_type in ("llama", "deepseek_v2"):
-        qkv = o = int(bool(raw.get("attention_bias", False)))
-    elif "attention_bias" in raw:
-        qkv = o = int(bool(raw["attention_bias"]))
-    else:
-        qkv, o = 1, 1
-    if "qkv_bias" in raw:
-        qkv = int(bool(raw["qkv_bias"]))
-    if "o_bias" in raw:
-        o = int(bool(raw["o_bias"]))
-    return qkv, o
-
-
-def kv_lora_rank_of(raw: dict) -> int:
-    value = raw.get("kv_lora_rank")
-    return 0 if value is None else int(value)
-
-
-def arch_from_dict(raw: dict, name: str, family: str = "custom", size: str = "",
-                   aliases: Tuple[str, ...] = ()) -> Arch:
-    """An Arch from HF config.json fields (plus sneppx's "bias", "qkv_bias",
-    "o_bias", "use_flash_attn"). Raises ConfigError naming the bad field."""
-    def get_int(key: str, default: int = 0) -> int:
-        value = raw.get(key)
-        return default if value is None else _number(value, f"{name}.{key}", int)
-
-    hidden = get_int("hidden_size")
-    heads = get_int("num_attention_heads")
-    if hidden <= 0 or heads <= 0:
-        raise ConfigError(f"{name}: hidden_size and num_attention_heads must be > 0")
-    kv_heads = get_int("num_key_value_heads", heads)
-    kv_lora = get_int("kv_lora_rank")
-    window = get_int("sliding_window")
-    if raw.get("model_type") == "qwen2" or "use_sliding_window" in raw:
-        # Qwen2 windows only the layers listed in layer_types, and only with use_sliding_window.
-        if raw.get("use_sliding_window"):
-            raise ConfigError(f"{name}.use_sliding_window: true (per-layer windows) is not supported")
-        window = 0
-    head_dim = get_int("head_dim")
-    rotary_dim = get_int("rotary_dim")
-    if raw.get("partial_rotary_factor") is not None and kv_lora_rank_of(raw) == 0:
-        factor = _number(raw["partial_rotary_factor"], f"{name}.partial_rotary_factor")
-        if not 0.0 < factor <= 1.0:
-            raise ConfigError(f"{name}.partial_rotary_factor: {factor} must be in (0, 1]")
-        rotary_dim = int((head_dim or hidden // heads) * factor)
-        if rotary_dim < 2:
-            raise ConfigError(f"{name}.partial_rotary_factor: {factor} rotates no dimension pair")
-    qkv_bias, o_bias = _biases(raw)
-    theta = raw.get("rope_theta")
+def arch_from_config(c: config_json.CConfig, name: str, family: str = "custom", size: str = "",
+                     aliases: Tuple[str, ...] = ()) -> Arch:
+    """The Arch of a validated config (config_json.read)."""
+    rs = c.rope_scaling
     arch = Arch(
         name=name, family=family, size=size, aliases=tuple(aliases),
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        rotary_dim=rotary_dim,
-        rope_interleaved=1 if kv_lora > 0 else int(bool(raw.get("rope_interleaved", False))),
-        rope_theta=10000.0 if theta is None else _number(theta, f"{name}.rope_theta"),
-        rope_scaling=_rope_scaling(raw.get("rope_scaling"), name),
-        max_position_embeddings=get_int("max_position_embeddings", 4096),
-        sliding_window=window,
-        qkv_bias=qkv_bias,
-        o_bias=o_bias,
-        q_lora_rank=get_int("q_lora_rank"),
-        kv_lora_rank=kv_lora,
-        qk_nope_head_dim=get_int("qk_nope_head_dim"),
-        qk_rope_head_dim=get_int("qk_rope_head_dim"),
-        v_head_dim=get_int("v_head_dim"),
-        rms_norm_eps=_number(raw.get("rms_norm_eps", 1e-6), f"{name}.rms_norm_eps"),
-        use_flash_attn=int(bool(raw.get("use_flash_attn", True))),
+        hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rotary_dim=c.rotary_dim,
+        rope_interleaved=c.rope_interleaved, rope_theta=c.rope_theta,
+        rope_scaling=RopeScaling(type=rs.type, factor=rs.factor, low_freq_factor=rs.low_freq_factor,
+                                 high_freq_factor=rs.high_freq_factor,
+                                 original_max_position_embeddings=rs.original_max_position_embeddings,
+                                 beta_fast=rs.beta_fast, beta_slow=rs.beta_slow, mscale=rs.mscale,
+                                 mscale_all_dim=rs.mscale_all_dim, attention_factor=rs.attention_factor),
+        max_position_embeddings=c.max_position_embeddings, sliding_window=c.sliding_window,
+        qkv_bias=c.qkv_bias, o_bias=c.o_bias, q_lora_rank=c.q_lora_rank, kv_lora_rank=c.kv_lora_rank,
+        qk_nope_head_dim=c.qk_nope_head_dim, qk_rope_head_dim=c.qk_rope_head_dim, v_head_dim=c.v_head_dim,
+        use_flash_attn=c.use_flash_attn,
     )
     if arch.is_mla:
-        # DeepSeek: the rope part of each head rotates as interleaved pairs (MODELS.md 3).
-        arch = replace(arch, head_dim=arch.resolved_head_dim, rotary_dim=arch.qk_rope_head_dim,
-                        rope_interleaved=1)
-    validate(arch)
+        # The preset table and the AOT layer carry MLA's Q/K head dim and rope dim explicitly.
+        arch = replace(arch, head_dim=arch.resolved_head_dim, rotary_dim=arch.qk_rope_head_dim)
     return arch
 
 
-def validate(arch: Arch) -> None:
-    """The checks that decide whether kernels can be generated (the runtime's
-    sneppx_config_validate has the same rules)."""
-    if arch.is_mla:
-        return
-    if arch.num_key_value_heads <= 0 or arch.num_attention_heads % arch.num_key_value_heads:
-        raise ConfigError(f"{arch.name}: num_key_value_heads {arch.num_key_value_heads} does not divide "
-                          f"num_attention_heads {arch.num_attention_heads}")
-    if not arch.head_dim and arch.hidden_size % arch.num_attention_heads:
-        raise ConfigError(f"{arch.name}: hidden_size {arch.hidden_size} is not a multiple of "
-                          f"num_attention_heads {arch.num_attention_heads}")
-    head_dim = arch.resolved_head_dim
-    if head_dim % 16 or not 16 <= head_dim <= 256:
-        raise ConfigError(f"{arch.name}: head_dim {head_dim} is not supported (a multiple of 16 from 16 to 256)")
-    rotary = arch.resolved_rotary_dim
-    if rotary % 2 or rotary > head_dim:
-        raise ConfigError(f"{arch.name}: rotary_dim {rotary} must be even and at most head_dim {head_dim}")
-    if arch.sliding_window < 0:
-        raise ConfigError(f"{arch.name}: sliding_window must be >= 0")
-
-
 def load_presets(path: Path = paths.ARCHS_JSON) -> List[Arch]:
-    with open(path) as f:
-        data = json.load(f)
+    """gen/archs.json's presets, each read as a hand config (config_json.read_hand) and validated."""
+    with open(path, "rb") as f:
+        data = config_json.parse(f.read())
+    scope = config_json.Scope(data, "")
     presets = []
-    for raw in data["presets"]:
-        name = f"{raw['family']}-{raw['size']}"
-        presets.append(arch_from_dict(raw, name, raw["family"], raw["size"], tuple(raw.get("aliases", ()))))
+    for index, raw in enumerate(scope.lookup("presets")):
+        where = config_json.Scope(raw, "")
+        name = f"{where.string('family')}-{where.string('size')}"
+        try:
+            c = config_json.read(raw)
+        except ConfigError as error:
+            raise ConfigError(f"{path}: presets[{index}] ({name}): {error}") from None
+        aliases = raw.first("aliases")[1] or ()
+        presets.append(arch_from_config(c, name, where.string("family"), where.string("size"), tuple(aliases)))
     return presets
 
 
@@ -260,15 +147,13 @@ def find_preset(name: str, presets: Optional[List[Arch]] = None) -> Optional[Arc
 
 
 def load_config_file(path: str) -> Arch:
-    with open(path) as f:
-        try:
-            raw = json.load(f)
-        except json.JSONDecodeError as error:
-            raise ConfigError(f"{path}: not JSON: {error}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    name = raw.get("name") or Path(path).stem
-    return arch_from_dict(raw, str(name))
+    """The Arch of a config file (an HF config.json, or sneppx's hand form); refuses what the
+    runtime refuses (config_json), with ConfigError / OSError naming the file and the field."""
+    root, c = config_json.read_file(path)
+    name = root.first("name")[1]
+    if not isinstance(name, str) or not name.split("\0", 1)[0]:
+        name = Path(path).stem
+    return arch_from_config(c, name.split("\0", 1)[0])
 
 
 def preset_summary(arch: Arch) -> Dict[str, object]:

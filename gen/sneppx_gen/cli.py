@@ -3,10 +3,13 @@
     sneppx-gen --list
     sneppx-gen --arch NAME -o DIR [--vector-width 16|8] [--flash|--sdpa]
     sneppx-gen --config FILE.json -o DIR [--vector-width 16|8] [--flash|--sdpa]
+                                     (an HF config.json, read as the runtime reads it,
+                                     or a hand config: see config_json.py)
     sneppx-gen build ...             (the build's subcommands, see build.py)
 
 Exit status: 0 on success, 2 on a usage error or an unknown architecture,
-1 when a config cannot be generated.
+1 when a config cannot be generated (one line on stderr naming the file and the
+field, in the runtime's words).
 """
 import argparse
 import sys
@@ -38,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--list", action="store_true", help="list the architecture presets")
     what.add_argument("--arch", metavar="NAME", help='preset name, case-insensitive ("llama3-8B", "mistral-7B")')
-    what.add_argument("--config", metavar="FILE.json", help="HF config.json fields (+ \"bias\")")
+    what.add_argument("--config", metavar="FILE.json", help="an HF config.json (with model_type), read as libsneppx reads it; without "
+                      "model_type, a hand config (sneppx.LLMConfig's keywords, + rotary_dim)")
     parser.add_argument("-o", "--output", metavar="DIR", help="output directory")
     parser.add_argument("--vector-width", type=int, choices=(16, 8), default=None,
                         help="floats per vector (default: 16 on an AVX-512 host, else 8)")

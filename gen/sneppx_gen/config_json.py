@@ -1,0 +1,682 @@
+"""sneppx-gen's reader of config files, with the runtime's rules and messages.
+
+The runtime reads an HF config.json with sneppx_config_from_json
+(runtime/config_json.c) and checks every config with sneppx_config_validate
+(runtime/config.c). sneppx-gen cannot call them: it runs at build time, before
+libsneppx exists (it renders the preset table libsneppx compiles), and its
+vendored output must not need libsneppx. So this module is their Python mirror:
+the same model types, rope_scaling types and keys, defaults, ranges, RoPE
+arithmetic (templates/rope_freqs.c.j2) and the same messages, so that a file
+the runtime refuses is refused here with the words the sneppx package uses
+("FILE: FIELD: ..."). tests/python/test_gen_config.py checks both agree.
+
+Two forms are read:
+- an HF config.json (it has "model_type"): exactly as sneppx_config_from_json;
+- sneppx's hand-config form (no "model_type"; also gen/archs.json's presets):
+  the keyword arguments of sneppx.LLMConfig (HF names plus "bias", "qkv_bias",
+  "o_bias", "rope_interleaved", "use_flash_attn") and "rotary_dim", with the
+  defaults of sneppx_config_init() and the same type rules.
+Both are checked by validate(), the mirror of sneppx_config_validate.
+"""
+import json
+import math
+import os
+import re
+import stat
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+
+class ConfigError(ValueError):
+    """A config sneppx cannot run; the message names the field (and the file, from load_text)."""
+
+
+# CONFIG_JSON_MAX_BYTES of runtime/config_json.c, and cJSON's CJSON_NESTING_LIMIT.
+MAX_BYTES = 16 << 20
+NESTING_LIMIT = 1000
+# JSON numbers are doubles: larger integers are not exact (JSON_EXACT_INT_MAX).
+EXACT_INT_MAX = 9007199254740992.0
+
+# ---- tables ------------------------------------------------------------------
+
+# sneppx_rope_type by HF name, and the keys each type requires (check_required_rope_keys).
+ROPE_TYPES = {"default": 0, "linear": 1, "dynamic": 2, "llama3": 3, "yarn": 4}
+ROPE_REQUIRED = {"default": (), "linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
+                 "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+ROPE_KEYS = ("rope_type", "type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+             "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
+# (key, default, yarn default) of the real-valued rope_scaling keys, in the reader's order.
+ROPE_REALS = (("factor", 1.0, 1.0), ("low_freq_factor", 0.0, 0.0), ("high_freq_factor", 0.0, 0.0),
+              ("beta_fast", 0.0, 32.0), ("beta_slow", 0.0, 1.0), ("mscale", 0.0, 0.0),
+              ("mscale_all_dim", 0.0, 0.0), ("attention_factor", 0.0, 0.0))
+
+
+@dataclass(frozen=True)
+class ModelType:
+    default_max_positions: int   # the transformers config class's default
+    bias: str                    # "attention_bias" (q/k/v and o together), "none", "qkv" (Qwen2)
+    window: str                  # "sliding_window" (Mistral), "use_sliding_window" (Qwen2: refused), ""
+    mla: bool = False
+
+
+MODEL_TYPES = {
+    "llama": ModelType(2048, "attention_bias", ""),
+    "mistral": ModelType(131072, "none", "sliding_window"),
+    "qwen2": ModelType(32768, "qkv", "use_sliding_window"),
+    "deepseek_v2": ModelType(2048, "attention_bias", "", mla=True),
+}
+
+# sneppx_config_validate's ranges (CHECK_RANGE), in its order.
+MAX_DIM = 1 << 20
+MAX_HEAD_DIM = 256
+MAX_LATENT_DIM = 2048
+RANGES = (("hidden_size", 1, MAX_DIM), ("num_attention_heads", 1, 4096), ("max_position_embeddings", 1, 1 << 40),
+          ("sliding_window", 0, 1 << 40), ("num_threads", 0, 1024), ("head_dim", 0, MAX_HEAD_DIM),
+          ("rotary_dim", 0, MAX_HEAD_DIM))
+MLA_RANGES = (("kv_lora_rank", 16, MAX_LATENT_DIM), ("q_lora_rank", 0, MAX_DIM), ("qk_nope_head_dim", 1, MAX_HEAD_DIM),
+              ("qk_rope_head_dim", 2, MAX_HEAD_DIM), ("v_head_dim", 16, MAX_HEAD_DIM))
+
+
+# ---- the config, as the C struct holds it ---------------------------------------
+
+@dataclass
+class RopeFields:
+    type: int = 0
+    factor: float = 1.0
+    low_freq_factor: float = 0.0
+    high_freq_factor: float = 0.0
+    original_max_position_embeddings: int = 0
+    beta_fast: float = 0.0
+    beta_slow: float = 0.0
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+    attention_factor: float = 0.0
+
+
+@dataclass
+class CConfig:
+    """sneppx_config after sneppx_config_init(), field by field."""
+    hidden_size: int = 0
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    rotary_dim: int = 0
+    rope_interleaved: int = 0
+    rope_theta: float = 10000.0
+    rope_scaling: RopeFields = field(default_factory=RopeFields)
+    max_position_embeddings: int = 4096
+    sliding_window: int = 0
+    qkv_bias: int = 1
+    o_bias: int = 1
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    use_flash_attn: int = 1
+    num_threads: int = 0
+
+
+# ---- JSON, as cJSON sees it -------------------------------------------------------
+
+class JsonObject:
+    """A JSON object with every member kept in order, duplicates included (cJSON keeps them;
+    lookup() refuses a duplicated key it is asked for). Keys end at a NUL, as C strings do."""
+
+    def __init__(self, pairs: List[Tuple[str, Any]]):
+        self.pairs = [(key.split("\0", 1)[0], value) for key, value in pairs]
+
+    def first(self, key: str) -> Tuple[bool, Any]:
+        for name, value in self.pairs:
+            if name == key:
+                return True, value
+        return False, None
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _max_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects (strings skipped)."""
+    depth = deepest = 0
+    for match in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', text, re.S):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in "]}":
+            depth -= 1
+    return deepest
+
+
+# cJSON's lexicon where it is wider than Python's json: a number is what strtod reads
+# from a run starting with '-' or a digit ("01", "1.", "-.5"); every byte <= 0x20
+# between tokens is whitespace; raw control characters may stand in strings; a
+# UTF-8 BOM may open the text. It is narrower on one point: a \\u escape of half
+# a surrogate pair is an error.
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|(?:-(?:\d+\.?\d*|\.\d+)|\d+\.?\d*)(?:[eE][+-]?\d+)?|[\x00-\x20]+|.',
+                    re.S)
+_PYTHON_NUMBER = re.compile(r'-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?\Z')
+_ESCAPE = re.compile(r'\\(?:u([0-9a-fA-F]{4})|.)', re.S)
+_JSON_SPACE = " \t\n\r"
+
+
+def _check_surrogates(string: str) -> None:
+    pending_high, last_end = False, -1
+    for match in _ESCAPE.finditer(string):
+        unit = int(match.group(1), 16) if match.group(1) else None
+        if pending_high and (unit is None or not 0xDC00 <= unit <= 0xDFFF or match.start() != last_end):
+            raise ValueError("half a surrogate pair")
+        if unit is not None and 0xDC00 <= unit <= 0xDFFF and not pending_high:
+            raise ValueError("half a surrogate pair")
+        pending_high = unit is not None and 0xD800 <= unit <= 0xDBFF
+        last_end = match.end()
+    if pending_high:
+        raise ValueError("half a surrogate pair")
+
+
+def _as_python_json(text: str) -> Tuple[str, List[int]]:
+    """text in Python json's lexicon, and where cJSON-only whitespace stood (positions in the result)."""
+    out, odd_space, at = [], [], 0
+    for match in _TOKEN.finditer(text):
+        token = match.group()
+        if token[0] == '"':
+            _check_surrogates(token)
+        elif token[0] == "-" or token[0].isdigit():
+            if not _PYTHON_NUMBER.match(token):
+                value = float(token)
+                token = "1e999" if value == math.inf else "-1e999" if value == -math.inf else repr(value)
+        elif token[0] <= " " and any(c not in _JSON_SPACE for c in token):
+            odd_space.extend(range(at, at + len(token)))
+            token = " " * len(token)
+        out.append(token)
+        at += len(token)
+    return "".join(out), odd_space
+
+
+def parse(data: bytes) -> JsonObject:
+    """The top-level object of a config file's bytes, with the runtime's refusals. Raises
+    ConfigError with the runtime's message (without the file)."""
+    if len(data) > MAX_BYTES:
+        raise ConfigError(f"{len(data)} bytes; a config.json has at most {MAX_BYTES}")
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    text = data.decode("utf-8", "surrogateescape")
+    if _max_depth(text) > NESTING_LIMIT:
+        raise ConfigError(f"not valid JSON (nested deeper than {NESTING_LIMIT} levels)")
+    limit = sys.getrecursionlimit()
+    try:
+        text, odd_space = _as_python_json(text)
+        start = len(text) - len(text.lstrip(_JSON_SPACE))
+        # json recurses per level: room for cJSON's NESTING_LIMIT levels above the caller's frames.
+        sys.setrecursionlimit(max(limit, NESTING_LIMIT + 500))
+        # Integers as doubles (what cJSON holds); NaN / Infinity are not JSON; control characters
+        # may stand in strings.
+        decoder = json.JSONDecoder(object_pairs_hook=JsonObject, parse_int=float, parse_constant=_reject_constant,
+                                   strict=False)
+        root, end = decoder.raw_decode(text, start)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"not valid JSON (at byte {len(text[:error.pos].encode('utf-8', 'surrogateescape'))})") \
+            from None
+    except (ValueError, RecursionError):
+        raise ConfigError("not valid JSON") from None
+    finally:
+        sys.setrecursionlimit(limit)
+    odd = set(odd_space)
+    for at in range(end, len(text)):
+        if text[at] not in _JSON_SPACE or at in odd:
+            raise ConfigError(f"bytes after the JSON object (at byte {len(text[:at].encode('utf-8', 'surrogateescape'))})")
+    if not isinstance(root, JsonObject):
+        raise ConfigError("not a JSON object")
+    return root
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, float)
+
+
+def _c_prefix(text: str, limit: int) -> str:
+    """printf's %.<limit>s of a C string: its first limit bytes."""
+    raw = text.split("\0", 1)[0].encode("utf-8", "surrogateescape")[:limit]
+    return raw.decode("utf-8", "replace")
+
+
+def _g(value: float) -> str:
+    """printf's %g."""
+    return f"{value:g}"
+
+
+def describe(value: Any) -> str:
+    """What a field held, as runtime/config_json.c's describe() says it."""
+    if _is_number(value):
+        return f"{value:.17g}"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        return f'the string "{_c_prefix(value, 32)}"'
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, JsonObject):
+        return "an object"
+    return "null"
+
+
+class Scope:
+    """One JSON object being read; prefix names it in messages ("", "rope_scaling.")."""
+
+    def __init__(self, obj: JsonObject, prefix: str):
+        self.obj, self.prefix = obj, prefix
+
+    def fail(self, key: str, what: str, got: Any) -> ConfigError:
+        return ConfigError(f"{self.prefix}{key}: expected {what}, got {describe(got)}")
+
+    def lookup(self, key: str) -> Any:
+        """The member's value, None when absent or null; a key given twice is an error."""
+        found = [value for name, value in self.obj.pairs if name == key]
+        if len(found) > 1:
+            raise ConfigError(f"{self.prefix}{key}: appears {len(found)} times")
+        return found[0] if found else None
+
+    def size(self, key: str, fallback: int) -> int:
+        value = self.lookup(key)
+        if value is None:
+            return fallback
+        if not _is_integer(value) or value < 0:
+            raise self.fail(key, "a non-negative integer", value)
+        return int(value)
+
+    def required_size(self, key: str) -> int:
+        if self.lookup(key) is None:
+            raise ConfigError(f"{self.prefix}{key}: missing")
+        return self.size(key, 0)
+
+    def real(self, key: str, fallback: float) -> float:
+        value = self.lookup(key)
+        if value is None:
+            return fallback
+        if not _is_number(value) or not math.isfinite(value):
+            raise self.fail(key, "a finite number", value)
+        return value
+
+    def flag(self, key: str, fallback: int) -> int:
+        value = self.lookup(key)
+        if value is None:
+            return fallback
+        if not isinstance(value, bool):
+            raise self.fail(key, "true or false", value)
+        return int(value)
+
+    def string(self, key: str) -> Optional[str]:
+        value = self.lookup(key)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise self.fail(key, "a string", value)
+        return value.split("\0", 1)[0]
+
+
+def _is_integer(value: Any) -> bool:
+    return _is_number(value) and abs(value) <= EXACT_INT_MAX and value == math.floor(value)
+
+
+# ---- rope_scaling ------------------------------------------------------------------
+
+def read_rope_scaling(top: Scope) -> RopeFields:
+    """runtime/config_json.c read_rope_scaling."""
+    raw = top.lookup("rope_scaling")
+    if raw is None:
+        return RopeFields()
+    if not isinstance(raw, JsonObject):
+        raise top.fail("rope_scaling", "an object or null", raw)
+    scope = Scope(raw, "rope_scaling.")
+    for key, _ in raw.pairs:
+        if key not in ROPE_KEYS:
+            raise ConfigError(f"rope_scaling.{_c_prefix(key, 64)}: unknown key (known: {', '.join(ROPE_KEYS)})")
+    rope_type, type_ = scope.string("rope_type"), scope.string("type")
+    if rope_type is not None and type_ is not None and rope_type != type_:
+        raise ConfigError(f"rope_scaling: rope_type '{_c_prefix(rope_type, 64)}' and type "
+                          f"'{_c_prefix(type_, 64)}' disagree")
+    name = rope_type if rope_type is not None else type_
+    if name is None:
+        raise ConfigError("rope_scaling.rope_type: missing (nor is 'type' given)")
+    if name not in ROPE_TYPES:
+        raise ConfigError(f"rope_scaling.rope_type: '{_c_prefix(name, 64)}' is not supported "
+                          f"(supported: {', '.join(ROPE_TYPES)})")
+    for key in ROPE_REQUIRED[name]:
+        if scope.lookup(key) is None:
+            raise ConfigError(f"rope_scaling.{key}: missing (rope_type '{name}' needs it)")
+    # YaRN without floor/ceil of the correction range is not implemented; an
+    # absent or true "truncate" means floor/ceil (a null one does not).
+    truncate = scope.lookup("truncate")
+    if raw.first("truncate")[0] and truncate is not True:
+        raise ConfigError("rope_scaling.truncate: only true (YaRN with floor/ceil of the correction range) "
+                          "is supported")
+    yarn = name == "yarn"
+    values = {key: scope.real(key, yarn_default if yarn else default) for key, default, yarn_default in ROPE_REALS}
+    original = scope.lookup("original_max_position_embeddings")
+    if original is not None and not _is_integer(original):
+        raise scope.fail("original_max_position_embeddings", "an integer", original)
+    return RopeFields(type=ROPE_TYPES[name], original_max_position_embeddings=int(original or 0), **values)
+
+
+# ---- the two forms ---------------------------------------------------------------
+
+def _read_partial_rotary(top: Scope, c: CConfig) -> None:
+    if top.lookup("partial_rotary_factor") is None:
+        return
+    factor = top.real("partial_rotary_factor", 1.0)
+    if not 0.0 < factor <= 1.0:
+        raise ConfigError(f"partial_rotary_factor: {_g(factor)} must be in (0, 1]")
+    heads = c.num_attention_heads if c.num_attention_heads > 0 else 1
+    head_dim = c.head_dim if c.head_dim > 0 else c.hidden_size // heads
+    c.rotary_dim = int(head_dim * factor)
+    if c.rotary_dim < 2:
+        raise ConfigError(f"partial_rotary_factor: {_g(factor)} of head_dim {head_dim} rotates no dimension pair")
+
+
+def read_hf(root: JsonObject) -> CConfig:
+    """runtime/config_json.c read_config: an HF config.json."""
+    top = Scope(root, "")
+    name = top.string("model_type")
+    if name is None:
+        raise ConfigError("model_type: missing")
+    if name not in MODEL_TYPES:
+        raise ConfigError(f"model_type: '{_c_prefix(name, 64)}' is not supported (supported: "
+                          f"{', '.join(MODEL_TYPES)})")
+    kind = MODEL_TYPES[name]
+    c = CConfig()
+    c.hidden_size = top.required_size("hidden_size")
+    c.num_attention_heads = top.required_size("num_attention_heads")
+    c.num_key_value_heads = top.size("num_key_value_heads", c.num_attention_heads)
+    c.rope_theta = top.real("rope_theta", 10000.0)
+    c.rope_scaling = read_rope_scaling(top)
+    c.max_position_embeddings = top.size("max_position_embeddings", kind.default_max_positions)
+    if not kind.mla:  # DeepSeek's head dims are the MLA fields
+        c.head_dim = top.size("head_dim", 0)
+        _read_partial_rotary(top, c)
+    if kind.bias == "attention_bias":
+        c.qkv_bias = c.o_bias = top.flag("attention_bias", 0)
+    elif kind.bias == "none":
+        c.qkv_bias = c.o_bias = 0
+    else:
+        c.qkv_bias, c.o_bias = 1, 0
+    if kind.window == "sliding_window":
+        c.sliding_window = top.size("sliding_window", 0)
+    elif kind.window == "use_sliding_window" and top.flag("use_sliding_window", 0):
+        raise ConfigError("use_sliding_window: true (Qwen2 per-layer windows) is not supported")
+    if kind.mla:
+        c.q_lora_rank = top.size("q_lora_rank", 0)
+        for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            setattr(c, key, top.required_size(key))
+        c.rope_interleaved = 1  # the published weights rotate (x_2i, x_2i+1) pairs
+    return c
+
+
+# The hand form's sizes: (key, default); num_key_value_heads defaults to the heads.
+HAND_SIZES = (("hidden_size", None), ("num_attention_heads", None), ("num_key_value_heads", -1),
+              ("head_dim", 0), ("rotary_dim", 0), ("max_position_embeddings", 4096), ("sliding_window", 0),
+              ("q_lora_rank", 0), ("kv_lora_rank", 0), ("qk_nope_head_dim", 0), ("qk_rope_head_dim", 0),
+              ("v_head_dim", 0))
+
+
+def read_hand(root: JsonObject) -> CConfig:
+    """sneppx's hand-config form: sneppx.LLMConfig's keyword arguments (+ rotary_dim)."""
+    top = Scope(root, "")
+    c = CConfig()
+    for key, default in HAND_SIZES:
+        if default is None:
+            value = top.required_size(key)
+        else:
+            value = top.size(key, c.num_attention_heads if default == -1 else default)
+        setattr(c, key, value)
+    c.rope_theta = top.real("rope_theta", 10000.0)
+    c.rope_scaling = read_rope_scaling(top)
+    if top.lookup("rotary_dim") is not None and top.lookup("partial_rotary_factor") is not None:
+        raise ConfigError("rotary_dim: give rotary_dim or partial_rotary_factor, not both")
+    _read_partial_rotary(top, c)
+    bias, attention_bias = top.flag("bias", -1), top.flag("attention_bias", -1)
+    if bias >= 0 and attention_bias >= 0 and bias != attention_bias:
+        raise ConfigError(f"attention_bias: {describe(bool(attention_bias))} and bias {describe(bool(bias))} disagree")
+    both = attention_bias if attention_bias >= 0 else (1 if bias < 0 else bias)
+    c.qkv_bias = top.flag("qkv_bias", both)
+    c.o_bias = top.flag("o_bias", both)
+    c.rope_interleaved = top.flag("rope_interleaved", int(c.kv_lora_rank > 0))
+    c.use_flash_attn = top.flag("use_flash_attn", 1)
+    return c
+
+
+def read(root: JsonObject) -> CConfig:
+    """The config a parsed file describes, validated."""
+    has_model_type, _ = root.first("model_type")
+    c = read_hf(root) if has_model_type else read_hand(root)
+    validate(c)
+    return c
+
+
+def load_text(path: str) -> bytes:
+    """The bytes of a config file: a regular file (a FIFO or device would block or never end),
+    at most one byte more than the bound, so an oversized file is reported as such."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError("not a regular file")
+        chunks, size = [], 0
+        while size <= MAX_BYTES:
+            chunk = os.read(fd, MAX_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_file(path: str) -> Tuple[JsonObject, CConfig]:
+    """The parsed object and config of a file; ConfigError and OSError name the file."""
+    try:
+        root = parse(load_text(path))
+        return root, read(root)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+    except OSError as error:
+        raise OSError(f"{path}: {error.strerror or error}") from None
+
+
+# ---- sneppx_config_validate ------------------------------------------------------------
+
+def head_dim_of(c: CConfig) -> int:
+    if c.head_dim > 0:
+        return c.head_dim
+    return c.hidden_size // c.num_attention_heads if c.num_attention_heads > 0 else 0
+
+
+def rotary_dim_of(c: CConfig) -> int:
+    if c.kv_lora_rank > 0:
+        return c.qk_rope_head_dim
+    return c.rotary_dim if c.rotary_dim > 0 else head_dim_of(c)
+
+
+def _check_ranges(c: CConfig, ranges) -> None:
+    for name, lo, hi in ranges:
+        value = getattr(c, name)
+        if not lo <= value <= hi:
+            raise ConfigError(f"config.{name}: {value} is outside [{lo}, {hi}]")
+
+
+def validate(c: CConfig) -> None:
+    """runtime/config.c sneppx_config_validate, message for message."""
+    _check_ranges(c, RANGES)
+    if c.kv_lora_rank > 0:
+        _check_ranges(c, MLA_RANGES)
+        if (c.qk_nope_head_dim + c.qk_rope_head_dim) % 16:
+            raise ConfigError(f"config.qk_nope_head_dim + qk_rope_head_dim: "
+                              f"{c.qk_nope_head_dim + c.qk_rope_head_dim} must be a multiple of 16")
+        if (c.kv_lora_rank + c.qk_rope_head_dim) % 16 or c.kv_lora_rank % 16:
+            raise ConfigError(f"config.kv_lora_rank: {c.kv_lora_rank} (and + qk_rope_head_dim) must be a "
+                              "multiple of 16")
+        if c.v_head_dim % 16:
+            raise ConfigError(f"config.v_head_dim: {c.v_head_dim} must be a multiple of 16")
+        if c.sliding_window:
+            raise ConfigError("config.sliding_window: MLA has no sliding window")
+        _validate_rope(c, c.qk_rope_head_dim)
+        return
+    _check_ranges(c, (("num_key_value_heads", 1, c.num_attention_heads),))
+    if c.num_attention_heads % c.num_key_value_heads:
+        raise ConfigError(f"config.num_key_value_heads: {c.num_key_value_heads} does not divide "
+                          f"num_attention_heads {c.num_attention_heads}")
+    head_dim = head_dim_of(c)
+    if c.head_dim == 0 and c.hidden_size % c.num_attention_heads:
+        raise ConfigError(f"config.head_dim: 0 means hidden_size/num_attention_heads, but "
+                          f"{c.hidden_size}/{c.num_attention_heads} is not whole")
+    if not 16 <= head_dim <= MAX_HEAD_DIM or head_dim % 16:
+        raise ConfigError(f"config.head_dim: {head_dim} is not supported (a multiple of 16 from 16 to {MAX_HEAD_DIM})")
+    rotary_dim = rotary_dim_of(c)
+    if rotary_dim > head_dim:
+        raise ConfigError(f"config.rotary_dim: {rotary_dim} exceeds head_dim {head_dim}")
+    _validate_rope(c, rotary_dim)
+
+
+def _validate_rope(c: CConfig, rotary_dim: int) -> None:
+    s = c.rope_scaling
+    if not (c.rope_theta > 1.0) or not math.isfinite(c.rope_theta):
+        raise ConfigError(f"config.rope_theta: {_g(c.rope_theta)} must be a finite number > 1")
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ConfigError(f"config.rotary_dim: {rotary_dim} must be even and > 0")
+    if s.type != ROPE_TYPES["default"] and (not (s.factor > 0) or not math.isfinite(s.factor)):
+        raise ConfigError(f"config.rope_scaling.factor: {_g(s.factor)} must be > 0")
+    if s.type == ROPE_TYPES["llama3"]:
+        if not (s.high_freq_factor > s.low_freq_factor) or not (s.low_freq_factor > 0):
+            raise ConfigError(f"config.rope_scaling: llama3 needs 0 < low_freq_factor ({_g(s.low_freq_factor)}) "
+                              f"< high_freq_factor ({_g(s.high_freq_factor)})")
+    if s.type in (ROPE_TYPES["llama3"], ROPE_TYPES["yarn"]) and s.original_max_position_embeddings < 0:
+        raise ConfigError(f"config.rope_scaling.original_max_position_embeddings: "
+                          f"{s.original_max_position_embeddings} must be >= 0")
+    # validate_rope_numbers: the tables and the softmax scale the runtime will compute must be finite.
+    for name in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                 "attention_factor"):
+        if not math.isfinite(getattr(s, name)):
+            raise ConfigError(f"config.rope_scaling.{name}: {_g(getattr(s, name))} is not finite")
+    inv_freq, attention_factor = rope_inv_freq(c, rotary_dim, c.max_position_embeddings)
+    for i, value in enumerate(inv_freq):
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"config.rope_scaling: these parameters (factor {_g(s.factor)}) give RoPE "
+                              f"frequency {i} = {_g(value)}")
+    if not math.isfinite(attention_factor) or not (attention_factor > 0):
+        raise ConfigError(f"config.rope_scaling: these parameters give the cos/sin attention factor "
+                          f"{_g(attention_factor)}")
+    scale = softmax_scale(c)
+    if not math.isfinite(scale) or not (scale > 0):
+        raise ConfigError(f"config.rope_scaling.mscale_all_dim: {_g(s.mscale_all_dim)} gives the softmax scale "
+                          f"{_g(scale)}")
+
+
+# ---- C double arithmetic (IEEE results where Python would raise) ----------------------------
+
+def _div(a: float, b: float) -> float:
+    if b != 0:
+        return a / b
+    if a == 0 or math.isnan(a):
+        return math.nan
+    return math.copysign(math.inf, a) * math.copysign(1.0, b)
+
+
+def _log(x: float) -> float:
+    if math.isnan(x) or x < 0:
+        return math.nan
+    return -math.inf if x == 0 else math.log(x)
+
+
+def _pow(x: float, y: float) -> float:
+    try:
+        return math.pow(x, y)
+    except OverflowError:
+        return math.inf
+    except ValueError:  # a negative base to a fractional power, or 0 to a negative one
+        return math.inf if x == 0 else math.nan
+
+
+def _floor(x: float) -> float:
+    return float(math.floor(x)) if math.isfinite(x) else x
+
+
+def _ceil(x: float) -> float:
+    return float(math.ceil(x)) if math.isfinite(x) else x
+
+
+def yarn_get_mscale(scale: float, mscale: float) -> float:
+    return 1.0 if scale <= 1.0 else 0.1 * mscale * _log(scale) + 1.0
+
+
+def rope_inv_freq(c: CConfig, rotary_dim: int, seq_len: int) -> Tuple[List[float], float]:
+    """templates/rope_freqs.c.j2 sneppx_rope_inv_freq, operation for operation."""
+    s = c.rope_scaling
+    dim, half, base = rotary_dim, rotary_dim // 2, c.rope_theta
+    orig = s.original_max_position_embeddings if s.original_max_position_embeddings > 0 else c.max_position_embeddings
+    attention_factor = 1.0
+    if s.type == ROPE_TYPES["dynamic"] and seq_len > c.max_position_embeddings:
+        grown = s.factor * _div(float(seq_len), float(c.max_position_embeddings)) - (s.factor - 1.0)
+        base *= _pow(grown, _div(float(dim), float(dim - 2)))
+    inv_freq = [_pow(base, -float(2 * i) / float(dim)) for i in range(half)]
+    if s.type == ROPE_TYPES["linear"]:
+        inv_freq = [_div(f, s.factor) for f in inv_freq]
+    elif s.type == ROPE_TYPES["llama3"]:
+        low_wavelen = _div(float(orig), s.low_freq_factor)
+        high_wavelen = _div(float(orig), s.high_freq_factor)
+        for i, f in enumerate(inv_freq):
+            wavelen = _div(2.0 * math.pi, f)
+            if wavelen < high_wavelen:
+                continue
+            if wavelen > low_wavelen:
+                inv_freq[i] = _div(f, s.factor)
+            else:
+                smooth = _div(_div(float(orig), wavelen) - s.low_freq_factor, s.high_freq_factor - s.low_freq_factor)
+                inv_freq[i] = _div((1.0 - smooth) * f, s.factor) + smooth * f
+    elif s.type == ROPE_TYPES["yarn"]:
+        beta_fast = s.beta_fast if s.beta_fast > 0 else 32.0
+        beta_slow = s.beta_slow if s.beta_slow > 0 else 1.0
+
+        def correction_dim(rotations: float) -> float:
+            return _div(dim * _log(_div(float(orig), rotations * 2.0 * math.pi)), 2.0 * _log(base))
+
+        low, high = _floor(correction_dim(beta_fast)), _ceil(correction_dim(beta_slow))
+        if low < 0:
+            low = 0.0
+        if high > dim - 1:
+            high = float(dim - 1)
+        if low == high:
+            high += 0.001
+        for i, f in enumerate(inv_freq):
+            ramp = _div(float(i) - low, high - low)
+            ramp = 0.0 if ramp < 0 else (1.0 if ramp > 1 else ramp)
+            inv_freq[i] = _div(f, s.factor) * ramp + f * (1.0 - ramp)
+        if s.attention_factor > 0:
+            attention_factor = s.attention_factor
+        elif s.mscale != 0 and s.mscale_all_dim != 0:
+            attention_factor = _div(yarn_get_mscale(s.factor, s.mscale), yarn_get_mscale(s.factor, s.mscale_all_dim))
+        else:
+            attention_factor = yarn_get_mscale(s.factor, 1.0)
+    return inv_freq, attention_factor
+
+
+def softmax_scale(c: CConfig) -> float:
+    """runtime/config.c sneppx_config_softmax_scale."""
+    if c.kv_lora_rank > 0:
+        scale = 1.0 / math.sqrt(float(c.qk_nope_head_dim + c.qk_rope_head_dim))
+        s = c.rope_scaling
+        if s.type == ROPE_TYPES["yarn"] and s.mscale_all_dim != 0:
+            mscale = yarn_get_mscale(s.factor, s.mscale_all_dim)
+            scale *= mscale * mscale
+        return scale
+    return 1.0 / math.sqrt(float(head_dim_of(c)))
+
+
+def describe_config(c: CConfig) -> Dict[str, Any]:
+    """The config as a flat dict of the C struct's fields (tests compare it with the library's)."""
+    out = {k: v for k, v in vars(c).items() if k != "rope_scaling"}
+    out.update({f"rope_scaling.{k}": v for k, v in vars(c.rope_scaling).items()})
+    return out

@@ -1,0 +1,261 @@
+"""`sneppx-gen --config FILE` refuses exactly the config.json files the runtime refuses
+(sneppx_config_from_json + sneppx_config_validate), with the runtime's message.
+
+- The command line: each file below used to be accepted by sneppx-gen (and turned
+  into a layer that computed NaN, ran plain RoPE, did not compile, or failed every
+  forward) or crashed it; now it exits 1 with one line on stderr naming the file
+  and the field, writes nothing, and never hangs (a FIFO) or prints a traceback.
+- In process, a corpus of accepted and refused files: gen's reader
+  (gen/sneppx_gen/config_json.py) and the library (LLMConfig.from_config_json)
+  agree on accept / refuse, on the message, and on every field of an accepted config.
+"""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sneppx
+from sneppx import _structs as S
+
+REPO = Path(__file__).resolve().parents[2]
+SNEPPX_GEN = REPO / "gen" / "sneppx-gen"
+sys.path.insert(0, str(REPO / "gen"))
+from sneppx_gen import config_json  # noqa: E402
+
+BASE = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+        "model_type": "llama"}
+
+
+def _text(**fields) -> str:
+    return json.dumps(dict(BASE, **fields))
+
+
+# name -> (file text, the field the message names)
+REFUSED_BY_CLI = {
+    "linear-factor-0": (_text(rope_scaling={"rope_type": "linear", "factor": 0}), "config.rope_scaling.factor: 0"),
+    "rope-theta-negative": (_text(rope_theta=-5), "config.rope_theta: -5"),
+    "llama3-factor-only": (_text(rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+                           "rope_scaling.low_freq_factor: missing"),
+    "rope-theta-1e400": (_text(rope_theta=1.0).replace("1.0", "1e400"), "rope_theta: expected a finite number"),
+    "original-max-1e30": (_text(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                              "high_freq_factor": 4.0, "original_max_position_embeddings": 1e30}),
+                          "rope_scaling.original_max_position_embeddings: expected an integer"),
+    "max-positions-0": (_text(max_position_embeddings=0), "config.max_position_embeddings: 0 is outside"),
+    "model-type-gpt2": (_text(model_type="gpt2"), "model_type: 'gpt2' is not supported"),
+    "duplicate-key": (_text()[:-1] + ', "num_attention_heads": 8}', "num_attention_heads: appears 2 times"),
+    "unknown-rope-key": (_text(rope_scaling={"rope_type": "linear", "factor": 2.0, "scale": 2.0}),
+                         "rope_scaling.scale: unknown key"),
+    "nested-100000": ('{"model_type": "llama", "x": ' + "[" * 100000 + "]" * 100000 + "}", "not valid JSON"),
+}
+
+
+def _run_gen(config: Path, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SNEPPX_GEN), "--config", str(config), "-o", str(out)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _library_message(path: Path) -> str:
+    with pytest.raises(Exception) as error:
+        sneppx.LLMConfig.from_config_json(path)
+    return str(error.value)
+
+
+@pytest.mark.parametrize("name", list(REFUSED_BY_CLI))
+def test_cli_refuses_what_the_runtime_refuses(name, tmp_path):
+    text, field = REFUSED_BY_CLI[name]
+    config = tmp_path / "config.json"
+    config.write_text(text)
+    result = _run_gen(config, tmp_path / "out")
+    assert result.returncode == 1, result
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"sneppx-gen: {config}: {field}"), result.stderr
+    assert not (tmp_path / "out").exists()
+    # The runtime says the same (its nesting message gives a byte offset instead).
+    message = _library_message(config)
+    if name == "nested-100000":
+        assert message.startswith(f"{config}: not valid JSON")
+    else:
+        assert lines[0] == f"sneppx-gen: {message}"
+
+
+def test_cli_refuses_a_fifo(tmp_path):
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    result = _run_gen(fifo, tmp_path / "out")      # used to block in open() forever
+    assert result.returncode == 1
+    assert result.stderr == f"sneppx-gen: {fifo}: not a regular file\n"
+
+
+def test_cli_accepts_the_base_config(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(_text())
+    result = _run_gen(config, tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "manifest.json").exists()
+
+
+# ---- gen's reader against the library's, in process ----------------------------------------
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+DEEPSEEK = {"model_type": "deepseek_v2", "hidden_size": 64, "num_attention_heads": 4, "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16, "q_lora_rank": 0,
+            "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 64,
+                             "mscale": 0.707, "mscale_all_dim": 0.707}}
+
+
+def _nested(depth: int) -> str:
+    return _text()[:-1] + ', "x": ' + "[" * depth + "]" * depth + "}"
+
+
+CORPUS = {
+    "base": _text(),
+    "nulls-are-absent": _text(num_key_value_heads=None, rope_scaling=None, head_dim=None),
+    "defaults": json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}),
+    "mistral-window": _text(model_type="mistral", sliding_window=8),
+    "mistral-window-negative": _text(model_type="mistral", sliding_window=-1),
+    "qwen2": _text(model_type="qwen2", use_sliding_window=False),
+    "qwen2-windows": _text(model_type="qwen2", use_sliding_window=True),
+    "attention-bias": _text(attention_bias=True),
+    "attention-bias-int": _text(attention_bias=1),
+    "deepseek": json.dumps(DEEPSEEK),
+    "deepseek-no-kv-lora": json.dumps({k: v for k, v in DEEPSEEK.items() if k != "kv_lora_rank"}),
+    "deepseek-kv-lora-0": json.dumps(dict(DEEPSEEK, kv_lora_rank=0)),
+    "deepseek-window": json.dumps(dict(DEEPSEEK, model_type="mistral", sliding_window=4)),
+    "deepseek-mscale-huge": json.dumps(dict(DEEPSEEK, rope_scaling=dict(DEEPSEEK["rope_scaling"],
+                                                                         mscale_all_dim=-1e30))),
+    "theta-1": _text(rope_theta=1.0),
+    "theta-1.5": _text(rope_theta=1.5),
+    "theta-string": _text(rope_theta="10000"),
+    "theta-bool": _text(rope_theta=True),
+    "hidden-float": _text(hidden_size=64.5),
+    "hidden-string": _text(hidden_size="64"),
+    "hidden-2^53+2": _text(hidden_size=2 ** 53 + 2),
+    "head-dim-huge-int": _text()[:-1] + ', "head_dim": 1' + "0" * 400 + "}",
+    "heads-missing": json.dumps({"model_type": "llama", "hidden_size": 64}),
+    "kv-heads-3": _text(num_key_value_heads=3),
+    "kv-heads-0": _text(num_key_value_heads=0),
+    "head-dim-18": _text(head_dim=18),
+    "head-dim-272": _text(head_dim=272, hidden_size=64),
+    "head-dim-odd-hidden": _text(hidden_size=72),
+    "partial-0.5": _text(partial_rotary_factor=0.5),
+    "partial-0": _text(partial_rotary_factor=0),
+    "partial-1.5": _text(partial_rotary_factor=1.5),
+    "partial-0.01": _text(partial_rotary_factor=0.01),
+    "rope-array": _text(rope_scaling=[1]),
+    "rope-type-alias": _text(rope_scaling={"type": "linear", "factor": 2.0}),
+    "rope-type-disagree": _text(rope_scaling={"type": "linear", "rope_type": "dynamic", "factor": 2.0}),
+    "rope-type-missing": _text(rope_scaling={"factor": 2.0}),
+    "rope-type-number": _text(rope_scaling={"rope_type": 3, "factor": 2.0}),
+    "rope-default": _text(rope_scaling={"rope_type": "default"}),
+    "rope-longrope": _text(rope_scaling={"rope_type": "longrope", "factor": 2.0}),
+    "dynamic": _text(rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+    "linear-negative-original": _text(rope_scaling={"rope_type": "linear", "factor": 2.0,
+                                                    "original_max_position_embeddings": -5}),
+    "linear-factor-inf": _text(rope_scaling={"rope_type": "linear", "factor": 1.0}).replace("1.0", "1e999"),
+    "llama3": _text(rope_scaling=LLAMA3),
+    "llama3-low-above-high": _text(rope_scaling=dict(LLAMA3, low_freq_factor=5.0)),
+    "llama3-negative-original": _text(rope_scaling=dict(LLAMA3, original_max_position_embeddings=-1)),
+    "llama3-tiny-factor": _text(rope_scaling=dict(LLAMA3, factor=1e-320)),
+    "yarn-defaults": _text(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+    "yarn-truncate-false": _text(rope_scaling={"rope_type": "yarn", "factor": 4.0, "truncate": False}),
+    "yarn-truncate-null": _text(rope_scaling={"rope_type": "yarn", "factor": 4.0, "truncate": None}),
+    "yarn-truncate-true": _text(rope_scaling={"rope_type": "yarn", "factor": 4.0, "truncate": True}),
+    "yarn-factor-huge": _text(rope_scaling={"rope_type": "yarn", "factor": 1e308}),
+    "yarn-attention-factor": _text(rope_scaling={"rope_type": "yarn", "factor": 4.0, "attention_factor": 0.5}),
+    "yarn-mscale-zero-ratio": _text(rope_scaling={"rope_type": "yarn", "factor": 4.0, "mscale": 1.0,
+                                                  "mscale_all_dim": -7.213475204444817}),
+    "duplicate-in-rope": _text()[:-1] + ', "rope_scaling": {"rope_type": "linear", "factor": 2, "factor": 3}}',
+    "duplicate-ignored-key": _text()[:-1] + ', "vocab_size": 1, "vocab_size": 2}',
+    "nul-in-key": _text()[:-1] + ', "hidden_size\\u0000x": 64}',
+    "nul-in-model-type": _text(model_type="llama\u0000x"),
+    "model-type-null": _text(model_type=None),
+    "model-type-long": _text(model_type="\u00e9" * 40),
+    "nan-literal": _text()[:-1] + ', "rope_theta": NaN}',
+    "trailing-bytes": _text() + " x",
+    "trailing-space": _text() + " \n",
+    "top-level-array": "[" + _text() + "]",
+    "empty": "",
+    # cJSON's lexicon: numbers as strtod reads them, bytes <= 0x20 as whitespace, a BOM,
+    # raw control characters in strings; half a surrogate pair is an error.
+    "number-01": _text()[:-1] + ', "head_dim": 016}',
+    "number-1.": _text()[:-1] + ', "rope_theta": 10000.}',
+    "number-1.e4": _text()[:-1] + ', "rope_theta": 1.e4}',
+    "number--.5": _text()[:-1] + ', "x": -.5}',
+    "number-.5": _text()[:-1] + ', "x": .5}',
+    "number-+1": _text()[:-1] + ', "x": +1}',
+    "number-1e": _text()[:-1] + ', "x": 1e}',
+    "number-minus": _text()[:-1] + ', "x": -}',
+    "surrogate-pair": _text()[:-1] + ', "x": "\\ud83d\\ude00"}',
+    "surrogate-high-alone": _text()[:-1] + ', "x": "\\ud83d"}',
+    "surrogate-low-alone": _text()[:-1] + ', "x": "a\\ude00"}',
+    "surrogate-high-then-other": _text()[:-1] + ', "x": "\\ud83d\\u0041"}',
+    "escaped-backslash-u": _text()[:-1] + ', "x": "\\\\ud83d"}',
+    "control-in-string": _text()[:-1] + ', "x": "a\tb\x01"}',
+    "invalid-utf8": _text()[:-1].encode() + b', "x": "\xff\xfe"}',
+    "control-before": "\x01\x0b " + _text(),
+    "control-between": _text().replace(", ", ",\x1f", 1),
+    "control-after": _text() + "\x01",
+    "nul-after": _text() + "\x00",
+    "bom": "\ufeff" + _text(),
+    "nested-999": _nested(999),
+    "nested-1000": _nested(999)[:-1] + "}",    # the object itself is level 1
+    "nested-1001": _nested(1000),
+}
+
+
+def _library_config(path: Path):
+    try:
+        return sneppx.LLMConfig.from_config_json(path)._config, None
+    except (sneppx.Error, ValueError, NotImplementedError, OSError) as error:
+        return None, str(error)
+
+
+def _fields(config: S.Config) -> dict:
+    out = {name: getattr(config, name) for name, _ in S.Config._fields_
+           if name not in ("name", "rope_scaling", "mla_naive")}
+    out.update({f"rope_scaling.{name}": getattr(config.rope_scaling, name) for name, _ in S.RopeScaling._fields_})
+    return out
+
+
+@pytest.mark.parametrize("name", list(CORPUS))
+def test_reader_agrees_with_the_runtime(name, tmp_path):
+    path = tmp_path / "config.json"
+    text = CORPUS[name]
+    path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
+    want, want_error = _library_config(path)
+    try:
+        _, got = config_json.read_file(str(path))
+        got_error = None
+    except config_json.ConfigError as error:
+        got, got_error = None, str(error)
+    if want_error is not None:
+        assert got_error is not None, f"the runtime refuses ({want_error}); gen accepts"
+        if "not valid JSON" in want_error:     # the byte offsets are cJSON's and json's
+            assert got_error.startswith(f"{path}: not valid JSON"), got_error
+        else:
+            assert got_error == want_error
+        return
+    assert got_error is None, f"the runtime accepts; gen refuses: {got_error}"
+    assert config_json.describe_config(got) == _fields(want)
+
+
+def test_hand_form_is_read_with_the_same_rules(tmp_path):
+    """A file without model_type is sneppx's hand form (LLMConfig's keywords): same checks."""
+    path = tmp_path / "hand.json"
+    path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "rope_theta": -5}))
+    with pytest.raises(config_json.ConfigError, match=r"hand\.json: config\.rope_theta: -5 must be"):
+        config_json.read_file(str(path))
+    path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "qkv_bias": 1}))
+    with pytest.raises(config_json.ConfigError, match=r"qkv_bias: expected true or false, got 1"):
+        config_json.read_file(str(path))
+    path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "bias": False, "o_bias": True}))
+    _, config = config_json.read_file(str(path))
+    want = sneppx.LLMConfig(hidden_size=64, num_attention_heads=4, bias=False, o_bias=True)._config
+    assert config_json.describe_config(config) == _fields(want)
+    assert ctypes.sizeof(want) > 0
