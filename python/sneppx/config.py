@@ -2,6 +2,7 @@
 import copy
 import ctypes
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -14,7 +15,7 @@ from ._arrays import attention_mask_array, hidden_states_array, position_ids_arr
 from ._layer import Layer
 from ._library import lib
 from ._weights import CheckpointWeights, StateDictWeights, SyntheticWeights, expected_tensors
-from .errors import check
+from .errors import FileError, check
 
 
 def _size(name: str, value: Any, default: int = 0, c_type: str = "int64") -> int:
@@ -200,9 +201,7 @@ class LLMConfig:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        with open(path, "rb") as stream:
-            # One byte past the C reader's bound, so it reports an oversized file.
-            text = stream.read(_CONFIG_JSON_MAX_BYTES + 1)
+        text = _read_regular_file(path, _CONFIG_JSON_MAX_BYTES + 1)
         config = S.Config()
         check(lib.sneppx_config_from_json(text, len(text), ctypes.byref(config)), str(path),
               ("config.json: ", "json_text: "))
@@ -460,6 +459,23 @@ class LLMConfig:
 
 # CONFIG_JSON_MAX_BYTES of runtime/config_json.c.
 _CONFIG_JSON_MAX_BYTES = 16 << 20
+
+
+def _read_regular_file(path: Path, limit: int) -> bytes:
+    """At most limit bytes of path (one past the C reader's bound, so it reports an
+    oversized file). Opened without blocking and refused unless a regular file: a FIFO
+    or a device would block the read forever or never end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FileError(f"{path}: not a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as stream:
+            fd = -1
+            return stream.read(limit)
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _c_text(text: str) -> bytes:

@@ -2,7 +2,9 @@
 sneppx subclass of the C status) with a message naming the argument and, for
 shapes, the expected shape. Nothing crashes; a failed call changes nothing."""
 import json
+import os
 import re
+import signal
 
 import numpy as np
 import pytest
@@ -93,6 +95,16 @@ def test_bad_config_json(tmp_path):
         sneppx.LLMConfig.from_config_json(path)
     with pytest.raises(FileNotFoundError):
         sneppx.LLMConfig.from_config_json(tmp_path / "absent.json")
+    # A FIFO (or a device) would block the read forever: refused before reading.
+    fifo = tmp_path / "fifo" / "config.json"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    signal.alarm(20)
+    try:
+        with pytest.raises(sneppx.FileError, match=f"^{re.escape(str(fifo))}: not a regular file"):
+            sneppx.LLMConfig.from_config_json(fifo.parent)
+    finally:
+        signal.alarm(0)
 
 
 @pytest.mark.parametrize("value, error, pattern", [
