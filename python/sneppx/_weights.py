@@ -57,7 +57,10 @@ def _as_float32(full_name: str, value: Any, shape: Tuple[int, ...]) -> np.ndarra
     if array.shape != shape:
         raise ValueError(f"state_dict: tensor '{full_name}' has shape {list(array.shape)}, "
                          f"expected {list(shape)}")
-    return np.ascontiguousarray(array, dtype=np.float32)
+    # A copy even when the caller's array is float32 already: it is kept to repack the
+    # weights (extend_context, mla_naive), and a caller reusing the array for the next
+    # layer's tensors must not change this layer's.
+    return np.array(array, dtype=np.float32, order="C", copy=True)
 
 
 class StateDictWeights:

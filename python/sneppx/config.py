@@ -396,8 +396,9 @@ class LLMConfig:
         DeepSeek: "q_a_proj.weight", "kv_a_proj_with_mqa.weight", ...), with or without a
         prefix ending in "self_attn." (e.g. "model.layers.0.self_attn.").
 
-        Values are any float array-likes of exactly the expected shape, converted once to
-        contiguous float32 and kept (so extend_context() / mla_naive can repack them).
+        Values are any float array-likes of exactly the expected shape, copied once to
+        contiguous float32 and kept (so extend_context() / mla_naive can repack them;
+        changing the caller's arrays afterwards changes nothing here, as in torch).
         Missing, extra or mis-shaped tensors raise ValueError, a non-float dtype TypeError,
         each naming the tensor."""
         source = StateDictWeights(self._config, state_dict)

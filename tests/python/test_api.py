@@ -99,6 +99,23 @@ def test_state_dict_prefixes_dtypes_and_layouts(rng):
     np.testing.assert_array_equal(cfg.forward_mha(wide[:, :, ::2]), cfg.forward_mha(wide[:, :, ::2].copy()))
 
 
+def test_state_dict_arrays_are_copied(rng):
+    """A caller reusing its arrays (the next layer's tensors into the same buffers) does
+    not change a loaded config, also when it repacks them (extend_context)."""
+    cfg = sneppx.LLMConfig(**SMALL["llama3-gqa"])
+    state = {name: value.astype(np.float32) for name, value in random_state_dict(cfg, rng).items()}
+    cfg.load_state_dict(state)
+    twin = sneppx.LLMConfig(**SMALL["llama3-gqa"])
+    twin.load_state_dict({name: value.copy() for name, value in state.items()})
+    for value in state.values():
+        value[...] = 0.0
+    x = rng.standard_normal((1, 5, cfg.hidden_size)).astype(np.float32)
+    cfg.extend_context(2 * cfg.max_position_embeddings)
+    twin.extend_context(2 * twin.max_position_embeddings)
+    np.testing.assert_array_equal(cfg.forward_mha(x), twin.forward_mha(x))
+    assert np.abs(twin.forward_mha(x)).max() > 0
+
+
 def test_synthetic_weights_follow_the_documented_formula(rng):
     """weights_source 'synthetic(seed=0x5eed5eed)' is reproducible from include/sneppx/layer.h."""
     cfg = sneppx.LLMConfig(**SMALL["llama3-gqa"])
