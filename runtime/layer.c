@@ -301,13 +301,15 @@ sneppx_status sneppx_layer_kernel_timing(const sneppx_layer *layer, int index, s
     return SNEPPX_OK;
 }
 
-/* Query/key pairs a causal mask with window (0 = none) keeps in one sequence. */
+/* Query/key pairs a causal mask with window (0 = none) keeps in one sequence:
+ * row i sees min(i + 1, window) keys, so the rows up to the window sum to
+ * w(w+1)/2 and each later row adds w. Closed form, so any int64 seq_len
+ * returns at once; exact (one rounding to double) through unsigned __int128. */
 static double visible_pairs(int64_t seq_len, int64_t window)
 {
-    double pairs = 0;
-    for (int64_t i = 0; i < seq_len; i++)
-        pairs += (double)(window > 0 && i + 1 > window ? window : i + 1);
-    return pairs;
+    const unsigned __int128 n = (unsigned __int128)seq_len;
+    const unsigned __int128 w = window > 0 && window < seq_len ? (unsigned __int128)window : n;
+    return (double)(w * (w + 1) / 2 + (n - w) * w);
 }
 
 double sneppx_layer_flops(const sneppx_layer *layer, int64_t batch, int64_t seq_len)
