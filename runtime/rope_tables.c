@@ -1,5 +1,7 @@
 /* cos/sin tables of RoPE: computed once per position in double precision,
- * cached per layer, and gathered per token for each call (shared by all heads). */
+ * cached per layer up to sneppx_rope_cache_limit() (layer_internal.h), and
+ * gathered per token for each call (shared by all heads); a position past the
+ * cache is computed for its token alone, with the same formula. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,16 +22,26 @@ static void fill_rows(const double *inv_freq, int64_t half, double factor, int64
     }
 }
 
-/* Grows the per-position cache to cover [0, positions); caller holds layer->lock. */
+int64_t sneppx_rope_cache_limit(const sneppx_layer *layer)
+{
+    const int64_t half = layer->rotary_dim / 2;
+    int64_t limit = SNEPPX_ROPE_CACHE_BYTES / (2 * (int64_t)sizeof(float) * half);
+    if (limit > layer->config.max_position_embeddings)
+        limit = layer->config.max_position_embeddings;
+    return limit;
+}
+
+/* Grows the per-position cache to cover [0, positions), positions at most
+ * sneppx_rope_cache_limit(); caller holds layer->lock. */
 static sneppx_status grow_cache(sneppx_layer *layer, int64_t positions)
 {
     const int64_t half = layer->rotary_dim / 2;
+    const int64_t limit = sneppx_rope_cache_limit(layer);
     int64_t capacity = layer->cached_positions > 0 ? layer->cached_positions : 256;
     while (capacity < positions)
         capacity *= 2;
-    if (capacity > layer->config.max_position_embeddings)
-        capacity = positions > layer->config.max_position_embeddings ? positions
-                                                                     : layer->config.max_position_embeddings;
+    if (capacity > limit)
+        capacity = limit;
     float *cos_cache = realloc(layer->cos_cache, sizeof(float) * (size_t)(capacity * half));
     if (!cos_cache)
         return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "position_ids: no memory for RoPE tables");
@@ -73,13 +85,26 @@ sneppx_status sneppx_rope_tables(sneppx_layer *layer, int64_t tokens, int64_t se
     }
     pthread_mutex_lock(&layer->lock);
     sneppx_status status = SNEPPX_OK;
-    if (max_position + 1 > layer->cached_positions)
-        status = grow_cache(layer, max_position + 1);
+    const int64_t limit = sneppx_rope_cache_limit(layer);
+    const int64_t wanted = max_position + 1 < limit ? max_position + 1 : limit;
+    if (wanted > layer->cached_positions)
+        status = grow_cache(layer, wanted);
     if (status == SNEPPX_OK) {
+        /* Rows past the cache (only when max_position is) are computed here, on all threads. */
+        const int64_t cached = layer->cached_positions;
+        const float *cos_cache = layer->cos_cache, *sin_cache = layer->sin_cache;
+        const double *inv_freq = layer->inv_freq;
+        const double factor = layer->attention_factor;
+#pragma omp parallel for schedule(static) if (max_position >= cached)
         for (int64_t token = 0; token < tokens; token++) {
             const int64_t position = positions ? positions[token] : token % seq_len;
-            memcpy(cos_out + token * half, layer->cos_cache + position * half, sizeof(float) * (size_t)half);
-            memcpy(sin_out + token * half, layer->sin_cache + position * half, sizeof(float) * (size_t)half);
+            if (position < cached) {
+                memcpy(cos_out + token * half, cos_cache + position * half, sizeof(float) * (size_t)half);
+                memcpy(sin_out + token * half, sin_cache + position * half, sizeof(float) * (size_t)half);
+            } else {
+                fill_rows(inv_freq, half, factor, position, position + 1, cos_out + token * half,
+                          sin_out + token * half);
+            }
         }
     }
     pthread_mutex_unlock(&layer->lock);

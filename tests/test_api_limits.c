@@ -4,6 +4,9 @@
  *
  *   flops        sneppx_layer_flops(layer, 1, INT64_MAX) returns at once, and
  *                for valid sizes equals the per-row count it replaced
+ *   rope         one token at a far position (max_position_embeddings 2^40)
+ *                gets its cos/sin row without a table of every earlier
+ *                position, bitwise equal to the cached rows' formula
  */
 #include <math.h>
 #include <stdio.h>
@@ -11,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "layer_internal.h"
 #include "sneppx/sneppx.h"
 #include "test_util.h"
 
@@ -90,8 +94,75 @@ static void test_flops(void)
     }
 }
 
+/* ---- rope ------------------------------------------------------------------------- */
+
+/* One far token: its row equals cos/sin(position * inv_freq) * factor computed
+ * in double and rounded once, as every cached row is; the cache stays bounded. */
+static void test_rope_far_positions(void)
+{
+    sneppx_config config;
+    small_config(&config, 0, (int64_t)1 << 40);
+    sneppx_layer *layer = make_layer(&config);
+    if (!layer)
+        return;
+    double inv_freq[8], factor = 0;
+    if (!TEST_CHECK(&tally, sneppx_config_rope_frequencies(&config, 1, inv_freq, 8, &factor) == SNEPPX_OK, "%s",
+                    sneppx_last_error()))
+        goto done;
+    const int64_t limit = sneppx_rope_cache_limit(layer);
+    TEST_CHECK(&tally, limit > 0 && limit * 2 * 8 * (int64_t)sizeof(float) <= SNEPPX_ROPE_CACHE_BYTES,
+               "cache limit %lld positions of 8 pairs exceeds %lld bytes", (long long)limit,
+               (long long)SNEPPX_ROPE_CACHE_BYTES);
+    /* Cached and direct rows in one call, in both orders, and far past the cache. */
+    const int64_t positions[] = {0,         5,         limit - 1,           limit,        limit + 1,
+                                 1 << 24,   3,         (int64_t)1 << 28,    ((int64_t)1 << 40) - 1,
+                                 limit - 2, 123456789, ((int64_t)1 << 40) - 2};
+    enum { COUNT = sizeof positions / sizeof positions[0] };
+    float cos_rows[COUNT * 8], sin_rows[COUNT * 8];
+    /* One far token alone first: before the bound this filled 2^40 positions. */
+    const double start = now_seconds();
+    sneppx_status status = sneppx_rope_tables(layer, 1, 1, &positions[8], positions[8], cos_rows, sin_rows);
+    double seconds = now_seconds() - start;
+    TEST_CHECK(&tally, status == SNEPPX_OK && seconds < 0.5, "one token at 2^40 - 1: %s (%s), %.3f s",
+               sneppx_status_name(status), sneppx_last_error(), seconds);
+    status = sneppx_rope_tables(layer, COUNT, COUNT, positions, ((int64_t)1 << 40) - 1, cos_rows, sin_rows);
+    TEST_CHECK(&tally, status == SNEPPX_OK, "mixed positions: %s", sneppx_last_error());
+    TEST_CHECK(&tally, layer->cached_positions <= limit, "cache grew to %lld positions, limit %lld",
+               (long long)layer->cached_positions, (long long)limit);
+    int mismatches = 0;
+    for (int t = 0; t < COUNT; t++)
+        for (int i = 0; i < 8; i++) {
+            const double angle = (double)positions[t] * inv_freq[i];
+            const float want_cos = (float)(cos(angle) * factor), want_sin = (float)(sin(angle) * factor);
+            if (memcmp(&cos_rows[t * 8 + i], &want_cos, sizeof(float)) != 0 ||
+                memcmp(&sin_rows[t * 8 + i], &want_sin, sizeof(float)) != 0) {
+                if (mismatches++ < 4)
+                    printf("  position %lld pair %d: cos %.9g sin %.9g, want %.9g %.9g\n", (long long)positions[t],
+                           i, cos_rows[t * 8 + i], sin_rows[t * 8 + i], want_cos, want_sin);
+            }
+        }
+    TEST_CHECK(&tally, mismatches == 0, "%d cos/sin values differ from the double-precision formula", mismatches);
+
+    /* Through the public forward: one token at the last legal position, at once. */
+    float hidden[64], out[64];
+    for (int i = 0; i < 64; i++)
+        hidden[i] = (float)(i % 7) * 0.1f - 0.3f;
+    const int64_t far = ((int64_t)1 << 40) - 1;
+    double begin = now_seconds();
+    status = sneppx_layer_forward(layer, 1, 1, hidden, NULL, NULL, &far, out);
+    seconds = now_seconds() - begin;
+    int finite = 1;
+    for (int i = 0; i < 64; i++)
+        finite &= isfinite(out[i]) != 0;
+    TEST_CHECK(&tally, status == SNEPPX_OK && finite && seconds < 0.5, "forward at position 2^40 - 1: %s (%s), %.3f s",
+               sneppx_status_name(status), sneppx_last_error(), seconds);
+done:
+    sneppx_layer_destroy(layer);
+}
+
 int main(void)
 {
     test_flops();
+    test_rope_far_positions();
     return test_finish(&tally);
 }
