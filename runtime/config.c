@@ -190,8 +190,8 @@ sneppx_status sneppx_config_validate(const sneppx_config *config)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
     CHECK_RANGE(hidden_size, 1, SNEPPX_MAX_DIM);
     CHECK_RANGE(num_attention_heads, 1, 4096);
-    CHECK_RANGE(max_position_embeddings, 1, (int64_t)1 << 40);
-    CHECK_RANGE(sliding_window, 0, (int64_t)1 << 40);
+    CHECK_RANGE(max_position_embeddings, 1, SNEPPX_MAX_POSITIONS);
+    CHECK_RANGE(sliding_window, 0, SNEPPX_MAX_POSITIONS);
     CHECK_RANGE(num_threads, 0, 1024);
     CHECK_RANGE(head_dim, 0, SNEPPX_MAX_HEAD_DIM);
     CHECK_RANGE(rotary_dim, 0, SNEPPX_MAX_HEAD_DIM);
@@ -247,10 +247,14 @@ sneppx_status sneppx_config_extend_context(sneppx_config *config, int64_t new_ma
     sneppx_status status = sneppx_config_validate(config);
     if (status != SNEPPX_OK)
         return status;
-    if (new_max_positions <= config->max_position_embeddings || new_max_positions > ((int64_t)1 << 40))
+    if (new_max_positions <= config->max_position_embeddings)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                            "new_max_positions: %lld must exceed max_position_embeddings %lld",
                            (long long)new_max_positions, (long long)config->max_position_embeddings);
+    if (new_max_positions > SNEPPX_MAX_POSITIONS)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "new_max_positions: %lld is above the largest max_position_embeddings, 2^40 = %lld",
+                           (long long)new_max_positions, (long long)SNEPPX_MAX_POSITIONS);
     const double dim = (double)sneppx_config_rotary_dim(config);
     const double ratio = (double)new_max_positions / (double)config->max_position_embeddings;
     sneppx_config extended = *config;

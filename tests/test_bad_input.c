@@ -150,10 +150,14 @@ static void test_sizes(test_tally *tally, sneppx_layer *layer, const float *hidd
     EXPECT_ERROR(tally, sneppx_layer_create(&config, NULL, &made), SNEPPX_ERR_INVALID_ARGUMENT, "config.num_threads");
     TEST_CHECK(tally, made == NULL, "no layer from an oversized config");
     small_config(&config);
+    /* Too large: the message gives the real bound (it used to say "must exceed 64"). */
     EXPECT_ERROR(tally, sneppx_config_extend_context(&config, INT64_MAX), SNEPPX_ERR_INVALID_ARGUMENT,
-                 "new_max_positions");
+                 "new_max_positions: 9223372036854775807 is above the largest max_position_embeddings, "
+                 "2^40 = 1099511627776");
+    EXPECT_ERROR(tally, sneppx_config_extend_context(&config, (int64_t)1 << 62), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "2^40");
     EXPECT_ERROR(tally, sneppx_config_extend_context(&config, MAX_POSITIONS), SNEPPX_ERR_INVALID_ARGUMENT,
-                 "new_max_positions");
+                 "new_max_positions: 64 must exceed max_position_embeddings 64");
     TEST_CHECK(tally, config.max_position_embeddings == MAX_POSITIONS && config.rope_theta == 10000.0,
                "a refused extend_context leaves the config as it was");
     double inv_freq[8], factor;

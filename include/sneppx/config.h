@@ -98,7 +98,8 @@ sneppx_status sneppx_config_validate(const sneppx_config *config);
 /* Static NTK-aware context extension: rope_theta' = rope_theta * (n/orig)^(d/(d-2))
  * with d the rotary dim and orig the current max_position_embeddings, which
  * becomes n. Composes with every RoPE type (they all build on rope_theta);
- * n must exceed orig. */
+ * n must exceed orig and be at most 2^40 (the largest max_position_embeddings
+ * sneppx_config_validate accepts). */
 sneppx_status sneppx_config_extend_context(sneppx_config *config, int64_t new_max_positions);
 
 /* Writes RoPE inverse frequencies (rotary_dim/2 values) and the cos/sin
