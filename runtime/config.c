@@ -184,10 +184,24 @@ static sneppx_status validate_rope(const sneppx_config *config, int64_t rotary_d
     return validate_rope_numbers(config, rotary_dim);
 }
 
+/* The int fields that are on/off switches: 0 or 1, nothing else (a 7 would
+ * act as 1 in one place and as a distinct key value in another). */
+#define CHECK_FLAG(field)                                                                                \
+    do {                                                                                                 \
+        if (config->field != 0 && config->field != 1)                                                    \
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config." #field ": %d must be 0 or 1",       \
+                               config->field);                                                           \
+    } while (0)
+
 sneppx_status sneppx_config_validate(const sneppx_config *config)
 {
     if (!config)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
+    CHECK_FLAG(rope_interleaved);
+    CHECK_FLAG(qkv_bias);
+    CHECK_FLAG(o_bias);
+    CHECK_FLAG(mla_naive);
+    CHECK_FLAG(use_flash_attn);
     CHECK_RANGE(hidden_size, 1, SNEPPX_MAX_DIM);
     CHECK_RANGE(num_attention_heads, 1, 4096);
     CHECK_RANGE(max_position_embeddings, 1, SNEPPX_MAX_POSITIONS);
@@ -218,6 +232,9 @@ sneppx_status sneppx_config_validate(const sneppx_config *config)
         return validate_rope(config, config->qk_rope_head_dim);
     }
 
+    if (config->mla_naive)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "config.mla_naive: applies to MLA configs (kv_lora_rank > 0) only");
     CHECK_RANGE(num_key_value_heads, 1, config->num_attention_heads);
     if (config->num_attention_heads % config->num_key_value_heads != 0)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,

@@ -269,12 +269,14 @@ sneppx_status sneppx_layer_set_flash(sneppx_layer *layer, int use_flash_attn)
     sneppx_clear_error();
     if (!layer)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer: must not be NULL");
+    if (use_flash_attn != 0 && use_flash_attn != 1)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "use_flash_attn: %d must be 0 or 1", use_flash_attn);
     const sneppx_kernel *attention;
-    sneppx_status status = sneppx_layer_attention_kernel(layer, use_flash_attn ? 1 : 0, 0, &attention);
+    sneppx_status status = sneppx_layer_attention_kernel(layer, use_flash_attn, 0, &attention);
     if (status != SNEPPX_OK)
         return status;
-    atomic_store(&layer->use_flash, use_flash_attn ? 1 : 0);
-    layer->config.use_flash_attn = use_flash_attn ? 1 : 0;
+    atomic_store(&layer->use_flash, use_flash_attn);
+    layer->config.use_flash_attn = use_flash_attn;
     return SNEPPX_OK;
 }
 

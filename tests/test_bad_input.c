@@ -93,6 +93,11 @@ static void test_null_pointers(test_tally *tally, sneppx_layer *layer, const flo
     EXPECT_FORWARD_ERROR(tally, layer, 1, SEQ, hidden, hidden, NULL, NULL, "mask_shape");
     EXPECT_ERROR(tally, sneppx_layer_warmup(NULL), SNEPPX_ERR_INVALID_ARGUMENT, "config");
     EXPECT_ERROR(tally, sneppx_layer_set_flash(NULL, 1), SNEPPX_ERR_INVALID_ARGUMENT, "layer");
+    EXPECT_ERROR(tally, sneppx_layer_set_flash(layer, 2), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "use_flash_attn: 2 must be 0 or 1");
+    EXPECT_ERROR(tally, sneppx_layer_set_flash(layer, -1), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "use_flash_attn: -1 must be 0 or 1");
+    TEST_CHECK(tally, sneppx_layer_config(layer)->use_flash_attn == 1, "a refused set_flash changed the layer");
     sneppx_kernel_timing timing;
     EXPECT_ERROR(tally, sneppx_layer_kernel_timing(NULL, 0, &timing), SNEPPX_ERR_INVALID_ARGUMENT, "layer");
     EXPECT_ERROR(tally, sneppx_layer_kernel_timing(layer, 0, NULL), SNEPPX_ERR_INVALID_ARGUMENT, "timing");
@@ -264,6 +269,30 @@ static void test_hand_configs(test_tally *tally)
     config.rope_scaling.type = SNEPPX_ROPE_LINEAR;
     config.rope_scaling.factor = INFINITY;
     expect_config_refused(tally, "rope factor inf", &config, SNEPPX_ERR_INVALID_ARGUMENT, "config.rope_scaling.factor");
+    /* Flags are 0 or 1; mla_naive only on an MLA config. */
+    small_config(&config);
+    config.use_flash_attn = 7;
+    expect_config_refused(tally, "use_flash_attn 7", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.use_flash_attn: 7 must be 0 or 1");
+    small_config(&config);
+    config.qkv_bias = -3;
+    expect_config_refused(tally, "qkv_bias -3", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.qkv_bias: -3 must be 0 or 1");
+    small_config(&config);
+    config.o_bias = 2;
+    expect_config_refused(tally, "o_bias 2", &config, SNEPPX_ERR_INVALID_ARGUMENT, "config.o_bias: 2 must be 0 or 1");
+    small_config(&config);
+    config.rope_interleaved = 5;
+    expect_config_refused(tally, "rope_interleaved 5", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.rope_interleaved: 5 must be 0 or 1");
+    small_config(&config);
+    config.mla_naive = 2;
+    expect_config_refused(tally, "mla_naive 2", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.mla_naive: 2 must be 0 or 1");
+    small_config(&config);
+    config.mla_naive = 1;
+    expect_config_refused(tally, "mla_naive on a non-MLA config", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.mla_naive: applies to MLA configs (kv_lora_rank > 0) only");
 }
 
 static void test_weights(test_tally *tally)

@@ -49,7 +49,7 @@ typedef struct sneppx_config {
     sneppx_rope_scaling rope_scaling;
     int64_t max_position_embeddings;
     int64_t sliding_window;         /* 0 = none; else W keys including the query itself */
-    int qkv_bias;                   /* q/k/v projections carry a bias */
+    int qkv_bias;                   /* 1 = q/k/v projections carry a bias (flags: 0 or 1) */
     int o_bias;                     /* o projection carries a bias */
     /* DeepSeek V2 multi-head latent attention; kv_lora_rank > 0 turns it on. */
     int64_t q_lora_rank;            /* 0 = plain q_proj */
@@ -57,7 +57,8 @@ typedef struct sneppx_config {
     int64_t qk_nope_head_dim;
     int64_t qk_rope_head_dim;
     int64_t v_head_dim;
-    int mla_naive;                  /* 1 = expand kv_b_proj to per-head K/V (verification) */
+    int mla_naive;                  /* 1 = expand kv_b_proj to per-head K/V (verification);
+                                       MLA configs only */
     /* Execution */
     int use_flash_attn;             /* 1 = flash (default), 0 = materialized SDPA */
     int num_threads;                /* 0 = OpenMP default */

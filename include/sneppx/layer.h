@@ -66,7 +66,8 @@ sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t s
  * config->num_threads threads, without weights: for deployments that warm the cache. */
 sneppx_status sneppx_layer_warmup(const sneppx_config *config);
 
-/* Switches flash (1) / SDPA (0) on an existing layer (resolves the kernel). */
+/* Switches flash (1) / SDPA (0) on an existing layer (resolves the kernel);
+ * any other value is SNEPPX_ERR_INVALID_ARGUMENT. */
 sneppx_status sneppx_layer_set_flash(sneppx_layer *layer, int use_flash_attn);
 
 /* The config the layer was made from. */
