@@ -6,12 +6,15 @@
  * The text comes from outside (a downloaded checkpoint): every field read is
  * type-checked, and an error names the field. */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "error.h"
+#include "regular_file.h"
 #include "sneppx/config.h"
 
 /* Published config.json files are a few KiB; the bound keeps a hostile input
@@ -438,4 +441,81 @@ sneppx_status sneppx_config_from_json(const char *json_text, size_t length, snep
     if (status == SNEPPX_OK)
         *config = parsed;
     return status;
+}
+
+/* Reads at most CONFIG_JSON_MAX_BYTES + 1 bytes of a regular file (so an
+ * oversized one is reported as such by sneppx_config_from_json). A FIFO,
+ * device or socket is refused without waiting for a writer: opened with
+ * O_NONBLOCK and checked by fstat, as the safetensors reader does. */
+static char *read_config_file(const char *path, size_t *size, sneppx_status *status)
+{
+    struct stat st;
+    int not_regular;
+    int fd = sneppx_open_regular(path, &st, &not_regular);
+    if (fd < 0) {
+        *status = not_regular ? sneppx_fail(SNEPPX_ERR_IO, "%s: not a regular file", path)
+                              : sneppx_fail(SNEPPX_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    const size_t capacity = CONFIG_JSON_MAX_BYTES + 1;
+    char *text = malloc(capacity);
+    if (!text) {
+        close(fd);
+        *status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+        return NULL;
+    }
+    size_t got = 0;
+    while (got < capacity) {
+        ssize_t n = read(fd, text + got, capacity - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            *status = sneppx_fail(SNEPPX_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+            free(text);
+            close(fd);
+            return NULL;
+        }
+        if (n == 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fd);
+    *size = got;
+    return text;
+}
+
+sneppx_status sneppx_config_from_json_file(const char *path, sneppx_config *config)
+{
+    sneppx_clear_error();
+    if (!path)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "path: must not be NULL");
+    if (!config)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
+    /* A checkpoint directory means its config.json. */
+    char joined[4096];
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        if ((size_t)snprintf(joined, sizeof joined, "%s/config.json", path) >= sizeof joined)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "path: longer than %zu bytes", sizeof joined - 13);
+        path = joined;
+    }
+    size_t size = 0;
+    sneppx_status status = SNEPPX_OK;
+    char *text = read_config_file(path, &size, &status);
+    if (!text)
+        return status;
+    status = sneppx_config_from_json(text, size, config);
+    free(text);
+    if (status != SNEPPX_OK) {
+        /* Its messages name the input "config.json: " or "json_text: "; name the file instead. */
+        char message[1024];
+        const char *reason = sneppx_last_error();
+        if (strncmp(reason, "config.json: ", 13) == 0)
+            reason += 13;
+        else if (strncmp(reason, "json_text: ", 11) == 0)
+            reason += 11;
+        snprintf(message, sizeof message, "%s", reason);
+        return sneppx_fail(status, "%s: %s", path, message);
+    }
+    return SNEPPX_OK;
 }

@@ -1,7 +1,11 @@
 /* sneppx_config_from_json: the published config.json of every family gives
  * its preset, field for field (the files live in fuzz/corpus/config_json/,
  * where they also seed the fuzzer); each kind of bad file is refused with
- * the right status, a message naming the field, and the config untouched. */
+ * the right status, a message naming the field, and the config untouched.
+ * sneppx_config_from_json_file reads a file or a checkpoint directory's
+ * config.json and refuses what is no regular file (a FIFO at once, no hang). */
+#include "test_cache_common.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -257,11 +261,76 @@ static void test_semantics(test_tally *tally)
                (long long)config.sliding_window, sneppx_last_error());
 }
 
+/* sneppx_config_from_json_file: the same config as from the text; errors name
+ * the file; a FIFO is refused at once (the alarm turns a hang into a failure). */
+static void test_files(test_tally *tally)
+{
+    char dir[CACHE_TEST_DIR_MAX], path[CACHE_TEST_PATH_MAX];
+    if (!TEST_CHECK(tally, cache_test_make_dir(dir, sizeof dir, "config-json") == 0, "temporary directory"))
+        return;
+    const char *source = getenv("SNEPPX_SOURCE_DIR");
+    snprintf(path, sizeof path, "%s/fuzz/corpus/config_json/qwen2-7B.json", source ? source : ".");
+    size_t size = 0;
+    char *text = read_text(path, &size);
+    sneppx_config from_text, from_file, from_dir;
+    if (TEST_CHECK(tally, text && sneppx_config_from_json(text, size, &from_text) == SNEPPX_OK, "%s: %s", path,
+                   sneppx_last_error())) {
+        TEST_CHECK(tally, sneppx_config_from_json_file(path, &from_file) == SNEPPX_OK, "file %s: %s", path,
+                   sneppx_last_error());
+        expect_same_config(tally, "from_json_file", &from_file, &from_text);
+        char copy[CACHE_TEST_PATH_MAX];
+        snprintf(copy, sizeof copy, "%s/config.json", dir);
+        FILE *stream = fopen(copy, "wb");
+        if (stream) {
+            fwrite(text, 1, size, stream);
+            fclose(stream);
+        }
+        TEST_CHECK(tally, sneppx_config_from_json_file(dir, &from_dir) == SNEPPX_OK, "directory %s: %s", dir,
+                   sneppx_last_error());
+        expect_same_config(tally, "from_json_file(directory)", &from_dir, &from_text);
+        remove(copy);
+    }
+    free(text);
+
+    sneppx_config untouched_config;
+    memset(&untouched_config, SENTINEL, sizeof untouched_config);
+    snprintf(path, sizeof path, "%s/missing.json", dir);
+    sneppx_status status = sneppx_config_from_json_file(path, &untouched_config);
+    TEST_CHECK(tally, status == SNEPPX_ERR_IO && strstr(sneppx_last_error(), "missing.json: cannot open"),
+               "missing file: %s '%s'", sneppx_status_name(status), sneppx_last_error());
+    snprintf(path, sizeof path, "%s/bad.json", dir);
+    FILE *stream = fopen(path, "wb");
+    if (stream) {
+        fputs("{\"model_type\": \"gpt2\"}", stream);
+        fclose(stream);
+    }
+    status = sneppx_config_from_json_file(path, &untouched_config);
+    char want[CACHE_TEST_PATH_MAX + 64];
+    snprintf(want, sizeof want, "%s: model_type: 'gpt2' is not supported", path);
+    TEST_CHECK(tally, status == SNEPPX_ERR_UNSUPPORTED && strstr(sneppx_last_error(), want),
+               "unsupported file: %s '%s', want '%s'", sneppx_status_name(status), sneppx_last_error(), want);
+
+    snprintf(path, sizeof path, "%s/fifo.json", dir);
+    if (TEST_CHECK(tally, mkfifo(path, 0600) == 0, "mkfifo %s", path)) {
+        alarm(10); /* SIGALRM ends the test if the call waits for a writer */
+        status = sneppx_config_from_json_file(path, &untouched_config);
+        alarm(0);
+        TEST_CHECK(tally, status == SNEPPX_ERR_IO && strstr(sneppx_last_error(), "fifo.json: not a regular file"),
+                   "FIFO: %s '%s'", sneppx_status_name(status), sneppx_last_error());
+    }
+    TEST_CHECK(tally, untouched(&untouched_config), "a failed from_json_file wrote the config");
+    status = sneppx_config_from_json_file(NULL, &untouched_config);
+    TEST_CHECK(tally, status == SNEPPX_ERR_INVALID_ARGUMENT && strstr(sneppx_last_error(), "path"), "NULL path: %s",
+               sneppx_last_error());
+    cache_test_remove_tree(dir);
+}
+
 int main(void)
 {
     test_tally tally = {0};
     test_published(&tally);
     test_bad_files(&tally);
     test_semantics(&tally);
+    test_files(&tally);
     return test_finish(&tally);
 }

@@ -89,6 +89,12 @@ sneppx_status sneppx_config_from_name(const char *family, const char *size,
  * not run; config is written only on success. Thread-safe. */
 sneppx_status sneppx_config_from_json(const char *json_text, size_t length, sneppx_config *config);
 
+/* sneppx_config_from_json on the file at path (a directory: its config.json).
+ * Only a regular file is read: a FIFO, device or socket is SNEPPX_ERR_IO at
+ * once (opened non-blocking, as sneppx_safetensors_open does), as is a file
+ * that cannot be opened or read; errors name the file. Thread-safe. */
+sneppx_status sneppx_config_from_json_file(const char *path, sneppx_config *config);
+
 /* Number of presets and the CLI name of the i-th ("llama2-7B"). */
 int sneppx_preset_count(void);
 const char *sneppx_preset_name(int index);
