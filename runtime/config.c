@@ -10,11 +10,6 @@
 #include "config_internal.h"
 #include "sneppx/config.h"
 
-/* Largest size accepted for any one dimension: keeps every product of two
- * dimensions (and their byte counts) far from int64 overflow. */
-#define SNEPPX_MAX_DIM (1 << 20)
-#define SNEPPX_MAX_HEAD_DIM 256
-#define SNEPPX_MAX_LATENT_DIM 2048
 
 void sneppx_config_init(sneppx_config *config)
 {
@@ -203,7 +198,7 @@ sneppx_status sneppx_config_validate(const sneppx_config *config)
     CHECK_FLAG(mla_naive);
     CHECK_FLAG(use_flash_attn);
     CHECK_RANGE(hidden_size, 1, SNEPPX_MAX_DIM);
-    CHECK_RANGE(num_attention_heads, 1, 4096);
+    CHECK_RANGE(num_attention_heads, 1, SNEPPX_MAX_HEADS);
     CHECK_RANGE(max_position_embeddings, 1, SNEPPX_MAX_POSITIONS);
     CHECK_RANGE(sliding_window, 0, SNEPPX_MAX_POSITIONS);
     CHECK_RANGE(num_threads, 0, 1024);

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "config_internal.h"
 #include "disk_cache.h"
 #include "error.h"
 #include "fingerprint.h"
@@ -28,6 +29,59 @@ _Static_assert(SNEPPX_MAX_ENTRIES == sizeof(((sneppx_kernel *)0)->entry) / sizeo
 #define BUCKET_COUNT 256 /* chains, so the table never fills; a layer needs about ten keys */
 
 /* ---- key formatting ------------------------------------------------------- */
+
+/* Bounds from sneppx_config_validate and the shapes layer.c derives from a
+ * config: gemm k is hidden, q_lora, kv_lora, nope or heads*v_head_dim; n is
+ * at most q + 2 kv widths (3 x 2^20); attention head_dim reaches kv_lora +
+ * rope (absorbed MLA), v_head_dim kv_lora; group is heads / kv_heads. */
+const struct sneppx_key_field_range sneppx_key_field_ranges[] = {
+    {"gemm", "k", 1, SNEPPX_MAX_DIM, 1},
+    {"gemm", "n", 1, 3 * (int64_t)SNEPPX_MAX_DIM, 1},
+    {"gemm", "bias", 0, 1, 1},
+    {"rope", "rotary_dim", 2, SNEPPX_MAX_HEAD_DIM, 2},
+    {"rmsnorm", "n", 1, SNEPPX_MAX_DIM, 1},
+    {"attn_flash", "head_dim", 16, SNEPPX_MAX_LATENT_DIM + SNEPPX_MAX_HEAD_DIM, 16},
+    {"attn_flash", "v_head_dim", 16, SNEPPX_MAX_LATENT_DIM, 16},
+    {"attn_flash", "group", 1, SNEPPX_MAX_HEADS, 1},
+    {"attn_flash", "window", 0, SNEPPX_MAX_POSITIONS, 1},
+    {"attn_sdpa", "head_dim", 16, SNEPPX_MAX_LATENT_DIM + SNEPPX_MAX_HEAD_DIM, 16},
+    {"attn_sdpa", "v_head_dim", 16, SNEPPX_MAX_LATENT_DIM, 16},
+    {"attn_sdpa", "group", 1, SNEPPX_MAX_HEADS, 1},
+    {"attn_sdpa", "window", 0, SNEPPX_MAX_POSITIONS, 1},
+};
+const int sneppx_key_field_range_count = (int)(sizeof sneppx_key_field_ranges / sizeof sneppx_key_field_ranges[0]);
+
+static const struct sneppx_key_field_range *field_range(const char *family, const char *field)
+{
+    for (int i = 0; i < sneppx_key_field_range_count; i++)
+        if (strcmp(sneppx_key_field_ranges[i].family, family) == 0 &&
+            strcmp(sneppx_key_field_ranges[i].field, field) == 0)
+            return &sneppx_key_field_ranges[i];
+    return NULL;
+}
+
+sneppx_status sneppx_kernel_check_value(const struct sneppx_kernel_family *kind, int field, int64_t value)
+{
+    const char *name = kind->field_names[field];
+    if (kind->field_choices[field]) {
+        if (value < 0 || value >= kind->field_choice_count[field])
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "values[%d] (%s of %s) = %lld is out of range [0, %d)",
+                               field, name, kind->family, (long long)value, kind->field_choice_count[field]);
+        return SNEPPX_OK;
+    }
+    const struct sneppx_key_field_range *range = field_range(kind->family, name);
+    if (!range)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "values[%d] (%s of %s): no range is known for this field (runtime/kernel_cache.c)", field,
+                           name, kind->family);
+    if (value < range->min || value > range->max)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "values[%d] (%s of %s) = %lld is outside [%lld, %lld]", field,
+                           name, kind->family, (long long)value, (long long)range->min, (long long)range->max);
+    if (value % range->multiple != 0)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "values[%d] (%s of %s) = %lld is not a multiple of %lld",
+                           field, name, kind->family, (long long)value, (long long)range->multiple);
+    return SNEPPX_OK;
+}
 
 sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, int vector_width, char *key,
                                 size_t key_size)
@@ -47,21 +101,16 @@ sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, int v
 
     size_t length = (size_t)snprintf(key, key_size, "%s", family);
     for (int i = 0; i < kind->field_count && length < key_size; i++) {
-        int64_t value = values[i];
-        if (kind->field_choices[i]) {
-            if (value < 0 || value >= kind->field_choice_count[i])
-                return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                                   "values[%d] (%s of %s) = %lld is out of range [0, %d)", i,
-                                   kind->field_names[i], family, (long long)value, kind->field_choice_count[i]);
+        const int64_t value = values[i];
+        sneppx_status status = sneppx_kernel_check_value(kind, i, value);
+        if (status != SNEPPX_OK)
+            return status;
+        if (kind->field_choices[i])
             length += (size_t)snprintf(key + length, key_size - length, "-%s%s", kind->field_prefixes[i],
                                        kind->field_choices[i][value]);
-        } else {
-            if (value < 0)
-                return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "values[%d] (%s of %s) = %lld is negative", i,
-                                   kind->field_names[i], family, (long long)value);
+        else
             length += (size_t)snprintf(key + length, key_size - length, "-%s%lld", kind->field_prefixes[i],
                                        (long long)value);
-        }
     }
     if (length < key_size)
         length += (size_t)snprintf(key + length, key_size - length, "-v%d", vector_width);

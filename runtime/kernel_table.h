@@ -28,6 +28,25 @@ struct sneppx_embedded_bitcode {
     const char *sha256_hex;   /* of data; part of every cache fingerprint */
 };
 
+/* The values a numeric key field may take (runtime/kernel_cache.c): what a
+ * valid config can make the runtime ask for, so a key outside is a bug or
+ * hand-written (sneppx-ir) and is refused before any IR is built. The table
+ * is hand-written beside the generated one; a field it lacks is refused. */
+struct sneppx_key_field_range {
+    const char *family, *field;
+    int64_t min, max;
+    int64_t multiple;   /* the value is a multiple of it */
+};
+
+extern const struct sneppx_key_field_range sneppx_key_field_ranges[];
+extern const int sneppx_key_field_range_count;
+
+struct sneppx_kernel_family;
+/* OK if value is legal for field `field` of the family (a choice index, or
+ * within its range); else SNEPPX_ERR_INVALID_ARGUMENT naming the field.
+ * sneppx_kernel_key (so every resolve) and sneppx-ir check each value here. */
+sneppx_status sneppx_kernel_check_value(const struct sneppx_kernel_family *kind, int field, int64_t value);
+
 extern const struct sneppx_kernel_family sneppx_kernel_families[];
 extern const int sneppx_kernel_family_count;
 extern const struct sneppx_embedded_bitcode sneppx_embedded_bitcodes[];

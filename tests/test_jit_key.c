@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "jit.h"
 #include "kernels.h"
 #include "test_util.h"
 
@@ -61,6 +62,37 @@ static void test_errors(test_tally *tally)
     check_rejected(tally, "attn_flash", negative_dim, 16, SNEPPX_KEY_MAX, "head_dim");
     const int64_t bad_layout[] = {128, 2};
     check_rejected(tally, "rope", bad_layout, 16, SNEPPX_KEY_MAX, "interleaved");
+    /* Values a valid config never makes: refused naming the field, by resolve too. */
+    const int64_t zero_k[] = {0, 64, 0}, bias_7[] = {64, 64, 7}, huge_n[] = {64, 3 * (1 << 20) + 1, 0};
+    check_rejected(tally, "gemm", zero_k, 16, SNEPPX_KEY_MAX, "(k of gemm) = 0 is outside [1, 1048576]");
+    check_rejected(tally, "gemm", bias_7, 16, SNEPPX_KEY_MAX, "(bias of gemm) = 7 is outside [0, 1]");
+    check_rejected(tally, "gemm", huge_n, 16, SNEPPX_KEY_MAX, "(n of gemm) = 3145729");
+    const int64_t odd_rope[] = {7, 0}, zero_rope[] = {0, 1};
+    check_rejected(tally, "rope", odd_rope, 16, SNEPPX_KEY_MAX, "(rotary_dim of rope) = 7 is not a multiple of 2");
+    check_rejected(tally, "rope", zero_rope, 16, SNEPPX_KEY_MAX, "rotary_dim of rope");
+    const int64_t zero_norm[] = {0};
+    check_rejected(tally, "rmsnorm", zero_norm, 16, SNEPPX_KEY_MAX, "n of rmsnorm");
+    const int64_t wide_head[] = {100000, 64, 1, 0, 1}, odd_head[] = {72, 64, 1, 0, 1}, zero_group[] = {64, 64, 0, 0, 1},
+                  far_window[] = {64, 64, 1, ((int64_t)1 << 40) + 1, 1};
+    check_rejected(tally, "attn_flash", wide_head, 16, SNEPPX_KEY_MAX, "(head_dim of attn_flash) = 100000");
+    check_rejected(tally, "attn_sdpa", odd_head, 16, SNEPPX_KEY_MAX, "= 72 is not a multiple of 16");
+    check_rejected(tally, "attn_flash", zero_group, 8, SNEPPX_KEY_MAX, "(group of attn_flash) = 0");
+    check_rejected(tally, "attn_sdpa", far_window, 8, SNEPPX_KEY_MAX, "window of attn_sdpa");
+    /* The largest shapes a valid config makes are accepted (MLA absorbed: kv_lora 2048 + rope 256). */
+    const int64_t mla_largest[] = {2304, 2048, 4096, 0, 2};
+    check_key(tally, "attn_flash", mla_largest, 16, "attn_flash-d2304-dv2048-g4096-w0-mask-v16");
+    /* Every numeric field of every generated family has a range (else every key of it fails). */
+    for (int f = 0; f < sneppx_kernel_family_count; f++)
+        for (int i = 0; i < sneppx_kernel_families[f].field_count; i++) {
+            if (sneppx_kernel_families[f].field_choices[i])
+                continue;
+            int found = 0;
+            for (int r = 0; r < sneppx_key_field_range_count; r++)
+                found |= strcmp(sneppx_key_field_ranges[r].family, sneppx_kernel_families[f].family) == 0 &&
+                         strcmp(sneppx_key_field_ranges[r].field, sneppx_kernel_families[f].field_names[i]) == 0;
+            TEST_CHECK(tally, found, "%s.%s has no entry in sneppx_key_field_ranges", sneppx_kernel_families[f].family,
+                       sneppx_kernel_families[f].field_names[i]);
+        }
     /* "attn_flash-d128-dv128-g4-w0-causal-v16" is 38 characters: 38 bytes cannot hold it. */
     check_rejected(tally, "attn_flash", flash, 16, 38, "key_size");
     check_key(tally, "attn_flash", flash, 16, "attn_flash-d128-dv128-g4-w0-causal-v16");
@@ -73,6 +105,10 @@ static void test_errors(test_tally *tally)
     status = sneppx_kernel_resolve("attn_flash", bad_mode, 16, &kernel);
     TEST_CHECK(tally, status == SNEPPX_ERR_INVALID_ARGUMENT && strstr(sneppx_last_error(), "mask_mode") != NULL,
                "resolve of mask_mode 3: %s '%s'", sneppx_status_name(status), sneppx_last_error());
+    status = sneppx_kernel_resolve("attn_flash", wide_head, 16, &kernel);
+    TEST_CHECK(tally, status == SNEPPX_ERR_INVALID_ARGUMENT && kernel == NULL &&
+                          strstr(sneppx_last_error(), "head_dim of attn_flash") != NULL,
+               "resolve of head_dim 100000: %s '%s'", sneppx_status_name(status), sneppx_last_error());
     status = sneppx_kernel_resolve("attn_flash", flash, 16, NULL);
     TEST_CHECK(tally, status == SNEPPX_ERR_INVALID_ARGUMENT && strstr(sneppx_last_error(), "kernel") != NULL,
                "resolve into NULL: %s '%s'", sneppx_status_name(status), sneppx_last_error());

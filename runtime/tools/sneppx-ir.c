@@ -9,6 +9,7 @@
  * --print-key prints the canonical key instead (tests/lit/jit_key.test checks
  * it against the generator's kernel_key).
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +37,10 @@ static int field_index(const struct sneppx_kernel_family *family, const char *na
     return -1;
 }
 
-/* Parses "FIELD=VALUE" into values[]; prints the problem and returns 0 if it is not one. */
+/* Parses "FIELD=VALUE" into values[]; prints the problem and returns 0 if it is
+ * not one: an unknown field, a field given twice, text that is no integer (or
+ * choice name) or does not fit in int64, a value the runtime would refuse in
+ * a key (sneppx_kernel_check_value, the check every resolve makes). */
 static int parse_value(const struct sneppx_kernel_family *family, const char *assignment, int64_t *values,
                        int *seen)
 {
@@ -49,21 +53,32 @@ static int parse_value(const struct sneppx_kernel_family *family, const char *as
         fputc('\n', stderr);
         return 0;
     }
-    const char *text = equals + 1;
-    for (int choice = 0; family->field_choices[field] && choice < family->field_choice_count[field]; choice++)
-        if (strcmp(text, family->field_choices[field][choice]) == 0) {
-            values[field] = choice;
-            seen[field] = 1;
-            return 1;
-        }
-    char *end;
-    long long number = strtoll(text, &end, 10);
-    if (!text[0] || *end != '\0') {
-        fprintf(stderr, "sneppx-ir: --value %s: '%s' is not an integer%s\n", assignment, text,
-                family->field_choices[field] ? " or a choice name" : "");
+    if (seen[field]) {
+        fprintf(stderr, "sneppx-ir: --value %s: %s is given twice\n", assignment, family->field_names[field]);
         return 0;
     }
-    values[field] = number;
+    const char *text = equals + 1;
+    int64_t value = -1;
+    for (int choice = 0; family->field_choices[field] && choice < family->field_choice_count[field]; choice++)
+        if (strcmp(text, family->field_choices[field][choice]) == 0)
+            value = choice;
+    if (value < 0) {
+        char *end;
+        errno = 0;
+        long long number = strtoll(text, &end, 10);
+        if (!text[0] || *end != '\0' || errno == ERANGE) {
+            fprintf(stderr, "sneppx-ir: --value %s: '%s' is not an integer%s%s\n", assignment, text,
+                    family->field_choices[field] ? " or a choice name" : "",
+                    errno == ERANGE ? " that fits in int64" : "");
+            return 0;
+        }
+        value = number;
+    }
+    if (sneppx_kernel_check_value(family, field, value) != SNEPPX_OK) {
+        fprintf(stderr, "sneppx-ir: --value %s: %s\n", assignment, sneppx_last_error());
+        return 0;
+    }
+    values[field] = value;
     seen[field] = 1;
     return 1;
 }
@@ -98,6 +113,10 @@ int main(int argc, char **argv)
                    assignment_count < (int)(sizeof assignments / sizeof assignments[0])) {
             assignments[assignment_count++] = argument;
         } else if (strcmp(option, "--vector-width") == 0) {
+            if (strcmp(argument, "16") != 0 && strcmp(argument, "8") != 0) {
+                fprintf(stderr, "sneppx-ir: --vector-width %s: must be 16 or 8\n", argument);
+                return 2;
+            }
             vector_width = atoi(argument);
         } else if (strcmp(option, "--stage") == 0 && strcmp(argument, "specialized") == 0) {
             stage = SNEPPX_JIT_STAGE_SPECIALIZED;
