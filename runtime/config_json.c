@@ -50,6 +50,24 @@ struct scope {
     const char *prefix;
 };
 
+/* Text from the file, for a message: at most CLIP_BYTES bytes, with "..."
+ * when it was longer (a cut name must not read as the whole name). The
+ * array lives until the end of the full expression holding the call. */
+#define CLIP_BYTES 64
+struct clipped {
+    char text[CLIP_BYTES + 4];
+};
+
+static struct clipped clip(const char *text, size_t bytes)
+{
+    struct clipped out;
+    const size_t length = strlen(text);
+    if (bytes > CLIP_BYTES)
+        bytes = CLIP_BYTES;
+    snprintf(out.text, sizeof out.text, "%.*s%s", (int)bytes, text, length > bytes ? "..." : "");
+    return out;
+}
+
 /* "a string", "-3", "true", ...: what a field held, for messages. */
 static void describe(const cJSON *item, char *text, size_t size)
 {
@@ -60,7 +78,7 @@ static void describe(const cJSON *item, char *text, size_t size)
     else if (cJSON_IsFalse(item))
         snprintf(text, size, "false");
     else if (cJSON_IsString(item))
-        snprintf(text, size, "the string \"%.32s\"", item->valuestring);
+        snprintf(text, size, "the string \"%s\"", clip(item->valuestring, 32).text);
     else if (cJSON_IsArray(item))
         snprintf(text, size, "an array");
     else if (cJSON_IsObject(item))
@@ -71,7 +89,7 @@ static void describe(const cJSON *item, char *text, size_t size)
 
 static sneppx_status format_error(const struct scope *scope, const char *key, const char *what, const cJSON *got)
 {
-    char held[64];
+    char held[96];
     describe(got, held, sizeof held);
     return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: %s%s: expected %s, got %s", scope->prefix, key, what,
                        held);
@@ -203,8 +221,8 @@ static sneppx_status rope_kind(const struct scope *scope, int *kind)
     if (status != SNEPPX_OK)
         return status;
     if (rope_type && type && strcmp(rope_type, type) != 0)
-        return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: rope_scaling: rope_type '%.64s' and type '%.64s' disagree",
-                           rope_type, type);
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: rope_scaling: rope_type '%s' and type '%s' disagree",
+                           clip(rope_type, CLIP_BYTES).text, clip(type, CLIP_BYTES).text);
     const char *name = rope_type ? rope_type : type;
     if (!name)
         return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: rope_scaling.rope_type: missing (nor is 'type' given)");
@@ -214,8 +232,8 @@ static sneppx_status rope_kind(const struct scope *scope, int *kind)
             return SNEPPX_OK;
         }
     }
-    return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: rope_scaling.rope_type: '%.64s' is not supported "
-                       "(supported: default, linear, dynamic, llama3, yarn)", name);
+    return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: rope_scaling.rope_type: '%s' is not supported "
+                       "(supported: default, linear, dynamic, llama3, yarn)", clip(name, CLIP_BYTES).text);
 }
 
 /* Keys each rope type requires (HF's rope validation asks for the same). */
@@ -256,10 +274,10 @@ static sneppx_status read_rope_scaling(const cJSON *root, sneppx_rope_scaling *s
     const cJSON *item;
     cJSON_ArrayForEach(item, dict) {
         if (!item->string || !rope_key_known(item->string))
-            return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: rope_scaling.%.64s: unknown key (known: "
+            return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: rope_scaling.%s: unknown key (known: "
                                "rope_type, type, factor, low_freq_factor, high_freq_factor, "
                                "original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim, "
-                               "attention_factor, truncate)", item->string ? item->string : "");
+                               "attention_factor, truncate)", clip(item->string ? item->string : "", CLIP_BYTES).text);
     }
     int kind = SNEPPX_ROPE_DEFAULT;
     if ((status = rope_kind(&scope, &kind)) != SNEPPX_OK || (status = check_required_rope_keys(&scope, kind)) != SNEPPX_OK)
@@ -311,8 +329,8 @@ static sneppx_status read_model_type(const struct scope *top, const struct model
             return SNEPPX_OK;
         }
     }
-    return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: model_type: '%.64s' is not supported (supported: "
-                       "llama, mistral, qwen2, deepseek_v2)", name);
+    return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: model_type: '%s' is not supported (supported: "
+                       "llama, mistral, qwen2, deepseek_v2)", clip(name, CLIP_BYTES).text);
 }
 
 /* partial_rotary_factor: rotate int(head_dim * factor) dims of each head. */

@@ -397,12 +397,18 @@ sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t s
             return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                                "mask_shape: must give the 4 dimensions of attention_mask");
         if ((mask_shape[0] != batch && mask_shape[0] != 1) || mask_shape[1] != 1 ||
-            mask_shape[2] != seq_len || mask_shape[3] != seq_len)
+            mask_shape[2] != seq_len || mask_shape[3] != seq_len) {
+            /* A batch of 1 makes both accepted shapes the same: say it once. */
+            char broadcast[96] = "";
+            if (batch != 1)
+                snprintf(broadcast, sizeof broadcast, " (or [1, 1, %lld, %lld] for every sequence)",
+                         (long long)seq_len, (long long)seq_len);
             return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                               "attention_mask: shape [%lld, %lld, %lld, %lld], expected [%lld, 1, %lld, %lld]",
+                               "attention_mask: shape [%lld, %lld, %lld, %lld], expected [%lld, 1, %lld, %lld]%s",
                                (long long)mask_shape[0], (long long)mask_shape[1], (long long)mask_shape[2],
                                (long long)mask_shape[3], (long long)batch, (long long)seq_len,
-                               (long long)seq_len);
+                               (long long)seq_len, broadcast);
+        }
         mask_batch_stride = mask_shape[0] == 1 ? 0 : seq_len * seq_len;
     }
     int64_t max_position = seq_len - 1;

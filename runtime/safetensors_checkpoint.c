@@ -158,8 +158,12 @@ static sneppx_status consider(struct loader *loader, const char *full_name, int 
     }
     char expected[512];
     expected_names(loader, expected, sizeof expected);
-    return sneppx_fail(SNEPPX_ERR_FORMAT, "%s: unexpected tensor '%s' (%s): config '%s' has %s",
-                       loader->path, full_name, loader->shards.paths[shard], loader->config->name, expected);
+    /* The shard is named only when it is not the path itself (a single file). */
+    const char *shard_path = loader->shards.paths[shard];
+    const int same_file = strcmp(shard_path, loader->path) == 0;
+    return sneppx_fail(SNEPPX_ERR_FORMAT, "%s: unexpected tensor '%s'%s%s%s: config '%s' has %s", loader->path,
+                       full_name, same_file ? "" : " (", same_file ? "" : shard_path, same_file ? "" : ")",
+                       loader->config->name, expected);
 }
 
 /* A shard name from an index must stay inside the checkpoint directory. */

@@ -177,6 +177,16 @@ static void test_masks(test_tally *tally, sneppx_layer *layer, const float *hidd
         {0, 1, SEQ, SEQ},         {-1, 1, SEQ, SEQ},        {BATCH, 1, -SEQ, -SEQ}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         EXPECT_FORWARD_ERROR(tally, layer, BATCH, SEQ, hidden, mask, shapes[i], NULL, "attention_mask");
+    /* The message gives the accepted shapes, the batch-1 broadcast only when it differs. */
+    EXPECT_FORWARD_ERROR(tally, layer, BATCH, SEQ, hidden, mask, shapes[0], NULL,
+                         "attention_mask: shape [2, 1, 24, 25], expected [2, 1, 24, 24] (or [1, 1, 24, 24] for every "
+                         "sequence)");
+    const int64_t one[4] = {1, 1, 5, 5};
+    fill_sentinel(out, TOKENS * HIDDEN);
+    sneppx_status status = sneppx_layer_forward(layer, 1, 6, hidden, mask, one, NULL, out);
+    TEST_CHECK(tally, status == SNEPPX_ERR_INVALID_ARGUMENT &&
+                          strcmp(sneppx_last_error(), "attention_mask: shape [1, 1, 5, 5], expected [1, 1, 6, 6]") == 0,
+               "batch 1: %s '%s'", sneppx_status_name(status), sneppx_last_error());
 }
 
 static void test_positions(test_tally *tally, sneppx_layer *layer, const float *hidden)

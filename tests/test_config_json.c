@@ -134,6 +134,16 @@ static const struct bad_case bad_cases[] = {
     {"{\"hidden_size\": 256, \"num_attention_heads\": 4}", SNEPPX_ERR_FORMAT, "model_type: missing"},
     {"{\"model_type\": 7}", SNEPPX_ERR_FORMAT, "model_type: expected a string, got 7"},
     {"{\"model_type\": \"gpt2\"}", SNEPPX_ERR_UNSUPPORTED, "model_type: 'gpt2' is not supported"},
+    /* Long names are cut at 64 bytes (32 for a wrong-typed value) and say so. */
+    {"{\"model_type\": \"llama_with_a_model_type_name_longer_than_sixty_four_bytes_for_sure_xyz\"}",
+     SNEPPX_ERR_UNSUPPORTED,
+     "model_type: 'llama_with_a_model_type_name_longer_than_sixty_four_bytes_for_su...' is not supported"},
+    {"{\"model_type\": \"mistral_short_enough\"}", SNEPPX_ERR_UNSUPPORTED, "'mistral_short_enough' is not"},
+    {LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"a_rope_type_whose_name_runs_past_sixty_four_bytes_of_text_here_and_more\", "
+     "\"factor\": 2}}", SNEPPX_ERR_UNSUPPORTED,
+     "rope_type: 'a_rope_type_whose_name_runs_past_sixty_four_bytes_of_text_here_a...' is not supported"},
+    {"{\"model_type\": \"llama\", \"hidden_size\": \"two hundred and fifty six, as words, no less\", "
+     "\"num_attention_heads\": 4}", SNEPPX_ERR_FORMAT, "got the string \"two hundred and fifty six, as wo...\""},
     {"{\"model_type\": \"llama\", \"num_attention_heads\": 4}", SNEPPX_ERR_FORMAT, "hidden_size: missing"},
     {"{\"model_type\": \"llama\", \"hidden_size\": \"256\", \"num_attention_heads\": 4}", SNEPPX_ERR_FORMAT,
      "hidden_size: expected a non-negative integer, got the string \"256\""},

@@ -340,6 +340,9 @@ static void test_sharded_checkpoint(void)
     no_bias.qkv_bias = 0;
     CHECK_ERROR(sneppx_attn_weights_load(path_in("sharded"), 0, &no_bias, &weights), SNEPPX_ERR_FORMAT,
                 "unexpected tensor 'model.layers.0.self_attn.q_proj.bias'");
+    /* From a directory the shard holding it is named too. */
+    CHECK_ERROR(sneppx_attn_weights_load(path_in("sharded"), 0, &no_bias, &weights), SNEPPX_ERR_FORMAT,
+                "unexpected tensor 'model.layers.0.self_attn.q_proj.bias' (");
 
     test_index_memory(path_in("sharded"), &config);
     test_index_files(&config);
@@ -372,6 +375,12 @@ static void test_single_file_and_errors(void)
     write_shard(path_in("extra.safetensors"), tensors, count + 1);
     CHECK_ERROR(sneppx_attn_weights_load(path_in("extra.safetensors"), 2, &config, &weights), SNEPPX_ERR_FORMAT,
                 "unexpected tensor 'language_model.model.layers.2.self_attn.q_norm.weight'");
+    /* A single file is named once (it used to follow as "(<the same path>)"). */
+    char once[800];
+    snprintf(once, sizeof once, "%s: unexpected tensor 'language_model.model.layers.2.self_attn.q_norm.weight': "
+             "config 'custom' has", path_in("extra.safetensors"));
+    CHECK_ERROR(sneppx_attn_weights_load(path_in("extra.safetensors"), 2, &config, &weights), SNEPPX_ERR_FORMAT,
+                once);
 
     tensors[3].dtype = "I32";
     write_shard(path_in("int.safetensors"), tensors, count);
