@@ -201,7 +201,7 @@ sneppx_status sneppx_config_validate(const sneppx_config *config)
     CHECK_RANGE(num_attention_heads, 1, SNEPPX_MAX_HEADS);
     CHECK_RANGE(max_position_embeddings, 1, SNEPPX_MAX_POSITIONS);
     CHECK_RANGE(sliding_window, 0, SNEPPX_MAX_POSITIONS);
-    CHECK_RANGE(num_threads, 0, 1024);
+    CHECK_RANGE(num_threads, 0, SNEPPX_MAX_THREADS);
     CHECK_RANGE(head_dim, 0, SNEPPX_MAX_HEAD_DIM);
     CHECK_RANGE(rotary_dim, 0, SNEPPX_MAX_HEAD_DIM);
 

@@ -34,6 +34,8 @@ typedef struct sneppx_rope_scaling {
 } sneppx_rope_scaling;
 
 #define SNEPPX_NAME_MAX 64
+/* Largest num_threads sneppx_config_validate accepts. */
+#define SNEPPX_MAX_THREADS 1024
 
 typedef struct sneppx_config {
     char name[SNEPPX_NAME_MAX];     /* "llama3-8B" for presets, "custom" otherwise */
@@ -61,7 +63,7 @@ typedef struct sneppx_config {
                                        MLA configs only */
     /* Execution */
     int use_flash_attn;             /* 1 = flash (default), 0 = materialized SDPA */
-    int num_threads;                /* 0 = OpenMP default */
+    int num_threads;                /* 0 = OpenMP default; at most SNEPPX_MAX_THREADS */
 } sneppx_config;
 
 /* A hand config with the spec's defaults: bias on, flash on, default RoPE

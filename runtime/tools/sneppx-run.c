@@ -33,9 +33,11 @@ static const char *source_name(sneppx_kernel_source source)
     }
 }
 
-/* --seq and --batch at most what sneppx_layer_forward accepts (2^24 each),
- * so that tokens x hidden cannot overflow before the forward checks them. */
+/* --seq and --batch at most what sneppx_layer_forward accepts (2^24 each,
+ * 2^26 tokens in all), so that tokens x hidden cannot overflow before the
+ * forward checks them. */
 #define MAX_TOKENS_PER_AXIS (1LL << 24)
+#define MAX_TOKENS (1LL << 26)
 
 /* The value of option `name` as an integer in [min, max]; complains naming the option otherwise. */
 static int parse_count(const char *name, const char *text, long long min, long long max, long long *value)
@@ -44,7 +46,8 @@ static int parse_count(const char *name, const char *text, long long min, long l
     errno = 0;
     long long parsed = strtoll(text, &end, 10);
     if (errno || end == text || *end || parsed < min || parsed > max) {
-        fprintf(stderr, "sneppx-run: %s: '%.64s' is not an integer in [%lld, %lld]\n", name, text, min, max);
+        fprintf(stderr, "sneppx-run: %s: '%.64s%s' is not an integer in [%lld, %lld]\n", name, text,
+                strlen(text) > 64 ? "..." : "", min, max);
         return -1;
     }
     *value = parsed;
@@ -92,11 +95,18 @@ static int run_arch(const char *arch, int64_t batch, int64_t seq_len, int thread
            created, sneppx_layer_kernel_count(layer), kernel_ms);
 
     const int64_t tokens = batch * seq_len;
+    const double mib = 2.0 * sizeof(float) * (double)tokens * (double)config.hidden_size / (1 << 20);
     float *hidden = malloc(sizeof(float) * (size_t)(tokens * config.hidden_size));
     float *out = malloc(sizeof(float) * (size_t)(tokens * config.hidden_size));
     double *times = malloc(sizeof(double) * (size_t)(repeat + 1));
     if (!hidden || !out || !times) {
-        fprintf(stderr, "sneppx-run: out of memory\n");
+        fprintf(stderr, "sneppx-run: %s: out of memory for the input and output of --batch %lld x --seq %lld "
+                        "tokens x hidden %lld (%.0f MiB) and %d timings\n",
+                config.name, (long long)batch, (long long)seq_len, (long long)config.hidden_size, mib, repeat + 1);
+        free(hidden);
+        free(out);
+        free(times);
+        sneppx_layer_destroy(layer);
         return 1;
     }
     unsigned state = 12345;
@@ -138,26 +148,32 @@ int main(int argc, char **argv)
     long long seq_len = 128, batch = 1, threads = 0, repeat = 5;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
-        const char *value = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(arg, "--arch") && value && arch_count < 64) {
+        const int takes_value = !strcmp(arg, "--arch") || !strcmp(arg, "--seq") || !strcmp(arg, "--batch") ||
+                                !strcmp(arg, "--threads") || !strcmp(arg, "--repeat");
+        const char *value = takes_value && i + 1 < argc ? argv[++i] : NULL;
+        if (takes_value && !value) {
+            fprintf(stderr, "sneppx-run: %s needs a value\n", arg);
+            usage(stderr);
+            return 2;
+        }
+        if (!strcmp(arg, "--arch")) {
+            if (arch_count == (int)(sizeof archs / sizeof archs[0])) {
+                fprintf(stderr, "sneppx-run: --arch: at most %d presets per run\n", (int)(sizeof archs / sizeof archs[0]));
+                return 2;
+            }
             archs[arch_count++] = value;
-            i++;
-        } else if (!strcmp(arg, "--seq") && value) {
+        } else if (!strcmp(arg, "--seq")) {
             if (parse_count("--seq", value, 1, MAX_TOKENS_PER_AXIS, &seq_len) != 0)
                 return 2;
-            i++;
-        } else if (!strcmp(arg, "--batch") && value) {
+        } else if (!strcmp(arg, "--batch")) {
             if (parse_count("--batch", value, 1, MAX_TOKENS_PER_AXIS, &batch) != 0)
                 return 2;
-            i++;
-        } else if (!strcmp(arg, "--threads") && value) {
-            if (parse_count("--threads", value, 0, INT32_MAX, &threads) != 0)
+        } else if (!strcmp(arg, "--threads")) {
+            if (parse_count("--threads", value, 0, SNEPPX_MAX_THREADS, &threads) != 0)
                 return 2;
-            i++;
-        } else if (!strcmp(arg, "--repeat") && value) {
+        } else if (!strcmp(arg, "--repeat")) {
             if (parse_count("--repeat", value, 1, INT32_MAX, &repeat) != 0)
                 return 2;
-            i++;
         } else if (!strcmp(arg, "--sdpa")) {
             flash = 0;
         } else if (!strcmp(arg, "--list-archs")) {
@@ -172,6 +188,11 @@ int main(int argc, char **argv)
             usage(stderr);
             return 2;
         }
+    }
+    if (seq_len * batch > MAX_TOKENS) {
+        fprintf(stderr, "sneppx-run: --batch %lld x --seq %lld = %lld tokens; at most %lld (2^26) per forward\n",
+                batch, seq_len, batch * seq_len, MAX_TOKENS);
+        return 2;
     }
     if (arch_count == 0) {
         archs[arch_count++] = "llama3-8B";
