@@ -52,7 +52,9 @@ def attention_mask_array(value: Any, batch: int, seq_len: int) -> Optional[np.nd
         return None
     name = "attention_mask"
     array = _as_array(name, value)
-    expected = f"[{batch}, 1, {seq_len}, {seq_len}] (or [1, 1, {seq_len}, {seq_len}])"
+    expected = f"[{batch}, 1, {seq_len}, {seq_len}]"
+    if batch != 1:
+        expected += f" (or [1, 1, {seq_len}, {seq_len}])"
     if array.ndim != 4 or array.shape[0] not in (batch, 1) or array.shape[1:] != (1, seq_len, seq_len):
         raise ValueError(f"{name}: expected shape {expected}, got {_shape_text(array.shape)}")
     if array.dtype.kind == "b":
@@ -72,8 +74,8 @@ def position_ids_array(value: Any, batch: int, seq_len: int) -> Optional[np.ndar
     if array.dtype.kind not in _INTEGER_KINDS:
         raise TypeError(f"{name}: expected integers, got dtype {array.dtype}")
     if array.ndim != 2 or array.shape[0] not in (batch, 1) or array.shape[1] != seq_len:
-        raise ValueError(f"{name}: expected shape [{batch}, {seq_len}] (or [1, {seq_len}]), "
-                         f"got {_shape_text(array.shape)}")
+        either = f" (or [1, {seq_len}])" if batch != 1 else ""
+        raise ValueError(f"{name}: expected shape [{batch}, {seq_len}]{either}, got {_shape_text(array.shape)}")
     if array.dtype.kind == "u" and array.size and array.max() > np.uint64(np.iinfo(np.int64).max):
         raise ValueError(f"{name}: {array.max()} does not fit in int64")
     return np.ascontiguousarray(np.broadcast_to(array, (batch, seq_len)), dtype=np.int64)

@@ -327,7 +327,8 @@ class LLMConfig:
 
     def extend_context(self, max_position_embeddings: int) -> None:
         """NTK-aware context extension: rope_theta *= (n / old)^(d / (d - 2)) with d the
-        rotary dim, and max_position_embeddings becomes n (n must exceed it)."""
+        rotary dim, and max_position_embeddings becomes n (n must exceed it and be at most
+        2^40)."""
         n = _size("max_position_embeddings", max_position_embeddings)
         with self._lock:
             self._rebuild(lambda config: check(lib.sneppx_config_extend_context(ctypes.byref(config), n)))

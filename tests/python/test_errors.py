@@ -128,6 +128,11 @@ def test_bad_attention_mask(cfg, x):
             cfg.forward_mha(x, np.zeros(shape, np.float32))
     with pytest.raises(TypeError, match="attention_mask: expected an additive float mask or a bool mask"):
         cfg.forward_mha(x, np.ones((2, 1, 5, 5), np.int64))
+    # Batch 1 has one expected shape, said once.
+    with pytest.raises(ValueError, match=r"attention_mask: expected shape \[1, 1, 5, 5\], got \[1, 1, 5, 4\]$"):
+        cfg.forward_mha(x[:1], np.zeros((1, 1, 5, 4), np.float32))
+    with pytest.raises(ValueError, match=r"position_ids: expected shape \[1, 5\], got \[1, 4\]$"):
+        cfg.forward_mha(x[:1], position_ids=np.zeros((1, 4), np.int64))
 
 
 def test_bool_and_broadcast_masks(cfg, x):
