@@ -238,9 +238,10 @@ def _is_number(value: Any) -> bool:
 
 
 def _c_prefix(text: str, limit: int) -> str:
-    """printf's %.<limit>s of a C string: its first limit bytes."""
-    raw = text.split("\0", 1)[0].encode("utf-8", "surrogateescape")[:limit]
-    return raw.decode("utf-8", "replace")
+    """runtime/config_json.c's clip() of a C string: its first limit bytes, and "..."
+    when it was longer."""
+    whole = text.split("\0", 1)[0].encode("utf-8", "surrogateescape")
+    return whole[:limit].decode("utf-8", "replace") + ("..." if len(whole) > limit else "")
 
 
 def _g(value: float) -> str:
