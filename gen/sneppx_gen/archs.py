@@ -6,7 +6,7 @@ specializes are one data set. Field names and defaults follow HF config.json
 and `sneppx_config_init()`.
 """
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -14,18 +14,8 @@ from . import config_json, paths
 from .config_json import ROPE_TYPES, ConfigError  # noqa: F401  (re-exported)
 
 
-@dataclass(frozen=True)
-class RopeScaling:
-    type: int = 0
-    factor: float = 1.0
-    low_freq_factor: float = 0.0
-    high_freq_factor: float = 0.0
-    original_max_position_embeddings: int = 0
-    beta_fast: float = 0.0
-    beta_slow: float = 0.0
-    mscale: float = 0.0
-    mscale_all_dim: float = 0.0
-    attention_factor: float = 0.0
+# sneppx_rope_scaling, as config_json reads it.
+RopeScaling = config_json.RopeFields
 
 
 @dataclass(frozen=True)
@@ -53,6 +43,7 @@ class Arch:
     v_head_dim: int = 0
     rms_norm_eps: float = 1e-6
     use_flash_attn: int = 1
+    num_threads: int = 0
 
     @property
     def is_mla(self) -> bool:
@@ -94,25 +85,17 @@ class Arch:
         return scale
 
 
+# Arch carries every field of the C struct (the reader's CConfig) beside its names.
+_MISSING = {item.name for item in fields(config_json.CConfig)} - {item.name for item in fields(Arch)}
+if _MISSING:
+    raise TypeError(f"Arch lacks sneppx_config field(s) {sorted(_MISSING)} that config_json reads")
+
+
 def arch_from_config(c: config_json.CConfig, name: str, family: str = "custom", size: str = "",
                      aliases: Tuple[str, ...] = ()) -> Arch:
     """The Arch of a validated config (config_json.read)."""
-    rs = c.rope_scaling
-    arch = Arch(
-        name=name, family=family, size=size, aliases=tuple(aliases),
-        hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rotary_dim=c.rotary_dim,
-        rope_interleaved=c.rope_interleaved, rope_theta=c.rope_theta,
-        rope_scaling=RopeScaling(type=rs.type, factor=rs.factor, low_freq_factor=rs.low_freq_factor,
-                                 high_freq_factor=rs.high_freq_factor,
-                                 original_max_position_embeddings=rs.original_max_position_embeddings,
-                                 beta_fast=rs.beta_fast, beta_slow=rs.beta_slow, mscale=rs.mscale,
-                                 mscale_all_dim=rs.mscale_all_dim, attention_factor=rs.attention_factor),
-        max_position_embeddings=c.max_position_embeddings, sliding_window=c.sliding_window,
-        qkv_bias=c.qkv_bias, o_bias=c.o_bias, q_lora_rank=c.q_lora_rank, kv_lora_rank=c.kv_lora_rank,
-        qk_nope_head_dim=c.qk_nope_head_dim, qk_rope_head_dim=c.qk_rope_head_dim, v_head_dim=c.v_head_dim,
-        use_flash_attn=c.use_flash_attn,
-    )
+    arch = Arch(name=name, family=family, size=size, aliases=tuple(aliases),
+                **{item.name: getattr(c, item.name) for item in fields(c)})
     if arch.is_mla:
         # The preset table and the AOT layer carry MLA's Q/K head dim and rope dim explicitly.
         arch = replace(arch, head_dim=arch.resolved_head_dim, rotary_dim=arch.qk_rope_head_dim)

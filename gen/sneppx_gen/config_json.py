@@ -80,7 +80,7 @@ MLA_RANGES = (("kv_lora_rank", 16, MAX_LATENT_DIM), ("q_lora_rank", 0, MAX_DIM),
 
 # ---- the config, as the C struct holds it ---------------------------------------
 
-@dataclass
+@dataclass(frozen=True)
 class RopeFields:
     type: int = 0
     factor: float = 1.0
