@@ -482,20 +482,12 @@ static char *read_config_file(const char *path, size_t *size, sneppx_status *sta
         *status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
         return NULL;
     }
-    size_t got = 0;
-    while (got < capacity) {
-        ssize_t n = read(fd, text + got, capacity - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            *status = sneppx_fail(SNEPPX_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
-            free(text);
-            close(fd);
-            return NULL;
-        }
-        if (n == 0)
-            break;
-        got += (size_t)n;
+    size_t got;
+    if (sneppx_read_up_to(fd, text, capacity, &got) != 0) {
+        *status = sneppx_fail(SNEPPX_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+        free(text);
+        close(fd);
+        return NULL;
     }
     close(fd);
     *size = got;

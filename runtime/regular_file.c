@@ -23,3 +23,19 @@ int sneppx_open_regular(const char *path, struct stat *st, int *not_regular)
     }
     return fd;
 }
+
+int sneppx_read_up_to(int fd, char *buffer, size_t capacity, size_t *got)
+{
+    *got = 0;
+    while (*got < capacity) {
+        ssize_t n = read(fd, buffer + *got, capacity - *got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        if (n == 0)
+            break;
+        *got += (size_t)n;
+    }
+    return 0;
+}

@@ -207,20 +207,12 @@ static char *read_small_file(const char *path, size_t *size, sneppx_status *stat
     }
     /* Reads up to the size fstat gave; a file that grew meanwhile is read as
      * it was, one that shrank as far as it goes. */
-    size_t got = 0;
-    while (got < expected) {
-        ssize_t n = read(fd, text + got, expected - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            *status = sneppx_fail(SNEPPX_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
-            free(text);
-            close(fd);
-            return NULL;
-        }
-        if (n == 0)
-            break;
-        got += (size_t)n;
+    size_t got;
+    if (sneppx_read_up_to(fd, text, expected, &got) != 0) {
+        *status = sneppx_fail(SNEPPX_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+        free(text);
+        close(fd);
+        return NULL;
     }
     close(fd);
     text[got] = '\0';
