@@ -6,6 +6,7 @@
  * The text comes from outside (a downloaded checkpoint): every field read is
  * type-checked, and an error names the field. */
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -414,6 +415,24 @@ static sneppx_status read_config(const cJSON *root, sneppx_config *config)
     return read_family_fields(&top, type, config);
 }
 
+/* Where the first "\\u" not followed by four hex digits starts, or length if
+ * none. cJSON reads such an escape as a NUL, which ends the C string: it took
+ * "llama\\u00zz" for "llama", where JSON (and sneppx-gen's reader) refuses it. */
+static size_t bad_unicode_escape(const char *text, size_t length)
+{
+    for (size_t i = 0; i + 1 < length; i++) {
+        if (text[i] != '\\')
+            continue;
+        if (text[i + 1] == 'u') {
+            for (size_t digit = i + 2; digit < i + 6; digit++)
+                if (digit >= length || !isxdigit((unsigned char)text[digit]))
+                    return i;
+        }
+        i++; /* the escaped character: "\\\\u" is a backslash, then a plain u */
+    }
+    return length;
+}
+
 sneppx_status sneppx_config_from_json(const char *json_text, size_t length, sneppx_config *config)
 {
     sneppx_clear_error();
@@ -422,7 +441,8 @@ sneppx_status sneppx_config_from_json(const char *json_text, size_t length, snep
     if (!config)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
     if (length > CONFIG_JSON_MAX_BYTES)
-        return sneppx_fail(SNEPPX_ERR_FORMAT, "json_text: %zu bytes; a config.json has at most %zu", length,
+        /* Files are read only one byte past the bound, so their length says only "more". */
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "json_text: more than %zu bytes, the most a config.json may have",
                            CONFIG_JSON_MAX_BYTES);
     /* A NUL-terminated copy: the parser then never depends on the caller's
      * buffer ending where length says. */
@@ -432,7 +452,10 @@ sneppx_status sneppx_config_from_json(const char *json_text, size_t length, snep
     memcpy(text, json_text, length);
     text[length] = '\0';
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, length, &end, 0);
+    const size_t bad_escape = bad_unicode_escape(text, length);
+    cJSON *root = bad_escape < length ? NULL : cJSON_ParseWithLengthOpts(text, length, &end, 0);
+    if (bad_escape < length)
+        end = text + bad_escape;
     sneppx_status status = SNEPPX_OK;
     if (!root) {
         status = sneppx_fail(SNEPPX_ERR_FORMAT, "json_text: not valid JSON (at byte %zu)",

@@ -476,7 +476,15 @@ sneppx_status sneppx_disk_cache_list(sneppx_disk_entry **entries, size_t *count)
     return SNEPPX_OK;
 }
 
-/* Unlinks the lock file `name` unless a process holds it. It is taken without
+/* "<key>.lock", empty: lock files are created empty and never written. */
+static int is_lock_file(const char *name, const struct stat *info)
+{
+    return has_suffix(name, LOCK_SUFFIX) && is_key_name(name, strlen(name) - strlen(LOCK_SUFFIX)) &&
+           S_ISREG(info->st_mode) && info->st_size == 0;
+}
+
+/* Unlinks the lock file `name` unless a process holds it or it is not ours
+ * (is_lock_file). It is taken without
  * blocking and unlinked while held, so a process waiting on it finds it gone
  * afterwards and takes a new one (sneppx_disk_cache_lock). A held lock stays:
  * unlinked, it would let a second process create a new lock file and build
@@ -485,7 +493,12 @@ static int remove_free_lock(const char *name)
 {
     int lock = openat(cache.fd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (lock < 0)
-        return errno == ENOENT ? 0 : -1;
+        return errno == ENOENT || errno == ELOOP ? 0 : -1;
+    struct stat info;
+    if (fstat(lock, &info) != 0 || !is_lock_file(name, &info)) {
+        close(lock);
+        return 0;
+    }
     int failed = 0;
     if (flock(lock, LOCK_EX | LOCK_NB) == 0)
         failed = unlinkat(cache.fd, name, 0) != 0 && errno != ENOENT;
@@ -668,10 +681,7 @@ sneppx_status sneppx_disk_cache_store(const char *key, const uint8_t fingerprint
 static int remove_cache_file(const char *name, const struct stat *info, void *context)
 {
     sneppx_status *status = context;
-    const size_t length = strlen(name);
-    /* Lock files are created empty and never written. */
-    const int lock = has_suffix(name, LOCK_SUFFIX) && is_key_name(name, length - strlen(LOCK_SUFFIX)) &&
-                     S_ISREG(info->st_mode) && info->st_size == 0;
+    const int lock = is_lock_file(name, info);
     if (!lock && !is_temp_file(name, info) && !is_entry_file(name, info))
         return 0;
     const int failed = lock ? remove_free_lock(name) != 0 : unlinkat(cache.fd, name, 0) != 0 && errno != ENOENT;

@@ -86,7 +86,17 @@ sneppx_status sneppx_rope_tables(sneppx_layer *layer, int64_t tokens, int64_t se
     pthread_mutex_lock(&layer->lock);
     sneppx_status status = SNEPPX_OK;
     const int64_t limit = sneppx_rope_cache_limit(layer);
-    const int64_t wanted = max_position + 1 < limit ? max_position + 1 : limit;
+    /* The cache grows to the farthest position it will serve, not past it: a
+     * token beyond the limit is computed directly and needs no cached rows. */
+    int64_t wanted = max_position + 1;
+    if (wanted > limit) {
+        wanted = 0;
+        for (int64_t token = 0; token < tokens; token++) {
+            const int64_t position = positions ? positions[token] : token % seq_len;
+            if (position < limit && position + 1 > wanted)
+                wanted = position + 1;
+        }
+    }
     if (wanted > layer->cached_positions)
         status = grow_cache(layer, wanted);
     if (status == SNEPPX_OK) {

@@ -12,20 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "layer_internal.h"
 #include "sneppx/sneppx.h"
 #include "test_util.h"
 
 static test_tally tally;
-
-static double now_seconds(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 /* GQA 4/2, head_dim 16: small enough to compile in a blink. */
 static void small_config(sneppx_config *config, int64_t window, int64_t max_positions)
@@ -78,18 +70,17 @@ static void test_flops(void)
             TEST_CHECK(&tally, got == want, "flops(batch %lld, seq %lld, window %lld) = %.17g, want %.17g",
                        (long long)sizes[s][0], (long long)sizes[s][1], (long long)windows[w], got, want);
         }
-        /* The largest arguments: closed form, so at once (the row loop took 1.5 s at 2^31). */
-        const double start = now_seconds();
+        /* The largest arguments: closed form (a row loop took 1.5 s at 2^31 and never
+         * returned here; ctest's timeout catches that). */
         const double huge = sneppx_layer_flops(layer, 1, INT64_MAX);
         const double again = sneppx_layer_flops(layer, INT64_MAX, INT64_MAX);
-        const double seconds = now_seconds() - start;
         const long double n = (long double)INT64_MAX;
         const long double pairs = windows[w] > 0 ? (n - windows[w]) * windows[w] + windows[w] * (windows[w] + 1) / 2.0L
                                                  : n * (n + 1) / 2;
         const double want = (double)(2 * n * 64 * 64 + 2 * n * 64 * 128 + 2 * 4 * pairs * 32);
-        TEST_CHECK(&tally, seconds < 0.5 && fabs(huge - want) <= 1e-12 * want && isfinite(again) && again > huge,
-                   "flops(1, INT64_MAX) window %lld: %.17g (want %.17g), flops(INT64_MAX, INT64_MAX) %g, %.3f s",
-                   (long long)windows[w], huge, want, again, seconds);
+        TEST_CHECK(&tally, fabs(huge - want) <= 1e-12 * want && isfinite(again) && again > huge,
+                   "flops(1, INT64_MAX) window %lld: %.17g (want %.17g), flops(INT64_MAX, INT64_MAX) %g",
+                   (long long)windows[w], huge, want, again);
         sneppx_layer_destroy(layer);
     }
 }
@@ -119,12 +110,12 @@ static void test_rope_far_positions(void)
                                  limit - 2, 123456789, ((int64_t)1 << 40) - 2};
     enum { COUNT = sizeof positions / sizeof positions[0] };
     float cos_rows[COUNT * 8], sin_rows[COUNT * 8];
-    /* One far token alone first: before the bound this filled 2^40 positions. */
-    const double start = now_seconds();
+    /* One far token alone first: before the bound this filled 2^40 positions,
+     * then the whole bounded cache, though no token read a cached row. */
     sneppx_status status = sneppx_rope_tables(layer, 1, 1, &positions[8], positions[8], cos_rows, sin_rows);
-    double seconds = now_seconds() - start;
-    TEST_CHECK(&tally, status == SNEPPX_OK && seconds < 0.5, "one token at 2^40 - 1: %s (%s), %.3f s",
-               sneppx_status_name(status), sneppx_last_error(), seconds);
+    TEST_CHECK(&tally, status == SNEPPX_OK && layer->cached_positions == 0,
+               "one token at 2^40 - 1: %s (%s), %lld positions cached", sneppx_status_name(status),
+               sneppx_last_error(), (long long)layer->cached_positions);
     status = sneppx_rope_tables(layer, COUNT, COUNT, positions, ((int64_t)1 << 40) - 1, cos_rows, sin_rows);
     TEST_CHECK(&tally, status == SNEPPX_OK, "mixed positions: %s", sneppx_last_error());
     TEST_CHECK(&tally, layer->cached_positions <= limit, "cache grew to %lld positions, limit %lld",
@@ -143,19 +134,17 @@ static void test_rope_far_positions(void)
         }
     TEST_CHECK(&tally, mismatches == 0, "%d cos/sin values differ from the double-precision formula", mismatches);
 
-    /* Through the public forward: one token at the last legal position, at once. */
+    /* Through the public forward: one token at the last legal position. */
     float hidden[64], out[64];
     for (int i = 0; i < 64; i++)
         hidden[i] = (float)(i % 7) * 0.1f - 0.3f;
     const int64_t far = ((int64_t)1 << 40) - 1;
-    double begin = now_seconds();
     status = sneppx_layer_forward(layer, 1, 1, hidden, NULL, NULL, &far, out);
-    seconds = now_seconds() - begin;
     int finite = 1;
     for (int i = 0; i < 64; i++)
         finite &= isfinite(out[i]) != 0;
-    TEST_CHECK(&tally, status == SNEPPX_OK && finite && seconds < 0.5, "forward at position 2^40 - 1: %s (%s), %.3f s",
-               sneppx_status_name(status), sneppx_last_error(), seconds);
+    TEST_CHECK(&tally, status == SNEPPX_OK && finite, "forward at position 2^40 - 1: %s (%s)",
+               sneppx_status_name(status), sneppx_last_error());
 done:
     sneppx_layer_destroy(layer);
 }

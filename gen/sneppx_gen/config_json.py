@@ -200,7 +200,7 @@ def parse(data: bytes) -> JsonObject:
     """The top-level object of a config file's bytes, with the runtime's refusals. Raises
     ConfigError with the runtime's message (without the file)."""
     if len(data) > MAX_BYTES:
-        raise ConfigError(f"{len(data)} bytes; a config.json has at most {MAX_BYTES}")
+        raise ConfigError(f"more than {MAX_BYTES} bytes, the most a config.json may have")
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     text = data.decode("utf-8", "surrogateescape")

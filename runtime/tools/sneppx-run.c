@@ -38,6 +38,7 @@ static const char *source_name(sneppx_kernel_source source)
  * forward checks them. */
 #define MAX_TOKENS_PER_AXIS (1LL << 24)
 #define MAX_TOKENS (1LL << 26)
+#define MAX_REPEAT (1LL << 24) /* timed runs; one more warms up, and r <= repeat must not overflow */
 
 /* The value of option `name` as an integer in [min, max]; complains naming the option otherwise. */
 static int parse_count(const char *name, const char *text, long long min, long long max, long long *value)
@@ -98,11 +99,11 @@ static int run_arch(const char *arch, int64_t batch, int64_t seq_len, int thread
     const double mib = 2.0 * sizeof(float) * (double)tokens * (double)config.hidden_size / (1 << 20);
     float *hidden = malloc(sizeof(float) * (size_t)(tokens * config.hidden_size));
     float *out = malloc(sizeof(float) * (size_t)(tokens * config.hidden_size));
-    double *times = malloc(sizeof(double) * (size_t)(repeat + 1));
+    double *times = malloc(sizeof(double) * ((size_t)repeat + 1));
     if (!hidden || !out || !times) {
         fprintf(stderr, "sneppx-run: %s: out of memory for the input and output of --batch %lld x --seq %lld "
-                        "tokens x hidden %lld (%.0f MiB) and %d timings\n",
-                config.name, (long long)batch, (long long)seq_len, (long long)config.hidden_size, mib, repeat + 1);
+                        "tokens x hidden %lld (%.0f MiB) and %lld timings\n",
+                config.name, (long long)batch, (long long)seq_len, (long long)config.hidden_size, mib, (long long)repeat + 1);
         free(hidden);
         free(out);
         free(times);
@@ -172,7 +173,7 @@ int main(int argc, char **argv)
             if (parse_count("--threads", value, 0, SNEPPX_MAX_THREADS, &threads) != 0)
                 return 2;
         } else if (!strcmp(arg, "--repeat")) {
-            if (parse_count("--repeat", value, 1, INT32_MAX, &repeat) != 0)
+            if (parse_count("--repeat", value, 1, MAX_REPEAT, &repeat) != 0)
                 return 2;
         } else if (!strcmp(arg, "--sdpa")) {
             flash = 0;

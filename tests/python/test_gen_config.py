@@ -196,6 +196,11 @@ CORPUS = {
     "surrogate-low-alone": _text()[:-1] + ', "x": "a\\ude00"}',
     "surrogate-high-then-other": _text()[:-1] + ', "x": "\\ud83d\\u0041"}',
     "escaped-backslash-u": _text()[:-1] + ', "x": "\\\\ud83d"}',
+    # A \u without four hex digits: cJSON reads it as NUL ("llama\u00zz" was llama); JSON refuses it.
+    "unicode-escape-short": _text()[:-1].replace('"llama"', '"llama\\u00zz"') + "}",
+    "unicode-escape-in-key": _text()[:-1] + ', "rope_scaling": {"rope_type": "linear", "factor\\uXXXX": 3, '
+                             '"factor": 2}}',
+    "unicode-escape-at-end": _text()[:-1] + ', "x": "\\u12"}',
     "control-in-string": _text()[:-1] + ', "x": "a\tb\x01"}',
     "invalid-utf8": _text()[:-1].encode() + b', "x": "\xff\xfe"}',
     "control-before": "\x01\x0b " + _text(),
