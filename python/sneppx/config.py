@@ -162,8 +162,6 @@ class LLMConfig:
 
     def _init(self, config: S.Config) -> None:
         check(lib.sneppx_config_validate(ctypes.byref(config)))
-        if config.mla_naive and config.kv_lora_rank == 0:
-            raise ValueError("mla_naive: applies to MLA configs (kv_lora_rank > 0) only")
         self._config = config
         self._lock = threading.RLock()
         self._layer: Optional[Layer] = None
