@@ -10,7 +10,6 @@
 #include "config_internal.h"
 #include "sneppx/config.h"
 
-
 void sneppx_config_init(sneppx_config *config)
 {
     if (!config)
