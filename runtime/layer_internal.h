@@ -17,6 +17,7 @@ struct sneppx_packed_gemm {
     float *panels;                 /* sneppx_gemm_packed_floats(k, n, vw) per instance */
     int64_t panel_floats;          /* floats of one instance (MLA packs one per head) */
     float *bias;                   /* [n] or NULL */
+    int threads;                   /* the layer's, for packing */
 };
 
 /* Scratch of one forward call, reused across calls (never allocated per call

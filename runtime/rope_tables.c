@@ -51,7 +51,7 @@ static sneppx_status grow_cache(sneppx_layer *layer, int64_t positions)
         return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "position_ids: no memory for RoPE tables");
     layer->sin_cache = sin_cache;
     const int64_t first = layer->cached_positions;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(sneppx_thread_count(layer))
     for (int64_t chunk = first; chunk < capacity; chunk += 64) {
         int64_t last = chunk + 64 < capacity ? chunk + 64 : capacity;
         fill_rows(layer->inv_freq, half, layer->attention_factor, chunk, last, cos_cache + chunk * half,
@@ -75,7 +75,7 @@ sneppx_status sneppx_rope_tables(sneppx_layer *layer, int64_t tokens, int64_t se
         double factor;
         sneppx_config_rope_params(config, &params);
         sneppx_rope_inv_freq(&params, max_position + 1, inv_freq, &factor);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(sneppx_thread_count(layer))
         for (int64_t token = 0; token < tokens; token++) {
             const int64_t position = positions ? positions[token] : token % seq_len;
             fill_rows(inv_freq, half, factor, position, position + 1, cos_out + token * half, sin_out + token * half);
@@ -105,7 +105,7 @@ sneppx_status sneppx_rope_tables(sneppx_layer *layer, int64_t tokens, int64_t se
         const float *cos_cache = layer->cos_cache, *sin_cache = layer->sin_cache;
         const double *inv_freq = layer->inv_freq;
         const double factor = layer->attention_factor;
-#pragma omp parallel for schedule(static) if (max_position >= cached)
+#pragma omp parallel for schedule(static) if (max_position >= cached) num_threads(sneppx_thread_count(layer))
         for (int64_t token = 0; token < tokens; token++) {
             const int64_t position = positions ? positions[token] : token % seq_len;
             if (position < cached) {

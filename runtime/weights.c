@@ -12,6 +12,7 @@ sneppx_status sneppx_pack_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *g
                                int has_bias)
 {
     gemm->panel_floats = sneppx_gemm_packed_floats(gemm->k, gemm->n, layer->vector_width);
+    gemm->threads = sneppx_thread_count(layer);
     gemm->panels = sneppx_alloc_floats((size_t)(gemm->panel_floats * instances));
     if (!gemm->panels)
         return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "weights: cannot allocate %lld packed floats for %s",
@@ -30,7 +31,7 @@ void sneppx_pack_gemm_instance(struct sneppx_packed_gemm *gemm, int64_t instance
     const int64_t panel_columns = 64; /* columns per pack task: a multiple of every NR */
     const int64_t tasks = (gemm->n + panel_columns - 1) / panel_columns;
     float *dst = gemm->panels + instance * gemm->panel_floats;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(gemm->threads)
     for (int64_t task = 0; task < tasks; task++) {
         struct sneppx_args args = {0};
         args.struct_size = sizeof args;
@@ -56,13 +57,13 @@ static uint64_t splitmix64(uint64_t x)
 
 /* Tensor ids are the field order of sneppx_weights; elements are counter-based,
  * so the values do not depend on the thread count. */
-static float *synthetic_tensor(int tensor_id, int64_t count, float scale, float offset)
+static float *synthetic_tensor(int tensor_id, int64_t count, float scale, float offset, int threads)
 {
     float *tensor = malloc(sizeof(float) * (size_t)count);
     if (!tensor)
         return NULL;
     const uint64_t stream = splitmix64(SNEPPX_SYNTHETIC_SEED + (uint64_t)tensor_id);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t i = 0; i < count; i++) {
         const double unit = (double)(splitmix64(stream ^ (uint64_t)i) >> 11) * 0x1.0p-53; /* [0, 1) */
         tensor[i] = offset + scale * (float)(2.0 * unit - 1.0);
@@ -219,7 +220,8 @@ sneppx_status sneppx_layer_load_weights(sneppx_layer *layer, const sneppx_weight
         const int is_norm = strstr(tensor->name, "layernorm") != NULL;
         const int64_t in_features = tensor->rank == 2 ? tensor->shape[1] : 1;
         const float scale = tensor->rank == 2 ? (float)(1.0 / sqrt((double)in_features)) : 0.1f;
-        owned[i] = synthetic_tensor(tensor_id(tensor), tensor->shape[0] * in_features, scale, is_norm ? 1.0f : 0.0f);
+        owned[i] = synthetic_tensor(tensor_id(tensor), tensor->shape[0] * in_features, scale, is_norm ? 1.0f : 0.0f,
+                                    sneppx_thread_count(layer));
         if (!owned[i])
             status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "weights: no memory for synthetic %s", tensor->name);
         else

@@ -7,7 +7,11 @@
  *   rope         one token at a far position (max_position_embeddings 2^40)
  *                gets its cos/sin row without a table of every earlier
  *                position, bitwise equal to the cached rows' formula
+ *   threads      num_threads 1: creating a layer (synthetic weights, packing,
+ *                RoPE tables) and a forward start no thread beside the caller
+ *                (they ran OpenMP's default pool, every core, before)
  */
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,8 +153,48 @@ done:
     sneppx_layer_destroy(layer);
 }
 
+/* ---- threads ---------------------------------------------------------------------- */
+
+static int threads_of_this_process(void)
+{
+    int count = 0;
+    DIR *tasks = opendir("/proc/self/task");
+    for (struct dirent *task; tasks && (task = readdir(tasks)) != NULL;)
+        count += task->d_name[0] != '.';
+    if (tasks)
+        closedir(tasks);
+    return count;
+}
+
+/* First in main: OpenMP starts its pool at the first region with more than
+ * one thread, and keeps it, so a later check would see earlier tests' pool. */
+static void test_one_thread(void)
+{
+    const int before = threads_of_this_process();
+    sneppx_config config;
+    small_config(&config, 0, 4096);
+    config.rope_scaling.type = SNEPPX_ROPE_DYNAMIC; /* the per-call table path too */
+    config.rope_scaling.factor = 2.0;
+    config.num_threads = 1;
+    sneppx_layer *layer = make_layer(&config);
+    if (!layer)
+        return;
+    float hidden[2 * 64], out[2 * 64];
+    for (int i = 0; i < 2 * 64; i++)
+        hidden[i] = (float)(i % 5) * 0.1f;
+    const int64_t positions[] = {0, 5000}; /* past max_position_embeddings: dynamic NTK */
+    sneppx_status status = sneppx_layer_forward(layer, 1, 2, hidden, NULL, NULL, NULL, out);
+    if (status == SNEPPX_OK)
+        status = sneppx_layer_forward(layer, 1, 2, hidden, NULL, NULL, positions, out);
+    TEST_CHECK(&tally, status == SNEPPX_OK && before == 1 && threads_of_this_process() == 1,
+               "num_threads 1: %s (%s), threads %d before, %d after", sneppx_status_name(status),
+               sneppx_last_error(), before, threads_of_this_process());
+    sneppx_layer_destroy(layer);
+}
+
 int main(void)
 {
+    test_one_thread();
     test_flops();
     test_rope_far_positions();
     return test_finish(&tally);

@@ -63,7 +63,9 @@ typedef struct sneppx_config {
                                        MLA configs only */
     /* Execution */
     int use_flash_attn;             /* 1 = flash (default), 0 = materialized SDPA */
-    int num_threads;                /* 0 = OpenMP default; at most SNEPPX_MAX_THREADS */
+    int num_threads;                /* 0 = OpenMP default; at most SNEPPX_MAX_THREADS; every
+                                       parallel region of the layer (creation, packing,
+                                       RoPE tables, forwards) runs on this many */
 } sneppx_config;
 
 /* A hand config with the spec's defaults: bias on, flash on, default RoPE
