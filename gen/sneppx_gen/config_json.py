@@ -311,6 +311,15 @@ class Scope:
             raise self.fail(key, "true or false", value)
         return int(value)
 
+    def switch(self, key: str, fallback: int) -> int:
+        """A flag of the hand form: true / false, or 0 / 1 as LLMConfig's keywords take it."""
+        value = self.lookup(key)
+        if _is_number(value) and value in (0, 1):
+            return int(value)
+        if value is not None and not isinstance(value, bool):
+            raise self.fail(key, "true or false (or 0 / 1)", value)
+        return self.flag(key, fallback)
+
     def string(self, key: str) -> Optional[str]:
         value = self.lookup(key)
         if value is None:
@@ -439,14 +448,14 @@ def read_hand(root: JsonObject) -> CConfig:
     if top.lookup("rotary_dim") is not None and top.lookup("partial_rotary_factor") is not None:
         raise ConfigError("rotary_dim: give rotary_dim or partial_rotary_factor, not both")
     _read_partial_rotary(top, c)
-    bias, attention_bias = top.flag("bias", -1), top.flag("attention_bias", -1)
+    bias, attention_bias = top.switch("bias", -1), top.switch("attention_bias", -1)
     if bias >= 0 and attention_bias >= 0 and bias != attention_bias:
         raise ConfigError(f"attention_bias: {describe(bool(attention_bias))} and bias {describe(bool(bias))} disagree")
     both = attention_bias if attention_bias >= 0 else (1 if bias < 0 else bias)
-    c.qkv_bias = top.flag("qkv_bias", both)
-    c.o_bias = top.flag("o_bias", both)
-    c.rope_interleaved = top.flag("rope_interleaved", int(c.kv_lora_rank > 0))
-    c.use_flash_attn = top.flag("use_flash_attn", 1)
+    c.qkv_bias = top.switch("qkv_bias", both)
+    c.o_bias = top.switch("o_bias", both)
+    c.rope_interleaved = top.switch("rope_interleaved", int(c.kv_lora_rank > 0))
+    c.use_flash_attn = top.switch("use_flash_attn", 1)
     return c
 
 

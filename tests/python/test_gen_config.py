@@ -256,9 +256,15 @@ def test_hand_form_is_read_with_the_same_rules(tmp_path):
     path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "rope_theta": -5}))
     with pytest.raises(config_json.ConfigError, match=r"hand\.json: config\.rope_theta: -5 must be"):
         config_json.read_file(str(path))
-    path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "qkv_bias": 1}))
-    with pytest.raises(config_json.ConfigError, match=r"qkv_bias: expected true or false, got 1"):
+    path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "qkv_bias": 2}))
+    with pytest.raises(config_json.ConfigError, match=r"qkv_bias: expected true or false \(or 0 / 1\), got 2"):
         config_json.read_file(str(path))
+    # Flags as LLMConfig takes them: bools or 0 / 1.
+    path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "qkv_bias": 1, "o_bias": 0,
+                                "use_flash_attn": False}))
+    _, config = config_json.read_file(str(path))
+    want = sneppx.LLMConfig(hidden_size=64, num_attention_heads=4, qkv_bias=1, o_bias=0, use_flash_attn=False)
+    assert config_json.describe_config(config) == _fields(want._config)
     path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "bias": False, "o_bias": True}))
     _, config = config_json.read_file(str(path))
     want = sneppx.LLMConfig(hidden_size=64, num_attention_heads=4, bias=False, o_bias=True)._config
