@@ -375,14 +375,14 @@ sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t s
     sneppx_clear_error();
     if (!layer)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer: must not be NULL");
-    if (batch <= 0 || batch > ((int64_t)1 << 24))
+    if (batch <= 0 || batch > SNEPPX_MAX_SEQ_LEN)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "batch: %lld must be in [1, 2^24]", (long long)batch);
-    if (seq_len <= 0 || seq_len > ((int64_t)1 << 24))
+    if (seq_len <= 0 || seq_len > SNEPPX_MAX_SEQ_LEN)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "seq_len: %lld must be in [1, 2^24]",
                            (long long)seq_len);
     const sneppx_config *config = &layer->config;
     int64_t tokens;
-    if (__builtin_mul_overflow(batch, seq_len, &tokens) || tokens > ((int64_t)1 << 26) ||
+    if (__builtin_mul_overflow(batch, seq_len, &tokens) || tokens > SNEPPX_MAX_TOKENS ||
         tokens * (layer->qkv_dim + layer->attn_dim + config->hidden_size) > ((int64_t)1 << 40))
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                            "batch * seq_len: %lld x %lld tokens is too large for this layer",

@@ -33,11 +33,9 @@ static const char *source_name(sneppx_kernel_source source)
     }
 }
 
-/* --seq and --batch at most what sneppx_layer_forward accepts (2^24 each,
- * 2^26 tokens in all), so that tokens x hidden cannot overflow before the
- * forward checks them. */
-#define MAX_TOKENS_PER_AXIS (1LL << 24)
-#define MAX_TOKENS (1LL << 26)
+/* --seq and --batch are bounded as sneppx_layer_forward bounds them
+ * (SNEPPX_MAX_SEQ_LEN each, SNEPPX_MAX_TOKENS in all), so that tokens x hidden
+ * cannot overflow before the forward checks them. */
 #define MAX_REPEAT (1LL << 24) /* timed runs; one more warms up, and r <= repeat must not overflow */
 
 /* The value of option `name` as an integer in [min, max]; complains naming the option otherwise. */
@@ -164,10 +162,10 @@ int main(int argc, char **argv)
             }
             archs[arch_count++] = value;
         } else if (!strcmp(arg, "--seq")) {
-            if (parse_count("--seq", value, 1, MAX_TOKENS_PER_AXIS, &seq_len) != 0)
+            if (parse_count("--seq", value, 1, SNEPPX_MAX_SEQ_LEN, &seq_len) != 0)
                 return 2;
         } else if (!strcmp(arg, "--batch")) {
-            if (parse_count("--batch", value, 1, MAX_TOKENS_PER_AXIS, &batch) != 0)
+            if (parse_count("--batch", value, 1, SNEPPX_MAX_SEQ_LEN, &batch) != 0)
                 return 2;
         } else if (!strcmp(arg, "--threads")) {
             if (parse_count("--threads", value, 0, SNEPPX_MAX_THREADS, &threads) != 0)
@@ -190,9 +188,9 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (seq_len * batch > MAX_TOKENS) {
+    if (seq_len * batch > SNEPPX_MAX_TOKENS) {
         fprintf(stderr, "sneppx-run: --batch %lld x --seq %lld = %lld tokens; at most %lld (2^26) per forward\n",
-                batch, seq_len, batch * seq_len, MAX_TOKENS);
+                batch, seq_len, batch * seq_len, (long long)SNEPPX_MAX_TOKENS);
         return 2;
     }
     if (arch_count == 0) {
