@@ -6,6 +6,8 @@ import math
 import numbers
 from typing import Any, Dict, Mapping, Optional
 
+import numpy as np
+
 from . import _structs as S
 
 ROPE_TYPES = {"default": S.ROPE_DEFAULT, "linear": S.ROPE_LINEAR, "dynamic": S.ROPE_DYNAMIC,
@@ -25,6 +27,21 @@ _YARN_BETA_FAST, _YARN_BETA_SLOW = 32.0, 1.0
 INT64_MAX = 2 ** 63 - 1
 INT64_MIN = -2 ** 63
 INT_MAX = 2 ** 31 - 1       # C int (sneppx_config.num_threads)
+
+
+def c_count(name: str, value: Any, c_type: str = "int64") -> int:
+    """A non-negative Python or numpy integer for a C int64_t (or int) field or argument:
+    TypeError for anything else, ValueError naming name and the value when it is negative
+    or beyond the C type (ctypes would store it modulo 2^64 / 2^32)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an integer, got {value!r}")
+    value = int(value)
+    if value < 0:
+        raise ValueError(f"{name}: {value} must be >= 0")
+    maximum = INT64_MAX if c_type == "int64" else INT_MAX
+    if value > maximum:
+        raise ValueError(f"{name}: {value} does not fit in {c_type} (the C type; at most {maximum})")
+    return value
 
 
 def _real(name: str, value: Any) -> float:

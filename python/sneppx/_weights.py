@@ -11,13 +11,13 @@ from typing import Any, Dict, List, Mapping, Tuple
 
 import numpy as np
 
+from . import _hf
 from . import _structs as S
 from ._layer import Layer
 from ._library import lib
 from .errors import check
 
 _SELF_ATTN = "self_attn."
-_INT64_MAX = 2 ** 63 - 1     # sneppx_attn_weights_load's layer is int64_t
 # Field of sneppx_weights at each byte offset (the C side reports offsetof()).
 _FIELD_AT_OFFSET = {getattr(S.Weights, name).offset: name for name, _ in S.Weights._fields_}
 
@@ -99,13 +99,7 @@ class StateDictWeights:
 
 class CheckpointWeights:
     def __init__(self, path: "os.PathLike[str] | str", layer: int = 0):
-        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
-            raise TypeError(f"layer: expected an integer, got {layer!r}")
-        layer = int(layer)
-        if layer < 0:
-            raise ValueError(f"layer: {layer} must be >= 0")
-        if layer > _INT64_MAX:
-            raise ValueError(f"layer: {layer} does not fit in int64 (the C argument's type)")
+        layer = _hf.c_count("layer", layer)    # sneppx_attn_weights_load's layer is int64_t
         try:
             self.path = os.fsencode(path)
         except TypeError:

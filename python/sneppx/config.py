@@ -21,19 +21,8 @@ from .errors import FileError, check
 def _size(name: str, value: Any, default: int = 0, c_type: str = "int64") -> int:
     """An optional non-negative size; None means default (0 = 'derive' / 'none' in the C struct).
 
-    c_type: the C field's type, "int64" or "int"; a larger value raises ValueError
-    (ctypes would store it modulo 2^64 / 2^32)."""
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an integer, got {value!r}")
-    value = int(value)
-    if value < 0:
-        raise ValueError(f"{name}: {value} must be >= 0")
-    maximum = _hf.INT64_MAX if c_type == "int64" else _hf.INT_MAX
-    if value > maximum:
-        raise ValueError(f"{name}: {value} does not fit in {c_type} (the C field's type; at most {maximum})")
-    return value
+    c_type: the C field's type, "int64" or "int" (_hf.c_count)."""
+    return default if value is None else _hf.c_count(name, value, c_type)
 
 
 def _partial_rotary_dim(config: S.Config, partial_rotary_factor: Any) -> int:
