@@ -484,9 +484,9 @@ static int is_lock_file(const char *name, const struct stat *info)
 }
 
 /* Unlinks the lock file `name` unless a process holds it or it is not ours
- * (is_lock_file). It is taken without
- * blocking and unlinked while held, so a process waiting on it finds it gone
- * afterwards and takes a new one (sneppx_disk_cache_lock). A held lock stays:
+ * (is_lock_file). It is taken without blocking and unlinked while held, so a
+ * process waiting on it finds it gone afterwards and takes a new one
+ * (sneppx_disk_cache_lock). A held lock stays:
  * unlinked, it would let a second process create a new lock file and build
  * the same key beside the holder. Returns -1 (errno set) if the unlink failed. */
 static int remove_free_lock(const char *name)

@@ -314,11 +314,11 @@ class Scope:
     def switch(self, key: str, fallback: int) -> int:
         """A flag of the hand form: true / false, or 0 / 1 as LLMConfig's keywords take it."""
         value = self.lookup(key)
-        if _is_number(value) and value in (0, 1):
+        if value is None:
+            return fallback
+        if isinstance(value, bool) or (_is_number(value) and value in (0, 1)):
             return int(value)
-        if value is not None and not isinstance(value, bool):
-            raise self.fail(key, "true or false (or 0 / 1)", value)
-        return self.flag(key, fallback)
+        raise self.fail(key, "true or false (or 0 / 1)", value)
 
     def string(self, key: str) -> Optional[str]:
         value = self.lookup(key)
