@@ -147,7 +147,7 @@ void bench_stage_attention(struct bench_context *ctx)
 
     const int64_t q_width = KV_HEADS * GROUP * HEAD_DIM, kv_width = KV_HEADS * HEAD_DIM;
     struct attention_buffers b;
-    b.scratch_floats = sneppx_attn_flash_scratch_floats(GROUP, HEAD_DIM);
+    b.scratch_floats = sneppx_attn_flash_scratch_floats(GROUP, HEAD_DIM, HEAD_DIM);
     if (sneppx_attn_sdpa_scratch_floats(GROUP, max_tokens) > b.scratch_floats)
         b.scratch_floats = sneppx_attn_sdpa_scratch_floats(GROUP, max_tokens);
     b.scratch_floats = (b.scratch_floats + 15) / 16 * 16; /* keeps every thread's slice 64-byte aligned */

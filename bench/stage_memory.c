@@ -36,7 +36,7 @@ static struct memory_budget budget_of(const sneppx_config *c, int64_t tokens, in
     b.weights = 4.0 * (double)(sneppx_gemm_packed_floats(c->hidden_size, qkv_dim, vector_width) +
                                sneppx_gemm_packed_floats(q_dim, c->hidden_size, vector_width));
     b.activations = 4.0 * (double)tokens * (2.0 * (double)c->hidden_size + (double)qkv_dim + (double)q_dim + rotary);
-    const int64_t flash = sneppx_attn_flash_scratch_floats(group, (int64_t)head_dim);
+    const int64_t flash = sneppx_attn_flash_scratch_floats(group, (int64_t)head_dim, (int64_t)head_dim);
     const int64_t sdpa = sneppx_attn_sdpa_scratch_floats(group, tokens);
     b.scratch = 4.0 * threads * (double)(flash > sdpa ? flash : sdpa);
     return b;

@@ -18,7 +18,7 @@ seconds="${1:-30}"
 shift || true
 harnesses=("$@")
 if [ ${#harnesses[@]} -eq 0 ]; then
-  harnesses=(config_name config_json config_validate cache_entry safetensors checkpoint_index)
+  harnesses=(config_name config_json config_validate cache_entry safetensors checkpoint_index layer_forward)
 fi
 
 CC=clang-19 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -5,9 +5,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "error.h"
-#include "kernel_table.h"
 #include "config_internal.h"
+#include "config_ranges.h"
+#include "error.h"
+#include "presets.h"
 #include "sneppx/config.h"
 
 void sneppx_config_init(sneppx_config *config)
@@ -104,6 +105,31 @@ int64_t sneppx_config_rotary_dim(const sneppx_config *config)
     return config->rotary_dim > 0 ? config->rotary_dim : sneppx_config_head_dim(config);
 }
 
+/* The ranges of limits.py (config_ranges.h), in their order; the MLA-only
+ * ones when kv_lora_rank > 0. */
+static sneppx_status check_ranges(const sneppx_config *config)
+{
+    const int mla = config->kv_lora_rank > 0;
+    for (int i = 0; i < sneppx_config_range_count; i++) {
+        const struct sneppx_config_range *range = &sneppx_config_ranges[i];
+        if (range->mla_only && !mla)
+            continue;
+        const char *member = (const char *)config + range->offset;
+        int64_t value;
+        if (range->size == sizeof(int)) {
+            int narrow;
+            memcpy(&narrow, member, sizeof narrow);
+            value = narrow;
+        } else {
+            memcpy(&value, member, sizeof value);
+        }
+        if (value < range->low || value > range->high)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.%s: %lld is outside [%lld, %lld]", range->field,
+                               (long long)value, (long long)range->low, (long long)range->high);
+    }
+    return SNEPPX_OK;
+}
+
 #define CHECK_RANGE(field, lo, hi)                                                              \
     do {                                                                                        \
         if ((config->field) < (lo) || (config->field) > (hi))                                   \
@@ -196,31 +222,25 @@ sneppx_status sneppx_config_validate(const sneppx_config *config)
     CHECK_FLAG(o_bias);
     CHECK_FLAG(mla_naive);
     CHECK_FLAG(use_flash_attn);
-    CHECK_RANGE(hidden_size, 1, SNEPPX_MAX_DIM);
-    CHECK_RANGE(num_attention_heads, 1, SNEPPX_MAX_HEADS);
-    CHECK_RANGE(max_position_embeddings, 1, SNEPPX_MAX_POSITIONS);
-    CHECK_RANGE(sliding_window, 0, SNEPPX_MAX_POSITIONS);
-    CHECK_RANGE(num_threads, 0, SNEPPX_MAX_THREADS);
-    CHECK_RANGE(head_dim, 0, SNEPPX_MAX_HEAD_DIM);
-    CHECK_RANGE(rotary_dim, 0, SNEPPX_MAX_HEAD_DIM);
+    sneppx_status status = check_ranges(config);
+    if (status != SNEPPX_OK)
+        return status;
 
+    /* The attention kernels' head dims step in SNEPPX_HEAD_DIM_MULTIPLE; MLA
+     * makes them of sums (absorbed: kv_lora + rope, naive: nope + rope). */
+    enum { M = SNEPPX_HEAD_DIM_MULTIPLE };
     if (config->kv_lora_rank > 0) {
-        CHECK_RANGE(kv_lora_rank, 16, SNEPPX_MAX_LATENT_DIM);
-        CHECK_RANGE(q_lora_rank, 0, SNEPPX_MAX_DIM);
-        CHECK_RANGE(qk_nope_head_dim, 1, SNEPPX_MAX_HEAD_DIM);
-        CHECK_RANGE(qk_rope_head_dim, 2, SNEPPX_MAX_HEAD_DIM);
-        CHECK_RANGE(v_head_dim, 16, SNEPPX_MAX_HEAD_DIM);
-        if ((config->qk_nope_head_dim + config->qk_rope_head_dim) % 16 != 0)
+        if ((config->qk_nope_head_dim + config->qk_rope_head_dim) % M != 0)
             return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                               "config.qk_nope_head_dim + qk_rope_head_dim: %lld must be a multiple of 16",
-                               (long long)(config->qk_nope_head_dim + config->qk_rope_head_dim));
-        if ((config->kv_lora_rank + config->qk_rope_head_dim) % 16 != 0 || config->kv_lora_rank % 16 != 0)
+                               "config.qk_nope_head_dim + qk_rope_head_dim: %lld must be a multiple of %d",
+                               (long long)(config->qk_nope_head_dim + config->qk_rope_head_dim), M);
+        if ((config->kv_lora_rank + config->qk_rope_head_dim) % M != 0 || config->kv_lora_rank % M != 0)
             return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                               "config.kv_lora_rank: %lld (and + qk_rope_head_dim) must be a multiple of 16",
-                               (long long)config->kv_lora_rank);
-        if (config->v_head_dim % 16 != 0)
-            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.v_head_dim: %lld must be a multiple of 16",
-                               (long long)config->v_head_dim);
+                               "config.kv_lora_rank: %lld (and + qk_rope_head_dim) must be a multiple of %d",
+                               (long long)config->kv_lora_rank, M);
+        if (config->v_head_dim % M != 0)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.v_head_dim: %lld must be a multiple of %d",
+                               (long long)config->v_head_dim, M);
         if (config->sliding_window != 0)
             return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.sliding_window: MLA has no sliding window");
         return validate_rope(config, config->qk_rope_head_dim);
@@ -239,10 +259,10 @@ sneppx_status sneppx_config_validate(const sneppx_config *config)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                            "config.head_dim: 0 means hidden_size/num_attention_heads, but %lld/%lld is not whole",
                            (long long)config->hidden_size, (long long)config->num_attention_heads);
-    if (head_dim < 16 || head_dim > SNEPPX_MAX_HEAD_DIM || head_dim % 16 != 0)
+    if (head_dim < M || head_dim > SNEPPX_MAX_HEAD_DIM || head_dim % M != 0)
         return sneppx_fail(SNEPPX_ERR_UNSUPPORTED,
-                           "config.head_dim: %lld is not supported (a multiple of 16 from 16 to %d)",
-                           (long long)head_dim, SNEPPX_MAX_HEAD_DIM);
+                           "config.head_dim: %lld is not supported (a multiple of %d from %d to %lld)",
+                           (long long)head_dim, M, M, (long long)SNEPPX_MAX_HEAD_DIM);
     const int64_t rotary_dim = sneppx_config_rotary_dim(config);
     if (rotary_dim > head_dim)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.rotary_dim: %lld exceeds head_dim %lld",

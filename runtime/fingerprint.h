@@ -4,12 +4,13 @@
  * computed here, which covers everything that changes the machine code: the
  * bitcode (so the templates and the generator), the key, the sneppx, ABI and
  * LLVM versions, the optimization and code generation options, and the host
- * triple, CPU name and features. Never modification times. */
+ * triple, CPU name and features. Never modification times. The caller passes
+ * each of them in: this module knows hashing, not where the parts come from. */
 #ifndef SNEPPX_RUNTIME_FINGERPRINT_H
 #define SNEPPX_RUNTIME_FINGERPRINT_H
 #include <stddef.h>
 #include <stdint.h>
-#include "sneppx/status.h"
+#include "host.h"
 
 #define SNEPPX_SHA256_SIZE 32
 #define SNEPPX_SHA256_HEX_SIZE (2 * SNEPPX_SHA256_SIZE + 1)
@@ -20,11 +21,9 @@ void sneppx_sha256(const void *data, size_t size, uint8_t digest[SNEPPX_SHA256_S
 /* Lower-case hex of a digest, NUL-terminated. */
 void sneppx_sha256_hex(const uint8_t digest[SNEPPX_SHA256_SIZE], char hex[SNEPPX_SHA256_HEX_SIZE]);
 
-/* The fingerprint of the kernel named by key: its family and vector width are
- * read from the key (`<family>-...-v<width>`), the bitcode hash from the
- * embedded table, the host from LLVM. SNEPPX_ERR_INVALID_ARGUMENT for a key
- * of another form, SNEPPX_ERR_UNSUPPORTED when the key names no embedded
- * bitcode. Thread-safe. */
-sneppx_status sneppx_kernel_fingerprint(const char *key, uint8_t fingerprint[SNEPPX_SHA256_SIZE]);
+/* The fingerprint of the kernel named by key, compiled from the bitcode whose
+ * SHA-256 is bitcode_sha256_hex with the JIT's options for host. */
+void sneppx_fingerprint_kernel(const char *key, const char *bitcode_sha256_hex, const sneppx_host *host,
+                               const char *jit_options, uint8_t fingerprint[SNEPPX_SHA256_SIZE]);
 
 #endif

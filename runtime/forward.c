@@ -225,18 +225,12 @@ static void forward_mla(const sneppx_layer *layer, const struct sneppx_workspace
     run_gemm(layer, &layer->o_proj, 1, ws->heads_out, layer->attn_dim, 0, out, hidden_size, 0, tokens);
 }
 
-sneppx_status sneppx_forward_run(sneppx_layer *layer, struct sneppx_workspace *ws, int64_t batch,
-                                 int64_t seq_len, const float *hidden, const float *mask,
-                                 int64_t mask_batch_stride, float *out)
+void sneppx_forward_run(const sneppx_layer *layer, const sneppx_kernel *attention, const struct sneppx_workspace *ws,
+                        int64_t batch, int64_t seq_len, const float *hidden, const float *mask,
+                        int64_t mask_batch_stride, float *out)
 {
-    const sneppx_kernel *attention;
-    sneppx_status status =
-        sneppx_layer_attention_kernel(layer, atomic_load(&layer->use_flash), mask != NULL, &attention);
-    if (status != SNEPPX_OK)
-        return status;
     if (layer->is_mla)
         forward_mla(layer, ws, attention, batch, seq_len, hidden, mask, mask_batch_stride, out);
     else
         forward_standard(layer, ws, attention, batch, seq_len, hidden, mask, mask_batch_stride, out);
-    return SNEPPX_OK;
 }

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "host.h"
 #include "perf_map.h"
 
 /* Changing any of these changes the code: the string below is part of every
@@ -41,41 +42,6 @@
 
 #define SPEC_PREFIX "spec_"
 #define TEMPLATE_ENTRY "sneppx_kernel"
-
-/* ---- host, resolved once ---------------------------------------------- */
-
-static sneppx_jit_host host;
-
-/* features is LLVM's comma-separated "+name"/"-name" list. */
-static int has_feature(const char *features, const char *feature)
-{
-    size_t length = strlen(feature);
-    for (const char *at = features; (at = strstr(at, feature)) != NULL; at += length)
-        if ((at == features || at[-1] == ',') && (at[length] == ',' || at[length] == '\0'))
-            return 1;
-    return 0;
-}
-static pthread_once_t host_once = PTHREAD_ONCE_INIT;
-
-static void resolve_host(void)
-{
-    LLVMInitializeNativeTarget();
-    LLVMInitializeNativeAsmPrinter();
-    char *default_triple = LLVMGetDefaultTargetTriple();
-    host.triple = LLVMNormalizeTargetTriple(default_triple);
-    LLVMDisposeMessage(default_triple);
-    host.cpu = LLVMGetHostCPUName();
-    host.features = LLVMGetHostCPUFeatures();
-    host.vector_width = has_feature(host.features, "+avx512f") ? 16 : 8;
-}
-
-const sneppx_jit_host *sneppx_jit_host_info(void)
-{
-    pthread_once(&host_once, resolve_host);
-    return &host;
-}
-
-int sneppx_host_vector_width(void) { return sneppx_jit_host_info()->vector_width; }
 
 const char *sneppx_jit_options(void) { return JIT_OPTIONS; }
 
@@ -91,26 +57,6 @@ int sneppx_jit_allowed(void)
     return value;
 }
 
-/* ---- the family and bitcode tables ------------------------------------- */
-
-const struct sneppx_kernel_family *sneppx_jit_family(const char *name)
-{
-    for (int i = 0; i < sneppx_kernel_family_count; i++)
-        if (strcmp(sneppx_kernel_families[i].family, name) == 0)
-            return &sneppx_kernel_families[i];
-    return NULL;
-}
-
-const struct sneppx_embedded_bitcode *sneppx_jit_bitcode(const char *family, int vector_width)
-{
-    for (int i = 0; i < sneppx_embedded_bitcode_count; i++) {
-        const struct sneppx_embedded_bitcode *bitcode = &sneppx_embedded_bitcodes[i];
-        if (bitcode->vector_width == vector_width && strcmp(bitcode->family, family) == 0)
-            return bitcode;
-    }
-    return NULL;
-}
-
 /* ---- specialization ---------------------------------------------------- */
 
 /* Consumes an LLVMErrorRef into a sneppx error that names the step and key. */
@@ -124,7 +70,7 @@ static sneppx_status fail_llvm(LLVMErrorRef error, const char *step, const char 
 
 static LLVMTargetMachineRef create_host_target_machine(const char *key)
 {
-    const sneppx_jit_host *h = sneppx_jit_host_info();
+    const sneppx_host *h = sneppx_host_info();
     LLVMTargetRef target;
     char *message = NULL;
     if (LLVMGetTargetFromTriple(h->triple, &target, &message)) {
@@ -228,7 +174,7 @@ static sneppx_status rename_and_internalize(LLVMModuleRef module, const struct s
  * the target machine, so the host's replace them on every definition. */
 static void set_host_attributes(LLVMModuleRef module)
 {
-    const sneppx_jit_host *h = sneppx_jit_host_info();
+    const sneppx_host *h = sneppx_host_info();
     LLVMContextRef context = LLVMGetModuleContext(module);
     for (LLVMValueRef f = LLVMGetFirstFunction(module); f; f = LLVMGetNextFunction(f)) {
         if (LLVMIsDeclaration(f))
@@ -263,7 +209,7 @@ static sneppx_status build_module(const struct sneppx_kernel_family *family, con
     sneppx_status status = sneppx_kernel_key(family->family, values, vector_width, key, sizeof key);
     if (status != SNEPPX_OK)
         return status;
-    const struct sneppx_embedded_bitcode *bitcode = sneppx_jit_bitcode(family->family, vector_width);
+    const struct sneppx_embedded_bitcode *bitcode = sneppx_kernel_bitcode_find(family->family, vector_width);
     if (!bitcode)
         return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "kernel '%s': this build embeds no bitcode for %s at vector width %d",
                            key, family->family, vector_width);
@@ -287,7 +233,7 @@ static sneppx_status build_module(const struct sneppx_kernel_family *family, con
         (status = rename_and_internalize(*module, family, key)) != SNEPPX_OK)
         goto fail;
     set_host_attributes(*module);
-    LLVMSetTarget(*module, sneppx_jit_host_info()->triple);
+    LLVMSetTarget(*module, sneppx_host_info()->triple);
     LLVMTargetDataRef layout = LLVMCreateTargetDataLayout(*machine);
     LLVMSetModuleDataLayout(*module, layout);
     LLVMDisposeTargetData(layout);
@@ -385,7 +331,7 @@ static void record_creation_error(LLVMErrorRef error, const char *step)
 
 static void create_jit(void)
 {
-    sneppx_jit_host_info(); /* initializes the native target */
+    sneppx_host_info(); /* initializes the native target */
     LLVMOrcJITTargetMachineBuilderRef machine_builder;
     LLVMErrorRef error = LLVMOrcJITTargetMachineBuilderDetectHost(&machine_builder);
     if (error) {

@@ -1,36 +1,20 @@
 /* Internal: the LLVM side of the runtime. Specializes the embedded bitcode of
  * a kernel family for one key, optimizes it for the host, emits an object
  * file, and links object files into the one process-wide ORC LLJIT.
- * Knows nothing about caches: runtime/kernel_cache.c decides what to compile,
+ * Knows nothing about caches: runtime/kernels.c decides what to compile,
  * load or reuse. */
 #ifndef SNEPPX_RUNTIME_JIT_H
 #define SNEPPX_RUNTIME_JIT_H
 #include <stddef.h>
 #include <stdint.h>
-#include "kernel_table.h"
-#include "kernels.h"
+#include "kernel_registry.h"
 #include "sneppx/status.h"
-
-/* The host as LLVM sees it; resolved once, lives until process exit. */
-typedef struct sneppx_jit_host {
-    const char *triple;     /* normalized, "x86_64-pc-linux-gnu" */
-    const char *cpu;        /* "znver4" */
-    const char *features;   /* "+avx512f,+fma,...,-amx-tile" */
-    int vector_width;       /* 16 with +avx512f, else 8 */
-} sneppx_jit_host;
-
-const sneppx_jit_host *sneppx_jit_host_info(void);
+#include "sneppx_abi.h"
 
 /* Everything besides the bitcode, key and host that shapes the object code:
  * the pass pipeline and its tuning, the code generation options. Part of the
  * disk cache fingerprint. */
 const char *sneppx_jit_options(void);
-
-/* The family named name, or NULL. */
-const struct sneppx_kernel_family *sneppx_jit_family(const char *name);
-
-/* The embedded bitcode of family at vector_width, or NULL. */
-const struct sneppx_embedded_bitcode *sneppx_jit_bitcode(const char *family, int vector_width);
 
 /* 0 when SNEPPX_JIT=0 forbids compiling (read once). */
 int sneppx_jit_allowed(void);

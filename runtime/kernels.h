@@ -4,25 +4,28 @@
 #define SNEPPX_RUNTIME_KERNELS_H
 #include <stddef.h>
 #include <stdint.h>
+#include "fingerprint.h"
+#include "host.h"
+#include "kernel_registry.h"
 #include "sneppx/status.h"
 #include "sneppx_abi.h"
 
-#define SNEPPX_KEY_MAX 160
-
 typedef struct sneppx_kernel {
     char key[SNEPPX_KEY_MAX];     /* canonical text, e.g. attn_flash-d128-dv128-g4-w0-causal-v16 */
-    sneppx_kernel_fn entry[2];    /* entry[0] the kernel, entry[1] e.g. the GEMM pack (or NULL) */
+    sneppx_kernel_fn entry[SNEPPX_MAX_ENTRIES]; /* entry[0] the kernel, entry[1] e.g. the GEMM pack (or NULL) */
 } sneppx_kernel;
-
-/* Formats the canonical key of family/values/vector width into key (SNEPPX_KEY_MAX). */
-sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, int vector_width,
-                                char *key, size_t key_size);
 
 /* Returns the kernel for the key, compiling it at most once per process (and
  * at most once per machine while the disk cache holds it). The returned
  * object lives until process exit. Thread-safe. */
 sneppx_status sneppx_kernel_resolve(const char *family, const int64_t *values, int vector_width,
                                     const sneppx_kernel **kernel);
+
+/* The disk cache fingerprint this build and host give the kernel of key
+ * (for tools that hold only a key, as read from the cache's index).
+ * SNEPPX_ERR_INVALID_ARGUMENT for text that is no key, SNEPPX_ERR_UNSUPPORTED
+ * when the build embeds no such bitcode. */
+sneppx_status sneppx_kernel_fingerprint(const char *key, uint8_t fingerprint[SNEPPX_SHA256_SIZE]);
 
 /* Sets up what every resolve needs once per process (the LLJIT that links
  * each kernel's object, ~3 ms), so that threads resolving keys side by side
@@ -33,8 +36,5 @@ void sneppx_kernel_prepare(void);
  * handed out before become invalid) and zeroes the JIT statistics, so the
  * next resolve goes to the disk cache or the JIT again. Not thread-safe. */
 void sneppx_kernel_cache_reset_for_testing(void);
-
-/* 16 on AVX-512 hosts, 8 otherwise (the host CPU's features as LLVM reports them). */
-int sneppx_host_vector_width(void);
 
 #endif

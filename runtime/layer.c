@@ -7,7 +7,7 @@
 
 #include "config_internal.h"
 #include "error.h"
-#include "kernel_table.h"
+#include "kernel_registry.h"
 #include "layer_internal.h"
 
 /* Records a resolved kernel once (key line and timing); caller holds layer->lock. */
@@ -95,6 +95,18 @@ static void request_attention(struct kernel_requests *requests, const sneppx_lay
  * first failure in that order is the error reported. */
 static sneppx_status resolve_requests(sneppx_layer *layer, struct kernel_requests *requests)
 {
+    /* Every key against the registry's ranges first: a config that derives an
+     * illegal key is refused before anything compiles. */
+    for (int i = 0; i < requests->count; i++) {
+        const struct kernel_request *r = &requests->items[i];
+        char key[SNEPPX_KEY_MAX];
+        if (sneppx_kernel_key(r->family, r->values, layer->vector_width, key, sizeof key) != SNEPPX_OK) {
+            char reason[512];
+            snprintf(reason, sizeof reason, "%s", sneppx_last_error());
+            return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config: derives a %s kernel no template is built for: %s",
+                               r->family, reason);
+        }
+    }
     const int threads = sneppx_thread_count(layer) < requests->count ? sneppx_thread_count(layer) : requests->count;
     /* Once per process, before the first key: no thread's key waits for it. */
     sneppx_kernel_prepare();
@@ -118,8 +130,11 @@ static sneppx_status resolve_requests(sneppx_layer *layer, struct kernel_request
     return SNEPPX_OK;
 }
 
-sneppx_status sneppx_layer_attention_kernel(sneppx_layer *layer, int flash, int explicit_mask,
-                                            const sneppx_kernel **kernel)
+/* The attention kernel of this layer for (flash, explicit mask), resolved on
+ * first use (a layer made with flash resolves SDPA when switched, and the
+ * explicit-mask variant at its first masked call). Thread-safe. */
+static sneppx_status attention_kernel(sneppx_layer *layer, int flash, int explicit_mask,
+                                      const sneppx_kernel **kernel)
 {
     const sneppx_kernel *cached = atomic_load_explicit(&layer->attention[flash][explicit_mask],
                                                        memory_order_acquire);
@@ -272,7 +287,7 @@ sneppx_status sneppx_layer_set_flash(sneppx_layer *layer, int use_flash_attn)
     if (use_flash_attn != 0 && use_flash_attn != 1)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "use_flash_attn: %d must be 0 or 1", use_flash_attn);
     const sneppx_kernel *attention;
-    sneppx_status status = sneppx_layer_attention_kernel(layer, use_flash_attn, 0, &attention);
+    sneppx_status status = attention_kernel(layer, use_flash_attn, 0, &attention);
     if (status != SNEPPX_OK)
         return status;
     atomic_store(&layer->use_flash, use_flash_attn);
@@ -432,15 +447,18 @@ sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t s
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "position_ids: position %lld is too large",
                            (long long)max_position);
 
-    struct sneppx_workspace *workspace;
-    sneppx_status status = sneppx_workspace_acquire(layer, batch, seq_len, &workspace);
+    const sneppx_kernel *attention;
+    sneppx_status status = attention_kernel(layer, atomic_load(&layer->use_flash), attention_mask != NULL, &attention);
     if (status != SNEPPX_OK)
+        return status;
+    struct sneppx_workspace *workspace;
+    if ((status = sneppx_workspace_acquire(layer, batch, seq_len, &workspace)) != SNEPPX_OK)
         return status;
     status = sneppx_rope_tables(layer, tokens, seq_len, position_ids, max_position,
                                 workspace->cos, workspace->sin);
     if (status == SNEPPX_OK)
-        status = sneppx_forward_run(layer, workspace, batch, seq_len, hidden_states, attention_mask,
-                                    mask_batch_stride, out);
+        sneppx_forward_run(layer, attention, workspace, batch, seq_len, hidden_states, attention_mask,
+                           mask_batch_stride, out);
     sneppx_workspace_release(layer, workspace);
     return status;
 }

@@ -86,10 +86,6 @@ struct sneppx_layer {
     size_t keys_len;
 };
 
-/* layer.c */
-sneppx_status sneppx_layer_attention_kernel(sneppx_layer *layer, int flash, int explicit_mask,
-                                            const sneppx_kernel **kernel);
-
 /* weights.c */
 sneppx_status sneppx_pack_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *gemm, int64_t instances,
                                int has_bias);
@@ -109,9 +105,11 @@ sneppx_status sneppx_rope_tables(sneppx_layer *layer, int64_t tokens, int64_t se
                                  int64_t max_position, float *cos, float *sin);
 
 /* forward.c */
-sneppx_status sneppx_forward_run(sneppx_layer *layer, struct sneppx_workspace *ws, int64_t batch,
-                                 int64_t seq_len, const float *hidden, const float *mask,
-                                 int64_t mask_batch_stride, float *out);
+/* Runs every stage with the layer's kernels and the given attention kernel
+ * (layer.c resolves it for the call's mask mode); arguments already validated. */
+void sneppx_forward_run(const sneppx_layer *layer, const sneppx_kernel *attention, const struct sneppx_workspace *ws,
+                        int64_t batch, int64_t seq_len, const float *hidden, const float *mask,
+                        int64_t mask_batch_stride, float *out);
 
 /* workspace.c */
 sneppx_status sneppx_workspace_acquire(sneppx_layer *layer, int64_t batch, int64_t seq_len,

@@ -14,7 +14,7 @@ static sneppx_status workspace_create(sneppx_layer *layer, int64_t batch, int64_
     const int64_t tokens = batch * seq_len;
     const int64_t heads = config->num_attention_heads;
     const int64_t threads = sneppx_thread_count(layer);
-    const int64_t flash = sneppx_attn_flash_scratch_floats(layer->attn_group, layer->attn_v_head_dim);
+    const int64_t flash = sneppx_attn_flash_scratch_floats(layer->attn_group, layer->attn_head_dim, layer->attn_v_head_dim);
     const int64_t sdpa = sneppx_attn_sdpa_scratch_floats(layer->attn_group, seq_len);
     int64_t per_thread = round_up(flash > sdpa ? flash : sdpa, 16);
 

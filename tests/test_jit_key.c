@@ -6,6 +6,7 @@
 
 #include "jit.h"
 #include "kernels.h"
+#include "sneppx/limits.h"
 #include "test_util.h"
 
 static void check_key(test_tally *tally, const char *family, const int64_t *values, int vector_width,
@@ -81,18 +82,21 @@ static void test_errors(test_tally *tally)
     /* The largest shapes a valid config makes are accepted (MLA absorbed: kv_lora 2048 + rope 256). */
     const int64_t mla_largest[] = {2304, 2048, 4096, 0, 2};
     check_key(tally, "attn_flash", mla_largest, 16, "attn_flash-d2304-dv2048-g4096-w0-mask-v16");
-    /* Every numeric field of every generated family has a range (else every key of it fails). */
+    /* Every field of every generated family has a non-empty range, and the
+     * attention ranges are the config bounds' (one source: limits.py). */
     for (int f = 0; f < sneppx_kernel_family_count; f++)
         for (int i = 0; i < sneppx_kernel_families[f].field_count; i++) {
-            if (sneppx_kernel_families[f].field_choices[i])
-                continue;
-            int found = 0;
-            for (int r = 0; r < sneppx_key_field_range_count; r++)
-                found |= strcmp(sneppx_key_field_ranges[r].family, sneppx_kernel_families[f].family) == 0 &&
-                         strcmp(sneppx_key_field_ranges[r].field, sneppx_kernel_families[f].field_names[i]) == 0;
-            TEST_CHECK(tally, found, "%s.%s has no entry in sneppx_key_field_ranges", sneppx_kernel_families[f].family,
-                       sneppx_kernel_families[f].field_names[i]);
+            const struct sneppx_kernel_family *k = &sneppx_kernel_families[f];
+            TEST_CHECK(tally, k->field_min[i] <= k->field_max[i] && k->field_multiple[i] >= 1,
+                       "%s.%s: range [%lld, %lld] multiple %lld", k->family, k->field_names[i],
+                       (long long)k->field_min[i], (long long)k->field_max[i], (long long)k->field_multiple[i]);
         }
+    const struct sneppx_kernel_family *flash_family = sneppx_kernel_family_find("attn_flash");
+    TEST_CHECK(tally, flash_family && flash_family->field_max[0] == SNEPPX_MAX_LATENT_DIM + SNEPPX_MAX_HEAD_DIM &&
+                          flash_family->field_max[1] == SNEPPX_MAX_LATENT_DIM &&
+                          flash_family->field_multiple[0] == SNEPPX_HEAD_DIM_MULTIPLE &&
+                          flash_family->field_max[2] == SNEPPX_MAX_HEADS,
+               "attn_flash's ranges are not the config bounds of sneppx/limits.h");
     /* "attn_flash-d128-dv128-g4-w0-causal-v16" is 38 characters: 38 bytes cannot hold it. */
     check_rejected(tally, "attn_flash", flash, 16, 38, "key_size");
     check_key(tally, "attn_flash", flash, 16, "attn_flash-d128-dv128-g4-w0-causal-v16");

@@ -12,7 +12,7 @@ from typing import Dict, List, Tuple
 
 from . import render
 from .archs import Arch
-from .kernels import MASK_MODES, kernel_key, symbol_of_key
+from .kernels import MASK_MODES, check_values, kernel_key, symbol_of_key
 from .output import write_if_changed
 from .tables import ROPE_TYPE_NAMES, c_double
 
@@ -61,7 +61,7 @@ class Plan:
 
 
 def _kernel(family: str, values: Dict[str, int], vector_width: int) -> Kernel:
-    render.check_values(family, values)
+    check_values(family, values)
     key = kernel_key(family, values, vector_width)
     return Kernel(family, tuple(values.items()), key, symbol_of_key(key))
 

@@ -3,7 +3,10 @@
     build abi -o FILE                 the kernel ABI header
     build presets -o FILE             the runtime preset table (gen/archs.json)
     build rope-freqs -o FILE          RoPE frequency code for libsneppx
+    build limits -o FILE              the public sneppx/limits.h
+    build config-ranges -o FILE       the config range table of runtime/config.c
     build families                    family names, ';'-separated (a CMake list)
+    build vector-widths               the vector widths kernels are built for (a CMake list)
     build jit-source --family F --vector-width VW -o FILE
     build kernel-table --bitcode FAMILY:VW:PATH ... -o FILE
 """
@@ -19,9 +22,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sneppx-gen build", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
-    for name in ("abi", "presets", "rope-freqs"):
+    for name in ("abi", "presets", "rope-freqs", "limits", "config-ranges"):
         sub.add_parser(name).add_argument("-o", "--output", required=True)
     sub.add_parser("families")
+    sub.add_parser("vector-widths")
     jit = sub.add_parser("jit-source")
     jit.add_argument("--family", required=True, choices=sorted(KERNELS))
     jit.add_argument("--vector-width", type=int, required=True, choices=VECTOR_WIDTHS)
@@ -37,10 +41,17 @@ def main(argv: List[str]) -> int:
     if args.what == "families":
         print(";".join(KERNELS))
         return 0
+    if args.what == "vector-widths":
+        print(";".join(str(w) for w in VECTOR_WIDTHS))
+        return 0
     if args.what == "abi":
         text = render.render_abi()
     elif args.what == "presets":
         text = tables.presets_table(archs.load_presets())
+    elif args.what == "limits":
+        text = tables.limits_header()
+    elif args.what == "config-ranges":
+        text = tables.config_ranges_table()
     elif args.what == "rope-freqs":
         text = render.render_template("rope_freqs.c.j2", mode="runtime")
     elif args.what == "jit-source":

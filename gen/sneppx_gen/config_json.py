@@ -27,6 +27,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import limits
+
 
 class ConfigError(ValueError):
     """A config sneppx cannot run; the message names the field (and the file, from load_text)."""
@@ -66,17 +68,6 @@ MODEL_TYPES = {
     "qwen2": ModelType(32768, "qkv", "use_sliding_window"),
     "deepseek_v2": ModelType(2048, "attention_bias", "", mla=True),
 }
-
-# sneppx_config_validate's ranges (CHECK_RANGE), in its order.
-MAX_DIM = 1 << 20
-MAX_HEAD_DIM = 256
-MAX_LATENT_DIM = 2048
-RANGES = (("hidden_size", 1, MAX_DIM), ("num_attention_heads", 1, 4096), ("max_position_embeddings", 1, 1 << 40),
-          ("sliding_window", 0, 1 << 40), ("num_threads", 0, 1024), ("head_dim", 0, MAX_HEAD_DIM),
-          ("rotary_dim", 0, MAX_HEAD_DIM))
-MLA_RANGES = (("kv_lora_rank", 16, MAX_LATENT_DIM), ("q_lora_rank", 0, MAX_DIM), ("qk_nope_head_dim", 1, MAX_HEAD_DIM),
-              ("qk_rope_head_dim", 2, MAX_HEAD_DIM), ("v_head_dim", 16, MAX_HEAD_DIM))
-
 
 # ---- the config, as the C struct holds it ---------------------------------------
 
@@ -518,19 +509,25 @@ def _check_ranges(c: CConfig, ranges) -> None:
             raise ConfigError(f"config.{name}: {value} is outside [{lo}, {hi}]")
 
 
+def _check_limits(c: CConfig) -> None:
+    """The ranges of limits.CONFIG_RANGES, as runtime/config.c walks its rendered table."""
+    mla = c.kv_lora_rank > 0
+    _check_ranges(c, tuple((r.field, r.low, r.high) for r in limits.CONFIG_RANGES if mla or not r.mla_only))
+
+
 def validate(c: CConfig) -> None:
     """runtime/config.c sneppx_config_validate, message for message."""
-    _check_ranges(c, RANGES)
+    _check_limits(c)
+    m = limits.HEAD_DIM_MULTIPLE
     if c.kv_lora_rank > 0:
-        _check_ranges(c, MLA_RANGES)
-        if (c.qk_nope_head_dim + c.qk_rope_head_dim) % 16:
+        if (c.qk_nope_head_dim + c.qk_rope_head_dim) % m:
             raise ConfigError(f"config.qk_nope_head_dim + qk_rope_head_dim: "
-                              f"{c.qk_nope_head_dim + c.qk_rope_head_dim} must be a multiple of 16")
-        if (c.kv_lora_rank + c.qk_rope_head_dim) % 16 or c.kv_lora_rank % 16:
+                              f"{c.qk_nope_head_dim + c.qk_rope_head_dim} must be a multiple of {m}")
+        if (c.kv_lora_rank + c.qk_rope_head_dim) % m or c.kv_lora_rank % m:
             raise ConfigError(f"config.kv_lora_rank: {c.kv_lora_rank} (and + qk_rope_head_dim) must be a "
-                              "multiple of 16")
-        if c.v_head_dim % 16:
-            raise ConfigError(f"config.v_head_dim: {c.v_head_dim} must be a multiple of 16")
+                              f"multiple of {m}")
+        if c.v_head_dim % m:
+            raise ConfigError(f"config.v_head_dim: {c.v_head_dim} must be a multiple of {m}")
         if c.sliding_window:
             raise ConfigError("config.sliding_window: MLA has no sliding window")
         _validate_rope(c, c.qk_rope_head_dim)
@@ -543,8 +540,9 @@ def validate(c: CConfig) -> None:
     if c.head_dim == 0 and c.hidden_size % c.num_attention_heads:
         raise ConfigError(f"config.head_dim: 0 means hidden_size/num_attention_heads, but "
                           f"{c.hidden_size}/{c.num_attention_heads} is not whole")
-    if not 16 <= head_dim <= MAX_HEAD_DIM or head_dim % 16:
-        raise ConfigError(f"config.head_dim: {head_dim} is not supported (a multiple of 16 from 16 to {MAX_HEAD_DIM})")
+    if not m <= head_dim <= limits.MAX_HEAD_DIM or head_dim % m:
+        raise ConfigError(f"config.head_dim: {head_dim} is not supported "
+                          f"(a multiple of {m} from {m} to {limits.MAX_HEAD_DIM})")
     rotary_dim = rotary_dim_of(c)
     if rotary_dim > head_dim:
         raise ConfigError(f"config.rotary_dim: {rotary_dim} exceeds head_dim {head_dim}")

@@ -8,9 +8,17 @@ formats exactly the same canonical text.
 A key is `<family>-<field><value>-...-v<vector width>`, e.g.
 `attn_flash-d128-dv128-g4-w4096-causal-v16`. Every field is an int64 value;
 in `jit` mode it becomes the global `spec_<name>` and in `aot` mode a literal.
+
+Each field carries the values it may take (low, high, multiple of): the
+runtime checks every key a layer derives against them before compiling
+anything, sneppx-gen before rendering. They are what the templates are
+written for; config bounds (limits.py) are chosen so that every valid config
+derives keys inside them.
 """
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
+
+from .limits import HEAD_DIM_MULTIPLE, MAX_DIM, MAX_HEAD_DIM, MAX_HEADS, MAX_LATENT_DIM, MAX_POSITIONS
 
 MASK_MODES = ("none", "causal", "mask")  # SNEPPX_MASK_NONE / CAUSAL / EXPLICIT
 
@@ -19,7 +27,21 @@ MASK_MODES = ("none", "causal", "mask")  # SNEPPX_MASK_NONE / CAUSAL / EXPLICIT
 class Field:
     name: str                      # spec_<name> in jit mode
     prefix: str                    # text before the value in the key
-    choices: Optional[Tuple[str, ...]] = None  # value i prints as choices[i]
+    low: int = 0                   # the legal values: low..high, multiples of `multiple`
+    high: int = 0
+    multiple: int = 1
+    choices: Optional[Tuple[str, ...]] = None  # value i prints as choices[i]; low..high = 0..n-1
+
+    def check(self, family: str, value: int) -> None:
+        """Raises ValueError naming the field when value is not legal."""
+        if not self.low <= value <= self.high:
+            raise ValueError(f"{family}: {self.name}={value} is outside [{self.low}, {self.high}]")
+        if value % self.multiple:
+            raise ValueError(f"{family}: {self.name}={value} is not a multiple of {self.multiple}")
+
+
+def choice_field(name: str, prefix: str, choices: Tuple[str, ...]) -> Field:
+    return Field(name, prefix, 0, len(choices) - 1, 1, choices)
 
 
 @dataclass(frozen=True)
@@ -30,24 +52,40 @@ class Kernel:
     entries: Tuple[str, ...] = ("",)   # suffixes of the entry points
 
 
+# Attention: q/k head dim up to absorbed MLA's kv_lora_rank + qk_rope_head_dim,
+# v head dim up to kv_lora_rank; group up to every head sharing one K/V head.
 ATTN_FIELDS = (
-    Field("head_dim", "d"),
-    Field("v_head_dim", "dv"),
-    Field("group", "g"),
-    Field("window", "w"),
-    Field("mask_mode", "", MASK_MODES),
+    Field("head_dim", "d", HEAD_DIM_MULTIPLE, MAX_LATENT_DIM + MAX_HEAD_DIM, HEAD_DIM_MULTIPLE),
+    Field("v_head_dim", "dv", HEAD_DIM_MULTIPLE, MAX_LATENT_DIM, HEAD_DIM_MULTIPLE),
+    Field("group", "g", 1, MAX_HEADS),
+    Field("window", "w", 0, MAX_POSITIONS),
+    choice_field("mask_mode", "", MASK_MODES),
 )
 
+# GEMM k: hidden, q/kv LoRA ranks, MLA's nope dim or heads x v_head_dim (at
+# most MAX_DIM each); n: the fused q|k|v width, at most three such.
 KERNELS: Dict[str, Kernel] = {k.family: k for k in (
-    Kernel("gemm", "gemm.c.j2", (Field("k", "k"), Field("n", "n"), Field("bias", "bias")),
+    Kernel("gemm", "gemm.c.j2", (Field("k", "k", 1, MAX_DIM), Field("n", "n", 1, 3 * MAX_DIM),
+                                 Field("bias", "bias", 0, 1)),
            entries=("", "_pack")),
-    Kernel("rope", "rope.c.j2", (Field("rotary_dim", "r"), Field("interleaved", "", ("half", "inter")))),
-    Kernel("rmsnorm", "rmsnorm.c.j2", (Field("n", "n"),)),
+    Kernel("rope", "rope.c.j2", (Field("rotary_dim", "r", 2, MAX_HEAD_DIM, 2),
+                                 choice_field("interleaved", "", ("half", "inter")))),
+    Kernel("rmsnorm", "rmsnorm.c.j2", (Field("n", "n", 1, MAX_DIM),)),
     Kernel("attn_flash", "attn_flash.c.j2", ATTN_FIELDS),
     Kernel("attn_sdpa", "attn_sdpa.c.j2", ATTN_FIELDS),
 )}
 
 VECTOR_WIDTHS = (16, 8)
+
+
+def check_values(family: str, values: Dict[str, int]) -> None:
+    """Raises ValueError naming the field when values lack one or hold an illegal one."""
+    kernel = KERNELS[family]
+    missing = [f.name for f in kernel.fields if f.name not in values]
+    if missing:
+        raise ValueError(f"{family}: missing key fields {', '.join(missing)}")
+    for f in kernel.fields:
+        f.check(family, int(values[f.name]))
 
 
 def kernel_key(family: str, values: Dict[str, int], vector_width: int) -> str:

@@ -9,7 +9,7 @@ from typing import Dict, Optional, Union
 import jinja2
 
 from . import paths
-from .kernels import KERNELS, Kernel, kernel_key, symbol_of_key
+from .kernels import KERNELS, Kernel, check_values, kernel_key, symbol_of_key
 
 MODES = ("aot", "jit")
 
@@ -78,30 +78,6 @@ def render_template(name: str, **context) -> str:
 
 def render_abi() -> str:
     return render_template("abi.h.j2")
-
-
-def check_values(family: str, values: Dict[str, int]) -> None:
-    kernel = KERNELS[family]
-    missing = [f.name for f in kernel.fields if f.name not in values]
-    if missing:
-        raise ValueError(f"{family}: missing key fields {', '.join(missing)}")
-    for f in kernel.fields:
-        v = int(values[f.name])
-        if f.choices and not 0 <= v < len(f.choices):
-            raise ValueError(f"{family}: {f.name}={v} is not one of 0..{len(f.choices) - 1}")
-        if v < 0:
-            raise ValueError(f"{family}: {f.name}={v} is negative")
-    if family.startswith("attn_"):
-        # The attention kernels step head dims in whole vectors and value dims in register tiles.
-        for name in ("head_dim", "v_head_dim"):
-            if not 16 <= int(values[name]) <= 576 or int(values[name]) % 16:
-                raise ValueError(f"{family}: {name}={values[name]} must be a multiple of 16 in [16, 576]")
-        if int(values["group"]) < 1:
-            raise ValueError(f"{family}: group must be >= 1")
-    if family == "rope" and (int(values["rotary_dim"]) < 2 or int(values["rotary_dim"]) % 2):
-        raise ValueError(f"rope: rotary_dim={values['rotary_dim']} must be even and >= 2")
-    if family in ("gemm", "rmsnorm") and any(int(values[f.name]) < 1 for f in kernel.fields if f.name != "bias"):
-        raise ValueError(f"{family}: sizes must be >= 1")
 
 
 def render_kernel(family: str, vector_width: int, mode: str,

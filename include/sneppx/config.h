@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "sneppx/limits.h"
 #include "sneppx/status.h"
 
 #ifdef __cplusplus
@@ -32,10 +33,6 @@ typedef struct sneppx_rope_scaling {
     double mscale, mscale_all_dim;          /* yarn (0 = unset) */
     double attention_factor;                /* yarn: explicit cos/sin factor (0 = derive) */
 } sneppx_rope_scaling;
-
-#define SNEPPX_NAME_MAX 64
-/* Largest num_threads sneppx_config_validate accepts. */
-#define SNEPPX_MAX_THREADS 1024
 
 typedef struct sneppx_config {
     char name[SNEPPX_NAME_MAX];     /* "llama3-8B" for presets, "custom" otherwise */

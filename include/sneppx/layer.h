@@ -57,9 +57,7 @@ sneppx_status sneppx_layer_create(const sneppx_config *config, const sneppx_weig
 /* Runs the forward pass. Thread-safe: several threads may call it on one layer
  * at once (each call uses its own scratch). Nothing is written to out on error.
  * batch and seq_len are each at most SNEPPX_MAX_SEQ_LEN, their product at most
- * SNEPPX_MAX_TOKENS (and the layer's activations at most 2^40 floats). */
-#define SNEPPX_MAX_SEQ_LEN ((int64_t)1 << 24)
-#define SNEPPX_MAX_TOKENS ((int64_t)1 << 26)
+ * SNEPPX_MAX_TOKENS (sneppx/limits.h; and the layer's activations at most 2^40 floats). */
 sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t seq_len,
                                    const float *hidden_states, const float *attention_mask,
                                    const int64_t mask_shape[4], const int64_t *position_ids,

@@ -13,7 +13,9 @@
 
 #include "disk_cache.h"
 #include "fingerprint.h"
+#include "host.h"
 #include "jit.h"
+#include "kernels.h"
 #include "sneppx/cache.h"
 #include "sneppx/config.h"
 #include "sneppx/layer.h"
@@ -48,7 +50,7 @@ static const char *verdict(const char *key, char *reason, size_t reason_size)
 
 static int show(void)
 {
-    const sneppx_jit_host *host = sneppx_jit_host_info();
+    const sneppx_host *host = sneppx_host_info();
     const char *dir = sneppx_disk_cache_path();
     printf("directory   %s\n", dir ? dir : "(none: memory-only)");
     if (dir) {

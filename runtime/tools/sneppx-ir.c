@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host.h"
 #include "jit.h"
 #include "sneppx/status.h"
 
@@ -59,7 +60,7 @@ static int parse_value(const struct sneppx_kernel_family *family, const char *as
     }
     const char *text = equals + 1;
     int64_t value = -1;
-    for (int choice = 0; family->field_choices[field] && choice < family->field_choice_count[field]; choice++)
+    for (int choice = 0; family->field_choices[field] && choice <= family->field_max[field]; choice++)
         if (strcmp(text, family->field_choices[field][choice]) == 0)
             value = choice;
     if (value < 0) {
@@ -132,7 +133,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    const struct sneppx_kernel_family *family = sneppx_jit_family(family_name);
+    const struct sneppx_kernel_family *family = sneppx_kernel_family_find(family_name);
     if (!family) {
         fprintf(stderr, "sneppx-ir: '%s' is not a kernel family; one of:", family_name);
         for (int i = 0; i < sneppx_kernel_family_count; i++)

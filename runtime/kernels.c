@@ -15,108 +15,30 @@
 #include <string.h>
 #include <time.h>
 
-#include "config_internal.h"
 #include "disk_cache.h"
 #include "error.h"
 #include "fingerprint.h"
+#include "host.h"
 #include "jit.h"
+#include "kernel_registry.h"
 #include "sneppx/cache.h"
 
 _Static_assert(SNEPPX_KEY_MAX == SNEPPX_CACHE_KEY_MAX, "one key size in the internal and public headers");
-_Static_assert(SNEPPX_MAX_ENTRIES == sizeof(((sneppx_kernel *)0)->entry) / sizeof(sneppx_kernel_fn),
-               "a kernel holds every entry of its family");
 
 #define BUCKET_COUNT 256 /* chains, so the table never fills; a layer needs about ten keys */
 
-/* ---- key formatting ------------------------------------------------------- */
-
-/* Bounds from sneppx_config_validate and the shapes layer.c derives from a
- * config: gemm k is hidden, q_lora, kv_lora, nope or heads*v_head_dim; n is
- * at most q + 2 kv widths (3 x 2^20); attention head_dim reaches kv_lora +
- * rope (absorbed MLA), v_head_dim kv_lora; group is heads / kv_heads. */
-const struct sneppx_key_field_range sneppx_key_field_ranges[] = {
-    {"gemm", "k", 1, SNEPPX_MAX_DIM, 1},
-    {"gemm", "n", 1, 3 * (int64_t)SNEPPX_MAX_DIM, 1},
-    {"gemm", "bias", 0, 1, 1},
-    {"rope", "rotary_dim", 2, SNEPPX_MAX_HEAD_DIM, 2},
-    {"rmsnorm", "n", 1, SNEPPX_MAX_DIM, 1},
-    {"attn_flash", "head_dim", 16, SNEPPX_MAX_LATENT_DIM + SNEPPX_MAX_HEAD_DIM, 16},
-    {"attn_flash", "v_head_dim", 16, SNEPPX_MAX_LATENT_DIM, 16},
-    {"attn_flash", "group", 1, SNEPPX_MAX_HEADS, 1},
-    {"attn_flash", "window", 0, SNEPPX_MAX_POSITIONS, 1},
-    {"attn_sdpa", "head_dim", 16, SNEPPX_MAX_LATENT_DIM + SNEPPX_MAX_HEAD_DIM, 16},
-    {"attn_sdpa", "v_head_dim", 16, SNEPPX_MAX_LATENT_DIM, 16},
-    {"attn_sdpa", "group", 1, SNEPPX_MAX_HEADS, 1},
-    {"attn_sdpa", "window", 0, SNEPPX_MAX_POSITIONS, 1},
-};
-const int sneppx_key_field_range_count = (int)(sizeof sneppx_key_field_ranges / sizeof sneppx_key_field_ranges[0]);
-
-static const struct sneppx_key_field_range *field_range(const char *family, const char *field)
+sneppx_status sneppx_kernel_fingerprint(const char *key, uint8_t fingerprint[SNEPPX_SHA256_SIZE])
 {
-    for (int i = 0; i < sneppx_key_field_range_count; i++)
-        if (strcmp(sneppx_key_field_ranges[i].family, family) == 0 &&
-            strcmp(sneppx_key_field_ranges[i].field, field) == 0)
-            return &sneppx_key_field_ranges[i];
-    return NULL;
-}
-
-sneppx_status sneppx_kernel_check_value(const struct sneppx_kernel_family *kind, int field, int64_t value)
-{
-    const char *name = kind->field_names[field];
-    if (kind->field_choices[field]) {
-        if (value < 0 || value >= kind->field_choice_count[field])
-            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "values[%d] (%s of %s) = %lld is out of range [0, %d)",
-                               field, name, kind->family, (long long)value, kind->field_choice_count[field]);
-        return SNEPPX_OK;
-    }
-    const struct sneppx_key_field_range *range = field_range(kind->family, name);
-    if (!range)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                           "values[%d] (%s of %s): no range is known for this field (runtime/kernel_cache.c)", field,
-                           name, kind->family);
-    if (value < range->min || value > range->max)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "values[%d] (%s of %s) = %lld is outside [%lld, %lld]", field,
-                           name, kind->family, (long long)value, (long long)range->min, (long long)range->max);
-    if (value % range->multiple != 0)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "values[%d] (%s of %s) = %lld is not a multiple of %lld",
-                           field, name, kind->family, (long long)value, (long long)range->multiple);
-    return SNEPPX_OK;
-}
-
-sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, int vector_width, char *key,
-                                size_t key_size)
-{
-    if (!family)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "family is NULL");
-    const struct sneppx_kernel_family *kind = sneppx_jit_family(family);
-    if (!kind)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "family '%s' is not a kernel family", family);
-    if (!values && kind->field_count > 0)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "values is NULL (family %s has %d key fields)", family,
-                           kind->field_count);
-    if (vector_width != 16 && vector_width != 8)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "vector_width %d: must be 16 or 8", vector_width);
-    if (!key || key_size == 0)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "key is NULL or key_size is 0");
-
-    size_t length = (size_t)snprintf(key, key_size, "%s", family);
-    for (int i = 0; i < kind->field_count && length < key_size; i++) {
-        const int64_t value = values[i];
-        sneppx_status status = sneppx_kernel_check_value(kind, i, value);
-        if (status != SNEPPX_OK)
-            return status;
-        if (kind->field_choices[i])
-            length += (size_t)snprintf(key + length, key_size - length, "-%s%s", kind->field_prefixes[i],
-                                       kind->field_choices[i][value]);
-        else
-            length += (size_t)snprintf(key + length, key_size - length, "-%s%lld", kind->field_prefixes[i],
-                                       (long long)value);
-    }
-    if (length < key_size)
-        length += (size_t)snprintf(key + length, key_size - length, "-v%d", vector_width);
-    if (length >= key_size)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "key of this %s kernel needs more than key_size %zu bytes",
-                           family, key_size);
+    char family[SNEPPX_KEY_MAX];
+    int vector_width;
+    sneppx_status status = sneppx_kernel_key_parse(key, family, sizeof family, &vector_width);
+    if (status != SNEPPX_OK)
+        return status;
+    const struct sneppx_embedded_bitcode *bitcode = sneppx_kernel_bitcode_find(family, vector_width);
+    if (!bitcode)
+        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "kernel '%s': this build embeds no %s bitcode for vector width %d",
+                           key, family, vector_width);
+    sneppx_fingerprint_kernel(key, bitcode->sha256_hex, sneppx_host_info(), sneppx_jit_options(), fingerprint);
     return SNEPPX_OK;
 }
 
@@ -210,9 +132,8 @@ static sneppx_status obtain_object(const struct sneppx_kernel_family *family, co
                                    sneppx_kernel_timing *timing, struct disk_events *events)
 {
     uint8_t fingerprint[SNEPPX_SHA256_SIZE];
-    sneppx_status status = sneppx_kernel_fingerprint(key, fingerprint);
-    if (status != SNEPPX_OK)
-        return status;
+    const struct sneppx_embedded_bitcode *bitcode = sneppx_kernel_bitcode_find(family->family, vector_width);
+    sneppx_fingerprint_kernel(key, bitcode->sha256_hex, sneppx_host_info(), sneppx_jit_options(), fingerprint);
     timing->source = SNEPPX_KERNEL_SOURCE_DISK;
     if (load_entry(key, fingerprint, object, object_size, events) == SNEPPX_DISK_HIT)
         return SNEPPX_OK;
@@ -229,7 +150,7 @@ static sneppx_status obtain_object(const struct sneppx_kernel_family *family, co
     }
     timing->source = SNEPPX_KERNEL_SOURCE_COMPILED;
     double compile_start = now_ms();
-    status = sneppx_jit_compile_object(family, values, vector_width, object, object_size);
+    sneppx_status status = sneppx_jit_compile_object(family, values, vector_width, object, object_size);
     timing->compile_ms = now_ms() - compile_start;
     if (status == SNEPPX_OK) {
         if (sneppx_disk_cache_store(key, fingerprint, *object, *object_size, &events->evictions) == SNEPPX_OK)
@@ -425,7 +346,7 @@ sneppx_status sneppx_kernel_resolve(const char *family, const int64_t *values, i
         atomic_fetch_add_explicit(&memory_hits, 1, memory_order_relaxed);
         timing.source = SNEPPX_KERNEL_SOURCE_MEMORY;
     } else {
-        status = resolve_miss(sneppx_jit_family(family), values, vector_width, timing.key, hash, kernel, &timing);
+        status = resolve_miss(sneppx_kernel_family_find(family), values, vector_width, timing.key, hash, kernel, &timing);
     }
     timing.total_ms = now_ms() - start;
     last_timing = timing;

@@ -1,0 +1,62 @@
+/* Internal: the kernel registry, a leaf module. The family table (key fields
+ * with their legal values, entry points) and the embedded JIT bitcode are
+ * rendered at build time by `sneppx-gen build kernel-table` from
+ * gen/sneppx_gen/kernels.py into build/generated/kernel_registry_table.c;
+ * runtime/kernel_registry.c looks them up and formats and checks keys. */
+#ifndef SNEPPX_RUNTIME_KERNEL_REGISTRY_H
+#define SNEPPX_RUNTIME_KERNEL_REGISTRY_H
+#include <stddef.h>
+#include <stdint.h>
+#include "sneppx/status.h"
+
+#define SNEPPX_MAX_KEY_FIELDS 8
+#define SNEPPX_MAX_ENTRIES 2
+#define SNEPPX_KEY_MAX 160
+
+struct sneppx_kernel_family {
+    const char *family;                                 /* "attn_flash" */
+    int field_count;
+    const char *field_names[SNEPPX_MAX_KEY_FIELDS];     /* global spec_<name> in the bitcode */
+    const char *field_prefixes[SNEPPX_MAX_KEY_FIELDS];  /* "d", "dv", ... */
+    const char *const *field_choices[SNEPPX_MAX_KEY_FIELDS]; /* NULL or names by value */
+    /* Legal values: min..max, multiples of `multiple` (a choice field: 0..choices-1). */
+    int64_t field_min[SNEPPX_MAX_KEY_FIELDS];
+    int64_t field_max[SNEPPX_MAX_KEY_FIELDS];
+    int64_t field_multiple[SNEPPX_MAX_KEY_FIELDS];
+    int entry_count;
+    const char *entry_suffixes[SNEPPX_MAX_ENTRIES];     /* "" and "_pack" */
+};
+
+struct sneppx_embedded_bitcode {
+    const char *family;
+    int vector_width;
+    const unsigned char *data;
+    size_t size;
+    const char *sha256_hex;   /* of data; part of every cache fingerprint */
+};
+
+extern const struct sneppx_kernel_family sneppx_kernel_families[];
+extern const int sneppx_kernel_family_count;
+extern const struct sneppx_embedded_bitcode sneppx_embedded_bitcodes[];
+extern const int sneppx_embedded_bitcode_count;
+
+/* The family named name, or NULL. */
+const struct sneppx_kernel_family *sneppx_kernel_family_find(const char *name);
+
+/* The embedded bitcode of family at vector_width, or NULL. */
+const struct sneppx_embedded_bitcode *sneppx_kernel_bitcode_find(const char *family, int vector_width);
+
+/* OK if value is legal for field `field` of the family; else
+ * SNEPPX_ERR_INVALID_ARGUMENT naming the field, the family and the range. */
+sneppx_status sneppx_kernel_check_value(const struct sneppx_kernel_family *family, int field, int64_t value);
+
+/* Checks every value, then formats the canonical key of family/values/vector
+ * width into key (at most key_size bytes, SNEPPX_KEY_MAX suffices). */
+sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, int vector_width, char *key,
+                                size_t key_size);
+
+/* The family and vector width of a key's text, `<family>-...-v<width>`
+ * (the fields are not checked); SNEPPX_ERR_INVALID_ARGUMENT for other text. */
+sneppx_status sneppx_kernel_key_parse(const char *key, char *family, size_t family_size, int *vector_width);
+
+#endif
