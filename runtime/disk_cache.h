@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <time.h>
 #include "fingerprint.h"
-#include "kernels.h"
+#include "kernel_registry.h"
 #include "sneppx/status.h"
 
 /* The resolved directory, or NULL when memory-only. The first call resolves
