@@ -320,8 +320,25 @@ def test_unencodable_preset_names(family, size, shown):
         sneppx.LLMConfig.from_name(family, size)
 
 
-def test_unencodable_config_name():
-    assert sneppx.LLMConfig(**SMALL, name="a\udc80b\x00c").name == r"a\udc80b\x00c"
+@pytest.mark.parametrize("name, pattern", [
+    ("x*/\nint injected;\n/*", r"config\.name: byte 1 \(0x2a\) is not one of A-Z a-z 0-9 \. _ -"),
+    ("a\udc80b\x00c", r"config\.name: byte 1 \(0x5c\)"),     # escaped by _c_text, then refused
+    ("my model", r"config\.name: byte 2 \(0x20\)"),
+    ("x" * 64, "name: 64 bytes, more than 63"),               # was cut to 63 without a word
+])
+def test_bad_config_names(name, pattern):
+    """A name reaches logs and generated code: only A-Z a-z 0-9 . _ -, at most 63 bytes."""
+    with pytest.raises(ValueError, match=pattern):
+        sneppx.LLMConfig(**SMALL, name=name)
+
+
+def test_config_names_from_directories(tmp_path):
+    """from_config_json names a config after its directory, made into a valid name."""
+    directory = tmp_path / ("Llama 3 (8B) \u00e9*\n" + "x" * 80)
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": "llama", **SMALL}))
+    assert sneppx.LLMConfig.from_config_json(directory).name == ("Llama_3__8B_____" + "x" * 80)[:63]
+    assert sneppx.LLMConfig(**SMALL, name="Meta-Llama-3.1-8B_v2").name == "Meta-Llama-3.1-8B_v2"
 
 
 @pytest.mark.parametrize("path, error, pattern", [
