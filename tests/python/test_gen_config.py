@@ -156,6 +156,37 @@ def test_renderer_refuses_config_strings_that_would_leave_a_comment():
     assert render.c_comment("qwen2-0.5B") == "qwen2-0.5B"
 
 
+# ---- the command line's options -----------------------------------------------------------
+
+@pytest.mark.parametrize("options, option", [
+    (["--arch", "llama3-8B", "--arch", "mistral-7B", "-o", "{out}"], "--arch"),
+    (["--arch", "llama3-8B", "-o", "{out}", "--output", "{out}2"], "-o/--output"),
+    (["--config", "{config}", "--config", "{config}", "-o", "{out}"], "--config"),
+    (["--arch", "llama3-8B", "--vector-width", "8", "--vector-width", "16", "-o", "{out}"], "--vector-width"),
+])
+def test_cli_refuses_a_repeated_option(options, option, tmp_path):
+    """argparse kept the last value: one of two outputs or architectures, without a word."""
+    config = tmp_path / "config.json"
+    config.write_text(_text())
+    argv = [item.format(out=tmp_path / "out", config=config) for item in options]
+    result = subprocess.run([sys.executable, str(SNEPPX_GEN), *argv], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert f"sneppx-gen: error: {option} given twice (" in result.stderr and "give it once" in result.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
+
+
+def test_cli_clips_an_unknown_name():
+    result = subprocess.run([sys.executable, str(SNEPPX_GEN), "--arch", "x" * 100000, "-o", "/nonexistent/out"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith("sneppx-gen: unknown architecture '" + "x" * 64 + "...'; valid names: llama2-7B")
+    assert len(result.stderr) < 1000
+    # Cut on a whole UTF-8 character, as the library cuts it.
+    result = subprocess.run([sys.executable, str(SNEPPX_GEN), "--arch", "x" * 63 + "\u00e9tail", "-o", "/nonexistent"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.stderr.startswith("sneppx-gen: unknown architecture '" + "x" * 63 + "...'; valid")
+
+
 # ---- gen's reader against the library's, in process ----------------------------------------
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
