@@ -399,8 +399,9 @@ class LLMConfig:
 
     def load_safetensors(self, path: "os.PathLike[str] | str", layer: int = 0) -> None:
         """Loads layer `layer`'s self_attn tensors from a HF checkpoint: a directory, a
-        .safetensors file or a sharded checkpoint's model.safetensors.index.json. Files are
-        memory-mapped; only that layer's tensors are read; F32/F16/BF16 become float32.
+        .safetensors file or a sharded checkpoint's model.safetensors.index.json. Only that
+        layer's tensors are read (a file truncated meanwhile is a FileError, not a crash);
+        F32/F16/BF16 become float32.
 
         Raises sneppx.FormatError (ValueError) for missing, extra or mis-shaped tensors and
         malformed files, sneppx.FileError (OSError) for unreadable ones, naming the tensor
