@@ -367,6 +367,22 @@ def test_hidden_states_beyond_float32(cfg, x, dtype):
         assert np.isnan(out[1, 3:]).any(axis=-1).all() and np.all(np.isfinite(out[0]))
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.longdouble])
+def test_attention_mask_beyond_float32(cfg, x, dtype):
+    """1e300 in a float64 mask used to become +inf in float32, and its row NaN."""
+    seq = x.shape[1]
+    mask = np.zeros((2, 1, seq, seq), dtype=dtype)
+    mask[1, 0, 2, 1] = 1e300
+    with pytest.raises(ValueError, match=r"attention_mask: 1e\+300 at index \[1, 0, 2, 1\] is beyond the float32 "
+                                         r"range \(\|x\| <= 3\.4028235e\+38\)"):
+        cfg.forward_mha(x, attention_mask=mask)
+    # HF's float64 mask value, finfo(float64).min, becomes -inf: masked, as in HF.
+    mask[1, 0, 2, 1] = np.finfo(np.float64).min
+    hf_min = cfg.forward_mha(x, attention_mask=mask)
+    mask[1, 0, 2, 1] = -np.inf
+    assert np.array_equal(hf_min, cfg.forward_mha(x, attention_mask=mask)) and np.isfinite(hf_min).all()
+
+
 def test_pickle_is_refused_with_a_reason(cfg):
     import pickle
     with pytest.raises(TypeError, match="LLMConfig cannot be pickled.*copy.deepcopy"):
