@@ -2,7 +2,9 @@
 
 One template per kernel family (kernels.KERNELS). The mode switch lives in
 templates/spec.j2; this module supplies what it reads: `S` (the key's fields),
-`P` (helper prefix), `entry()` (entry point names) and the ABI text.
+`P` (helper prefix), `entry()` (entry point names) and the ABI text, and the
+`c_comment` filter every text from outside the templates passes through on its
+way into a comment.
 """
 import json
 from typing import Dict, Optional, Union
