@@ -3,6 +3,7 @@
  * RoPE frequencies, attention factor and softmax scale, and stays valid
  * through sneppx_config_extend_context; a refusal names a config field. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "fuzz.h"
@@ -41,6 +42,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     sneppx_config config;
     memset(&config, 0, sizeof config);
     memcpy(&config, data, size < sizeof config ? size : sizeof config);
+    /* Arbitrary name bytes are refused before any number is looked at: that
+     * refusal is checked, then the numbers are fuzzed under a valid name. */
+    if (sneppx_config_validate(&config) != SNEPPX_OK)
+        FUZZ_ASSERT(strstr(sneppx_last_error(), "config"), "message '%s'", sneppx_last_error());
+    snprintf(config.name, sizeof config.name, "fuzz");
     sneppx_status status = sneppx_config_validate(&config);
     if (status != SNEPPX_OK) {
         FUZZ_ASSERT(strstr(sneppx_last_error(), "config"), "status %d, message '%s'", (int)status,

@@ -213,10 +213,34 @@ static sneppx_status validate_rope(const sneppx_config *config, int64_t rotary_d
                                config->field);                                                           \
     } while (0)
 
+/* The name reaches file names, C symbols and comments of generated code and
+ * log lines: it holds only characters inert in all of them (sneppx-gen's
+ * readers apply the same rule, gen/sneppx_gen/config_json.py name_problem). */
+static sneppx_status validate_name(const sneppx_config *config)
+{
+    const char *end = memchr(config->name, '\0', sizeof config->name);
+    if (!end)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.name: not NUL-terminated within its %d bytes",
+                           SNEPPX_NAME_MAX);
+    for (const char *at = config->name; at < end; at++) {
+        const unsigned char c = (unsigned char)*at;
+        const int allowed = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                            c == '.' || c == '_' || c == '-';
+        if (!allowed)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "config.name: byte %d (0x%02x) is not one of A-Z a-z 0-9 . _ -",
+                               (int)(at - config->name), c);
+    }
+    return SNEPPX_OK;
+}
+
 sneppx_status sneppx_config_validate(const sneppx_config *config)
 {
     if (!config)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
+    const sneppx_status name_status = validate_name(config);
+    if (name_status != SNEPPX_OK)
+        return name_status;
     CHECK_FLAG(rope_interleaved);
     CHECK_FLAG(qkv_bias);
     CHECK_FLAG(o_bias);

@@ -4,12 +4,14 @@
 #include "perf_map.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <llvm-c/Core.h>
 #include <llvm-c/Object.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -26,17 +28,43 @@ static void read_enabled(void)
     enabled = value && value[0] && strcmp(value, "0") != 0;
 }
 
-/* The map file, opened for appending on first use (perf reads it after the process exits). */
+/* Why the opened map must not be written, or NULL. /tmp is shared: another
+ * user may have put a FIFO, a hard link or a file of their own at the path
+ * (a symlink is refused by O_NOFOLLOW), to make this process, perhaps root,
+ * append to a file of their choosing. */
+static const char *unsafe_map(int fd)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return strerror(errno);
+    if (!S_ISREG(st.st_mode))
+        return "not a regular file";
+    if (st.st_uid != geteuid())
+        return "owned by another user";
+    if (st.st_nlink != 1)
+        return "a hard link of another file";
+    return NULL;
+}
+
+/* The map file, opened for appending on first use (perf reads it after the
+ * process exits). Not created exclusively: another JIT in the process (e.g.
+ * CPython's perf trampoline) may append to the same map. */
 static FILE *open_map(void)
 {
     if (map || map_failed)
         return map;
     char path[64];
     snprintf(path, sizeof path, "/tmp/perf-%ld.map", (long)getpid());
-    map = fopen(path, "a");
+    const int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    const char *problem = fd < 0 ? (errno == ELOOP ? "a symbolic link (not followed)" : strerror(errno))
+                                 : unsafe_map(fd);
+    if (!problem && !(map = fdopen(fd, "a")))
+        problem = strerror(errno);
     if (!map) {
+        if (fd >= 0)
+            close(fd);
         map_failed = 1;
-        sneppx_log(1, "SNEPPX_PERF_MAP: cannot open %s: %s; kernels stay unnamed in perf", path, strerror(errno));
+        sneppx_log(1, "SNEPPX_PERF_MAP: not writing %s: %s; kernels stay unnamed in perf", path, problem);
     }
     return map;
 }

@@ -9,7 +9,9 @@
 /* Adds the functions of a kernel's object, linked so that its function
  * entry_symbol starts at entry_address, named "<function> [<key>]". Does
  * nothing unless SNEPPX_PERF_MAP is set to something other than "" or "0";
- * a map that cannot be written is reported once and skipped. Thread-safe. */
+ * a map that cannot be written, or is not a regular file of this user's with
+ * one link (a symlink, FIFO or file planted in /tmp), is reported once
+ * (SNEPPX_VERBOSE=1) and skipped. Thread-safe. */
 void sneppx_perf_map_add(const char *key, const void *object, size_t object_size, const char *entry_symbol,
                          uint64_t entry_address);
 

@@ -1,12 +1,15 @@
-/* One safetensors file: memory-mapped, header parsed by cJSON, every entry
- * validated before anything is read, tensors converted to float32 on demand. */
+/* One safetensors file: header parsed by cJSON, every entry validated before
+ * anything is read, tensors read with pread and converted to float32 on
+ * demand. Not memory-mapped: a checkpoint truncated while open (rewritten,
+ * synced) would fault the copy out of the mapping with SIGBUS; pread returns
+ * short instead, which is an error naming the file. Reads at offsets also
+ * leave a part of a tensor (some rows) readable alone. */
 #include "sneppx/safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +20,10 @@
 #define HEADER_MAX_BYTES 100000000ull
 /* JSON numbers are doubles: integers above 2^53 cannot be represented exactly. */
 #define JSON_EXACT_INT_MAX 9007199254740992.0
+/* Dtypes other than F32 are read this many bytes at a time, then converted. */
+#define CONVERT_CHUNK_BYTES ((size_t)4 << 20)
+/* Linux reads at most about 2 GiB per call. */
+#define READ_MAX_BYTES ((size_t)1 << 30)
 
 struct dtype_desc {
     const char *name;
@@ -42,9 +49,8 @@ struct tensor_entry {
 
 struct sneppx_safetensors {
     char *path;
-    unsigned char *map;
-    size_t map_size;
-    const unsigned char *data; /* map + 8 + header length */
+    int fd;                    /* -1 when not open */
+    uint64_t data_start;       /* file offset of the data buffer: 8 + header length */
     uint64_t data_size;
     int64_t count;
     struct tensor_entry *entries; /* sorted by name */
@@ -238,27 +244,79 @@ static sneppx_status parse_header(sneppx_safetensors *file, const char *header, 
     return check_no_overlap(file);
 }
 
-static sneppx_status map_file(sneppx_safetensors *file)
+/* Reads size bytes at offset of the file; *got is how many before the file
+ * ended. -1 with errno on a read error. */
+static int read_at(int fd, uint64_t offset, void *out, size_t size, size_t *got)
+{
+    unsigned char *to = out;
+    *got = 0;
+    while (*got < size) {
+        const size_t want = size - *got < READ_MAX_BYTES ? size - *got : READ_MAX_BYTES;
+        const ssize_t n = pread(fd, to + *got, want, (off_t)(offset + *got));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        if (n == 0)
+            break;
+        *got += (size_t)n;
+    }
+    return 0;
+}
+
+static sneppx_status open_file(sneppx_safetensors *file, uint64_t *file_size)
 {
     struct stat st;
     int not_regular;
-    int fd = sneppx_open_regular(file->path, &st, &not_regular);
-    if (fd < 0)
+    file->fd = sneppx_open_regular(file->path, &st, &not_regular);
+    if (file->fd < 0)
         return not_regular ? sneppx_fail(SNEPPX_ERR_IO, "%s: not a regular file", file->path)
                            : sneppx_fail(SNEPPX_ERR_IO, "%s: cannot open: %s", file->path, strerror(errno));
-    if (st.st_size < 8) {
-        close(fd);
+    if (st.st_size < 8)
         return sneppx_fail(SNEPPX_ERR_FORMAT, "%s: %lld bytes, too small for the 8-byte header length",
                            file->path, (long long)st.st_size);
-    }
-    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int map_errno = errno;
-    close(fd);
-    if (map == MAP_FAILED)
-        return sneppx_fail(SNEPPX_ERR_IO, "%s: mmap failed: %s", file->path, strerror(map_errno));
-    file->map = map;
-    file->map_size = (size_t)st.st_size;
+    *file_size = (uint64_t)st.st_size;
     return SNEPPX_OK;
+}
+
+/* Reads and parses the header; file->fd is open. */
+static sneppx_status read_header(sneppx_safetensors *file, uint64_t file_size)
+{
+    unsigned char length_bytes[8];
+    size_t got;
+    if (read_at(file->fd, 0, length_bytes, 8, &got) != 0)
+        return sneppx_fail(SNEPPX_ERR_IO, "%s: cannot read: %s", file->path, strerror(errno));
+    if (got < 8)
+        return sneppx_fail(SNEPPX_ERR_IO, "%s: ended at byte %zu while its header was read (truncated?)",
+                           file->path, got);
+    const uint64_t header_size = load_le64(length_bytes);
+    const uint64_t available = file_size - 8;
+    /* Out of these bounds the first 8 bytes are no header length at all: the
+     * file is something else, whose bytes the message should not show. */
+    if (header_size < 2 || header_size > HEADER_MAX_BYTES)
+        return sneppx_fail(SNEPPX_ERR_FORMAT,
+                           "%s: not a safetensors file (its first 8 bytes are not a header length in [2, %llu])",
+                           file->path, HEADER_MAX_BYTES);
+    if (header_size > available)
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "%s: header length %llu exceeds the %llu bytes after it (truncated?)",
+                           file->path, (unsigned long long)header_size, (unsigned long long)available);
+    char *header = malloc((size_t)header_size);
+    if (!header)
+        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "%s: out of memory for its %llu-byte header", file->path,
+                           (unsigned long long)header_size);
+    sneppx_status status = SNEPPX_OK;
+    if (read_at(file->fd, 8, header, (size_t)header_size, &got) != 0)
+        status = sneppx_fail(SNEPPX_ERR_IO, "%s: cannot read: %s", file->path, strerror(errno));
+    else if (got < header_size)
+        status = sneppx_fail(SNEPPX_ERR_IO, "%s: ended at byte %llu while its header was read (truncated?)",
+                             file->path, (unsigned long long)(8 + got));
+    if (status == SNEPPX_OK) {
+        file->data_start = 8 + header_size;
+        file->data_size = available - header_size;
+        status = parse_header(file, header, (size_t)header_size);
+    }
+    free(header);
+    return status;
 }
 
 sneppx_status sneppx_safetensors_open(const char *path, sneppx_safetensors **out)
@@ -274,22 +332,11 @@ sneppx_status sneppx_safetensors_open(const char *path, sneppx_safetensors **out
         free(file);
         return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
     }
-    sneppx_status status = map_file(file);
-    if (status == SNEPPX_OK) {
-        uint64_t header_size = load_le64(file->map);
-        uint64_t available = file->map_size - 8;
-        if (header_size < 2 || header_size > HEADER_MAX_BYTES || header_size > available) {
-            status = sneppx_fail(SNEPPX_ERR_FORMAT,
-                                 "%s: header length %llu is outside [2, %llu] (file has %llu bytes after it)",
-                                 path, (unsigned long long)header_size,
-                                 available < HEADER_MAX_BYTES ? (unsigned long long)available : HEADER_MAX_BYTES,
-                                 (unsigned long long)available);
-        } else {
-            file->data = file->map + 8 + header_size;
-            file->data_size = available - header_size;
-            status = parse_header(file, (const char *)file->map + 8, (size_t)header_size);
-        }
-    }
+    file->fd = -1;
+    uint64_t file_size = 0;
+    sneppx_status status = open_file(file, &file_size);
+    if (status == SNEPPX_OK)
+        status = read_header(file, file_size);
     if (status != SNEPPX_OK) {
         sneppx_safetensors_close(file);
         return status;
@@ -372,16 +419,12 @@ static float bf16_to_f32(uint16_t bf16)
 
 static void convert_to_f32(const char *dtype, const unsigned char *src, int64_t count, float *dst)
 {
-    if (strcmp(dtype, "F32") == 0) {
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-        memcpy(dst, src, (size_t)count * sizeof(float));
-#else
+    if (strcmp(dtype, "F32") == 0) { /* big-endian hosts: little-endian ones read F32 straight into dst */
         for (int64_t i = 0; i < count; i++) {
             uint32_t bits = (uint32_t)src[4 * i] | (uint32_t)src[4 * i + 1] << 8 |
                             (uint32_t)src[4 * i + 2] << 16 | (uint32_t)src[4 * i + 3] << 24;
             memcpy(&dst[i], &bits, sizeof bits);
         }
-#endif
     } else if (strcmp(dtype, "F16") == 0) {
 #pragma omp parallel for schedule(static) if (count > (1 << 20))
         for (int64_t i = 0; i < count; i++)
@@ -398,6 +441,52 @@ static void convert_to_f32(const char *dtype, const unsigned char *src, int64_t 
             dst[i] = (float)value;
         }
     }
+}
+
+/* Reads bytes [begin, begin + size) of the entry's data into out. The file
+ * may have been truncated or rewritten since its header was read: ending
+ * early is an error naming the file and the tensor. */
+static sneppx_status read_entry_bytes(const sneppx_safetensors *file, const struct tensor_entry *entry,
+                                      uint64_t begin, void *out, size_t size)
+{
+    const uint64_t offset = file->data_start + entry->begin + begin;
+    size_t got;
+    if (read_at(file->fd, offset, out, size, &got) != 0)
+        return sneppx_fail(SNEPPX_ERR_IO, "%s: tensor '%s': cannot read: %s", file->path, entry->name,
+                           strerror(errno));
+    if (got < size)
+        return sneppx_fail(SNEPPX_ERR_IO,
+                           "%s: tensor '%s': the file ends at byte %llu, before the tensor's end at byte %llu "
+                           "(truncated since it was opened?)",
+                           file->path, entry->name, (unsigned long long)(offset + got),
+                           (unsigned long long)(file->data_start + entry->end));
+    return SNEPPX_OK;
+}
+
+/* Elements [first, first + count) of the entry, converted to float32 into out. */
+static sneppx_status read_f32_range(const sneppx_safetensors *file, const struct tensor_entry *entry,
+                                    int64_t first, int64_t count, float *out)
+{
+    const uint64_t element_size = (uint64_t)entry->element_size;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (strcmp(entry->dtype, "F32") == 0) /* the file's bytes are the floats */
+        return read_entry_bytes(file, entry, (uint64_t)first * element_size, out, (size_t)count * sizeof(float));
+#endif
+    const int64_t chunk = (int64_t)(CONVERT_CHUNK_BYTES / element_size);
+    const size_t buffer_size = (size_t)(count < chunk ? count : chunk) * element_size;
+    unsigned char *buffer = malloc(buffer_size > 0 ? buffer_size : 1);
+    if (!buffer)
+        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "%s: tensor '%s': out of memory", file->path, entry->name);
+    sneppx_status status = SNEPPX_OK;
+    for (int64_t done = 0; done < count && status == SNEPPX_OK; done += chunk) {
+        const int64_t n = count - done < chunk ? count - done : chunk;
+        status = read_entry_bytes(file, entry, (uint64_t)(first + done) * element_size, buffer,
+                                  (size_t)n * element_size);
+        if (status == SNEPPX_OK)
+            convert_to_f32(entry->dtype, buffer, n, out + done);
+    }
+    free(buffer);
+    return status;
 }
 
 sneppx_status sneppx_safetensors_read_f32(const sneppx_safetensors *file, int64_t index, float *out,
@@ -420,8 +509,7 @@ sneppx_status sneppx_safetensors_read_f32(const sneppx_safetensors *file, int64_
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                            "%s: tensor '%s' has %lld elements, out_count is %lld", file->path, entry->name,
                            (long long)entry->element_count, (long long)out_count);
-    convert_to_f32(entry->dtype, file->data + entry->begin, entry->element_count, out);
-    return SNEPPX_OK;
+    return read_f32_range(file, entry, 0, entry->element_count, out);
 }
 
 const char *sneppx_safetensors_path(const sneppx_safetensors *file)
@@ -433,8 +521,8 @@ void sneppx_safetensors_close(sneppx_safetensors *file)
 {
     if (!file)
         return;
-    if (file->map)
-        munmap(file->map, file->map_size);
+    if (file->fd >= 0)
+        close(file->fd);
     free_entries(file->entries, file->count);
     free(file->path);
     free(file);

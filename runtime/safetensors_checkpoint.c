@@ -264,6 +264,17 @@ static sneppx_status scan_index(struct loader *loader, const char *index_path)
     return status;
 }
 
+/* Closes the shard unless one of the layer's tensors is in it: an open shard
+ * holds a file descriptor, and a directory may have hundreds of shards. */
+static void shard_close_if_unused(struct loader *loader, int shard)
+{
+    for (int i = 0; i < loader->spec_count; i++)
+        if (loader->found[i].name && loader->found[i].shard == shard)
+            return;
+    sneppx_safetensors_close(loader->shards.files[shard]);
+    loader->shards.files[shard] = NULL;
+}
+
 /* A .safetensors file: every tensor in it is a candidate. */
 static sneppx_status scan_file(struct loader *loader, const char *file_path)
 {
@@ -278,6 +289,7 @@ static sneppx_status scan_file(struct loader *loader, const char *file_path)
         if (status == SNEPPX_OK)
             status = consider(loader, info.name, shard);
     }
+    shard_close_if_unused(loader, shard);
     return status;
 }
 

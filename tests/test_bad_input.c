@@ -305,6 +305,37 @@ static void test_hand_configs(test_tally *tally)
                           "config.mla_naive: applies to MLA configs (kv_lora_rank > 0) only");
 }
 
+/* The name reaches logs and generated code: only A-Z a-z 0-9 . _ -, NUL-terminated
+ * in its field. A "*" "/" and a newline would end a comment and start a line of C. */
+static void test_config_names(test_tally *tally)
+{
+    sneppx_config config;
+    small_config(&config);
+    snprintf(config.name, sizeof config.name, "x*/\nint injected;\n/*");
+    expect_config_refused(tally, "a name that closes a comment", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.name: byte 1 (0x2a) is not one of A-Z a-z 0-9 . _ -");
+    snprintf(config.name, sizeof config.name, "model \xc3\xa9");
+    expect_config_refused(tally, "a name with a space", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.name: byte 5 (0x20)");
+    memset(config.name, 'a', sizeof config.name); /* no NUL: reading it would run past the field */
+    expect_config_refused(tally, "a name without its NUL", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.name: not NUL-terminated within its 64 bytes");
+    const char *const fine[] = {"", "custom", "Meta-Llama-3.1-8B_instruct", "deepseek_v2"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(config.name, sizeof config.name, "%s", fine[i]);
+        TEST_CHECK(tally, sneppx_config_validate(&config) == SNEPPX_OK, "name '%s': %s", fine[i],
+                   sneppx_last_error());
+    }
+    memset(config.name, 'z', sizeof config.name - 1);
+    config.name[sizeof config.name - 1] = '\0';
+    TEST_CHECK(tally, sneppx_config_validate(&config) == SNEPPX_OK, "a 63-byte name: %s", sneppx_last_error());
+    for (int p = 0; p < sneppx_preset_count(); p++) {
+        TEST_CHECK(tally, sneppx_config_from_name(sneppx_preset_name(p), NULL, &config) == SNEPPX_OK &&
+                              sneppx_config_validate(&config) == SNEPPX_OK,
+                   "preset %s: %s", sneppx_preset_name(p), sneppx_last_error());
+    }
+}
+
 static void test_weights(test_tally *tally)
 {
     sneppx_config config;
@@ -532,6 +563,7 @@ int main(int argc, char **argv)
     test_masks(&tally, layer, hidden, mask);
     test_positions(&tally, layer, hidden);
     test_hand_configs(&tally);
+    test_config_names(&tally);
     test_weights(&tally);
     test_preset_names(&tally);
     test_non_finite(&tally, layer, hidden, clean);

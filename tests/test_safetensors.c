@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <stdint.h>
 #include <unistd.h>
 
 #include "sneppx/safetensors.h"
@@ -216,6 +217,93 @@ static void test_header_length_bounds(void)
     unlink(path);
 }
 
+/* A checkpoint truncated while open (being rewritten or synced): the reader
+ * used to copy tensors out of a memory map, and a page past the new end of
+ * the file raised SIGBUS. Now a read past it is an error naming the file and
+ * the tensor, and what is still there reads as before. BF16 "b" spans more
+ * than one conversion chunk (4 MiB). */
+static void test_truncated_while_open(void)
+{
+    enum { A = 16384, B = (1 << 21) + 3, C = 16384 };
+    char header[512];
+    const size_t a_bytes = A * 4, b_bytes = (size_t)B * 2, c_bytes = C * 4;
+    snprintf(header, sizeof header,
+             "{\"a\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[0,%zu]},"
+             "\"b\":{\"dtype\":\"BF16\",\"shape\":[%d],\"data_offsets\":[%zu,%zu]},"
+             "\"c\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[%zu,%zu]}}",
+             A, a_bytes, B, a_bytes, a_bytes + b_bytes, C, a_bytes + b_bytes, a_bytes + b_bytes + c_bytes);
+    const size_t size = a_bytes + b_bytes + c_bytes;
+    unsigned char *data = malloc(size);
+    float *out = malloc((size_t)B * sizeof *out);
+    if (!data || !out) {
+        fprintf(stderr, "test_truncated_while_open: out of memory\n");
+        failures++;
+        free(data);
+        free(out);
+        return;
+    }
+    for (int i = 0; i < A; i++) {
+        const float value = (float)i;
+        memcpy(data + 4 * (size_t)i, &value, 4); /* little-endian host, as the tests assume */
+    }
+    for (int i = 0; i < B; i++) { /* bf16 0x3f80 + m is 1 + m / 128 for a 7-bit m */
+        const uint16_t bits = (uint16_t)(0x3f80 + (i & 0x7f));
+        memcpy(data + a_bytes + 2 * (size_t)i, &bits, 2);
+    }
+    memset(data + a_bytes + b_bytes, 0, c_bytes);
+    const char *path = temp_path("truncated.safetensors");
+    write_file(path, header, data, size);
+
+    sneppx_safetensors *file = NULL;
+    CHECK(sneppx_safetensors_open(path, &file) == SNEPPX_OK);
+    if (file) {
+        const int64_t b = sneppx_safetensors_find(file, "b");
+        CHECK(sneppx_safetensors_read_f32(file, b, out, B) == SNEPPX_OK);
+        int wrong = 0;
+        for (int i = 0; i < B; i++)
+            wrong += out[i] != 1.0f + (float)(i & 0x7f) / 128.0f;
+        CHECK(wrong == 0);
+        /* Cut the file 16 KiB into b: every later page of it is gone. */
+        const off_t cut = (off_t)(8 + strlen(header) + a_bytes + 16384);
+        CHECK(truncate(path, cut) == 0);
+        CHECK(sneppx_safetensors_read_f32(file, b, out, B) == SNEPPX_ERR_IO);
+        CHECK(strstr(sneppx_last_error(), path) != NULL);
+        CHECK(strstr(sneppx_last_error(), "tensor 'b': the file ends at byte") != NULL);
+        CHECK(strstr(sneppx_last_error(), "truncated") != NULL);
+        CHECK(sneppx_safetensors_read_f32(file, sneppx_safetensors_find(file, "c"), out, C) == SNEPPX_ERR_IO);
+        CHECK(strstr(sneppx_last_error(), "tensor 'c'") != NULL);
+        /* What is still in the file reads as before. */
+        CHECK(sneppx_safetensors_read_f32(file, sneppx_safetensors_find(file, "a"), out, A) == SNEPPX_OK);
+        CHECK(out[0] == 0.0f && out[A - 1] == (float)(A - 1));
+        sneppx_safetensors_close(file);
+    }
+    unlink(path);
+    free(data);
+    free(out);
+}
+
+/* A file that is not safetensors (here through a symlink, as a checkpoint
+ * directory may hold): said so, without its first 8 bytes read as a number. */
+static void test_not_safetensors(void)
+{
+    char text_path[512], link_path[512];
+    snprintf(text_path, sizeof text_path, "%s", temp_path("passwd"));
+    snprintf(link_path, sizeof link_path, "%s", temp_path("model.safetensors"));
+    FILE *stream = fopen(text_path, "w");
+    if (stream) {
+        fputs("root:x:0:0:root:/root:/bin/bash\n", stream);
+        fclose(stream);
+    }
+    CHECK(symlink(text_path, link_path) == 0);
+    sneppx_safetensors *file = NULL;
+    CHECK(sneppx_safetensors_open(link_path, &file) == SNEPPX_ERR_FORMAT);
+    CHECK(strstr(sneppx_last_error(), link_path) != NULL);
+    CHECK(strstr(sneppx_last_error(), "not a safetensors file") != NULL);
+    CHECK(strstr(sneppx_last_error(), "3475222254926655346") == NULL); /* "root:x:0" as a length */
+    unlink(link_path);
+    unlink(text_path);
+}
+
 static void test_open_arguments(void)
 {
     sneppx_safetensors *file = NULL;
@@ -239,6 +327,8 @@ int main(void)
     test_dtype_conversion();
     test_malformed_headers();
     test_header_length_bounds();
+    test_truncated_while_open();
+    test_not_safetensors();
     test_open_arguments();
     unlink(temp_path("dtypes.safetensors"));
     unlink(temp_path("bad.safetensors"));

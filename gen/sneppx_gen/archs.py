@@ -73,7 +73,7 @@ class Arch:
     @property
     def sanitized_name(self) -> str:
         """The name as a C identifier part: llama3.1-8B -> llama3_1_8b."""
-        return "".join(c if c.isalnum() else "_" for c in self.name.lower())
+        return "".join(c if c.isascii() and c.isalnum() else "_" for c in self.name.lower())
 
     def softmax_scale(self) -> float:
         """head_dim^-0.5; DeepSeek: (nope + rope)^-0.5 * mscale(factor, mscale_all_dim)^2 (MODELS.md 2)."""
@@ -116,6 +116,10 @@ def load_presets(path: Path = paths.ARCHS_JSON) -> List[Arch]:
         except ConfigError as error:
             raise ConfigError(f"{path}: presets[{index}] ({name}): {error}") from None
         aliases = raw.first("aliases")[1] or ()
+        for text in (name, *aliases):
+            problem = config_json.name_problem(text)
+            if problem:
+                raise ConfigError(f"{path}: presets[{index}]: name {text!r}: {problem}")
         presets.append(arch_from_config(c, name, where.string("family"), where.string("size"), tuple(aliases)))
     return presets
 
@@ -133,10 +137,11 @@ def load_config_file(path: str) -> Arch:
     """The Arch of a config file (an HF config.json, or sneppx's hand form); refuses what the
     runtime refuses (config_json), with ConfigError / OSError naming the file and the field."""
     root, c = config_json.read_file(path)
-    name = root.first("name")[1]
-    if not isinstance(name, str) or not name.split("\0", 1)[0]:
-        name = Path(path).stem
-    return arch_from_config(c, name.split("\0", 1)[0])
+    try:
+        name = config_json.read_name(root, Path(path).stem)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+    return arch_from_config(c, name)
 
 
 def preset_summary(arch: Arch) -> Dict[str, object]:

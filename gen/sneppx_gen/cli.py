@@ -33,6 +33,30 @@ def host_vector_width() -> int:
     return 8
 
 
+# What a message echoes of a name the user typed (runtime/config.c's NAME_ECHO_MAX).
+ECHO_MAX_BYTES = 64
+
+
+def clipped(text: str) -> str:
+    """text cut to ECHO_MAX_BYTES bytes on a whole UTF-8 character, with "..." when cut."""
+    data = text.encode("utf-8", "surrogateescape")
+    if len(data) <= ECHO_MAX_BYTES:
+        return text
+    return data[:ECHO_MAX_BYTES].decode("utf-8", "ignore") + "..."
+
+
+class _Once(argparse.Action):
+    """An option that may be given once: argparse keeps the last of repeated values, which
+    would write one of two outputs, or one of two architectures, without a word."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)
+        if before is not None:
+            parser.error(f"{'/'.join(self.option_strings)} given twice ({clipped(str(before))!r} and "
+                         f"{clipped(str(values))!r}); give it once")
+        setattr(namespace, self.dest, values)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sneppx-gen",
@@ -40,11 +64,11 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Build-time subcommands: sneppx-gen build --help")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--list", action="store_true", help="list the architecture presets")
-    what.add_argument("--arch", metavar="NAME", help='preset name, case-insensitive ("llama3-8B", "mistral-7B")')
-    what.add_argument("--config", metavar="FILE.json", help="an HF config.json (with model_type), read as libsneppx reads it; without "
+    what.add_argument("--arch", metavar="NAME", action=_Once, help='preset name, case-insensitive ("llama3-8B", "mistral-7B")')
+    what.add_argument("--config", metavar="FILE.json", action=_Once, help="an HF config.json (with model_type), read as libsneppx reads it; without "
                       "model_type, a hand config (sneppx.LLMConfig's keywords, + rotary_dim)")
-    parser.add_argument("-o", "--output", metavar="DIR", help="output directory")
-    parser.add_argument("--vector-width", type=int, choices=(16, 8), default=None,
+    parser.add_argument("-o", "--output", metavar="DIR", action=_Once, help="output directory")
+    parser.add_argument("--vector-width", type=int, choices=(16, 8), default=None, action=_Once,
                         help="floats per vector (default: 16 on an AVX-512 host, else 8)")
     attention = parser.add_mutually_exclusive_group()
     attention.add_argument("--flash", dest="flash", action="store_true", default=None,
@@ -81,7 +105,7 @@ def main(argv: List[str]) -> int:
             presets = archs.load_presets()
             arch = archs.find_preset(args.arch, presets)
             if arch is None:
-                print(f"sneppx-gen: unknown architecture '{args.arch}'; valid names: "
+                print(f"sneppx-gen: unknown architecture '{clipped(args.arch)}'; valid names: "
                       + ", ".join(a.name for a in presets), file=sys.stderr)
                 return EXIT_USAGE
         else:

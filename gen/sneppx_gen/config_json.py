@@ -16,7 +16,8 @@ Two forms are read:
   the keyword arguments of sneppx.LLMConfig (HF names plus "bias", "qkv_bias",
   "o_bias", "rope_interleaved", "use_flash_attn") and "rotary_dim", with the
   defaults of sneppx_config_init() and the same type rules.
-Both are checked by validate(), the mirror of sneppx_config_validate.
+Both are checked by validate(), the mirror of sneppx_config_validate. sneppx-gen's own
+"name" key (either form) names the output: read_name().
 """
 import json
 import math
@@ -322,6 +323,49 @@ class Scope:
 
 def _is_integer(value: Any) -> bool:
     return _is_number(value) and abs(value) <= EXACT_INT_MAX and value == math.floor(value)
+
+
+# ---- the name ----------------------------------------------------------------------------
+
+# A config's name ends up in file names, C symbols and comments of generated code and in
+# log lines, so it holds only characters inert in all of them: the rule of runtime/config.c
+# validate_name, at most SNEPPX_NAME_MAX - 1 bytes. It is sneppx-gen's own key, read in both
+# forms (the runtime's reader names a config after its model_type).
+NAME_MAX_BYTES = 63
+NAME_CHARACTERS = "A-Z a-z 0-9 . _ -"
+_NAME_CHARACTER = re.compile(r"[A-Za-z0-9._-]")
+
+
+def name_problem(name: str) -> Optional[str]:
+    """Why name is not a valid config name, or None (empty is valid: no name)."""
+    data = name.encode("utf-8", "surrogatepass")
+    if len(data) > NAME_MAX_BYTES:
+        return f"{len(data)} bytes, more than {NAME_MAX_BYTES}"
+    for at, byte in enumerate(data):
+        if not _NAME_CHARACTER.fullmatch(chr(byte)):
+            return f"byte {at} (0x{byte:02x}) is not one of {NAME_CHARACTERS}"
+    return None
+
+
+def derived_name(text: str) -> str:
+    """A name made of a file's name: other characters become '_', clipped to NAME_MAX_BYTES."""
+    name = "".join(c if _NAME_CHARACTER.fullmatch(c) else "_" for c in text)[:NAME_MAX_BYTES]
+    return name or "custom"
+
+
+def read_name(root: JsonObject, fallback: str) -> str:
+    """The file's "name" (absent, null or "": derived_name(fallback)). Raises ConfigError
+    naming the field for a name that breaks the rule: it is refused, never repaired."""
+    top = Scope(root, "")
+    value = top.lookup("name")
+    if value is None or value == "":
+        return derived_name(fallback)
+    if not isinstance(value, str):
+        raise top.fail("name", "a string", value)
+    problem = name_problem(value)
+    if problem:
+        raise ConfigError(f"name: {problem}")
+    return value
 
 
 # ---- rope_scaling ------------------------------------------------------------------

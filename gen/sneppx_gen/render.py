@@ -2,8 +2,11 @@
 
 One template per kernel family (kernels.KERNELS). The mode switch lives in
 templates/spec.j2; this module supplies what it reads: `S` (the key's fields),
-`P` (helper prefix), `entry()` (entry point names) and the ABI text.
+`P` (helper prefix), `entry()` (entry point names) and the ABI text, and the
+`c_comment` filter every text from outside the templates passes through on its
+way into a comment.
 """
+import json
 from typing import Dict, Optional, Union
 
 import jinja2
@@ -55,6 +58,18 @@ class Spec:
         return self._values is None or int(self._values[name]) == wanted
 
 
+def c_comment(text: object) -> str:
+    """Text for inside a /* */ comment of generated C: printable ASCII that neither ends
+    the comment ("*/") nor opens one ("/*", which -Wcomment reports). The readers already
+    refuse such names; this refuses whatever reaches a comment without them (ValueError)."""
+    text = str(text)
+    if "*/" in text or "/*" in text or any(not " " <= c <= "~" for c in text):
+        shown = text[:32] + ("..." if len(text) > 32 else "")
+        raise ValueError(f"{json.dumps(shown)} cannot stand in a C comment (printable ASCII only, "
+                         f"without '*/' or '/*')")
+    return text
+
+
 _environment: Optional[jinja2.Environment] = None
 
 
@@ -69,6 +84,7 @@ def environment() -> jinja2.Environment:
             keep_trailing_newline=True,
             autoescape=False,
         )
+        _environment.filters["c_comment"] = c_comment
     return _environment
 
 

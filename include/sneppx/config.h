@@ -35,7 +35,8 @@ typedef struct sneppx_rope_scaling {
 } sneppx_rope_scaling;
 
 typedef struct sneppx_config {
-    char name[SNEPPX_NAME_MAX];     /* "llama3-8B" for presets, "custom" otherwise */
+    char name[SNEPPX_NAME_MAX];     /* "llama3-8B" for presets, "custom" otherwise; NUL-terminated,
+                                       only A-Z a-z 0-9 . _ - (it reaches generated code and logs) */
     int64_t hidden_size;
     int64_t num_attention_heads;
     int64_t num_key_value_heads;

@@ -8,11 +8,13 @@
  * little-endian and row-major.
  *
  * Two levels:
- *   - one file: sneppx_safetensors_open() memory-maps it, parses the header
+ *   - one file: sneppx_safetensors_open() opens it, parses the header
  *     with cJSON and validates every entry (header length within the file,
  *     known dtype, shape product times element size equal to the byte range,
  *     ranges inside the data buffer and not overlapping, no integer overflow);
- *     sneppx_safetensors_read_f32() converts one tensor (F32, F16, BF16, F64)
+ *     sneppx_safetensors_read_f32() reads one tensor with pread (not a
+ *     memory map: a file truncated while open is SNEPPX_ERR_IO naming the
+ *     file and the tensor, not SIGBUS) and converts it (F32, F16, BF16, F64)
  *     to float32.
  *   - one layer of a checkpoint: sneppx_attn_weights_load() resolves a
  *     checkpoint directory, a single .safetensors file or a sharded
@@ -48,7 +50,7 @@ typedef struct sneppx_tensor_info {
     uint64_t byte_size;
 } sneppx_tensor_info;
 
-/* Memory-maps and validates path. The file stays mapped until close. */
+/* Opens and validates path. The file stays open until close. */
 sneppx_status sneppx_safetensors_open(const char *path, sneppx_safetensors **file);
 
 /* Tensors in the file (the "__metadata__" entry is not one), sorted by name. */

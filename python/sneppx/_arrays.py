@@ -23,6 +23,26 @@ def _shape_text(shape: tuple) -> str:
     return "[" + ", ".join(str(extent) for extent in shape) + "]"
 
 
+def _float32_array(name: str, array: np.ndarray, to_minus_inf_ok: bool = False) -> np.ndarray:
+    """array as C-contiguous float32 (the same object when it already is). A finite value
+    beyond float32's range would become +-inf: a ValueError naming the argument, except
+    towards -inf when to_minus_inf_ok. NaN / inf inputs stay as they are (they propagate
+    to the output, as in HF)."""
+    if array.dtype.kind != "f" or array.dtype.itemsize <= 4:
+        return np.ascontiguousarray(array, dtype=np.float32)    # integers and float16 always fit
+    with np.errstate(over="ignore"):
+        converted = np.ascontiguousarray(array, dtype=np.float32)
+    if converted.size and not np.isfinite(converted).all():
+        overflowed = np.isinf(converted) & np.isfinite(array)
+        if to_minus_inf_ok:
+            overflowed &= converted > 0
+        if overflowed.any():
+            index = tuple(int(i) for i in np.argwhere(overflowed)[0])
+            raise ValueError(f"{name}: {array[index]} at index {list(index)} is beyond the float32 range "
+                             f"(|x| <= {np.finfo(np.float32).max:.8g}); the layer computes in float32")
+    return converted
+
+
 def hidden_states_array(value: Any, hidden_size: int) -> np.ndarray:
     """[batch, seq_len, hidden_size] as C-contiguous float32 (the same object when it already is)."""
     name = "hidden_states"
@@ -31,19 +51,7 @@ def hidden_states_array(value: Any, hidden_size: int) -> np.ndarray:
         raise TypeError(f"{name}: expected real numbers (float32 preferred), got dtype {array.dtype}")
     if array.ndim != 3 or array.shape[2] != hidden_size:
         raise ValueError(f"{name}: expected shape [batch, seq_len, {hidden_size}], got {_shape_text(array.shape)}")
-    if array.dtype.kind != "f" or array.dtype.itemsize <= 4:
-        return np.ascontiguousarray(array, dtype=np.float32)    # integers and float16 always fit
-    with np.errstate(over="ignore"):
-        converted = np.ascontiguousarray(array, dtype=np.float32)
-    # A finite value beyond float32's range would become +-inf; NaN / inf inputs stay as they are
-    # (they propagate to the output, as in HF).
-    if converted.size and not np.isfinite(converted).all():
-        overflowed = np.isinf(converted) & np.isfinite(array)
-        if overflowed.any():
-            index = tuple(int(i) for i in np.argwhere(overflowed)[0])
-            raise ValueError(f"{name}: {array[index]} at index {list(index)} is beyond the float32 range "
-                             f"(|x| <= {np.finfo(np.float32).max:.8g}); the layer computes in float32")
-    return converted
+    return _float32_array(name, array)
 
 
 def attention_mask_array(value: Any, batch: int, seq_len: int) -> Optional[np.ndarray]:
@@ -62,7 +70,9 @@ def attention_mask_array(value: Any, batch: int, seq_len: int) -> Optional[np.nd
     if array.dtype.kind != "f":
         raise TypeError(f"{name}: expected an additive float mask or a bool mask (True = attend), "
                         f"got dtype {array.dtype}")
-    return np.ascontiguousarray(array, dtype=np.float32)
+    # A float64 mask's finfo.min (HF's) becomes -inf: masked all the same. A large positive
+    # entry would become +inf, and its row NaN.
+    return _float32_array(name, array, to_minus_inf_ok=True)
 
 
 def position_ids_array(value: Any, batch: int, seq_len: int) -> Optional[np.ndarray]:

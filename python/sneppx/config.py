@@ -2,6 +2,7 @@
 import copy
 import ctypes
 import os
+import re
 import stat
 import threading
 from pathlib import Path
@@ -111,6 +112,7 @@ class LLMConfig:
             from_config_json assumes), False otherwise.
         q_lora_rank ... v_head_dim: DeepSeek V2 MLA (kv_lora_rank turns it on).
         num_threads: 0 = the OpenMP default.
+        name: at most 63 of A-Z a-z 0-9 . _ - (it reaches logs and generated code).
         """
         num_attention_heads = _alias("num_attention_heads", num_attention_heads, "num_heads", num_heads)
         num_key_value_heads = _alias("num_key_value_heads", num_key_value_heads, "num_kv_heads", num_kv_heads)
@@ -184,7 +186,8 @@ class LLMConfig:
         Python accept the same files. Errors name the file and the field: FormatError
         (ValueError) for malformed files, UnsupportedError (NotImplementedError) for
         valid ones sneppx cannot run (another model_type, rope type, ...), OSError
-        when the file cannot be read. The name is the directory holding the file."""
+        when the file cannot be read. The name is the directory holding the file, with
+        characters other than A-Z a-z 0-9 . _ - made '_' (a name holds only those)."""
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
@@ -192,7 +195,7 @@ class LLMConfig:
         config = S.Config()
         check(lib.sneppx_config_from_json(text, len(text), ctypes.byref(config)), str(path),
               ("config.json: ", "json_text: "))
-        config.name = _name_bytes(path.resolve().parent.name or config.name.decode())
+        config.name = _name_bytes(_derived_name(path.resolve().parent.name) or config.name.decode())
         if overrides:
             kwargs = _hf.constructor_kwargs(config)
             # An override by another name replaces the file's value, not disagrees with it.
@@ -396,8 +399,9 @@ class LLMConfig:
 
     def load_safetensors(self, path: "os.PathLike[str] | str", layer: int = 0) -> None:
         """Loads layer `layer`'s self_attn tensors from a HF checkpoint: a directory, a
-        .safetensors file or a sharded checkpoint's model.safetensors.index.json. Files are
-        memory-mapped; only that layer's tensors are read; F32/F16/BF16 become float32.
+        .safetensors file or a sharded checkpoint's model.safetensors.index.json. Only that
+        layer's tensors are read (a file truncated meanwhile is a FileError, not a crash);
+        F32/F16/BF16 become float32.
 
         Raises sneppx.FormatError (ValueError) for missing, extra or mis-shaped tensors and
         malformed files, sneppx.FileError (OSError) for unreadable ones, naming the tensor
@@ -475,7 +479,17 @@ def _c_text(text: str) -> bytes:
 
 
 def _name_bytes(name: str) -> bytes:
+    """The name for the C struct, whose bytes sneppx_config_validate checks
+    (A-Z a-z 0-9 . _ -: it reaches generated code and logs)."""
     if not isinstance(name, str):
         raise TypeError(f"name: expected a string, got {name!r}")
-    encoded = _c_text(name)[:S.NAME_MAX - 1]
-    return encoded.decode("utf-8", "ignore").encode("utf-8")
+    encoded = _c_text(name)
+    if len(encoded) > S.NAME_MAX - 1:
+        raise ValueError(f"name: {len(encoded)} bytes, more than {S.NAME_MAX - 1}")
+    return encoded
+
+
+def _derived_name(text: str) -> str:
+    """A name made of a directory's name: characters a name may not hold become '_',
+    clipped to the field."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text)[:S.NAME_MAX - 1]

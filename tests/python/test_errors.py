@@ -320,8 +320,25 @@ def test_unencodable_preset_names(family, size, shown):
         sneppx.LLMConfig.from_name(family, size)
 
 
-def test_unencodable_config_name():
-    assert sneppx.LLMConfig(**SMALL, name="a\udc80b\x00c").name == r"a\udc80b\x00c"
+@pytest.mark.parametrize("name, pattern", [
+    ("x*/\nint injected;\n/*", r"config\.name: byte 1 \(0x2a\) is not one of A-Z a-z 0-9 \. _ -"),
+    ("a\udc80b\x00c", r"config\.name: byte 1 \(0x5c\)"),     # escaped by _c_text, then refused
+    ("my model", r"config\.name: byte 2 \(0x20\)"),
+    ("x" * 64, "name: 64 bytes, more than 63"),               # was cut to 63 without a word
+])
+def test_bad_config_names(name, pattern):
+    """A name reaches logs and generated code: only A-Z a-z 0-9 . _ -, at most 63 bytes."""
+    with pytest.raises(ValueError, match=pattern):
+        sneppx.LLMConfig(**SMALL, name=name)
+
+
+def test_config_names_from_directories(tmp_path):
+    """from_config_json names a config after its directory, made into a valid name."""
+    directory = tmp_path / ("Llama 3 (8B) \u00e9*\n" + "x" * 80)
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": "llama", **SMALL}))
+    assert sneppx.LLMConfig.from_config_json(directory).name == ("Llama_3__8B_____" + "x" * 80)[:63]
+    assert sneppx.LLMConfig(**SMALL, name="Meta-Llama-3.1-8B_v2").name == "Meta-Llama-3.1-8B_v2"
 
 
 @pytest.mark.parametrize("path, error, pattern", [
@@ -348,6 +365,22 @@ def test_hidden_states_beyond_float32(cfg, x, dtype):
         wide[1, 3, 10] = special
         out = cfg.forward_mha(wide)
         assert np.isnan(out[1, 3:]).any(axis=-1).all() and np.all(np.isfinite(out[0]))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.longdouble])
+def test_attention_mask_beyond_float32(cfg, x, dtype):
+    """1e300 in a float64 mask used to become +inf in float32, and its row NaN."""
+    seq = x.shape[1]
+    mask = np.zeros((2, 1, seq, seq), dtype=dtype)
+    mask[1, 0, 2, 1] = 1e300
+    with pytest.raises(ValueError, match=r"attention_mask: 1e\+300 at index \[1, 0, 2, 1\] is beyond the float32 "
+                                         r"range \(\|x\| <= 3\.4028235e\+38\)"):
+        cfg.forward_mha(x, attention_mask=mask)
+    # HF's float64 mask value, finfo(float64).min, becomes -inf: masked, as in HF.
+    mask[1, 0, 2, 1] = np.finfo(np.float64).min
+    hf_min = cfg.forward_mha(x, attention_mask=mask)
+    mask[1, 0, 2, 1] = -np.inf
+    assert np.array_equal(hf_min, cfg.forward_mha(x, attention_mask=mask)) and np.isfinite(hf_min).all()
 
 
 def test_pickle_is_refused_with_a_reason(cfg):

@@ -10,6 +10,7 @@
   agree on accept / refuse, on the message, and on every field of an accepted config.
 """
 import ctypes
+import dataclasses
 import json
 import os
 import subprocess
@@ -97,6 +98,93 @@ def test_cli_accepts_the_base_config(tmp_path):
     result = _run_gen(config, tmp_path / "out")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out" / "manifest.json").exists()
+
+
+# ---- strings from a config that reach generated code ------------------------------------------
+
+# A name that ends the banner comment of the generated .c/.h and defines a function: it used
+# to compile warning-free and run.
+INJECTED = "*/\nint sneppx_injected(void) { return 42; }\n/*"
+HAND = {key: value for key, value in BASE.items() if key != "model_type"}
+
+
+@pytest.mark.parametrize("form", [HAND, BASE], ids=["hand", "hf"])
+@pytest.mark.parametrize("name, message", [
+    (INJECTED, "name: byte 0 (0x2a) is not one of A-Z a-z 0-9 . _ -"),
+    ("tiny\u0000*/", "name: byte 4 (0x00) is not one of"),       # was cut at the NUL
+    ("caf\u00e9", "name: byte 3 (0xc3) is not one of"),
+    ("x" * 100000, "name: 100000 bytes, more than 63"),
+    (7, "name: expected a string, got 7"),
+], ids=["comment-and-code", "nul", "non-ascii", "100k", "number"])
+def test_cli_refuses_a_name_that_is_not_a_name(form, name, message, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(dict(form, name=name)))
+    result = _run_gen(config, tmp_path / "out")
+    assert result.returncode == 1, result
+    assert result.stderr.startswith(f"sneppx-gen: {config}: {message}"), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and len(result.stderr) < 300
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_names_files_after_a_valid_name_or_the_file(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(dict(HAND, name="Meta-Llama-3.1-8B_v2")))
+    assert _run_gen(config, tmp_path / "named").returncode == 0
+    source = (tmp_path / "named" / "sneppx_meta_llama_3_1_8b_v2.c").read_text()
+    assert source.startswith("/* sneppx vendored attention layer: Meta-Llama-3.1-8B_v2 (generated")
+    # Without a name, the file's own name, made into one: no character it may not hold.
+    unnamed = tmp_path / "my model \u00e9*.json"
+    unnamed.write_text(json.dumps(HAND))
+    assert _run_gen(unnamed, tmp_path / "unnamed").returncode == 0
+    assert json.loads((tmp_path / "unnamed" / "manifest.json").read_text())["arch"] == "my_model___"
+    assert (tmp_path / "unnamed" / "sneppx_my_model___.c").exists()
+
+
+def test_renderer_refuses_config_strings_that_would_leave_a_comment():
+    """Defense in depth: an Arch built without the readers' checks still cannot put a
+    config string into generated code where it would end a comment."""
+    from sneppx_gen import aot, archs, render
+    base = archs.find_preset("qwen2-0.5B")
+    with pytest.raises(ValueError, match="cannot stand in a C comment"):
+        aot.render_layer(aot.plan(dataclasses.replace(base, name=INJECTED), 8, True))
+    for field in ("family", "size"):                 # not rendered at all
+        source, header = aot.render_layer(aot.plan(dataclasses.replace(base, **{field: INJECTED}), 8, True))
+        assert "int sneppx_injected" not in source + header
+    for text in ("a */ b", "a /* b", "a\nb", "a\u00e9", "a\x7f"):
+        with pytest.raises(ValueError, match="cannot stand in a C comment"):
+            render.c_comment(text)
+    assert render.c_comment("qwen2-0.5B") == "qwen2-0.5B"
+
+
+# ---- the command line's options -----------------------------------------------------------
+
+@pytest.mark.parametrize("options, option", [
+    (["--arch", "llama3-8B", "--arch", "mistral-7B", "-o", "{out}"], "--arch"),
+    (["--arch", "llama3-8B", "-o", "{out}", "--output", "{out}2"], "-o/--output"),
+    (["--config", "{config}", "--config", "{config}", "-o", "{out}"], "--config"),
+    (["--arch", "llama3-8B", "--vector-width", "8", "--vector-width", "16", "-o", "{out}"], "--vector-width"),
+])
+def test_cli_refuses_a_repeated_option(options, option, tmp_path):
+    """argparse kept the last value: one of two outputs or architectures, without a word."""
+    config = tmp_path / "config.json"
+    config.write_text(_text())
+    argv = [item.format(out=tmp_path / "out", config=config) for item in options]
+    result = subprocess.run([sys.executable, str(SNEPPX_GEN), *argv], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert f"sneppx-gen: error: {option} given twice (" in result.stderr and "give it once" in result.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
+
+
+def test_cli_clips_an_unknown_name():
+    result = subprocess.run([sys.executable, str(SNEPPX_GEN), "--arch", "x" * 100000, "-o", "/nonexistent/out"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith("sneppx-gen: unknown architecture '" + "x" * 64 + "...'; valid names: llama2-7B")
+    assert len(result.stderr) < 1000
+    # Cut on a whole UTF-8 character, as the library cuts it.
+    result = subprocess.run([sys.executable, str(SNEPPX_GEN), "--arch", "x" * 63 + "\u00e9tail", "-o", "/nonexistent"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.stderr.startswith("sneppx-gen: unknown architecture '" + "x" * 63 + "...'; valid")
 
 
 # ---- gen's reader against the library's, in process ----------------------------------------
