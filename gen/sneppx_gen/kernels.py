@@ -27,7 +27,7 @@ class Kernel:
     family: str
     template: str
     fields: Tuple[Field, ...]
-    entries: Tuple[str, ...] = ("",)   # suffixes of the entry points
+    entries: Tuple[str, ...] = ("",)   # suffixes of the entry points, in SNEPPX_ENTRY_* order
 
 
 ATTN_FIELDS = (
