@@ -83,7 +83,7 @@ static void pack_weights(const sneppx_kernel *kernel, const float *weights, int6
         args.src = weights;
         args.src_stride = k;
         args.dst = panels;
-        kernel->entry[1](&args);
+        kernel->entry[SNEPPX_ENTRY_PACK](&args);
     }
 }
 

@@ -51,7 +51,7 @@ void bench_gemm_tiles(const sneppx_kernel *kernel, int threads, int64_t rows, in
         args.bias = bias;
         args.dst = dst;
         args.dst_stride = dst_stride;
-        kernel->entry[0](&args);
+        kernel->entry[SNEPPX_ENTRY_RUN](&args);
     }
 }
 
@@ -80,6 +80,6 @@ void bench_attention_tiles(const sneppx_kernel *kernel, int threads, const struc
         args.kv_len = ops->seq_len;
         args.softmax_scale = ops->softmax_scale;
         args.scratch = ops->scratch + omp_get_thread_num() * ops->scratch_floats;
-        kernel->entry[0](&args);
+        kernel->entry[SNEPPX_ENTRY_RUN](&args);
     }
 }

@@ -15,16 +15,6 @@ void sneppx_sha256(const void *data, size_t size, uint8_t digest[SNEPPX_SHA256_S
     sha256_digest(&hash, SNEPPX_SHA256_SIZE, digest);
 }
 
-void sneppx_sha256_hex(const uint8_t digest[SNEPPX_SHA256_SIZE], char hex[SNEPPX_SHA256_HEX_SIZE])
-{
-    static const char digits[] = "0123456789abcdef";
-    for (int i = 0; i < SNEPPX_SHA256_SIZE; i++) {
-        hex[2 * i] = digits[digest[i] >> 4];
-        hex[2 * i + 1] = digits[digest[i] & 15];
-    }
-    hex[2 * SNEPPX_SHA256_SIZE] = '\0';
-}
-
 /* Each part is hashed with its length first, so no two different lists of
  * parts hash the same bytes ("ab","c" vs "a","bc"). */
 static void add_part(struct sha256_ctx *hash, const char *part)

@@ -13,13 +13,9 @@
 #include "host.h"
 
 #define SNEPPX_SHA256_SIZE 32
-#define SNEPPX_SHA256_HEX_SIZE (2 * SNEPPX_SHA256_SIZE + 1)
 
 /* digest = SHA-256(data). */
 void sneppx_sha256(const void *data, size_t size, uint8_t digest[SNEPPX_SHA256_SIZE]);
-
-/* Lower-case hex of a digest, NUL-terminated. */
-void sneppx_sha256_hex(const uint8_t digest[SNEPPX_SHA256_SIZE], char hex[SNEPPX_SHA256_HEX_SIZE]);
 
 /* The fingerprint of the kernel named by key, compiled from the bitcode whose
  * SHA-256 is bitcode_sha256_hex with the JIT's options for host. */

@@ -48,7 +48,7 @@ static void run_gemm(const sneppx_layer *layer, const struct sneppx_packed_gemm 
         args.bias = gemm->bias;
         args.dst = dst + instance * dst_step;
         args.dst_stride = dst_stride;
-        gemm->kernel->entry[0](&args);
+        gemm->kernel->entry[SNEPPX_ENTRY_RUN](&args);
     }
 }
 
@@ -68,7 +68,7 @@ static void run_rope(const sneppx_layer *layer, const struct sneppx_workspace *w
         args.rope_head_stride = head_stride;
         args.cos = ws->cos;
         args.sin = ws->sin;
-        layer->rope->entry[0](&args);
+        layer->rope->entry[SNEPPX_ENTRY_RUN](&args);
     }
 }
 
@@ -87,7 +87,7 @@ static void run_rmsnorm(const sneppx_layer *layer, const sneppx_kernel *kernel, 
         args.dst_stride = stride;
         args.weight = weight;
         args.eps = 1e-6f; /* DeepSeek's q_a/kv_a layernorms use the class default, not rms_norm_eps */
-        kernel->entry[0](&args);
+        kernel->entry[SNEPPX_ENTRY_RUN](&args);
     }
 }
 
@@ -130,7 +130,7 @@ static void run_attention(const sneppx_layer *layer, const struct sneppx_workspa
         args.kv_len = seq_len;
         args.softmax_scale = layer->softmax_scale;
         args.scratch = ws->thread_scratch + omp_get_thread_num() * ws->thread_scratch_floats;
-        kernel->entry[0](&args);
+        kernel->entry[SNEPPX_ENTRY_RUN](&args);
     }
 }
 

@@ -380,7 +380,7 @@ static sneppx_status remember_tracker(LLVMOrcResourceTrackerRef tracker, const c
 
 sneppx_status sneppx_jit_link_object(const struct sneppx_kernel_family *family, const char *key,
                                      const void *object, size_t object_size,
-                                     sneppx_kernel_fn entry[SNEPPX_MAX_ENTRIES])
+                                     sneppx_kernel_fn entry[SNEPPX_ENTRY_COUNT])
 {
     sneppx_status status = get_jit(key);
     if (status != SNEPPX_OK)
@@ -391,7 +391,7 @@ sneppx_status sneppx_jit_link_object(const struct sneppx_kernel_family *family, 
     LLVMErrorRef error = LLVMOrcLLJITAddObjectFileWithRT(jit, tracker, buffer); /* takes the buffer */
     if (error)
         status = fail_llvm(error, "adding the object", key);
-    for (int i = 0; i < SNEPPX_MAX_ENTRIES; i++)
+    for (int i = 0; i < SNEPPX_ENTRY_COUNT; i++)
         entry[i] = NULL;
     for (int i = 0; status == SNEPPX_OK && i < family->entry_count; i++) {
         char symbol[SNEPPX_KEY_MAX + 64];
@@ -404,8 +404,9 @@ sneppx_status sneppx_jit_link_object(const struct sneppx_kernel_family *family, 
     }
     if (status == SNEPPX_OK && family->entry_count > 0) {
         char symbol[SNEPPX_KEY_MAX + 64];
-        entry_symbol(key, family->entry_suffixes[0], symbol, sizeof symbol);
-        sneppx_perf_map_add(key, object, object_size, symbol, (uint64_t)(uintptr_t)entry[0]);
+        entry_symbol(key, family->entry_suffixes[SNEPPX_ENTRY_RUN], symbol, sizeof symbol);
+        sneppx_perf_map_add(key, object, object_size, symbol,
+                            (uint64_t)(uintptr_t)entry[SNEPPX_ENTRY_RUN]);
     }
     if (status == SNEPPX_OK)
         status = remember_tracker(tracker, key);
@@ -415,7 +416,7 @@ sneppx_status sneppx_jit_link_object(const struct sneppx_kernel_family *family, 
         if (remove_error)
             LLVMConsumeError(remove_error);
         LLVMOrcReleaseResourceTracker(tracker);
-        for (int i = 0; i < SNEPPX_MAX_ENTRIES; i++)
+        for (int i = 0; i < SNEPPX_ENTRY_COUNT; i++)
             entry[i] = NULL;
     }
     pthread_mutex_unlock(&jit_lock);

@@ -44,7 +44,7 @@ void sneppx_jit_prepare(void);
  * slots NULL). The code lives until process exit. Thread-safe. */
 sneppx_status sneppx_jit_link_object(const struct sneppx_kernel_family *family, const char *key,
                                      const void *object, size_t object_size,
-                                     sneppx_kernel_fn entry[SNEPPX_MAX_ENTRIES]);
+                                     sneppx_kernel_fn entry[SNEPPX_ENTRY_COUNT]);
 
 /* Tests only: removes every linked object from the JIT, so the same keys can
  * be linked again. Every entry address handed out before becomes invalid.

@@ -8,9 +8,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "sneppx/status.h"
+#include "sneppx_abi.h"
 
 #define SNEPPX_MAX_KEY_FIELDS 8
-#define SNEPPX_MAX_ENTRIES 2
+
 #define SNEPPX_KEY_MAX 160
 
 struct sneppx_kernel_family {
@@ -24,7 +25,7 @@ struct sneppx_kernel_family {
     int64_t field_max[SNEPPX_MAX_KEY_FIELDS];
     int64_t field_multiple[SNEPPX_MAX_KEY_FIELDS];
     int entry_count;
-    const char *entry_suffixes[SNEPPX_MAX_ENTRIES];     /* "" and "_pack" */
+    const char *entry_suffixes[SNEPPX_ENTRY_COUNT];     /* by SNEPPX_ENTRY_*: "" and "_pack" */
 };
 
 struct sneppx_embedded_bitcode {

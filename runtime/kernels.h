@@ -12,7 +12,7 @@
 
 typedef struct sneppx_kernel {
     char key[SNEPPX_KEY_MAX];     /* canonical text, e.g. attn_flash-d128-dv128-g4-w0-causal-v16 */
-    sneppx_kernel_fn entry[SNEPPX_MAX_ENTRIES]; /* entry[0] the kernel, entry[1] e.g. the GEMM pack (or NULL) */
+    sneppx_kernel_fn entry[SNEPPX_ENTRY_COUNT]; /* by SNEPPX_ENTRY_*; NULL where the family has none */
 } sneppx_kernel;
 
 /* Returns the kernel for the key, compiling it at most once per process (and

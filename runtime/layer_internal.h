@@ -26,7 +26,6 @@ struct sneppx_workspace {
     struct sneppx_workspace *next;
     int64_t tokens, seq_len, threads;
     float *buffer;
-    size_t buffer_floats;
     float *qkv;        /* [tokens, qkv_dim]: fused projections (MLA: q) */
     float *latent;     /* MLA: [tokens, kv_lora + rope] (c | k_pe) */
     float *q_absorbed; /* MLA absorbed: [tokens, H, kv_lora + rope]; naive: k [tokens, H*dq] */
@@ -41,9 +40,6 @@ struct sneppx_workspace {
 
 /* Kernels one layer can resolve: MLA absorbed with q LoRA has 9 plus 4 attention variants. */
 #define SNEPPX_LAYER_MAX_KERNELS 16
-
-enum { SNEPPX_ATTN_SDPA = 0, SNEPPX_ATTN_FLASH = 1 };
-enum { SNEPPX_ATTN_IMPLICIT = 0, SNEPPX_ATTN_EXPLICIT = 1 };
 
 struct sneppx_layer {
     sneppx_config config;

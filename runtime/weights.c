@@ -41,7 +41,7 @@ void sneppx_pack_gemm_instance(struct sneppx_packed_gemm *gemm, int64_t instance
         args.src = hf_weight;
         args.src_stride = hf_row_stride;
         args.dst = dst;
-        gemm->kernel->entry[1](&args);
+        gemm->kernel->entry[SNEPPX_ENTRY_PACK](&args);
     }
 }
 

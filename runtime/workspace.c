@@ -60,7 +60,6 @@ static sneppx_status workspace_create(sneppx_layer *layer, int64_t batch, int64_
         return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "workspace: cannot allocate %zu floats for %lld tokens",
                            total, (long long)tokens);
     }
-    ws->buffer_floats = total;
     float *cursor = ws->buffer;
     for (int i = 0; i < 10; i++) {
         *slots[i] = sizes[i] ? cursor : NULL;

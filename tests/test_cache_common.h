@@ -152,7 +152,7 @@ static inline double cache_test_rmsnorm_error(const sneppx_kernel *kernel, int64
     struct sneppx_args args = {.struct_size = sizeof args, .abi_version = SNEPPX_ABI_VERSION, .row_begin = 0,
                                .row_end = ROWS, .src = src, .src_stride = n, .weight = weight, .dst = dst,
                                .dst_stride = n, .eps = 1e-5f};
-    kernel->entry[0](&args);
+    kernel->entry[SNEPPX_ENTRY_RUN](&args);
     double worst = 0.0, largest = 0.0;
     for (int64_t r = 0; r < ROWS; r++) {
         double sum = 0.0;

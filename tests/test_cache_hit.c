@@ -30,12 +30,12 @@ static double gemm_error(const sneppx_kernel *kernel, float *out)
     test_fill_uniform(&rng, src, GEMM_ROWS * GEMM_K, 1.0f);
     struct sneppx_args pack = {.struct_size = sizeof pack, .abi_version = SNEPPX_ABI_VERSION, .col_begin = 0,
                                .col_end = GEMM_N, .src = weight, .src_stride = GEMM_K, .dst = packed};
-    kernel->entry[1](&pack);
+    kernel->entry[SNEPPX_ENTRY_PACK](&pack);
     struct sneppx_args product = {.struct_size = sizeof product, .abi_version = SNEPPX_ABI_VERSION,
                                   .row_begin = 0, .row_end = GEMM_ROWS, .col_begin = 0, .col_end = GEMM_N,
                                   .src = src, .src_stride = GEMM_K, .weight = packed, .bias = bias, .dst = out,
                                   .dst_stride = GEMM_N};
-    kernel->entry[0](&product);
+    kernel->entry[SNEPPX_ENTRY_RUN](&product);
     free(packed);
     double want[GEMM_ROWS * GEMM_N];
     for (int r = 0; r < GEMM_ROWS; r++)

@@ -143,12 +143,13 @@ int main(void)
         return test_finish(&tally);
     char name[256];
     snprintf(name, sizeof name, "sneppx_gemm_k64_n96_bias0_v%d [%s]", vector_width, gemm->key);
-    unsigned long long size = mapped_size(path, (uintptr_t)gemm->entry[0], name);
+    unsigned long long size = mapped_size(path, (uintptr_t)gemm->entry[SNEPPX_ENTRY_RUN], name);
     TEST_CHECK(&tally, size > 64 && size < (1 << 20), "%s: the entry '%s' at %p, size %llu", path, name,
-               (void *)(uintptr_t)gemm->entry[0], size);
+               (void *)(uintptr_t)gemm->entry[SNEPPX_ENTRY_RUN], size);
     snprintf(name, sizeof name, "sneppx_gemm_k64_n96_bias0_v%d_pack [%s]", vector_width, gemm->key);
-    size = mapped_size(path, (uintptr_t)gemm->entry[1], name);
-    TEST_CHECK(&tally, size > 0, "%s: the pack entry '%s' at %p", path, name, (void *)(uintptr_t)gemm->entry[1]);
+    size = mapped_size(path, (uintptr_t)gemm->entry[SNEPPX_ENTRY_PACK], name);
+    TEST_CHECK(&tally, size > 0, "%s: the pack entry '%s' at %p", path, name,
+               (void *)(uintptr_t)gemm->entry[SNEPPX_ENTRY_PACK]);
 
     /* The same key linked again from the disk cache is named at its new address. */
     sneppx_kernel_cache_reset_for_testing();
@@ -156,8 +157,8 @@ int main(void)
     if (TEST_CHECK(&tally, sneppx_kernel_resolve("gemm", gemm_values, vector_width, &again) == SNEPPX_OK,
                    "resolve again: %s", sneppx_last_error())) {
         snprintf(name, sizeof name, "sneppx_gemm_k64_n96_bias0_v%d [%s]", vector_width, again->key);
-        TEST_CHECK(&tally, mapped_size(path, (uintptr_t)again->entry[0], name) > 0, "%s: '%s' at %p after a reload",
-                   path, name, (void *)(uintptr_t)again->entry[0]);
+        TEST_CHECK(&tally, mapped_size(path, (uintptr_t)again->entry[SNEPPX_ENTRY_RUN], name) > 0,
+                   "%s: '%s' at %p after a reload", path, name, (void *)(uintptr_t)again->entry[SNEPPX_ENTRY_RUN]);
     }
     unlink(path);
     return test_finish(&tally);

@@ -57,10 +57,6 @@ class Arch:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @property
-    def resolved_v_head_dim(self) -> int:
-        return self.v_head_dim if self.is_mla else self.resolved_head_dim
-
-    @property
     def resolved_rotary_dim(self) -> int:
         if self.is_mla:
             return self.qk_rope_head_dim

@@ -49,7 +49,7 @@ class Kernel:
     family: str
     template: str
     fields: Tuple[Field, ...]
-    entries: Tuple[str, ...] = ("",)   # suffixes of the entry points
+    entries: Tuple[str, ...] = ("",)   # suffixes of the entry points, in SNEPPX_ENTRY_* order
 
 
 # Attention: q/k head dim up to absorbed MLA's kv_lora_rank + qk_rope_head_dim,

@@ -28,6 +28,7 @@
 #define SNEPPX_CACHE_H
 
 #include <stdint.h>
+#include "sneppx/export.h"
 #include "sneppx/status.h"
 
 #ifdef __cplusplus
@@ -39,7 +40,7 @@ extern "C" {
 /* The directory of the disk cache, or "" when the process runs memory-only.
  * Resolves (and creates) it on the first call. Thread-safe; the string lives
  * until process exit. */
-const char *sneppx_cache_dir(void);
+SNEPPX_API const char *sneppx_cache_dir(void);
 
 /* Removes every entry of the disk cache (object files, temporary files, and
  * the lock files no process holds: a held one guards a build in progress).
@@ -47,7 +48,7 @@ const char *sneppx_cache_dir(void);
  * in-memory cache. Memory-only: does nothing and returns SNEPPX_OK.
  * Thread-safe; a process writing an entry at the same time keeps its kernel in
  * memory. */
-sneppx_status sneppx_cache_clear(void);
+SNEPPX_API sneppx_status sneppx_cache_clear(void);
 
 /* Where a resolve found its kernel. */
 typedef enum sneppx_kernel_source {
@@ -73,7 +74,7 @@ typedef struct sneppx_jit_stats {
 } sneppx_jit_stats;
 
 /* Copies the counters into stats. Thread-safe (a consistent snapshot). */
-sneppx_status sneppx_jit_stats_get(sneppx_jit_stats *stats);
+SNEPPX_API sneppx_status sneppx_jit_stats_get(sneppx_jit_stats *stats);
 
 /* Timing of one resolve. compile_ms is 0 unless the kernel was compiled;
  * load_ms covers reading, verifying and linking the object (0 for memory). */
@@ -86,7 +87,7 @@ typedef struct sneppx_kernel_timing {
 } sneppx_kernel_timing;
 
 /* The last kernel resolve of the calling thread. Thread-safe (per thread). */
-sneppx_status sneppx_kernel_last_timing(sneppx_kernel_timing *timing);
+SNEPPX_API sneppx_status sneppx_kernel_last_timing(sneppx_kernel_timing *timing);
 
 #ifdef __cplusplus
 }

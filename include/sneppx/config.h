@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "sneppx/export.h"
 #include "sneppx/limits.h"
 #include "sneppx/status.h"
 
@@ -68,12 +69,12 @@ typedef struct sneppx_config {
 
 /* A hand config with the spec's defaults: bias on, flash on, default RoPE
  * theta 10000, no window. Sizes are zero and must be filled in. */
-void sneppx_config_init(sneppx_config *config);
+SNEPPX_API void sneppx_config_init(sneppx_config *config);
 
 /* Preset by family and size, case-insensitive: ("llama3", "8B"), ("mistral", "7B").
  * size may be NULL when family is a full name: "mistral-7B", "deepseek-v2". */
-sneppx_status sneppx_config_from_name(const char *family, const char *size,
-                                      sneppx_config *config);
+SNEPPX_API sneppx_status sneppx_config_from_name(const char *family, const char *size,
+                                                 sneppx_config *config);
 
 /* The attention fields of a HuggingFace config.json, given as its text
  * (length bytes, no NUL needed), with the semantics of Python's
@@ -89,37 +90,37 @@ sneppx_status sneppx_config_from_name(const char *family, const char *size,
  * that is not JSON, a missing field or a field of the wrong type or sign;
  * SNEPPX_ERR_UNSUPPORTED for a model_type, rope type or option sneppx does
  * not run; config is written only on success. Thread-safe. */
-sneppx_status sneppx_config_from_json(const char *json_text, size_t length, sneppx_config *config);
+SNEPPX_API sneppx_status sneppx_config_from_json(const char *json_text, size_t length, sneppx_config *config);
 
 /* sneppx_config_from_json on the file at path (a directory: its config.json).
  * Only a regular file is read: a FIFO, device or socket is SNEPPX_ERR_IO at
  * once (opened non-blocking, as sneppx_safetensors_open does), as is a file
  * that cannot be opened or read; errors name the file. Thread-safe. */
-sneppx_status sneppx_config_from_json_file(const char *path, sneppx_config *config);
+SNEPPX_API sneppx_status sneppx_config_from_json_file(const char *path, sneppx_config *config);
 
 /* Number of presets and the CLI name of the i-th ("llama2-7B"). */
-int sneppx_preset_count(void);
-const char *sneppx_preset_name(int index);
+SNEPPX_API int sneppx_preset_count(void);
+SNEPPX_API const char *sneppx_preset_name(int index);
 
 /* Checks every field; the error message names the first bad one. */
-sneppx_status sneppx_config_validate(const sneppx_config *config);
+SNEPPX_API sneppx_status sneppx_config_validate(const sneppx_config *config);
 
 /* Static NTK-aware context extension: rope_theta' = rope_theta * (n/orig)^(d/(d-2))
  * with d the rotary dim and orig the current max_position_embeddings, which
  * becomes n. Composes with every RoPE type (they all build on rope_theta);
  * n must exceed orig and be at most 2^40 (the largest max_position_embeddings
  * sneppx_config_validate accepts). */
-sneppx_status sneppx_config_extend_context(sneppx_config *config, int64_t new_max_positions);
+SNEPPX_API sneppx_status sneppx_config_extend_context(sneppx_config *config, int64_t new_max_positions);
 
 /* Writes RoPE inverse frequencies (rotary_dim/2 values) and the cos/sin
  * attention factor the config implies, in double precision. For the dynamic
  * type, max_position is max(position_ids)+1 of the call (else ignored). */
-sneppx_status sneppx_config_rope_frequencies(const sneppx_config *config, int64_t max_position,
-                                             double *inv_freq, int64_t inv_freq_len,
-                                             double *attention_factor);
+SNEPPX_API sneppx_status sneppx_config_rope_frequencies(const sneppx_config *config, int64_t max_position,
+                                                        double *inv_freq, int64_t inv_freq_len,
+                                                        double *attention_factor);
 
 /* Softmax scale the config implies (head_dim^-0.5; DeepSeek: (nope+rope)^-0.5 * mscale^2). */
-double sneppx_config_softmax_scale(const sneppx_config *config);
+SNEPPX_API double sneppx_config_softmax_scale(const sneppx_config *config);
 
 #ifdef __cplusplus
 }

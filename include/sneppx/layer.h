@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include "sneppx/cache.h"
 #include "sneppx/config.h"
+#include "sneppx/export.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -51,44 +52,44 @@ typedef struct sneppx_layer sneppx_layer;
  * uniform in [-1, 1) from splitmix64(SNEPPX_SYNTHETIC_SEED + tensor index, element
  * index), scaled by in_features^-0.5 (biases by 0.1; RMSNorm weights are 1 + 0.1 u). */
 #define SNEPPX_SYNTHETIC_SEED 0x5eed5eedULL
-sneppx_status sneppx_layer_create(const sneppx_config *config, const sneppx_weights *weights,
-                                  sneppx_layer **layer);
+SNEPPX_API sneppx_status sneppx_layer_create(const sneppx_config *config, const sneppx_weights *weights,
+                                             sneppx_layer **layer);
 
 /* Runs the forward pass. Thread-safe: several threads may call it on one layer
  * at once (each call uses its own scratch). Nothing is written to out on error.
  * batch and seq_len are each at most SNEPPX_MAX_SEQ_LEN, their product at most
  * SNEPPX_MAX_TOKENS (sneppx/limits.h; and the layer's activations at most 2^40 floats). */
-sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t seq_len,
-                                   const float *hidden_states, const float *attention_mask,
-                                   const int64_t mask_shape[4], const int64_t *position_ids,
-                                   float *out);
+SNEPPX_API sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t seq_len,
+                                              const float *hidden_states, const float *attention_mask,
+                                              const int64_t mask_shape[4], const int64_t *position_ids,
+                                              float *out);
 
 /* Resolves (compiles or loads from the disk cache) every kernel a layer of this
  * config uses, flash and SDPA, causal and explicit-mask, side by side on
  * config->num_threads threads, without weights: for deployments that warm the cache. */
-sneppx_status sneppx_layer_warmup(const sneppx_config *config);
+SNEPPX_API sneppx_status sneppx_layer_warmup(const sneppx_config *config);
 
 /* Switches flash (1) / SDPA (0) on an existing layer (resolves the kernel);
  * any other value is SNEPPX_ERR_INVALID_ARGUMENT. */
-sneppx_status sneppx_layer_set_flash(sneppx_layer *layer, int use_flash_attn);
+SNEPPX_API sneppx_status sneppx_layer_set_flash(sneppx_layer *layer, int use_flash_attn);
 
 /* The config the layer was made from. */
-const sneppx_config *sneppx_layer_config(const sneppx_layer *layer);
+SNEPPX_API const sneppx_config *sneppx_layer_config(const sneppx_layer *layer);
 
 /* Canonical keys of the kernels the layer resolved, one per line. */
-const char *sneppx_layer_keys(const sneppx_layer *layer);
+SNEPPX_API const char *sneppx_layer_keys(const sneppx_layer *layer);
 
 /* Number of kernels the layer resolved so far, and how the i-th was found
  * (key, compiled / disk / memory, milliseconds). */
-int sneppx_layer_kernel_count(const sneppx_layer *layer);
-sneppx_status sneppx_layer_kernel_timing(const sneppx_layer *layer, int index, sneppx_kernel_timing *timing);
+SNEPPX_API int sneppx_layer_kernel_count(const sneppx_layer *layer);
+SNEPPX_API sneppx_status sneppx_layer_kernel_timing(const sneppx_layer *layer, int index, sneppx_kernel_timing *timing);
 
 /* Floating-point operations of one forward with a causal (+window) mask: only
  * the arithmetic the mask keeps is counted (GEMMs 2*M*N*K, attention 2*(d+dv)
  * per visible query/key pair and head). */
-double sneppx_layer_flops(const sneppx_layer *layer, int64_t batch, int64_t seq_len);
+SNEPPX_API double sneppx_layer_flops(const sneppx_layer *layer, int64_t batch, int64_t seq_len);
 
-void sneppx_layer_destroy(sneppx_layer *layer);
+SNEPPX_API void sneppx_layer_destroy(sneppx_layer *layer);
 
 #ifdef __cplusplus
 }

@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "sneppx/config.h"
+#include "sneppx/export.h"
 #include "sneppx/layer.h"
 #include "sneppx/status.h"
 
@@ -51,28 +52,28 @@ typedef struct sneppx_tensor_info {
 } sneppx_tensor_info;
 
 /* Opens and validates path. The file stays open until close. */
-sneppx_status sneppx_safetensors_open(const char *path, sneppx_safetensors **file);
+SNEPPX_API sneppx_status sneppx_safetensors_open(const char *path, sneppx_safetensors **file);
 
 /* Tensors in the file (the "__metadata__" entry is not one), sorted by name. */
-int64_t sneppx_safetensors_tensor_count(const sneppx_safetensors *file);
+SNEPPX_API int64_t sneppx_safetensors_tensor_count(const sneppx_safetensors *file);
 
 /* Name, dtype and shape of the index-th tensor; strings and shape live until close. */
-sneppx_status sneppx_safetensors_tensor_info(const sneppx_safetensors *file, int64_t index,
-                                             sneppx_tensor_info *info);
+SNEPPX_API sneppx_status sneppx_safetensors_tensor_info(const sneppx_safetensors *file, int64_t index,
+                                                        sneppx_tensor_info *info);
 
 /* Index of the tensor with exactly this name, or -1. */
-int64_t sneppx_safetensors_find(const sneppx_safetensors *file, const char *name);
+SNEPPX_API int64_t sneppx_safetensors_find(const sneppx_safetensors *file, const char *name);
 
 /* Converts the index-th tensor to float32 into out, which holds out_count
  * floats and must match the tensor's element count. Dtypes F32, F16, BF16
  * and F64 convert (F64 rounds to nearest); any other dtype is an error. */
-sneppx_status sneppx_safetensors_read_f32(const sneppx_safetensors *file, int64_t index,
-                                          float *out, int64_t out_count);
+SNEPPX_API sneppx_status sneppx_safetensors_read_f32(const sneppx_safetensors *file, int64_t index,
+                                                     float *out, int64_t out_count);
 
 /* The path the file was opened with. */
-const char *sneppx_safetensors_path(const sneppx_safetensors *file);
+SNEPPX_API const char *sneppx_safetensors_path(const sneppx_safetensors *file);
 
-void sneppx_safetensors_close(sneppx_safetensors *file);
+SNEPPX_API void sneppx_safetensors_close(sneppx_safetensors *file);
 
 /* ------------------------------------------- the tensors of one self_attn */
 
@@ -90,13 +91,13 @@ typedef struct sneppx_attn_tensor {
  * config has them (qkv_bias: q/k/v, or MLA's q_a_proj and kv_a_proj_with_mqa;
  * o_bias: o_proj). MLA configs (kv_lora_rank > 0) list DeepSeek's names:
  * q_a_proj/q_a_layernorm/q_b_proj, or q_proj when q_lora_rank is 0. */
-sneppx_status sneppx_attn_tensors(const sneppx_config *config,
-                                  sneppx_attn_tensor tensors[SNEPPX_ATTN_TENSORS_MAX],
-                                  int *count);
+SNEPPX_API sneppx_status sneppx_attn_tensors(const sneppx_config *config,
+                                             sneppx_attn_tensor tensors[SNEPPX_ATTN_TENSORS_MAX],
+                                             int *count);
 
 /* 1 if name (inside self_attn) is a buffer some checkpoints carry that sneppx
  * recomputes instead of loading ("rotary_emb.inv_freq" of older Llama files). */
-int sneppx_attn_tensor_is_ignored(const char *name);
+SNEPPX_API int sneppx_attn_tensor_is_ignored(const char *name);
 
 /* ------------------------------------------------ one layer of a checkpoint */
 
@@ -108,14 +109,14 @@ typedef struct sneppx_attn_weights sneppx_attn_weights;
  * file. A tensor belongs to the layer when its name ends in
  * "layers.<layer>.self_attn.<HF name>" after any prefix ("model.",
  * "language_model.model.", or none). */
-sneppx_status sneppx_attn_weights_load(const char *path, int64_t layer,
-                                       const sneppx_config *config,
-                                       sneppx_attn_weights **weights);
+SNEPPX_API sneppx_status sneppx_attn_weights_load(const char *path, int64_t layer,
+                                                  const sneppx_config *config,
+                                                  sneppx_attn_weights **weights);
 
 /* The loaded tensors as the layer API takes them; valid until free. */
-const sneppx_weights *sneppx_attn_weights_view(const sneppx_attn_weights *weights);
+SNEPPX_API const sneppx_weights *sneppx_attn_weights_view(const sneppx_attn_weights *weights);
 
-void sneppx_attn_weights_free(sneppx_attn_weights *weights);
+SNEPPX_API void sneppx_attn_weights_free(sneppx_attn_weights *weights);
 
 #ifdef __cplusplus
 }

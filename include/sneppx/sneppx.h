@@ -2,6 +2,7 @@
 #ifndef SNEPPX_SNEPPX_H
 #define SNEPPX_SNEPPX_H
 
+#include "sneppx/export.h"
 #include "sneppx/status.h"
 #include "sneppx/config.h"
 #include "sneppx/cache.h"

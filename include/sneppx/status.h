@@ -6,6 +6,8 @@
 #ifndef SNEPPX_STATUS_H
 #define SNEPPX_STATUS_H
 
+#include "sneppx/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -22,10 +24,10 @@ typedef enum sneppx_status {
 } sneppx_status;
 
 /* Message of the last failed call on this thread ("" if none). */
-const char *sneppx_last_error(void);
+SNEPPX_API const char *sneppx_last_error(void);
 
 /* Short constant name of a status ("SNEPPX_ERR_INVALID_ARGUMENT"). */
-const char *sneppx_status_name(sneppx_status status);
+SNEPPX_API const char *sneppx_status_name(sneppx_status status);
 
 #ifdef __cplusplus
 }

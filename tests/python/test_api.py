@@ -7,12 +7,14 @@ test_numerics.py; both compare against the float64 reference of reference.py."""
 import copy
 import json
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import reference as ref
 import sneppx
+from sneppx import _library
 
 
 def assert_close(got, want, what=""):
@@ -339,3 +341,10 @@ def test_copies_are_independent(rng, copier):
     np.testing.assert_array_equal(cfg.forward_mha(x), synthetic)
     assert twin.weights_source.startswith("state_dict") and twin.max_position_embeddings == 128
     assert_close(twin.forward_mha(x), ref.mha_forward(twin, state, x), "the copy after extend_context")
+
+
+def test_package_calls_only_the_public_api():
+    # libsneppx exports only runtime/exports.txt (the ctest exported_symbols checks
+    # the library against it); a C function outside it is internal and hidden.
+    exports = (Path(__file__).resolve().parents[2] / "runtime" / "exports.txt").read_text().split()
+    assert sorted(set(_library._PROTOTYPES) - set(exports)) == []

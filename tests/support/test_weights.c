@@ -85,7 +85,6 @@ int test_weights_random(const sneppx_config *config, uint64_t seed, test_weights
             return -1;
         }
         weights->tensors[weights->tensor_count++] = tensor;
-        weights->float_count += n;
         *plan[t].slot = tensor;
         if (plan[t].kind == MATRIX) {
             /* uniform(-a, a) has variance a^2/3: a = sqrt(3/in) gives variance 1/in. */

@@ -12,7 +12,6 @@ typedef struct test_weights {
     sneppx_weights view;                       /* what sneppx_layer_create and the reference read */
     float *tensors[TEST_WEIGHTS_MAX_TENSORS];  /* owned */
     int tensor_count;
-    int64_t float_count;                       /* total floats allocated */
 } test_weights;
 
 /* Number of floats the config's weights take (biases included), 0 if the config
