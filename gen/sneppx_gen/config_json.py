@@ -24,8 +24,10 @@ import os
 import re
 import stat
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, make_dataclass
 from typing import Any, Dict, List, Optional, Tuple
+
+from . import config_fields
 
 
 class ConfigError(ValueError):
@@ -41,7 +43,7 @@ EXACT_INT_MAX = 9007199254740992.0
 # ---- tables ------------------------------------------------------------------
 
 # sneppx_rope_type by HF name, and the keys each type requires (check_required_rope_keys).
-ROPE_TYPES = {"default": 0, "linear": 1, "dynamic": 2, "llama3": 3, "yarn": 4}
+ROPE_TYPES = {name: value for value, name in enumerate(config_fields.ROPE_TYPES)}
 ROPE_REQUIRED = {"default": (), "linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
                  "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 ROPE_KEYS = ("rope_type", "type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
@@ -80,42 +82,10 @@ MLA_RANGES = (("kv_lora_rank", 16, MAX_LATENT_DIM), ("q_lora_rank", 0, MAX_DIM),
 
 # ---- the config, as the C struct holds it ---------------------------------------
 
-@dataclass(frozen=True)
-class RopeFields:
-    type: int = 0
-    factor: float = 1.0
-    low_freq_factor: float = 0.0
-    high_freq_factor: float = 0.0
-    original_max_position_embeddings: int = 0
-    beta_fast: float = 0.0
-    beta_slow: float = 0.0
-    mscale: float = 0.0
-    mscale_all_dim: float = 0.0
-    attention_factor: float = 0.0
-
-
-@dataclass
-class CConfig:
-    """sneppx_config after sneppx_config_init(), field by field."""
-    hidden_size: int = 0
-    num_attention_heads: int = 0
-    num_key_value_heads: int = 0
-    head_dim: int = 0
-    rotary_dim: int = 0
-    rope_interleaved: int = 0
-    rope_theta: float = 10000.0
-    rope_scaling: RopeFields = field(default_factory=RopeFields)
-    max_position_embeddings: int = 4096
-    sliding_window: int = 0
-    qkv_bias: int = 1
-    o_bias: int = 1
-    q_lora_rank: int = 0
-    kv_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
-    use_flash_attn: int = 1
-    num_threads: int = 0
+# sneppx_rope_scaling and sneppx_config after sneppx_config_init(), field by field (config_fields).
+RopeFields = make_dataclass("RopeFields", config_fields.dataclass_fields(config_fields.ROPE_SCALING_FIELDS, object),
+                            frozen=True)
+CConfig = make_dataclass("CConfig", config_fields.dataclass_fields(config_fields.CONFIG_FIELDS, RopeFields))
 
 
 # ---- JSON, as cJSON sees it -------------------------------------------------------
@@ -398,7 +368,7 @@ def read_hf(root: JsonObject) -> CConfig:
         raise ConfigError(f"model_type: '{_c_prefix(name, 64)}' is not supported (supported: "
                           f"{', '.join(MODEL_TYPES)})")
     kind = MODEL_TYPES[name]
-    c = CConfig()
+    c = CConfig(name=name)
     c.hidden_size = top.required_size("hidden_size")
     c.num_attention_heads = top.required_size("num_attention_heads")
     c.num_key_value_heads = top.size("num_key_value_heads", c.num_attention_heads)
@@ -687,6 +657,6 @@ def softmax_scale(c: CConfig) -> float:
 
 def describe_config(c: CConfig) -> Dict[str, Any]:
     """The config as a flat dict of the C struct's fields (tests compare it with the library's)."""
-    out = {k: v for k, v in vars(c).items() if k != "rope_scaling"}
+    out = {k: v for k, v in vars(c).items() if k not in ("name", "rope_scaling")}
     out.update({f"rope_scaling.{k}": v for k, v in vars(c.rope_scaling).items()})
     return out
