@@ -16,8 +16,8 @@ tests/python/test_config_fields.py compares the two lists name by name.
 A field says how HF config.json gives it (`hf`): as a key of the same name
 ("key"), or derived (the text says from what); "-" for execution fields that
 no config.json holds. `python` says how sneppx.LLMConfig shows it: "value",
-"none_if_0" (0 means unset: None), "flag" (a bool), or "own" (the class has its
-own property).
+"none_if_0" (0 means unset: None), "flag" (a 0 / 1 int shown as a bool), or
+"own" (the class computes it); a setter, where there is one, is the class's.
 """
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
@@ -104,8 +104,8 @@ CONFIG_FIELDS: Tuple[Field, ...] = (
     Field("qk_rope_head_dim", INT64, 0, "MLA", hf="qk_rope_head_dim (deepseek_v2)", python="none_if_0"),
     Field("v_head_dim", INT64, 0, "MLA", hf="v_head_dim (deepseek_v2)", python="none_if_0"),
     Field("mla_naive", INT, 0, "1 = expand kv_b_proj to per-head K/V (verification); MLA only", hf="-",
-          python="own"),
-    Field("use_flash_attn", INT, 1, "1 = flash, 0 = materialized SDPA", hf="-", python="own"),
+          python="flag"),
+    Field("use_flash_attn", INT, 1, "1 = flash, 0 = materialized SDPA", hf="-", python="flag"),
     Field("num_threads", INT, 0, "0 = OpenMP default", hf="-"),
 )
 
