@@ -407,7 +407,7 @@ static sneppx_status read_config(const cJSON *root, sneppx_config *config)
         (status = read_required_size(&top, "num_attention_heads", &config->num_attention_heads)) != SNEPPX_OK ||
         (status = read_size(&top, "num_key_value_heads", config->num_attention_heads,
                             &config->num_key_value_heads)) != SNEPPX_OK ||
-        (status = read_real(&top, "rope_theta", 10000.0, &config->rope_theta)) != SNEPPX_OK ||
+        (status = read_real(&top, "rope_theta", config->rope_theta, &config->rope_theta)) != SNEPPX_OK ||
         (status = read_rope_scaling(root, &config->rope_scaling)) != SNEPPX_OK ||
         (status = read_size(&top, "max_position_embeddings", type->default_max_positions,
                             &config->max_position_embeddings)) != SNEPPX_OK)

@@ -51,6 +51,8 @@ class Field:
     hf: str = "key"   # "key": config.json's key of the same name; "-": none; else how it is derived
     python: str = "value"
     used_by: Tuple[str, ...] = ()   # rope_scaling: the rope types whose formulas read it
+    required: bool = False  # a config.json, a hand config and LLMConfig must give it
+    default_from: str = ""  # absent from them: this other field's value
 
 
 # sneppx_rope_type's values, by HF name.
@@ -79,9 +81,9 @@ ROPE_SCALING = CType("sneppx_rope_scaling", 0, 8, "RopeScaling", object)
 CONFIG_FIELDS: Tuple[Field, ...] = (
     Field("name", NAME, "custom", '"llama3-8B" for presets, "custom" otherwise',
           hf="model_type (LLMConfig.from_config_json: the file's directory)", python="own"),
-    Field("hidden_size", INT64, 0, "model width"),
-    Field("num_attention_heads", INT64, 0, "query heads"),
-    Field("num_key_value_heads", INT64, 0, "K/V heads (absent: num_attention_heads)"),
+    Field("hidden_size", INT64, 0, "model width", required=True),
+    Field("num_attention_heads", INT64, 0, "query heads", required=True),
+    Field("num_key_value_heads", INT64, 0, "K/V heads", default_from="num_attention_heads"),
     Field("head_dim", INT64, 0, "0 = hidden_size / num_attention_heads", python="own"),
     Field("rotary_dim", INT64, 0, "0 = whole head (partial rotary if smaller)",
           hf="int(head_dim * partial_rotary_factor)", python="own"),

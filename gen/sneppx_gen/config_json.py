@@ -372,7 +372,7 @@ def read_hf(root: JsonObject) -> CConfig:
     c.hidden_size = top.required_size("hidden_size")
     c.num_attention_heads = top.required_size("num_attention_heads")
     c.num_key_value_heads = top.size("num_key_value_heads", c.num_attention_heads)
-    c.rope_theta = top.real("rope_theta", 10000.0)
+    c.rope_theta = top.real("rope_theta", c.rope_theta)
     c.rope_scaling = read_rope_scaling(top)
     c.max_position_embeddings = top.size("max_position_embeddings", kind.default_max_positions)
     if not kind.mla:  # DeepSeek's head dims are the MLA fields
@@ -396,24 +396,21 @@ def read_hf(root: JsonObject) -> CConfig:
     return c
 
 
-# The hand form's sizes: (key, default); num_key_value_heads defaults to the heads.
-HAND_SIZES = (("hidden_size", None), ("num_attention_heads", None), ("num_key_value_heads", -1),
-              ("head_dim", 0), ("rotary_dim", 0), ("max_position_embeddings", 4096), ("sliding_window", 0),
-              ("q_lora_rank", 0), ("kv_lora_rank", 0), ("qk_nope_head_dim", 0), ("qk_rope_head_dim", 0),
-              ("v_head_dim", 0))
+# The hand form's sizes: every int64_t field, by its own name.
+HAND_SIZES = tuple(f for f in config_fields.CONFIG_FIELDS if f.c_type is config_fields.INT64)
 
 
 def read_hand(root: JsonObject) -> CConfig:
     """sneppx's hand-config form: sneppx.LLMConfig's keyword arguments (+ rotary_dim)."""
     top = Scope(root, "")
     c = CConfig()
-    for key, default in HAND_SIZES:
-        if default is None:
-            value = top.required_size(key)
+    for f in HAND_SIZES:
+        if f.required:
+            value = top.required_size(f.name)
         else:
-            value = top.size(key, c.num_attention_heads if default == -1 else default)
-        setattr(c, key, value)
-    c.rope_theta = top.real("rope_theta", 10000.0)
+            value = top.size(f.name, getattr(c, f.default_from) if f.default_from else f.default)
+        setattr(c, f.name, value)
+    c.rope_theta = top.real("rope_theta", c.rope_theta)
     c.rope_scaling = read_rope_scaling(top)
     if top.lookup("rotary_dim") is not None and top.lookup("partial_rotary_factor") is not None:
         raise ConfigError("rotary_dim: give rotary_dim or partial_rotary_factor, not both")

@@ -119,8 +119,10 @@ class LLMConfig:
         args["num_attention_heads"] = _alias("num_attention_heads", num_attention_heads, "num_heads", num_heads)
         args["num_key_value_heads"] = _alias("num_key_value_heads", num_key_value_heads, "num_kv_heads",
                                              num_kv_heads)
-        if args["num_attention_heads"] is None:
-            raise TypeError("num_attention_heads (or num_heads) is required")
+        for field in S.CONFIG_FIELDS:
+            if field.required and args[field.name] is None:
+                alias = {"num_attention_heads": " (or num_heads)"}.get(field.name, "")
+                raise TypeError(f"{field.name}{alias} is required")
         if bias is not None and attention_bias is not None and bool(bias) != bool(attention_bias):
             raise TypeError(f"bias={bias!r} and attention_bias={attention_bias!r} disagree")
         both = attention_bias if attention_bias is not None else (True if bias is None else bias)
@@ -128,11 +130,11 @@ class LLMConfig:
 
         config = S.Config()
         lib.sneppx_config_init(ctypes.byref(config))
-        for field in S.CONFIG_FIELDS:
+        for field in S.CONFIG_FIELDS:   # in the struct's order, so a later field may default to an earlier one
             if args.get(field.name) is not None:
                 _set_field(config, field, args[field.name])
-        if args["num_key_value_heads"] is None:
-            config.num_key_value_heads = config.num_attention_heads
+            elif field.default_from:
+                setattr(config, field.name, getattr(config, field.default_from))
         if rope_interleaved is None:
             config.rope_interleaved = config.kv_lora_rank > 0
         if partial_rotary_factor is not None:
