@@ -352,15 +352,16 @@ static void test_rope_scaling_alone(test_tally *tally)
     status = sneppx_rope_scaling_from_json(" null ", 6, &scaling);
     TEST_CHECK(tally, status == SNEPPX_OK && scaling.type == SNEPPX_ROPE_DEFAULT && scaling.factor == 1.0 &&
                           scaling.mscale == 0.0 && scaling.beta_fast == 0.0,
-               "null: %s type %d factor %g mscale %g", sneppx_status_name(status), (int)scaling.type, scaling.factor,
-               scaling.mscale);
+               "null: %s type %d factor %g mscale %g", sneppx_status_name(status), (int)scaling.type,
+               scaling.factor, scaling.mscale);
 
     static const struct {
         const char *text;
         sneppx_status status;
         const char *message;   /* the whole message */
     } bad[] = {
-        {"{\"rope_type\": \"linear\"}", SNEPPX_ERR_FORMAT, "rope_scaling.factor: missing (rope_type 'linear' needs it)"},
+        {"{\"rope_type\": \"linear\"}", SNEPPX_ERR_FORMAT,
+         "rope_scaling.factor: missing (rope_type 'linear' needs it)"},
         {"{\"rope_type\": \"longrope\", \"factor\": 2}", SNEPPX_ERR_UNSUPPORTED,
          "rope_scaling.rope_type: 'longrope' is not supported (supported: default, linear, dynamic, llama3, yarn)"},
         {"{\"rope_type\": \"linear\", \"factor\": \"2\"}", SNEPPX_ERR_FORMAT,

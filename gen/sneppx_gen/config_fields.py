@@ -5,7 +5,8 @@ Every other description of the config is taken from here:
   the public header to this list (offset, size and type of every field, and
   the struct's size) and sneppx_config_init()'s defaults; `sneppx-gen build
   python-fields` renders the ctypes structs and field table of the sneppx
-  Python package (python/sneppx/_structs.py);
+  Python package (the module sneppx._config_fields, which _structs.py,
+  LLMConfig and _hf.py use);
 - gen's Arch (archs.py), its config reader's CConfig (config_json.py) and the
   runtime's preset table (tables.py) are built from it.
 
@@ -20,11 +21,13 @@ no config.json holds. `python` says how sneppx.LLMConfig shows it: "value",
 "own" (the class computes it); a setter, where there is one, is the class's.
 """
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from dataclasses import field as dataclass_field
+from types import SimpleNamespace
+from typing import Any, List, Tuple
 
-# LP64 (x86-64 and AArch64 Linux): what both the C compiler and ctypes lay out.
 
-
+# Sizes and alignments are LP64's (x86-64 and AArch64 Linux), as both the C
+# compiler and ctypes lay them out.
 @dataclass(frozen=True)
 class CType:
     name: str         # as include/sneppx/config.h spells it
@@ -68,15 +71,18 @@ ROPE_SCALING_FIELDS: Tuple[Field, ...] = (
     Field("low_freq_factor", DOUBLE, 0.0, "", used_by=("llama3",)),
     Field("high_freq_factor", DOUBLE, 0.0, "", used_by=("llama3",)),
     Field("original_max_position_embeddings", INT64, 0, "0 = max_position_embeddings", used_by=("llama3", "yarn")),
-    Field("beta_fast", DOUBLE, 0.0, "absent from a yarn dict: 32", used_by=("yarn",)),
-    Field("beta_slow", DOUBLE, 0.0, "absent from a yarn dict: 1", used_by=("yarn",)),
+    Field("beta_fast", DOUBLE, 0.0, "correction range, fast end (absent from a yarn dict: YaRN's default)",
+          used_by=("yarn",)),
+    Field("beta_slow", DOUBLE, 0.0, "correction range, slow end (absent from a yarn dict: YaRN's default)",
+          used_by=("yarn",)),
     Field("mscale", DOUBLE, 0.0, "0 = unset", python="none_if_0", used_by=("yarn",)),
     Field("mscale_all_dim", DOUBLE, 0.0, "0 = unset", python="none_if_0", used_by=("yarn",)),
     Field("attention_factor", DOUBLE, 0.0, "explicit cos/sin factor (0 = derive)", python="none_if_0",
           used_by=("yarn",)),
 )
 
-ROPE_SCALING = CType("sneppx_rope_scaling", 0, 8, "RopeScaling", object)
+# Its size and alignment are its fields' (type_size_align).
+ROPE_SCALING = CType("sneppx_rope_scaling", 0, 0, "RopeScaling", object)
 
 CONFIG_FIELDS: Tuple[Field, ...] = (
     Field("name", NAME, "custom", '"llama3-8B" for presets, "custom" otherwise',
@@ -140,19 +146,17 @@ def type_size_align(c_type: CType) -> Tuple[int, int]:
 
 def dataclass_fields(fields: Tuple[Field, ...], rope_scaling_type: type) -> List[Tuple[str, type, Any]]:
     """(name, type, dataclasses.field) triples for dataclasses.make_dataclass."""
-    from dataclasses import field as dc_field
     out = []
     for f in fields:
         if f.c_type is ROPE_SCALING:
-            out.append((f.name, rope_scaling_type, dc_field(default_factory=rope_scaling_type)))
+            out.append((f.name, rope_scaling_type, dataclass_field(default_factory=rope_scaling_type)))
         else:
-            out.append((f.name, f.c_type.python, dc_field(default=f.default)))
+            out.append((f.name, f.c_type.python, dataclass_field(default=f.default)))
     return out
 
 
 def defaults() -> Any:
     """An object with every field's default as an attribute (rope_scaling: its fields')."""
-    from types import SimpleNamespace
     values = {f.name: f.default for f in CONFIG_FIELDS}
     values["rope_scaling"] = SimpleNamespace(**{f.name: f.default for f in ROPE_SCALING_FIELDS})
     return SimpleNamespace(**values)

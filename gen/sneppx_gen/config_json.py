@@ -46,12 +46,13 @@ EXACT_INT_MAX = 9007199254740992.0
 ROPE_TYPES = {name: value for value, name in enumerate(config_fields.ROPE_TYPES)}
 ROPE_REQUIRED = {"default": (), "linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
                  "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
-ROPE_KEYS = ("rope_type", "type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
-             "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
+# The dict's keys: its fields (HF's "rope_type" or "type" gives type), and "truncate".
+ROPE_KEYS = ("rope_type",) + tuple(f.name for f in config_fields.ROPE_SCALING_FIELDS) + ("truncate",)
+# YaRN's correction range defaults (YARN_BETA_FAST / _SLOW of runtime/config_json.c: HF and DeepSeek agree).
+YARN_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0}
 # (key, default, yarn default) of the real-valued rope_scaling keys, in the reader's order.
-ROPE_REALS = (("factor", 1.0, 1.0), ("low_freq_factor", 0.0, 0.0), ("high_freq_factor", 0.0, 0.0),
-              ("beta_fast", 0.0, 32.0), ("beta_slow", 0.0, 1.0), ("mscale", 0.0, 0.0),
-              ("mscale_all_dim", 0.0, 0.0), ("attention_factor", 0.0, 0.0))
+ROPE_REALS = tuple((f.name, f.default, YARN_DEFAULTS.get(f.name, f.default))
+                   for f in config_fields.ROPE_SCALING_FIELDS if f.c_type is config_fields.DOUBLE)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,8 @@ def _field_checks(struct: str, fields: Tuple[config_fields.Field, ...]) -> List[
                    f"               \"{struct}.{f.name}: not {f.c_type.name} at offset {offset} \"\n"
                    f"               \"as gen/sneppx_gen/config_fields.py says\");\n")
     out.append(f"_Static_assert(sizeof({struct}) == {size},\n"
-               f"               \"{struct}: a field that gen/sneppx_gen/config_fields.py lacks (size not {size})\");\n")
+               f"               \"{struct}: a field that gen/sneppx_gen/config_fields.py lacks \"\n"
+               f"               \"(size not {size})\");\n")
     return out
 
 

@@ -64,12 +64,13 @@ def rendered_module(name: str) -> ModuleType:
     qualified = f"{__package__}.{name}"
     if qualified in sys.modules:
         return sys.modules[qualified]
-    beside = _PACKAGE_DIR / f"{name}.py"
-    in_build = library_path().resolve().parents[1] / "python" / "sneppx" / f"{name}.py"
-    path = beside if beside.is_file() else in_build
+    path = _PACKAGE_DIR / f"{name}.py"
     if not path.is_file():
-        raise ImportError(f"sneppx: {name}.py, rendered by the build, is neither in {_PACKAGE_DIR} nor in "
-                          f"{in_build.parent} (the build tree of {library_path()}): build sneppx")
+        library = library_path()
+        path = library.resolve().parents[1] / "python" / "sneppx" / f"{name}.py"
+        if not path.is_file():
+            raise ImportError(f"sneppx: {name}.py, rendered by the build, is neither in {_PACKAGE_DIR} nor in "
+                              f"{path.parent} (the build tree of {library}): build sneppx")
     spec = importlib.util.spec_from_file_location(qualified, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[qualified] = module

@@ -115,7 +115,7 @@ class LLMConfig:
             from_config_json assumes), False otherwise.
         q_lora_rank ... v_head_dim: DeepSeek V2 MLA (kv_lora_rank turns it on).
         """
-        args = dict(locals())
+        args = dict(locals())   # every argument by name (no other local exists yet)
         args["num_attention_heads"] = _alias("num_attention_heads", num_attention_heads, "num_heads", num_heads)
         args["num_key_value_heads"] = _alias("num_key_value_heads", num_key_value_heads, "num_kv_heads",
                                              num_kv_heads)

@@ -105,10 +105,8 @@ def test_ctypes_structs_have_the_c_layout(layout):
         assert [(getattr(struct, field).offset, field) for _, field in c_fields] == c_fields
         assert [field for field, _ in struct._fields_] == [field for _, field in c_fields]
         assert ctypes.sizeof(struct) == layout[name][-1][0]
-    for name, _ in S.Config._fields_:
-        member = getattr(S.Config, name)
-        want = config_fields.type_size_align(next(f for f in config_fields.CONFIG_FIELDS if f.name == name).c_type)[0]
-        assert member.size == want, name
+    for field in config_fields.CONFIG_FIELDS:
+        assert getattr(S.Config, field.name).size == config_fields.type_size_align(field.c_type)[0], field.name
 
 
 def _edited_header(tmp_path: Path, old: str, new: str) -> Path:
@@ -166,7 +164,8 @@ def _values(config) -> Dict[str, object]:
     for f in config_fields.CONFIG_FIELDS:
         value = getattr(config, f.name)
         if f.c_type is config_fields.ROPE_SCALING:
-            out.update({f"rope_scaling.{r.name}": getattr(value, r.name) for r in config_fields.ROPE_SCALING_FIELDS})
+            out.update({f"rope_scaling.{r.name}": getattr(value, r.name)
+                        for r in config_fields.ROPE_SCALING_FIELDS})
         else:
             out[f.name] = value.decode() if isinstance(value, bytes) else value
     return out
@@ -212,4 +211,24 @@ def test_gen_dataclasses_are_the_list():
     names = [f.name for f in config_fields.CONFIG_FIELDS]
     assert [f.name for f in dataclasses.fields(archs.Arch) if f.name not in ("family", "size", "aliases")] == names
     assert [f.name for f in dataclasses.fields(archs.config_json.CConfig)] == names
-    assert [f.name for f in dataclasses.fields(archs.RopeScaling)] == [f.name for f in config_fields.ROPE_SCALING_FIELDS]
+    rope_names = [f.name for f in config_fields.ROPE_SCALING_FIELDS]
+    assert [f.name for f in dataclasses.fields(archs.RopeScaling)] == rope_names
+
+
+def test_the_source_package_takes_the_structs_of_its_librarys_build(tmp_path):
+    """Run from the source tree (PYTHONPATH=python), the package has no rendered module beside
+    it: it takes the one the build of its library rendered, or says what to do."""
+    from sneppx import _locate
+    package = Path(sneppx.__file__).resolve().parent
+    rendered = Path(S._fields.__file__).resolve()
+    if not (package / "_config_fields.py").is_file():
+        assert rendered == _locate.library_path().resolve().parents[1] / "python" / "sneppx" / "_config_fields.py"
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libsneppx.so").write_bytes(b"")   # never loaded: the structs come first
+    env = dict(os.environ, SNEPPX_LIBRARY=str(tmp_path / "lib" / "libsneppx.so"), PYTHONPATH=str(REPO / "python"))
+    result = subprocess.run([sys.executable, "-c", "import sneppx"], capture_output=True, text=True, env=env,
+                            timeout=60)
+    assert result.returncode != 0
+    assert (f"ImportError: sneppx: _config_fields.py, rendered by the build, is neither in {REPO / 'python' / 'sneppx'} "
+            f"nor in {tmp_path / 'python' / 'sneppx'} (the build tree of {tmp_path / 'lib' / 'libsneppx.so'}): "
+            "build sneppx") in result.stderr
