@@ -13,17 +13,8 @@
 
 void sneppx_config_init(sneppx_config *config)
 {
-    if (!config)
-        return;
-    memset(config, 0, sizeof *config);
-    snprintf(config->name, sizeof config->name, "custom");
-    config->rope_theta = 10000.0;
-    config->rope_scaling.type = SNEPPX_ROPE_DEFAULT;
-    config->rope_scaling.factor = 1.0;
-    config->max_position_embeddings = 4096;
-    config->qkv_bias = 1; /* the spec: "Bias: optional (enabled by default)" */
-    config->o_bias = 1;
-    config->use_flash_attn = 1;
+    if (config)
+        *config = sneppx_config_defaults;
 }
 
 int sneppx_preset_count(void) { return sneppx_presets_count; }

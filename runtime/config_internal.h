@@ -4,6 +4,10 @@
 #include "rope_freqs.h"
 #include "sneppx/config.h"
 
+/* sneppx_config_init()'s values: gen/sneppx_gen/config_fields.py's defaults,
+ * rendered into config_fields.c with the check of the struct against that list. */
+extern const sneppx_config sneppx_config_defaults;
+
 int64_t sneppx_config_head_dim(const sneppx_config *config);
 int64_t sneppx_config_rotary_dim(const sneppx_config *config);
 void sneppx_config_rope_params(const sneppx_config *config, struct sneppx_rope_params *params);

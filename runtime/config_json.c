@@ -1,8 +1,8 @@
 /* HF config.json -> sneppx_config (include/sneppx/config.h): the attention
  * fields of model_type llama, mistral, qwen2 and deepseek_v2. The one reader
- * of config.json: Python's LLMConfig.from_config_json calls it too; its
- * rope_scaling rules match python/sneppx/_hf.py's fill_rope_scaling (the
- * constructor's rope_scaling dict).
+ * of config.json: Python's LLMConfig.from_config_json calls it too, and the
+ * constructor's rope_scaling dict is read by its rope_scaling reader
+ * (sneppx_rope_scaling_from_json).
  * The text comes from outside (a downloaded checkpoint): every field read is
  * type-checked, and an error names the field. */
 #include <cjson/cJSON.h>
@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "config_internal.h"
 #include "error.h"
 #include "regular_file.h"
 #include "sneppx/config.h"
@@ -257,13 +258,11 @@ static sneppx_status check_required_rope_keys(const struct scope *scope, int kin
     return SNEPPX_OK;
 }
 
-static sneppx_status read_rope_scaling(const cJSON *root, sneppx_rope_scaling *scaling)
+/* HF's rope_scaling value: an object, or NULL (absent or null) for plain RoPE. */
+static sneppx_status read_rope_scaling_value(const cJSON *dict, sneppx_rope_scaling *scaling)
 {
-    const struct scope top = {root, ""};
-    const cJSON *dict;
-    sneppx_status status = lookup(&top, "rope_scaling", &dict);
-    if (status != SNEPPX_OK)
-        return status;
+    const struct scope top = {NULL, ""};
+    sneppx_status status;
     scaling->type = SNEPPX_ROPE_DEFAULT;
     scaling->factor = 1.0;
     if (!dict)
@@ -312,6 +311,14 @@ static sneppx_status read_rope_scaling(const cJSON *root, sneppx_rope_scaling *s
     }
     scaling->type = (sneppx_rope_type)kind;
     return SNEPPX_OK;
+}
+
+static sneppx_status read_rope_scaling(const cJSON *root, sneppx_rope_scaling *scaling)
+{
+    const struct scope top = {root, ""};
+    const cJSON *dict;
+    sneppx_status status = lookup(&top, "rope_scaling", &dict);
+    return status != SNEPPX_OK ? status : read_rope_scaling_value(dict, scaling);
 }
 
 /* ---- the model ------------------------------------------------------------------ */
@@ -400,7 +407,7 @@ static sneppx_status read_config(const cJSON *root, sneppx_config *config)
         (status = read_required_size(&top, "num_attention_heads", &config->num_attention_heads)) != SNEPPX_OK ||
         (status = read_size(&top, "num_key_value_heads", config->num_attention_heads,
                             &config->num_key_value_heads)) != SNEPPX_OK ||
-        (status = read_real(&top, "rope_theta", 10000.0, &config->rope_theta)) != SNEPPX_OK ||
+        (status = read_real(&top, "rope_theta", config->rope_theta, &config->rope_theta)) != SNEPPX_OK ||
         (status = read_rope_scaling(root, &config->rope_scaling)) != SNEPPX_OK ||
         (status = read_size(&top, "max_position_embeddings", type->default_max_positions,
                             &config->max_position_embeddings)) != SNEPPX_OK)
@@ -433,13 +440,11 @@ static size_t bad_unicode_escape(const char *text, size_t length)
     return length;
 }
 
-sneppx_status sneppx_config_from_json(const char *json_text, size_t length, sneppx_config *config)
+/* The JSON value of length bytes of text (any value: the callers check its
+ * kind); NULL with the error set when the text is not JSON. */
+static sneppx_status parse_json(const char *json_text, size_t length, cJSON **root)
 {
-    sneppx_clear_error();
-    if (!json_text)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "json_text: must not be NULL");
-    if (!config)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
+    *root = NULL;
     if (length > CONFIG_JSON_MAX_BYTES)
         /* Files are read only one byte past the bound, so their length says only "more". */
         return sneppx_fail(SNEPPX_ERR_FORMAT, "json_text: more than %zu bytes, the most a config.json may have",
@@ -453,15 +458,13 @@ sneppx_status sneppx_config_from_json(const char *json_text, size_t length, snep
     text[length] = '\0';
     const char *end = NULL;
     const size_t bad_escape = bad_unicode_escape(text, length);
-    cJSON *root = bad_escape < length ? NULL : cJSON_ParseWithLengthOpts(text, length, &end, 0);
+    cJSON *parsed = bad_escape < length ? NULL : cJSON_ParseWithLengthOpts(text, length, &end, 0);
     if (bad_escape < length)
         end = text + bad_escape;
     sneppx_status status = SNEPPX_OK;
-    if (!root) {
+    if (!parsed) {
         status = sneppx_fail(SNEPPX_ERR_FORMAT, "json_text: not valid JSON (at byte %zu)",
                              end && end >= text ? (size_t)(end - text) : (size_t)0);
-    } else if (!cJSON_IsObject(root)) {
-        status = sneppx_fail(SNEPPX_ERR_FORMAT, "json_text: not a JSON object");
     } else {
         for (const char *p = end; p && p < text + length; p++) {
             if (*p != ' ' && *p != '\n' && *p != '\r' && *p != '\t') {
@@ -471,16 +474,58 @@ sneppx_status sneppx_config_from_json(const char *json_text, size_t length, snep
             }
         }
     }
+    free(text);
+    if (status != SNEPPX_OK)
+        cJSON_Delete(parsed);
+    else
+        *root = parsed;
+    return status;
+}
+
+sneppx_status sneppx_config_from_json(const char *json_text, size_t length, sneppx_config *config)
+{
+    sneppx_clear_error();
+    if (!json_text)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "json_text: must not be NULL");
+    if (!config)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
+    cJSON *root = NULL;
+    sneppx_status status = parse_json(json_text, length, &root);
+    if (status == SNEPPX_OK && !cJSON_IsObject(root))
+        status = sneppx_fail(SNEPPX_ERR_FORMAT, "json_text: not a JSON object");
     sneppx_config parsed;
     sneppx_config_init(&parsed);
     if (status == SNEPPX_OK)
         status = read_config(root, &parsed);
     cJSON_Delete(root);
-    free(text);
     if (status == SNEPPX_OK)
         status = sneppx_config_validate(&parsed);
     if (status == SNEPPX_OK)
         *config = parsed;
+    return status;
+}
+
+sneppx_status sneppx_rope_scaling_from_json(const char *json_text, size_t length, sneppx_rope_scaling *scaling)
+{
+    sneppx_clear_error();
+    if (!json_text)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "json_text: must not be NULL");
+    if (!scaling)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "scaling: must not be NULL");
+    cJSON *root = NULL;
+    sneppx_status status = parse_json(json_text, length, &root);
+    sneppx_rope_scaling parsed = sneppx_config_defaults.rope_scaling;
+    if (status == SNEPPX_OK)
+        status = read_rope_scaling_value(cJSON_IsNull(root) ? NULL : root, &parsed);
+    cJSON_Delete(root);
+    if (status == SNEPPX_OK) {
+        *scaling = parsed;
+    } else if (strncmp(sneppx_last_error(), "config.json: ", 13) == 0) {
+        /* The value is not a file: its messages start at "rope_scaling". */
+        char message[1024];
+        snprintf(message, sizeof message, "%s", sneppx_last_error() + 13);
+        sneppx_fail(status, "%s", message);
+    }
     return status;
 }
 

@@ -3,7 +3,8 @@
  * where they also seed the fuzzer); each kind of bad file is refused with
  * the right status, a message naming the field, and the config untouched.
  * sneppx_config_from_json_file reads a file or a checkpoint directory's
- * config.json and refuses what is no regular file (a FIFO at once, no hang). */
+ * config.json and refuses what is no regular file (a FIFO at once, no hang).
+ * sneppx_rope_scaling_from_json reads a rope_scaling value alone. */
 #include "test_cache_common.h"
 
 #include <math.h>
@@ -335,6 +336,57 @@ static void test_files(test_tally *tally)
     cache_test_remove_tree(dir);
 }
 
+/* sneppx_rope_scaling_from_json: the rope_scaling value alone (Python's
+ * constructor reads its dict here), with the rules and words of config.json's. */
+static void test_rope_scaling_alone(test_tally *tally)
+{
+    sneppx_rope_scaling scaling;
+    memset(&scaling, 0x7f, sizeof scaling);
+    const char *yarn = "{\"type\": \"yarn\", \"factor\": 40, \"mscale\": 0.707}";
+    sneppx_status status = sneppx_rope_scaling_from_json(yarn, strlen(yarn), &scaling);
+    TEST_CHECK(tally, status == SNEPPX_OK && scaling.type == SNEPPX_ROPE_YARN && scaling.factor == 40.0 &&
+                          scaling.beta_fast == 32.0 && scaling.beta_slow == 1.0 && scaling.mscale == 0.707 &&
+                          scaling.mscale_all_dim == 0.0 && scaling.original_max_position_embeddings == 0,
+               "yarn: %s '%s' type %d factor %g beta %g/%g", sneppx_status_name(status), sneppx_last_error(),
+               (int)scaling.type, scaling.factor, scaling.beta_fast, scaling.beta_slow);
+    status = sneppx_rope_scaling_from_json(" null ", 6, &scaling);
+    TEST_CHECK(tally, status == SNEPPX_OK && scaling.type == SNEPPX_ROPE_DEFAULT && scaling.factor == 1.0 &&
+                          scaling.mscale == 0.0 && scaling.beta_fast == 0.0,
+               "null: %s type %d factor %g mscale %g", sneppx_status_name(status), (int)scaling.type,
+               scaling.factor, scaling.mscale);
+
+    static const struct {
+        const char *text;
+        sneppx_status status;
+        const char *message;   /* the whole message */
+    } bad[] = {
+        {"{\"rope_type\": \"linear\"}", SNEPPX_ERR_FORMAT,
+         "rope_scaling.factor: missing (rope_type 'linear' needs it)"},
+        {"{\"rope_type\": \"longrope\", \"factor\": 2}", SNEPPX_ERR_UNSUPPORTED,
+         "rope_scaling.rope_type: 'longrope' is not supported (supported: default, linear, dynamic, llama3, yarn)"},
+        {"{\"rope_type\": \"linear\", \"factor\": \"2\"}", SNEPPX_ERR_FORMAT,
+         "rope_scaling.factor: expected a finite number, got the string \"2\""},
+        {"[1]", SNEPPX_ERR_FORMAT, "rope_scaling: expected an object or null, got an array"},
+        {"{\"rope_type\": ", SNEPPX_ERR_FORMAT, "json_text: not valid JSON (at byte 13)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        sneppx_rope_scaling kept = {.type = SNEPPX_ROPE_LLAMA3, .factor = 3.0};
+        status = sneppx_rope_scaling_from_json(bad[i].text, strlen(bad[i].text), &kept);
+        TEST_CHECK(tally, status == bad[i].status && strcmp(sneppx_last_error(), bad[i].message) == 0 &&
+                              kept.type == SNEPPX_ROPE_LLAMA3 && kept.factor == 3.0,
+                   "%s: %s '%s', want '%s' and the struct untouched", bad[i].text, sneppx_status_name(status),
+                   sneppx_last_error(), bad[i].message);
+    }
+    status = sneppx_rope_scaling_from_json(NULL, 0, &scaling);
+    TEST_CHECK(tally, status == SNEPPX_ERR_INVALID_ARGUMENT && strcmp(sneppx_last_error(), "json_text: must not be "
+                                                                      "NULL") == 0, "NULL text: '%s'",
+               sneppx_last_error());
+    status = sneppx_rope_scaling_from_json("null", 4, NULL);
+    TEST_CHECK(tally, status == SNEPPX_ERR_INVALID_ARGUMENT && strcmp(sneppx_last_error(), "scaling: must not be "
+                                                                      "NULL") == 0, "NULL scaling: '%s'",
+               sneppx_last_error());
+}
+
 int main(void)
 {
     test_tally tally = {0};
@@ -342,5 +394,6 @@ int main(void)
     test_bad_files(&tally);
     test_semantics(&tally);
     test_files(&tally);
+    test_rope_scaling_alone(&tally);
     return test_finish(&tally);
 }

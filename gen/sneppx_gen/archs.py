@@ -1,16 +1,15 @@
 """Architecture configs: the presets of gen/archs.json and hand-built configs.
 
-An `Arch` mirrors `sneppx_config` (include/sneppx/config.h) field by field, so
-the preset table the runtime compiles and the configs the AOT generator
-specializes are one data set. Field names and defaults follow HF config.json
-and `sneppx_config_init()`.
+An `Arch` is a `sneppx_config` (include/sneppx/config.h) with a preset's
+family, size and aliases: its fields are config_fields.CONFIG_FIELDS, so the
+preset table the runtime compiles and the configs the AOT generator
+specializes are one data set. Defaults are sneppx_config_init()'s.
 """
-import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import field, fields, make_dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from . import config_json, paths
+from . import config_fields, config_json, paths
 from .config_json import ROPE_TYPES, ConfigError  # noqa: F401  (re-exported)
 
 
@@ -18,33 +17,7 @@ from .config_json import ROPE_TYPES, ConfigError  # noqa: F401  (re-exported)
 RopeScaling = config_json.RopeFields
 
 
-@dataclass(frozen=True)
-class Arch:
-    name: str
-    family: str = "custom"
-    size: str = ""
-    aliases: Tuple[str, ...] = ()
-    hidden_size: int = 0
-    num_attention_heads: int = 0
-    num_key_value_heads: int = 0
-    head_dim: int = 0
-    rotary_dim: int = 0
-    rope_interleaved: int = 0
-    rope_theta: float = 10000.0
-    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
-    max_position_embeddings: int = 4096
-    sliding_window: int = 0
-    qkv_bias: int = 1
-    o_bias: int = 1
-    q_lora_rank: int = 0
-    kv_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
-    rms_norm_eps: float = 1e-6
-    use_flash_attn: int = 1
-    num_threads: int = 0
-
+class _ArchMethods:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
@@ -72,29 +45,31 @@ class Arch:
         return "".join(c if c.isascii() and c.isalnum() else "_" for c in self.name.lower())
 
     def softmax_scale(self) -> float:
-        """head_dim^-0.5; DeepSeek: (nope + rope)^-0.5 * mscale(factor, mscale_all_dim)^2 (MODELS.md 2)."""
-        scale = self.resolved_head_dim ** -0.5
-        rs = self.rope_scaling
-        if self.is_mla and rs.type == ROPE_TYPES["yarn"] and rs.mscale_all_dim:
-            mscale = 1.0 if rs.factor <= 1 else 0.1 * rs.mscale_all_dim * math.log(rs.factor) + 1.0
-            scale *= mscale * mscale
-        return scale
+        """config_json.softmax_scale: runtime/config.c's sneppx_config_softmax_scale."""
+        return config_json.softmax_scale(self)
 
 
-# Arch carries every field of the C struct (the reader's CConfig) beside its names.
-_MISSING = {item.name for item in fields(config_json.CConfig)} - {item.name for item in fields(Arch)}
-if _MISSING:
-    raise TypeError(f"Arch lacks sneppx_config field(s) {sorted(_MISSING)} that config_json reads")
+# The preset's names first (name, the C struct's first field, is the CLI name), then the
+# rest of sneppx_config.
+Arch = make_dataclass(
+    "Arch",
+    [config_fields.dataclass_fields(config_fields.CONFIG_FIELDS[:1], RopeScaling)[0],
+     ("family", str, field(default="custom")), ("size", str, field(default="")),
+     ("aliases", Tuple[str, ...], field(default=()))]
+    + config_fields.dataclass_fields(config_fields.CONFIG_FIELDS[1:], RopeScaling),
+    bases=(_ArchMethods,), frozen=True)
 
 
 def arch_from_config(c: config_json.CConfig, name: str, family: str = "custom", size: str = "",
                      aliases: Tuple[str, ...] = ()) -> Arch:
     """The Arch of a validated config (config_json.read)."""
-    arch = Arch(name=name, family=family, size=size, aliases=tuple(aliases),
-                **{item.name: getattr(c, item.name) for item in fields(c)})
+    values = {item.name: getattr(c, item.name) for item in fields(c)}
+    values.update(name=name, family=family, size=size, aliases=tuple(aliases))
+    arch = Arch(**values)
+    # The preset table and the AOT layer carry the Q/K head dim (and MLA's rope dim) explicitly.
+    arch = replace(arch, head_dim=arch.resolved_head_dim)
     if arch.is_mla:
-        # The preset table and the AOT layer carry MLA's Q/K head dim and rope dim explicitly.
-        arch = replace(arch, head_dim=arch.resolved_head_dim, rotary_dim=arch.qk_rope_head_dim)
+        arch = replace(arch, rotary_dim=arch.qk_rope_head_dim)
     return arch
 
 

@@ -2,6 +2,8 @@
 
     build abi -o FILE                 the kernel ABI header
     build presets -o FILE             the runtime preset table (gen/archs.json)
+    build config-fields -o FILE       the C check of include/sneppx/config.h against config_fields.py
+    build python-fields -o FILE       the Python package's config structs (sneppx/_config_fields.py)
     build rope-freqs -o FILE          RoPE frequency code for libsneppx
     build limits -o FILE              the public sneppx/limits.h
     build config-ranges -o FILE       the config range table of runtime/config.c
@@ -13,7 +15,7 @@
 import argparse
 from typing import List
 
-from . import archs, render, tables
+from . import archs, python_fields, render, tables
 from .kernels import KERNELS, VECTOR_WIDTHS
 from .output import write_if_changed
 
@@ -22,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sneppx-gen build", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
-    for name in ("abi", "presets", "rope-freqs", "limits", "config-ranges"):
+    for name in ("abi", "presets", "config-fields", "python-fields", "rope-freqs", "limits", "config-ranges"):
         sub.add_parser(name).add_argument("-o", "--output", required=True)
     sub.add_parser("families")
     sub.add_parser("vector-widths")
@@ -52,6 +54,10 @@ def main(argv: List[str]) -> int:
         text = tables.limits_header()
     elif args.what == "config-ranges":
         text = tables.config_ranges_table()
+    elif args.what == "config-fields":
+        text = tables.config_fields_c()
+    elif args.what == "python-fields":
+        text = python_fields.render()
     elif args.what == "rope-freqs":
         text = render.render_template("rope_freqs.c.j2", mode="runtime")
     elif args.what == "jit-source":

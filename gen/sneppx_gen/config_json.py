@@ -25,10 +25,10 @@ import os
 import re
 import stat
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, make_dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import limits
+from . import config_fields, limits
 
 
 class ConfigError(ValueError):
@@ -44,15 +44,16 @@ EXACT_INT_MAX = 9007199254740992.0
 # ---- tables ------------------------------------------------------------------
 
 # sneppx_rope_type by HF name, and the keys each type requires (check_required_rope_keys).
-ROPE_TYPES = {"default": 0, "linear": 1, "dynamic": 2, "llama3": 3, "yarn": 4}
+ROPE_TYPES = {name: value for value, name in enumerate(config_fields.ROPE_TYPES)}
 ROPE_REQUIRED = {"default": (), "linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
                  "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
-ROPE_KEYS = ("rope_type", "type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
-             "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
+# The dict's keys: its fields (HF's "rope_type" or "type" gives type), and "truncate".
+ROPE_KEYS = ("rope_type",) + tuple(f.name for f in config_fields.ROPE_SCALING_FIELDS) + ("truncate",)
+# YaRN's correction range defaults (YARN_BETA_FAST / _SLOW of runtime/config_json.c: HF and DeepSeek agree).
+YARN_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0}
 # (key, default, yarn default) of the real-valued rope_scaling keys, in the reader's order.
-ROPE_REALS = (("factor", 1.0, 1.0), ("low_freq_factor", 0.0, 0.0), ("high_freq_factor", 0.0, 0.0),
-              ("beta_fast", 0.0, 32.0), ("beta_slow", 0.0, 1.0), ("mscale", 0.0, 0.0),
-              ("mscale_all_dim", 0.0, 0.0), ("attention_factor", 0.0, 0.0))
+ROPE_REALS = tuple((f.name, f.default, YARN_DEFAULTS.get(f.name, f.default))
+                   for f in config_fields.ROPE_SCALING_FIELDS if f.c_type is config_fields.DOUBLE)
 
 
 @dataclass(frozen=True)
@@ -72,42 +73,10 @@ MODEL_TYPES = {
 
 # ---- the config, as the C struct holds it ---------------------------------------
 
-@dataclass(frozen=True)
-class RopeFields:
-    type: int = 0
-    factor: float = 1.0
-    low_freq_factor: float = 0.0
-    high_freq_factor: float = 0.0
-    original_max_position_embeddings: int = 0
-    beta_fast: float = 0.0
-    beta_slow: float = 0.0
-    mscale: float = 0.0
-    mscale_all_dim: float = 0.0
-    attention_factor: float = 0.0
-
-
-@dataclass
-class CConfig:
-    """sneppx_config after sneppx_config_init(), field by field."""
-    hidden_size: int = 0
-    num_attention_heads: int = 0
-    num_key_value_heads: int = 0
-    head_dim: int = 0
-    rotary_dim: int = 0
-    rope_interleaved: int = 0
-    rope_theta: float = 10000.0
-    rope_scaling: RopeFields = field(default_factory=RopeFields)
-    max_position_embeddings: int = 4096
-    sliding_window: int = 0
-    qkv_bias: int = 1
-    o_bias: int = 1
-    q_lora_rank: int = 0
-    kv_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
-    use_flash_attn: int = 1
-    num_threads: int = 0
+# sneppx_rope_scaling and sneppx_config after sneppx_config_init(), field by field (config_fields).
+RopeFields = make_dataclass("RopeFields", config_fields.dataclass_fields(config_fields.ROPE_SCALING_FIELDS, object),
+                            frozen=True)
+CConfig = make_dataclass("CConfig", config_fields.dataclass_fields(config_fields.CONFIG_FIELDS, RopeFields))
 
 
 # ---- JSON, as cJSON sees it -------------------------------------------------------
@@ -433,11 +402,11 @@ def read_hf(root: JsonObject) -> CConfig:
         raise ConfigError(f"model_type: '{_c_prefix(name, 64)}' is not supported (supported: "
                           f"{', '.join(MODEL_TYPES)})")
     kind = MODEL_TYPES[name]
-    c = CConfig()
+    c = CConfig(name=name)
     c.hidden_size = top.required_size("hidden_size")
     c.num_attention_heads = top.required_size("num_attention_heads")
     c.num_key_value_heads = top.size("num_key_value_heads", c.num_attention_heads)
-    c.rope_theta = top.real("rope_theta", 10000.0)
+    c.rope_theta = top.real("rope_theta", c.rope_theta)
     c.rope_scaling = read_rope_scaling(top)
     c.max_position_embeddings = top.size("max_position_embeddings", kind.default_max_positions)
     if not kind.mla:  # DeepSeek's head dims are the MLA fields
@@ -461,24 +430,21 @@ def read_hf(root: JsonObject) -> CConfig:
     return c
 
 
-# The hand form's sizes: (key, default); num_key_value_heads defaults to the heads.
-HAND_SIZES = (("hidden_size", None), ("num_attention_heads", None), ("num_key_value_heads", -1),
-              ("head_dim", 0), ("rotary_dim", 0), ("max_position_embeddings", 4096), ("sliding_window", 0),
-              ("q_lora_rank", 0), ("kv_lora_rank", 0), ("qk_nope_head_dim", 0), ("qk_rope_head_dim", 0),
-              ("v_head_dim", 0))
+# The hand form's sizes: every int64_t field, by its own name.
+HAND_SIZES = tuple(f for f in config_fields.CONFIG_FIELDS if f.c_type is config_fields.INT64)
 
 
 def read_hand(root: JsonObject) -> CConfig:
     """sneppx's hand-config form: sneppx.LLMConfig's keyword arguments (+ rotary_dim)."""
     top = Scope(root, "")
     c = CConfig()
-    for key, default in HAND_SIZES:
-        if default is None:
-            value = top.required_size(key)
+    for f in HAND_SIZES:
+        if f.required:
+            value = top.required_size(f.name)
         else:
-            value = top.size(key, c.num_attention_heads if default == -1 else default)
-        setattr(c, key, value)
-    c.rope_theta = top.real("rope_theta", 10000.0)
+            value = top.size(f.name, getattr(c, f.default_from) if f.default_from else f.default)
+        setattr(c, f.name, value)
+    c.rope_theta = top.real("rope_theta", c.rope_theta)
     c.rope_scaling = read_rope_scaling(top)
     if top.lookup("rotary_dim") is not None and top.lookup("partial_rotary_factor") is not None:
         raise ConfigError("rotary_dim: give rotary_dim or partial_rotary_factor, not both")
@@ -729,6 +695,6 @@ def softmax_scale(c: CConfig) -> float:
 
 def describe_config(c: CConfig) -> Dict[str, Any]:
     """The config as a flat dict of the C struct's fields (tests compare it with the library's)."""
-    out = {k: v for k, v in vars(c).items() if k != "rope_scaling"}
+    out = {k: v for k, v in vars(c).items() if k not in ("name", "rope_scaling")}
     out.update({f"rope_scaling.{k}": v for k, v in vars(c.rope_scaling).items()})
     return out

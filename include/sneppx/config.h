@@ -98,6 +98,15 @@ SNEPPX_API sneppx_status sneppx_config_from_json(const char *json_text, size_t l
  * that cannot be opened or read; errors name the file. Thread-safe. */
 SNEPPX_API sneppx_status sneppx_config_from_json_file(const char *path, sneppx_config *config);
 
+/* HF's rope_scaling value alone, given as JSON text (an object, or null for
+ * plain RoPE), read by the rules of sneppx_config_from_json: the keys, rope
+ * types, required keys and defaults, with the same messages (they name
+ * "rope_scaling.<key>"). Python's LLMConfig(rope_scaling=...) is read here.
+ * The values are checked with the rest of a config by sneppx_config_validate.
+ * scaling is written only on success. Thread-safe. */
+SNEPPX_API sneppx_status sneppx_rope_scaling_from_json(const char *json_text, size_t length,
+                                                      sneppx_rope_scaling *scaling);
+
 /* Number of presets and the CLI name of the i-th ("llama2-7B"). */
 SNEPPX_API int sneppx_preset_count(void);
 SNEPPX_API const char *sneppx_preset_name(int index);

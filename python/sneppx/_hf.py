@@ -1,7 +1,10 @@
 """HuggingFace conventions on the Python side: the rope_scaling dict of the
-constructor (MODELS.md §1), and the constructor arguments of a C config. A
-config.json file itself is read by the C runtime (sneppx_config_from_json,
+constructor (MODELS.md §1), and the constructor arguments of a C config. The
+C runtime reads both a config.json file (sneppx_config_from_json) and the
+constructor's rope_scaling dict (sneppx_rope_scaling_from_json,
 runtime/config_json.c)."""
+import ctypes
+import json
 import math
 import numbers
 from typing import Any, Dict, Mapping, Optional
@@ -9,18 +12,8 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 
 from . import _structs as S
-
-ROPE_TYPES = {"default": S.ROPE_DEFAULT, "linear": S.ROPE_LINEAR, "dynamic": S.ROPE_DYNAMIC,
-              "llama3": S.ROPE_LLAMA3, "yarn": S.ROPE_YARN}
-_ROPE_KEYS = ("rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
-              "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
-              "mscale_all_dim", "attention_factor", "truncate")
-# Keys each rope type requires (HF's rope validation asks for the same).
-_ROPE_REQUIRED = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
-                  "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-                             "original_max_position_embeddings")}
-# YaRN's correction range defaults (HF and DeepSeek agree).
-_YARN_BETA_FAST, _YARN_BETA_SLOW = 32.0, 1.0
+from ._library import lib
+from .errors import check
 
 
 # Ranges of the C struct fields Python integers are stored in (ctypes would wrap them silently).
@@ -59,96 +52,63 @@ def _real(name: str, value: Any) -> float:
     return result
 
 
-def _whole(name: str, value: Any) -> int:
-    """An integer (or integral float, as JSON writes them) for a C int64_t field."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}: expected an integer, got {value!r}")
+def _json_value(key: str, value: Any) -> Any:
+    """A rope_scaling value as JSON carries it: what JSON cannot (NaN, infinities, other
+    objects) is refused here, naming the key; the reader's rules are the C runtime's."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
     if isinstance(value, numbers.Integral):
-        result = int(value)
-    else:
-        real = _real(name, value)
-        if real != math.floor(real):
-            raise TypeError(f"{name}: expected an integer, got {value!r}")
-        result = int(real)
-    if not INT64_MIN <= result <= INT64_MAX:
-        raise ValueError(f"{name}: {value!r} does not fit in int64 (the C field's type)")
-    return result
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return _real(f"rope_scaling[{key!r}]", value)
+    raise TypeError(f"rope_scaling[{key!r}]: expected a number, a string, a bool or None, got {value!r}")
 
 
 def fill_rope_scaling(scaling: S.RopeScaling, rope_scaling: Optional[Mapping[str, Any]]) -> None:
-    """Fills the C struct from HF's rope_scaling dict (None = plain RoPE)."""
-    scaling.type = S.ROPE_DEFAULT
-    scaling.factor = 1.0
-    if rope_scaling is None:
-        return
-    if not isinstance(rope_scaling, Mapping):
+    """Fills the C struct from HF's rope_scaling dict (None = plain RoPE), read by the C
+    runtime (sneppx_rope_scaling_from_json): the rules and messages of config.json's."""
+    if rope_scaling is not None and not isinstance(rope_scaling, Mapping):
         raise TypeError(f"rope_scaling: expected a dict in HF config.json form or None, got {rope_scaling!r}")
-    unknown = sorted(set(rope_scaling) - set(_ROPE_KEYS))
-    if unknown:
-        raise ValueError(f"rope_scaling: unknown key(s) {unknown}; known: {', '.join(_ROPE_KEYS)}")
-    kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
-    if "rope_type" in rope_scaling and "type" in rope_scaling and rope_scaling["type"] != kind:
-        raise ValueError(f"rope_scaling: 'rope_type' {kind!r} and 'type' {rope_scaling['type']!r} disagree")
-    if kind not in ROPE_TYPES:
-        raise ValueError(f"rope_scaling: rope_type {kind!r} is not supported "
-                         f"(supported: {', '.join(ROPE_TYPES)})")
-    missing = [key for key in _ROPE_REQUIRED.get(kind, ()) if rope_scaling.get(key) is None]
-    if missing:
-        raise ValueError(f"rope_scaling: rope_type {kind!r} needs {', '.join(missing)}")
-    if rope_scaling.get("truncate", True) is not True:
-        raise NotImplementedError("rope_scaling: truncate=False (YaRN without floor/ceil) is not supported")
-
-    def number(key: str, default: float = 0.0) -> float:
-        value = rope_scaling.get(key)
-        return default if value is None else _real(f"rope_scaling[{key!r}]", value)
-
-    scaling.type = ROPE_TYPES[kind]
-    scaling.factor = number("factor", 1.0)
-    scaling.low_freq_factor = number("low_freq_factor")
-    scaling.high_freq_factor = number("high_freq_factor")
-    original = rope_scaling.get("original_max_position_embeddings")
-    scaling.original_max_position_embeddings = (
-        0 if original is None else _whole("rope_scaling['original_max_position_embeddings']", original))
-    scaling.beta_fast = number("beta_fast", _YARN_BETA_FAST if kind == "yarn" else 0.0)
-    scaling.beta_slow = number("beta_slow", _YARN_BETA_SLOW if kind == "yarn" else 0.0)
-    scaling.mscale = number("mscale")
-    scaling.mscale_all_dim = number("mscale_all_dim")
-    scaling.attention_factor = number("attention_factor")
+    if rope_scaling is None:
+        text = b"null"
+    else:
+        for key in rope_scaling:
+            if not isinstance(key, str):
+                raise TypeError(f"rope_scaling: keys are strings, got {key!r}")
+        text = json.dumps({key: _json_value(key, value) for key, value in rope_scaling.items()}).encode()
+    check(lib.sneppx_rope_scaling_from_json(text, len(text), ctypes.byref(scaling)))
 
 
 def rope_scaling_dict(scaling: S.RopeScaling) -> Optional[Dict[str, Any]]:
-    """The HF rope_scaling dict of the C struct (None for plain RoPE): only the keys its type uses."""
-    kind = S.ROPE_TYPE_NAMES.get(scaling.type, str(scaling.type))
+    """The HF rope_scaling dict of the C struct (None for plain RoPE): the fields its type
+    uses (S.ROPE_SCALING_FIELDS' used_by), but a 0 meaning "unset"."""
     if scaling.type == S.ROPE_DEFAULT:
         return None
-    result: Dict[str, Any] = {"rope_type": kind, "factor": scaling.factor}
-    if scaling.type == S.ROPE_LLAMA3:
-        result.update(low_freq_factor=scaling.low_freq_factor, high_freq_factor=scaling.high_freq_factor,
-                      original_max_position_embeddings=scaling.original_max_position_embeddings)
-    elif scaling.type == S.ROPE_YARN:
-        if scaling.original_max_position_embeddings:
-            result["original_max_position_embeddings"] = scaling.original_max_position_embeddings
-        result.update(beta_fast=scaling.beta_fast, beta_slow=scaling.beta_slow)
-        for key in ("mscale", "mscale_all_dim", "attention_factor"):
-            if getattr(scaling, key):
-                result[key] = getattr(scaling, key)
+    kind = S.ROPE_TYPE_NAMES.get(scaling.type, str(scaling.type))
+    result: Dict[str, Any] = {"rope_type": kind}
+    for field in S.ROPE_SCALING_FIELDS:
+        value = getattr(scaling, field.name)
+        if field.name != "type" and kind in field.used_by and (value or field.python != "none_if_0"):
+            result[field.name] = value
     return result
 
 
 def constructor_kwargs(config: S.Config) -> Dict[str, Any]:
     """LLMConfig keyword arguments that rebuild the C struct config (from_config_json's
-    overrides are applied to these)."""
+    overrides are applied to these): every field by its own name (flags as bools), but
+    rotary_dim, which the constructor takes as partial_rotary_factor."""
     c = config
-    kwargs: Dict[str, Any] = dict(
-        name=c.name.decode("utf-8", "replace"), hidden_size=c.hidden_size,
-        num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
-        head_dim=c.head_dim or None, rope_theta=c.rope_theta, rope_scaling=rope_scaling_dict(c.rope_scaling),
-        max_position_embeddings=c.max_position_embeddings, sliding_window=c.sliding_window or None,
-        qkv_bias=bool(c.qkv_bias), o_bias=bool(c.o_bias), q_lora_rank=c.q_lora_rank or None,
-        kv_lora_rank=c.kv_lora_rank or None, qk_nope_head_dim=c.qk_nope_head_dim or None,
-        qk_rope_head_dim=c.qk_rope_head_dim or None, v_head_dim=c.v_head_dim or None,
-        rope_interleaved=bool(c.rope_interleaved), use_flash_attn=bool(c.use_flash_attn),
-        mla_naive=bool(c.mla_naive), num_threads=c.num_threads)
+    kwargs: Dict[str, Any] = {}
+    for field in S.CONFIG_FIELDS:
+        value = getattr(c, field.name)
+        if field.name == "name":
+            value = value.decode("utf-8", "replace")
+        elif field.name == "rope_scaling":
+            value = rope_scaling_dict(value)
+        elif field.python == "flag":
+            value = bool(value)
+        if field.name != "rotary_dim":
+            kwargs[field.name] = value
     if c.rotary_dim and not c.kv_lora_rank:
         head_dim = c.head_dim or c.hidden_size // max(c.num_attention_heads, 1)
         factor = c.rotary_dim / head_dim

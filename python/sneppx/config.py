@@ -86,22 +86,26 @@ class LLMConfig:
 
     def __init__(self, *, hidden_size: int, num_attention_heads: Optional[int] = None,
                  num_key_value_heads: Optional[int] = None, head_dim: Optional[int] = None,
-                 rope_theta: float = 10000.0, rope_scaling: Optional[Mapping[str, Any]] = None,
-                 sliding_window: Optional[int] = None, max_position_embeddings: int = 4096,
+                 rope_theta: Optional[float] = None, rope_scaling: Optional[Mapping[str, Any]] = None,
+                 sliding_window: Optional[int] = None, max_position_embeddings: Optional[int] = None,
                  q_lora_rank: Optional[int] = None, kv_lora_rank: Optional[int] = None,
                  qk_nope_head_dim: Optional[int] = None, qk_rope_head_dim: Optional[int] = None,
                  v_head_dim: Optional[int] = None, bias: Optional[bool] = None,
                  attention_bias: Optional[bool] = None, qkv_bias: Optional[bool] = None,
                  o_bias: Optional[bool] = None, partial_rotary_factor: Optional[float] = None,
-                 rope_interleaved: Optional[bool] = None, use_flash_attn: bool = True, mla_naive: bool = False,
-                 num_threads: int = 0, num_heads: Optional[int] = None, num_kv_heads: Optional[int] = None,
-                 name: str = "custom"):
-        """Keyword arguments are HF config.json's names, plus:
+                 rope_interleaved: Optional[bool] = None, use_flash_attn: Optional[bool] = None,
+                 mla_naive: Optional[bool] = None, num_threads: Optional[int] = None,
+                 num_heads: Optional[int] = None, num_kv_heads: Optional[int] = None, name: Optional[str] = None):
+        """Keyword arguments are HF config.json's names (the fields of sneppx_config,
+        S.CONFIG_FIELDS), plus the ones below. None (or leaving one out) means
+        sneppx_config_init()'s value: rope_theta 10000, max_position_embeddings 4096,
+        use_flash_attn True, mla_naive False, num_threads 0 (the OpenMP default), name "custom".
 
         bias: q/k/v and o projections carry biases (default True, as the spec says);
             ``attention_bias`` is HF's name for it and wins when given;
             ``qkv_bias`` / ``o_bias`` set one side alone (Qwen2: True / False).
         num_heads / num_kv_heads: the spec's names of num_attention_heads / num_key_value_heads.
+        num_key_value_heads: default num_attention_heads.
         head_dim: default hidden_size / num_attention_heads.
         sliding_window: None or 0 = no window; else W keys including the query itself.
         partial_rotary_factor: rotate only int(head_dim * factor) dims of each head; a factor
@@ -114,39 +118,28 @@ class LLMConfig:
         num_threads: 0 = the OpenMP default.
         name: at most 63 of A-Z a-z 0-9 . _ - (it reaches logs and generated code).
         """
-        num_attention_heads = _alias("num_attention_heads", num_attention_heads, "num_heads", num_heads)
-        num_key_value_heads = _alias("num_key_value_heads", num_key_value_heads, "num_kv_heads", num_kv_heads)
-        if num_attention_heads is None:
-            raise TypeError("num_attention_heads (or num_heads) is required")
+        args = dict(locals())   # every argument by name (no other local exists yet)
+        args["num_attention_heads"] = _alias("num_attention_heads", num_attention_heads, "num_heads", num_heads)
+        args["num_key_value_heads"] = _alias("num_key_value_heads", num_key_value_heads, "num_kv_heads",
+                                             num_kv_heads)
+        for field in S.CONFIG_FIELDS:
+            if field.required and args[field.name] is None:
+                alias = {"num_attention_heads": " (or num_heads)"}.get(field.name, "")
+                raise TypeError(f"{field.name}{alias} is required")
         if bias is not None and attention_bias is not None and bool(bias) != bool(attention_bias):
             raise TypeError(f"bias={bias!r} and attention_bias={attention_bias!r} disagree")
         both = attention_bias if attention_bias is not None else (True if bias is None else bias)
+        args.update(qkv_bias=both if qkv_bias is None else qkv_bias, o_bias=both if o_bias is None else o_bias)
 
         config = S.Config()
         lib.sneppx_config_init(ctypes.byref(config))
-        config.name = _name_bytes(name)
-        config.hidden_size = _size("hidden_size", hidden_size)
-        config.num_attention_heads = _size("num_attention_heads", num_attention_heads)
-        config.num_key_value_heads = _size("num_key_value_heads", num_key_value_heads,
-                                           config.num_attention_heads)
-        config.head_dim = _size("head_dim", head_dim)
-        config.rope_theta = _hf._real("rope_theta", rope_theta)
-        _hf.fill_rope_scaling(config.rope_scaling, rope_scaling)
-        config.max_position_embeddings = _size("max_position_embeddings", max_position_embeddings)
-        config.sliding_window = _size("sliding_window", sliding_window)
-        config.qkv_bias = _flag("qkv_bias", both if qkv_bias is None else qkv_bias)
-        config.o_bias = _flag("o_bias", both if o_bias is None else o_bias)
-        config.q_lora_rank = _size("q_lora_rank", q_lora_rank)
-        config.kv_lora_rank = _size("kv_lora_rank", kv_lora_rank)
-        config.qk_nope_head_dim = _size("qk_nope_head_dim", qk_nope_head_dim)
-        config.qk_rope_head_dim = _size("qk_rope_head_dim", qk_rope_head_dim)
-        config.v_head_dim = _size("v_head_dim", v_head_dim)
+        for field in S.CONFIG_FIELDS:   # in the struct's order, so a later field may default to an earlier one
+            if args.get(field.name) is not None:
+                _set_field(config, field, args[field.name])
+            elif field.default_from:
+                setattr(config, field.name, getattr(config, field.default_from))
         if rope_interleaved is None:
-            rope_interleaved = config.kv_lora_rank > 0
-        config.rope_interleaved = _flag("rope_interleaved", rope_interleaved)
-        config.use_flash_attn = _flag("use_flash_attn", use_flash_attn)
-        config.mla_naive = _flag("mla_naive", mla_naive)
-        config.num_threads = _size("num_threads", num_threads, c_type="int")
+            config.rope_interleaved = config.kv_lora_rank > 0
         if partial_rotary_factor is not None:
             config.rotary_dim = _partial_rotary_dim(config, partial_rotary_factor)
         self._init(config)
@@ -217,29 +210,16 @@ class LLMConfig:
 
     # ---------------------------------------------------------------- attributes
 
+    # The fields' own attributes (hidden_size, rope_theta, qkv_bias, ...) are made from
+    # S.CONFIG_FIELDS below the class; these are computed.
+
     @property
     def name(self) -> str:
         return self._config.name.decode()
 
-    hidden_size = property(lambda self: self._config.hidden_size)
-    num_attention_heads = property(lambda self: self._config.num_attention_heads)
-    num_heads = num_attention_heads
-    num_key_value_heads = property(lambda self: self._config.num_key_value_heads)
-    num_kv_heads = num_key_value_heads
-    rope_theta = property(lambda self: self._config.rope_theta)
-    max_position_embeddings = property(lambda self: self._config.max_position_embeddings)
-    rope_interleaved = property(lambda self: bool(self._config.rope_interleaved))
-    qkv_bias = property(lambda self: bool(self._config.qkv_bias))
-    o_bias = property(lambda self: bool(self._config.o_bias))
     bias = property(lambda self: bool(self._config.qkv_bias or self._config.o_bias),
                     doc="Any projection carries a bias (qkv_bias / o_bias tell which).")
     attention_bias = bias
-    kv_lora_rank = property(lambda self: self._config.kv_lora_rank or None)
-    q_lora_rank = property(lambda self: self._config.q_lora_rank or None)
-    qk_nope_head_dim = property(lambda self: self._config.qk_nope_head_dim or None)
-    qk_rope_head_dim = property(lambda self: self._config.qk_rope_head_dim or None)
-    v_head_dim = property(lambda self: self._config.v_head_dim or None)
-    num_threads = property(lambda self: self._config.num_threads)
     is_mla = property(lambda self: self._config.kv_lora_rank > 0,
                       doc="DeepSeek V2 multi-head latent attention.")
 
@@ -266,10 +246,6 @@ class LLMConfig:
     def rope_scaling(self) -> Optional[Dict[str, Any]]:
         """HF's rope_scaling dict (None for plain RoPE); a fresh copy."""
         return _hf.rope_scaling_dict(self._config.rope_scaling)
-
-    @property
-    def sliding_window(self) -> Optional[int]:
-        return self._config.sliding_window or None
 
     @property
     def softmax_scale(self) -> float:
@@ -448,6 +424,38 @@ class LLMConfig:
         layer = self._current_layer()
         layer.forward(x, mask, positions, out)
         return out
+
+
+def _field_property(field: Any) -> property:
+    """The read-only attribute of a config field, as the field table says LLMConfig shows it."""
+    name = field.name
+    if field.python == "flag":
+        return property(lambda self: bool(getattr(self._config, name)), doc=field.doc)
+    if field.python == "none_if_0":
+        return property(lambda self: getattr(self._config, name) or None, doc=field.doc)
+    return property(lambda self: getattr(self._config, name), doc=field.doc)
+
+
+for _field in S.CONFIG_FIELDS:
+    if _field.python != "own" and _field.name not in vars(LLMConfig):
+        setattr(LLMConfig, _field.name, _field_property(_field))
+LLMConfig.num_heads = LLMConfig.num_attention_heads
+LLMConfig.num_kv_heads = LLMConfig.num_key_value_heads
+
+
+def _set_field(config: S.Config, field: Any, value: Any) -> None:
+    """One constructor argument into its C field, converted for the field's C type; TypeError /
+    ValueError name the argument."""
+    if field.name == "name":
+        config.name = _name_bytes(value)
+    elif field.name == "rope_scaling":
+        _hf.fill_rope_scaling(config.rope_scaling, value)
+    elif field.c_type == "double":
+        setattr(config, field.name, _hf._real(field.name, value))
+    elif field.python == "flag":
+        setattr(config, field.name, _flag(field.name, value))
+    else:   # sizes: int64_t, or int (num_threads)
+        setattr(config, field.name, _size(field.name, value, c_type="int" if field.c_type == "int" else "int64"))
 
 
 # CONFIG_JSON_MAX_BYTES of runtime/config_json.c.

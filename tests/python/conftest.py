@@ -2,7 +2,8 @@
 
 ctest runs them with PYTHONPATH=<repo>/python and SNEPPX_LIBRARY=<the built
 library>; run by hand (``/usr/bin/python3 -m pytest tests/python``) they fall
-back to the source package and the library lookup of sneppx._library.
+back to the source package and the library lookup of sneppx._locate (which
+also finds the config structs the build rendered beside that library).
 """
 import sys
 from pathlib import Path

@@ -310,8 +310,7 @@ def _library_config(path: Path):
 
 
 def _fields(config: S.Config) -> dict:
-    out = {name: getattr(config, name) for name, _ in S.Config._fields_
-           if name not in ("name", "rope_scaling", "mla_naive")}
+    out = {name: getattr(config, name) for name, _ in S.Config._fields_ if name not in ("name", "rope_scaling")}
     out.update({f"rope_scaling.{name}": getattr(config.rope_scaling, name) for name, _ in S.RopeScaling._fields_})
     return out
 
