@@ -34,6 +34,8 @@ sys.path.insert(0, str(REPO / "gen"))
 from sneppx_gen import archs, config_fields, tables  # noqa: E402
 
 INCLUDE = REPO / "include"
+# The build's rendered headers (sneppx/limits.h), which config.h includes.
+GENERATED = Path(os.environ.get("SNEPPX_BINARY_DIR", REPO / "build")) / "generated"
 
 
 def _clang() -> str:
@@ -51,7 +53,7 @@ def header_layout(include_dir: Path) -> Dict[str, List[Tuple[int, str, str]]]:
     """struct name -> [(offset, C type, field)] of its direct fields, and "<struct>.sizeof",
     as clang lays out include_dir/sneppx/config.h."""
     probe = "#include \"sneppx/config.h\"\nextern char probe[sizeof(sneppx_config)];\n"
-    result = subprocess.run([_clang(), "-x", "c", "-std=c11", f"-I{include_dir}", "-fsyntax-only",
+    result = subprocess.run([_clang(), "-x", "c", "-std=c11", f"-I{include_dir}", f"-I{GENERATED}", "-fsyntax-only",
                              "-Xclang", "-fdump-record-layouts", "-"], input=probe, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -136,7 +138,7 @@ def test_a_listed_field_missing_from_the_header_is_found_and_fails_the_build(tmp
     monkeypatch.setattr(config_fields, "CONFIG_FIELDS", fields)
     source = tmp_path / "config_fields.c"
     source.write_text(tables.config_fields_c())
-    result = subprocess.run([_clang(), "-std=c11", "-Wall", "-Wextra", f"-I{INCLUDE}", f"-I{REPO / 'runtime'}",
+    result = subprocess.run([_clang(), "-std=c11", "-Wall", "-Wextra", f"-I{INCLUDE}", f"-I{GENERATED}", f"-I{REPO / 'runtime'}",
                              "-fsyntax-only", str(source)], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "no member named 'window_stride'" in result.stderr
@@ -146,14 +148,14 @@ def test_the_build_check_refuses_a_moved_or_retyped_field(tmp_path):
     source = tmp_path / "config_fields.c"
     source.write_text(tables.config_fields_c())       # the real list
     include = _edited_header(tmp_path / "h", "    int o_bias;", "    int64_t o_bias;")
-    result = subprocess.run([_clang(), "-std=c11", "-Wall", "-Wextra", f"-I{include}", f"-I{REPO / 'runtime'}",
+    result = subprocess.run([_clang(), "-std=c11", "-Wall", "-Wextra", f"-I{include}", f"-I{GENERATED}", f"-I{REPO / 'runtime'}",
                              "-fsyntax-only", str(source)], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "sneppx_config.o_bias: not int at offset 220" in result.stderr
     include = tmp_path / "h"
     shutil.copy(INCLUDE / "sneppx" / "config.h", include / "sneppx" / "config.h")
     result = subprocess.run([_clang(), "-std=c11", "-Wall", "-Wextra", "-Werror", f"-I{include}",
-                             f"-I{REPO / 'runtime'}", "-fsyntax-only", str(source)],
+                             f"-I{GENERATED}", f"-I{REPO / 'runtime'}", "-fsyntax-only", str(source)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 
