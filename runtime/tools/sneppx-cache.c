@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "disk_cache.h"
+#include "error.h"
 #include "fingerprint.h"
 #include "jit.h"
 #include "sneppx/cache.h"
@@ -29,9 +30,11 @@ static void usage(FILE *out)
           out);
 }
 
+/* what may be the user's text (a preset name): clipped as the library clips it. */
 static int fail(const char *what, sneppx_status status)
 {
-    fprintf(stderr, "sneppx-cache: %s: %s: %s\n", what, sneppx_status_name(status), sneppx_last_error());
+    fprintf(stderr, "sneppx-cache: %s: %s: %s\n", sneppx_clip(what).text, sneppx_status_name(status),
+            sneppx_last_error());
     return 1;
 }
 
@@ -144,7 +147,7 @@ static int warmup(int argc, char **argv)
             failures += warmup_one(argv[++i]);
             names++;
         } else {
-            fprintf(stderr, "sneppx-cache: warmup: unexpected '%s'\n", argv[i]);
+            fprintf(stderr, "sneppx-cache: warmup: unexpected '%s'\n", sneppx_clip(argv[i]).text);
             usage(stderr);
             return 2;
         }
@@ -175,7 +178,7 @@ int main(int argc, char **argv)
     if (strcmp(command, "warmup") == 0)
         return warmup(argc - 2, argv + 2);
     if (argc > 2) {
-        fprintf(stderr, "sneppx-cache: %s takes no arguments\n", command);
+        fprintf(stderr, "sneppx-cache: %s takes no arguments\n", sneppx_clip(command).text);
         return 2;
     }
     if (strcmp(command, "show") == 0)
@@ -189,7 +192,7 @@ int main(int argc, char **argv)
         printf("cleared %s\n", sneppx_cache_dir()[0] ? sneppx_cache_dir() : "nothing (memory-only)");
         return 0;
     }
-    fprintf(stderr, "sneppx-cache: unknown command '%s'\n", command);
+    fprintf(stderr, "sneppx-cache: unknown command '%s'\n", sneppx_clip(command).text);
     usage(stderr);
     return 2;
 }
