@@ -697,6 +697,13 @@ sneppx_status sneppx_disk_cache_clear(void)
     return status != SNEPPX_OK ? status : removal;
 }
 
+void sneppx_disk_cache_format_time(struct timespec when, char *text, size_t size)
+{
+    struct tm local;
+    if (!localtime_r(&when.tv_sec, &local) || strftime(text, size, "%Y-%m-%d %H:%M:%S", &local) == 0)
+        snprintf(text, size, "@%lld", (long long)when.tv_sec);
+}
+
 /* ---- public: include/sneppx/cache.h ---------------------------------------- */
 
 const char *sneppx_cache_dir(void)

@@ -74,6 +74,11 @@ typedef struct sneppx_disk_entry {
 /* The entries, sorted by key: *entries is malloc'd (the caller frees it). */
 sneppx_status sneppx_disk_cache_list(sneppx_disk_entry **entries, size_t *count);
 
+/* when (an entry's last_used) as local time "YYYY-MM-DD HH:MM:SS", or as
+ * "@<seconds since the epoch>" when it has no such date (an mtime beyond the
+ * calendar's years, as tmpfs can store). */
+void sneppx_disk_cache_format_time(struct timespec when, char *text, size_t size);
+
 /* The temporary files of stores in the directory (in progress, or left by
  * writers that died: see store), which count in the size bound too. */
 sneppx_status sneppx_disk_cache_temp_files(size_t *count, uint64_t *bytes);

@@ -104,7 +104,7 @@ static int list(void)
     printf("%-52s %9s  %-19s  %s\n", "KEY", "BYTES", "LAST USED", "VERDICT");
     for (size_t i = 0; i < count; i++) {
         char when[32], reason[160];
-        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&entries[i].last_used.tv_sec));
+        sneppx_disk_cache_format_time(entries[i].last_used, when, sizeof when);
         const char *problem = verdict(entries[i].key, reason, sizeof reason);
         printf("%-52s %9llu  %-19s  %s%s\n", entries[i].key, (unsigned long long)entries[i].bytes, when,
                problem ? "rebuilt on next use: " : "ok", problem ? problem : "");
