@@ -26,7 +26,8 @@ static void usage(FILE *out)
           "  list    every entry: key, bytes, last use, and whether this build would load it\n"
           "  clear   remove every entry\n"
           "  warmup  compile (or verify) every kernel of the named presets' layers\n"
-          "Environment: SNEPPX_CACHE_DIR, SNEPPX_CACHE_MAX_MB, SNEPPX_VERBOSE (see sneppx/cache.h).\n",
+          "Environment: SNEPPX_CACHE_DIR, SNEPPX_CACHE_MAX_MB, SNEPPX_CACHE_LOCK_TIMEOUT, SNEPPX_VERBOSE\n"
+          "(see sneppx/cache.h).\n",
           out);
 }
 
@@ -53,7 +54,8 @@ static int show(void)
 {
     const sneppx_jit_host *host = sneppx_jit_host_info();
     const char *dir = sneppx_disk_cache_path();
-    printf("directory   %s\n", dir ? dir : "(none: memory-only)");
+    printf("directory   %s%s\n", dir ? dir : "(none: memory-only)",
+           sneppx_disk_cache_read_only() ? " (read-only: entries are loaded, nothing is written)" : "");
     if (dir) {
         sneppx_disk_entry *entries;
         size_t count;
@@ -75,13 +77,16 @@ static int show(void)
         uint64_t bound = sneppx_disk_cache_max_bytes();
         printf("entries     %zu (%zu loadable by this build)\n", count, loadable);
         printf("temporary   %zu file%s of %.2f MiB (stores in progress, or left by writers that died: a later"
-               " store removes those once 10 minutes old)\n",
+               " store removes those dated 10 minutes or more from now)\n",
                temp_count, temp_count == 1 ? "" : "s", (double)temp_bytes / (1 << 20));
         printf("size        %.2f MiB (entries and temporary files, as the bound counts them)\n",
                (double)(bytes + temp_bytes) / (1 << 20));
-        if (bound)
+        if (bound >= 1 << 20)
             printf("bound       %.0f MiB (SNEPPX_CACHE_MAX_MB), least recently used evicted\n",
                    (double)bound / (1 << 20));
+        else if (bound)
+            printf("bound       %llu bytes (SNEPPX_CACHE_MAX_MB), least recently used evicted\n",
+                   (unsigned long long)bound);
         else
             printf("bound       none (SNEPPX_CACHE_MAX_MB=0)\n");
     }
