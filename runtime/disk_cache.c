@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <pwd.h>
 #include <stdatomic.h>
@@ -24,8 +25,14 @@
 #define ENTRY_MAGIC "sneppxK\n"
 #define ENTRY_FORMAT_VERSION 1
 #define DEFAULT_MAX_MB 1024
+#define MAX_MAX_MB 1e12                 /* far above any disk; keeps the bound within uint64_t bytes */
+#define DEFAULT_LOCK_TIMEOUT 30.0       /* seconds a build waits for another process's lock */
+#define MAX_LOCK_TIMEOUT 1e9            /* about 30 years: "wait for ever" */
+#define PROBE_ATTEMPTS 16               /* probe names tried before a directory counts as not writable */
 #define MAX_PAYLOAD_BYTES (256u << 20)  /* far above any kernel; bounds a hostile size field */
-#define ORPHAN_AGE_SECONDS (10 * 60)    /* a temp file untouched this long is a dead writer's (evict) */
+#define ORPHAN_AGE_SECONDS (10 * 60)    /* a temp file dated this far from now is a dead writer's (evict) */
+#define LOW_WATER_PERCENT 90            /* eviction leaves the directory at most this full, so the next
+                                           scan waits for another tenth of the bound to be written */
 
 struct entry_header {
     char magic[8];
@@ -40,27 +47,42 @@ struct entry_header {
 
 static struct {
     int fd;                 /* -1 when memory-only */
+    int read_only;          /* entries are loaded, nothing is written (see probe_writable) */
+    char read_only_reason[128];
     char path[PATH_MAX];
     uint64_t max_bytes;
+    double lock_timeout;    /* seconds */
 } cache = {.fd = -1};
 static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
 static atomic_int temp_counter;
+static atomic_uint_fast64_t scan_count; /* directory scans by stores (evict) */
 
-/* The chosen path, before any check: the first environment override set. */
-static int choose_path(char *path, size_t size)
+/* The chosen path, before any check: the first environment override set.
+ * NULL, or why there is none (then path holds what to call it). */
+static const char *choose_path(char *path, size_t size, char *reason, size_t reason_size)
 {
-    const char *explicit_dir = getenv("SNEPPX_CACHE_DIR");
-    if (explicit_dir && explicit_dir[0])
-        return snprintf(path, size, "%s", explicit_dir) < (int)size;
-    const char *xdg = getenv("XDG_CACHE_HOME");
-    if (xdg && xdg[0] == '/') /* the XDG spec ignores relative values */
-        return snprintf(path, size, "%s/sneppx", xdg) < (int)size;
-    const char *home = getenv("HOME");
-    if (!home || !home[0]) {
-        struct passwd *user = getpwuid(geteuid());
-        home = user ? user->pw_dir : NULL;
+    const char *variable = "$SNEPPX_CACHE_DIR", *base = getenv("SNEPPX_CACHE_DIR"), *below = "";
+    if (!base || !base[0]) {
+        variable = "$XDG_CACHE_HOME", base = getenv("XDG_CACHE_HOME"), below = "/sneppx";
+        if (!base || base[0] != '/') { /* the XDG spec ignores relative values */
+            variable = "$HOME", base = getenv("HOME"), below = "/.cache/sneppx";
+            if (!base || !base[0]) {
+                struct passwd *user = getpwuid(geteuid());
+                variable = "~", base = user ? user->pw_dir : NULL;
+            }
+        }
     }
-    return home && snprintf(path, size, "%s/.cache/sneppx", home) < (int)size;
+    if (!base) {
+        snprintf(path, size, "(none)");
+        return "no SNEPPX_CACHE_DIR, XDG_CACHE_HOME or home directory";
+    }
+    if (snprintf(path, size, "%s%s", base, below) >= (int)size) {
+        snprintf(path, size, "%s", sneppx_clip(base).text);
+        snprintf(reason, reason_size, "%s%s is too long: %zu bytes, where a path has at most %zu", variable, below,
+                 strlen(base) + strlen(below), size - 1);
+        return reason;
+    }
+    return NULL;
 }
 
 /* mkdir -p with mode 0700 for every directory it creates. */
@@ -79,7 +101,33 @@ static int make_directories(const char *path)
     }
 }
 
-/* Why the directory open as fd cannot hold trusted code, or NULL. */
+/* Whether this process may write the directory open as fd: it creates and
+ * removes a probe file. A name taken (left by a process that died in
+ * between, or by one of the same pid in another pid namespace) is not ours
+ * to remove, so the next attempt's name is tried. A directory we may not
+ * write (mode 0500, a read-only mount, a full disk) is a read-only cache:
+ * its valid entries load, nothing is written. */
+static void probe_writable(int fd)
+{
+    int error = EEXIST;
+    for (int attempt = 0; attempt < PROBE_ATTEMPTS && error == EEXIST; attempt++) {
+        char probe[64];
+        snprintf(probe, sizeof probe, ".probe-%ld-%d", (long)getpid(), attempt);
+        int probe_fd = openat(fd, probe, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (probe_fd >= 0) {
+            close(probe_fd);
+            unlinkat(fd, probe, 0);
+            return;
+        }
+        error = errno;
+    }
+    cache.read_only = 1;
+    snprintf(cache.read_only_reason, sizeof cache.read_only_reason, "not writable by this process: %s",
+             strerror(error));
+}
+
+/* Why the directory open as fd cannot hold trusted code, or NULL (then
+ * probe_writable has said whether it is read-only). */
 static const char *refusal(int fd, char *reason, size_t reason_size)
 {
     struct stat info;
@@ -96,43 +144,46 @@ static const char *refusal(int fd, char *reason, size_t reason_size)
         snprintf(reason, reason_size, "writable by group or others (mode %04o)", (unsigned)(info.st_mode & 07777));
         return reason;
     }
-    /* Writable for us: create and remove a probe file. */
-    char probe[64];
-    snprintf(probe, sizeof probe, ".probe-%ld", (long)getpid());
-    int probe_fd = openat(fd, probe, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (probe_fd < 0) {
-        snprintf(reason, reason_size, "not writable: %s", strerror(errno));
-        return reason;
-    }
-    close(probe_fd);
-    unlinkat(fd, probe, 0);
+    probe_writable(fd);
     return NULL;
 }
 
-/* SNEPPX_CACHE_MAX_MB in bytes; fractions allowed ("0.5" is 512 KiB). */
+/* The number in environment variable name: fallback when it is unset or
+ * empty, and (with one warning naming it) when it is not a number in
+ * [0, max]. what says what it should be, for the warning. */
+static double read_env_number(const char *name, const char *what, double fallback, double max)
+{
+    const char *env = getenv(name);
+    if (!env || !env[0])
+        return fallback;
+    char *end;
+    const double value = strtod(env, &end);
+    if (*end != '\0' || !(value >= 0.0 && value <= max)) {
+        sneppx_log(0, "warning: %s='%s' is not %s; using %g", name, sneppx_clip(env).text, what, fallback);
+        return fallback;
+    }
+    return value;
+}
+
+/* SNEPPX_CACHE_MAX_MB in bytes; fractions allowed ("0.5" is 512 KiB). A
+ * positive size below one byte is the smallest bound, not none. */
 static uint64_t read_max_bytes(void)
 {
-    const char *env = getenv("SNEPPX_CACHE_MAX_MB");
-    if (!env || !env[0])
-        return (uint64_t)DEFAULT_MAX_MB << 20;
-    char *end;
-    double megabytes = strtod(env, &end);
-    if (*end != '\0' || !(megabytes >= 0.0 && megabytes < 1e12)) {
-        sneppx_log(0, "warning: SNEPPX_CACHE_MAX_MB='%s' is not a size in MiB; using %d", env, DEFAULT_MAX_MB);
-        return (uint64_t)DEFAULT_MAX_MB << 20;
-    }
-    return (uint64_t)(megabytes * (1 << 20));
+    const double bytes = read_env_number("SNEPPX_CACHE_MAX_MB", "a size in MiB (0 = no bound)", DEFAULT_MAX_MB,
+                                         MAX_MAX_MB) * (1 << 20);
+    return bytes > 0.0 && bytes < 1.0 ? 1 : (uint64_t)bytes;
 }
 
 static void resolve_cache(void)
 {
     cache.max_bytes = read_max_bytes();
+    cache.lock_timeout = read_env_number("SNEPPX_CACHE_LOCK_TIMEOUT", "a number of seconds (0 = do not wait)",
+                                         DEFAULT_LOCK_TIMEOUT, MAX_LOCK_TIMEOUT);
     char chosen[PATH_MAX], reason[256];
     const char *problem = NULL;
     int fd = -1;
-    if (!choose_path(chosen, sizeof chosen)) {
-        snprintf(chosen, sizeof chosen, "(none)");
-        problem = "no SNEPPX_CACHE_DIR, XDG_CACHE_HOME or home directory";
+    if ((problem = choose_path(chosen, sizeof chosen, reason, sizeof reason)) != NULL) {
+        /* nothing to open */
     } else if (make_directories(chosen) != 0) {
         snprintf(reason, sizeof reason, "cannot create it: %s", strerror(errno));
         problem = reason;
@@ -153,7 +204,11 @@ static void resolve_cache(void)
     if (!realpath(chosen, cache.path))
         snprintf(cache.path, sizeof cache.path, "%s", chosen);
     cache.fd = fd;
-    sneppx_log(2, "kernel disk cache: %s", cache.path);
+    if (cache.read_only)
+        sneppx_log(1, "kernel disk cache %s is read-only (%s): its entries are loaded, nothing is written",
+                   cache.path, cache.read_only_reason);
+    else
+        sneppx_log(2, "kernel disk cache: %s", cache.path);
 }
 
 static int cache_fd(void)
@@ -164,10 +219,18 @@ static int cache_fd(void)
 
 const char *sneppx_disk_cache_path(void) { return cache_fd() >= 0 ? cache.path : NULL; }
 
+int sneppx_disk_cache_read_only(void) { return cache_fd() >= 0 && cache.read_only; }
+
 uint64_t sneppx_disk_cache_max_bytes(void)
 {
     cache_fd();
     return cache.max_bytes;
+}
+
+double sneppx_disk_cache_lock_timeout(void)
+{
+    cache_fd();
+    return cache.lock_timeout;
 }
 
 /* ---- entries ------------------------------------------------------------ */
@@ -309,7 +372,8 @@ static sneppx_disk_load read_entry(const char *key, const uint8_t fingerprint[SN
     size_t payload_size = 0;
     const char *problem = verify_entry(fd, fingerprint, &payload, &payload_size);
     if (!problem && object) {
-        futimens(fd, NULL); /* last use, for LRU eviction */
+        if (!cache.read_only)
+            futimens(fd, NULL); /* last use, for LRU eviction */
         *object = payload;
         *object_size = payload_size;
     } else {
@@ -338,12 +402,47 @@ sneppx_disk_load sneppx_disk_cache_verify(const char *key, const uint8_t fingerp
 /* Attempts at a lock file that keeps being unlinked under us before building
  * unlocked (which only risks building the key twice). */
 #define LOCK_ATTEMPTS 64
+#define LOCK_POLL_MAX_NS (20 * 1000 * 1000) /* the longest pause between two tries */
+
+static double seconds_since(const struct timespec *start)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - start->tv_sec) + (double)(now.tv_nsec - start->tv_nsec) * 1e-9;
+}
+
+/* Takes the flock of fd, trying until the lock timeout has passed since
+ * start: 0 when taken, 1 when the time is up, -1 on an error. A blocking
+ * flock would wait for ever on a holder that is stopped (SIGSTOP, a
+ * debugger, a frozen container) yet alive, so the kernel never drops its
+ * lock; polling bounds the wait without signals or timers, which belong to
+ * the application. Pauses grow from 1 ms to 20 ms: a waiter starts at most
+ * 20 ms after the holder lets go, against builds of tens of milliseconds. */
+static int flock_until(int fd, const struct timespec *start)
+{
+    long pause_ns = 1000 * 1000;
+    for (;;) {
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+            return 0;
+        if (errno != EWOULDBLOCK && errno != EINTR)
+            return -1;
+        const double left = cache.lock_timeout - seconds_since(start);
+        if (left <= 0.0)
+            return 1;
+        const double pause = fmin((double)pause_ns * 1e-9, left);
+        struct timespec sleep = {(time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9)};
+        nanosleep(&sleep, NULL);
+        pause_ns = pause_ns * 2 < LOCK_POLL_MAX_NS ? pause_ns * 2 : LOCK_POLL_MAX_NS;
+    }
+}
 
 int sneppx_disk_cache_lock(const char *key)
 {
     int dir = cache_fd();
-    if (dir < 0)
+    if (dir < 0 || cache.read_only) /* nothing to serialize: a read-only cache is never written */
         return -1;
+    struct timespec start;
+    clock_gettime(CLOCK_MONOTONIC, &start);
     char name[SNEPPX_KEY_MAX + 16];
     entry_name(key, LOCK_SUFFIX, name, sizeof name);
     for (int attempt = 0; attempt < LOCK_ATTEMPTS; attempt++) {
@@ -355,11 +454,14 @@ int sneppx_disk_cache_lock(const char *key)
                 close(fd);
             return -1;
         }
-        while (flock(fd, LOCK_EX) != 0) {
-            if (errno != EINTR) {
-                close(fd);
-                return -1;
-            }
+        const int locked = flock_until(fd, &start);
+        if (locked != 0) {
+            if (locked > 0)
+                sneppx_log(0, "warning: kernel '%s': another process held its lock %s/%s for the %.1f s it waited "
+                           "(SNEPPX_CACHE_LOCK_TIMEOUT); building it without the lock", key, cache.path, name,
+                           seconds_since(&start));
+            close(fd);
+            return -1;
         }
         /* Eviction and clear unlink a lock file only while holding it, so a
          * process that waited on it may now hold a file no longer at the path,
@@ -547,16 +649,28 @@ sneppx_status sneppx_disk_cache_temp_files(size_t *count, uint64_t *bytes)
     return status;
 }
 
+/* Whether an mtime is at least ORPHAN_AGE_SECONDS away from now, in the past
+ * or in the future. A clock set back (a VM restored from a snapshot, a fixed
+ * RTC) or another host's clock ahead (a shared file system) dates files in
+ * the future; counted as young, they would never age. Within the window, a
+ * future date is young: a live writer on a host whose clock is slightly
+ * ahead keeps its file. */
+static int far_from_now(const struct timespec *mtime, const struct timespec *now)
+{
+    return mtime->tv_sec <= now->tv_sec - ORPHAN_AGE_SECONDS || mtime->tv_sec >= now->tv_sec + ORPHAN_AGE_SECONDS;
+}
+
 /* Removes the temporary file name if its writer is certainly gone; 1 if it did.
  *
  * A writer killed mid-store (SIGKILL, OOM killer, power loss) leaves its temp
  * file behind; a live writer's temp file must never go (its rename would fail).
  * Two tests, both required:
- * - Age: the file's mtime is ORPHAN_AGE_SECONDS (10 minutes) old. A store
- *   creates the file after the compile, then writes it in one go, fsyncs and
- *   renames it: the mtime moves with every write, and only a stalled fsync
- *   keeps a live file unchanged, never for minutes. The age alone covers
- *   writers that hold no lock (a refused lock file means building unlocked).
+ * - Age: the file's mtime is ORPHAN_AGE_SECONDS (10 minutes) from now
+ *   (far_from_now). A store creates the file after the compile, then writes
+ *   it in one go, fsyncs and renames it: the mtime moves with every write,
+ *   and only a stalled fsync keeps a live file unchanged, never for minutes.
+ *   The age alone covers writers that hold no lock (a refused lock file, or
+ *   a lock held past SNEPPX_CACHE_LOCK_TIMEOUT, means building unlocked).
  * - The key's flock: writers hold it from before the compile until after the
  *   rename, so when we can take it without blocking, no process (this one
  *   included: flock conflicts between descriptors) is storing that key. We
@@ -566,7 +680,7 @@ sneppx_status sneppx_disk_cache_temp_files(size_t *count, uint64_t *bytes)
 static int remove_orphan(const char *name, const struct stat *info)
 {
     struct timespec now;
-    if (clock_gettime(CLOCK_REALTIME, &now) != 0 || now.tv_sec - info->st_mtim.tv_sec < ORPHAN_AGE_SECONDS)
+    if (clock_gettime(CLOCK_REALTIME, &now) != 0 || !far_from_now(&info->st_mtim, &now))
         return 0;
     char lock_name[NAME_MAX + 1];
     const char *key = name + 1, *key_end = strstr(name, ENTRY_SUFFIX TEMP_MARK);
@@ -584,8 +698,8 @@ static int remove_orphan(const char *name, const struct stat *info)
     if (lock >= 0)
         close(lock);
     if (removed)
-        sneppx_log(2, "removed %s/%s, the temporary file of a writer that died %lld s ago", cache.path, name,
-                   (long long)(now.tv_sec - info->st_mtim.tv_sec));
+        sneppx_log(2, "removed %s/%s, the temporary file of a dead writer, dated %.0f s from now", cache.path,
+                   name, (double)info->st_mtim.tv_sec - (double)now.tv_sec);
     return removed;
 }
 
@@ -606,26 +720,42 @@ static int scan_for_eviction(const char *name, const struct stat *info, void *co
     return collect_entry(name, info, &scan->list);
 }
 
-/* Removes orphaned temporary files (see remove_orphan), then least recently
- * used entries, never keep_key, until the directory (entries and the
- * temporary files left) fits the bound. Returns how many entries it removed. */
-static int evict(const char *keep_key)
+/* Scans the directory: removes orphaned temporary files (see
+ * remove_orphan), then, when the entries and the temporary files left exceed
+ * the bound, least recently used entries (never keep_key) until they fill at
+ * most LOW_WATER_PERCENT of it. *total is what is left; returns how many
+ * entries it removed, or -1 when the scan failed. */
+static int evict(const char *keep_key, uint64_t *total_left)
 {
-    uint64_t bound = cache.max_bytes;
+    const uint64_t bound = cache.max_bytes;
     struct eviction_scan scan = {0};
-    if (for_each_file(scan_for_eviction, &scan) != SNEPPX_OK || scan.list.out_of_memory || bound == 0) {
+    atomic_fetch_add(&scan_count, 1);
+    if (for_each_file(scan_for_eviction, &scan) != SNEPPX_OK || scan.list.out_of_memory) {
         free(scan.list.entries);
-        return 0;
+        return -1;
     }
     sneppx_disk_entry *entries = scan.list.entries;
     size_t count = scan.list.count;
     uint64_t total = scan.temp_bytes;
     for (size_t i = 0; i < count; i++)
         total += entries[i].bytes;
+    *total_left = total;
+    if (bound == 0 || total <= bound) {
+        free(entries);
+        return 0;
+    }
+    /* An entry dated in the future (see far_from_now) would outlive every
+     * other: it counts as the least recently used. Loading it dates it now. */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    for (size_t i = 0; i < count; i++)
+        if (entries[i].last_used.tv_sec >= now.tv_sec + ORPHAN_AGE_SECONDS)
+            entries[i].last_used = (struct timespec){0, 0};
     if (count > 1)
         qsort(entries, count, sizeof *entries, by_last_use);
+    const uint64_t low_water = bound / 100 * LOW_WATER_PERCENT + bound % 100 * LOW_WATER_PERCENT / 100;
     int evicted = 0;
-    for (size_t i = 0; i < count && total > bound; i++) {
+    for (size_t i = 0; i < count && total > low_water; i++) {
         if (strcmp(entries[i].key, keep_key) == 0)
             continue;
         char name[SNEPPX_KEY_MAX + 16];
@@ -639,8 +769,55 @@ static int evict(const char *keep_key)
         }
     }
     free(entries);
+    *total_left = total;
     return evicted;
 }
+
+/* What the size bound counts (entries and temporary files) as this process
+ * believes it: the last scan's total plus this process's stores since. A
+ * store scans the directory (evict) only when it is the process's first, or
+ * when the estimate passes the bound, so a directory of 50k entries is not
+ * read again at every store. Other processes' stores are not seen until the
+ * next scan; every process scans at its first store. */
+static struct {
+    pthread_mutex_t lock;
+    int known, scanning;
+    uint64_t bytes;
+} usage = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Accounts a store of key that grew the directory by added bytes (less what
+ * it replaced), and scans if due; returns the entries evicted. */
+static int account_store(const char *key, int64_t added)
+{
+    pthread_mutex_lock(&usage.lock);
+    const uint64_t estimate = added < 0 && (uint64_t)-added > usage.bytes ? 0 : usage.bytes + (uint64_t)added;
+    const int scan = !usage.scanning && (!usage.known || (cache.max_bytes && estimate > cache.max_bytes));
+    if (scan)
+        usage.scanning = 1; /* other threads' stores meanwhile just add (the scan may count them or not) */
+    else
+        usage.bytes = estimate;
+    pthread_mutex_unlock(&usage.lock);
+    if (!scan)
+        return 0;
+    uint64_t total = 0;
+    const int evicted = evict(key, &total);
+    pthread_mutex_lock(&usage.lock);
+    usage.scanning = 0;
+    usage.known = evicted >= 0;
+    usage.bytes = total;
+    pthread_mutex_unlock(&usage.lock);
+    return evicted > 0 ? evicted : 0;
+}
+
+/* Forgets the estimate (after a clear): the next store scans. */
+static void forget_usage(void)
+{
+    pthread_mutex_lock(&usage.lock);
+    usage.known = 0;
+    pthread_mutex_unlock(&usage.lock);
+}
+
+uint64_t sneppx_disk_cache_scan_count(void) { return atomic_load(&scan_count); }
 
 sneppx_status sneppx_disk_cache_store(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
                                       const void *object, size_t object_size, int *evicted)
@@ -649,6 +826,9 @@ sneppx_status sneppx_disk_cache_store(const char *key, const uint8_t fingerprint
     int dir = cache_fd();
     if (dir < 0)
         return SNEPPX_OK;
+    if (cache.read_only)
+        return sneppx_fail(SNEPPX_ERR_IO, "the kernel disk cache %s is read-only (%s)", cache.path,
+                           cache.read_only_reason);
     struct entry_header header = {.format_version = ENTRY_FORMAT_VERSION, .header_size = sizeof header,
                                   .payload_size = object_size};
     memcpy(header.magic, ENTRY_MAGIC, sizeof header.magic);
@@ -665,6 +845,10 @@ sneppx_status sneppx_disk_cache_store(const char *key, const uint8_t fingerprint
                  fsync(fd) != 0;
     int saved_errno = errno;
     failed |= close(fd) != 0;
+    struct stat replaced; /* the entry the rename replaces, if any: its bytes leave the directory */
+    int64_t added = (int64_t)(sizeof header + object_size);
+    if (!failed && fstatat(dir, name, &replaced, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(replaced.st_mode))
+        added -= (int64_t)replaced.st_size;
     /* rename is atomic: readers see the old entry or the whole new one. */
     if (failed || renameat(dir, temp, dir, name) != 0) {
         if (!failed)
@@ -674,7 +858,7 @@ sneppx_status sneppx_disk_cache_store(const char *key, const uint8_t fingerprint
                            strerror(saved_errno));
     }
     fsync(dir); /* makes the rename itself durable */
-    *evicted = evict(key);
+    *evicted = account_store(key, added);
     return SNEPPX_OK;
 }
 
@@ -692,9 +876,20 @@ static int remove_cache_file(const char *name, const struct stat *info, void *co
 
 sneppx_status sneppx_disk_cache_clear(void)
 {
+    if (cache_fd() >= 0 && cache.read_only)
+        return sneppx_fail(SNEPPX_ERR_IO, "the kernel disk cache %s is read-only (%s): nothing removed", cache.path,
+                           cache.read_only_reason);
     sneppx_status removal = SNEPPX_OK;
     sneppx_status status = for_each_file(remove_cache_file, &removal);
+    forget_usage();
     return status != SNEPPX_OK ? status : removal;
+}
+
+void sneppx_disk_cache_format_time(struct timespec when, char *text, size_t size)
+{
+    struct tm local;
+    if (!localtime_r(&when.tv_sec, &local) || strftime(text, size, "%Y-%m-%d %H:%M:%S", &local) == 0)
+        snprintf(text, size, "@%lld", (long long)when.tv_sec);
 }
 
 /* ---- public: include/sneppx/cache.h ---------------------------------------- */

@@ -11,7 +11,10 @@
  * once, and never follows a symbolic link inside it.
  *
  * Memory-only (no usable directory): loads miss, stores and clears do
- * nothing. All functions are thread-safe. */
+ * nothing. Read-only (a directory we may not write: mode 0500, a read-only
+ * mount): loads verify and load entries without marking them used, locks are
+ * not taken, stores and clears fail and write nothing. All functions are
+ * thread-safe. */
 #ifndef SNEPPX_RUNTIME_DISK_CACHE_H
 #define SNEPPX_RUNTIME_DISK_CACHE_H
 #include <stddef.h>
@@ -24,11 +27,20 @@
 /* The resolved directory, or NULL when memory-only. The first call resolves
  * it: $SNEPPX_CACHE_DIR, else $XDG_CACHE_HOME/sneppx, else ~/.cache/sneppx,
  * created 0700; a directory that is not ours, that group or others may write
- * (unless sticky), or that cannot be written, is refused with one warning. */
+ * (unless sticky), or whose path is too long or cannot be created, is
+ * refused with one warning. One that this process cannot write is read-only. */
 const char *sneppx_disk_cache_path(void);
 
-/* SNEPPX_CACHE_MAX_MB in bytes (fractions allowed; default 1024 MiB; 0 = unbounded). */
+/* Whether the directory is read-only for this process (see above). */
+int sneppx_disk_cache_read_only(void);
+
+/* SNEPPX_CACHE_MAX_MB in bytes (fractions allowed; default 1024 MiB; 0 =
+ * unbounded; a positive value below one byte is 1). */
 uint64_t sneppx_disk_cache_max_bytes(void);
+
+/* SNEPPX_CACHE_LOCK_TIMEOUT in seconds (fractions allowed; default 30; 0 =
+ * do not wait): how long sneppx_disk_cache_lock waits for another process. */
+double sneppx_disk_cache_lock_timeout(void);
 
 typedef enum sneppx_disk_load {
     SNEPPX_DISK_MISS,      /* no entry (or memory-only) */
@@ -47,23 +59,33 @@ sneppx_disk_load sneppx_disk_cache_load(const char *key, const uint8_t fingerpri
 sneppx_disk_load sneppx_disk_cache_verify(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
                                           char *reason, size_t reason_size);
 
-/* Blocks until this process holds the build lock of key; returns its
- * descriptor, or -1 when there is no lock to take (memory-only, or the lock
- * file is refused: building unlocked only risks duplicate work). */
+/* Waits until this process holds the build lock of key; returns its
+ * descriptor, or -1 when there is no lock to take (memory-only, read-only,
+ * or the lock file is refused: building unlocked only risks duplicate work)
+ * or another process held it for the whole lock timeout (one warning naming
+ * the key and the wait: that process may be stopped, and its lock is never
+ * released until it runs again). */
 int sneppx_disk_cache_lock(const char *key);
 void sneppx_disk_cache_unlock(int lock);
 
-/* Writes the entry of key atomically, removes temporary files orphaned by
- * dead writers (10 minutes old, key not locked), then evicts least recently
- * used entries (never this one) while the entries and the temporary files
- * left exceed the size bound. *evicted counts the entries. A failure leaves
- * no partial entry. */
+/* Writes the entry of key atomically. At the process's first store, and at
+ * any store after which the directory would exceed the size bound (by the
+ * last scan's total plus this process's stores since), scans the directory:
+ * removes temporary files orphaned by dead writers (dated 10 minutes or more
+ * from now, past or future; key not locked), then, while the entries and the
+ * temporary files left exceed the bound, evicts least recently used entries
+ * (never this one) down to 90% of it. *evicted counts the entries. A failure
+ * leaves no partial entry; a read-only cache fails with SNEPPX_ERR_IO. */
 sneppx_status sneppx_disk_cache_store(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
                                       const void *object, size_t object_size, int *evicted);
 
 /* Removes every entry and temp file, and every lock file no process holds
- * (a held one guards a build in progress; the next clear takes it). */
+ * (a held one guards a build in progress; the next clear takes it). A
+ * read-only cache fails with SNEPPX_ERR_IO and removes nothing. */
 sneppx_status sneppx_disk_cache_clear(void);
+
+/* The directory scans stores made in this process (see store), for tests. */
+uint64_t sneppx_disk_cache_scan_count(void);
 
 typedef struct sneppx_disk_entry {
     char key[SNEPPX_KEY_MAX];
@@ -73,6 +95,11 @@ typedef struct sneppx_disk_entry {
 
 /* The entries, sorted by key: *entries is malloc'd (the caller frees it). */
 sneppx_status sneppx_disk_cache_list(sneppx_disk_entry **entries, size_t *count);
+
+/* when (an entry's last_used) as local time "YYYY-MM-DD HH:MM:SS", or as
+ * "@<seconds since the epoch>" when it has no such date (an mtime beyond the
+ * calendar's years, as tmpfs can store). */
+void sneppx_disk_cache_format_time(struct timespec when, char *text, size_t size);
 
 /* The temporary files of stores in the directory (in progress, or left by
  * writers that died: see store), which count in the size bound too. */

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static _Thread_local char last_error[1024];
 
@@ -19,6 +20,26 @@ sneppx_status sneppx_fail(sneppx_status status, const char *format, ...)
 void sneppx_clear_error(void) { last_error[0] = '\0'; }
 
 const char *sneppx_last_error(void) { return last_error; }
+
+sneppx_clipped sneppx_clip(const char *text)
+{
+    sneppx_clipped out;
+    size_t end = strnlen(text, SNEPPX_CLIP_BYTES + 1);
+    const int cut = end > SNEPPX_CLIP_BYTES;
+    if (cut) {
+        end = SNEPPX_CLIP_BYTES;
+        /* The first byte left out continues a character: drop that
+         * character's bytes kept (continuations, then its lead byte). */
+        if (((unsigned char)text[end] & 0xC0) == 0x80) {
+            while (end > 0 && ((unsigned char)text[end - 1] & 0xC0) == 0x80)
+                end--;
+            if (end > 0 && ((unsigned char)text[end - 1] & 0xC0) == 0xC0)
+                end--;
+        }
+    }
+    snprintf(out.text, sizeof out.text, "%.*s%s", (int)end, text, cut ? "..." : "");
+    return out;
+}
 
 const char *sneppx_status_name(sneppx_status status)
 {

@@ -5,7 +5,8 @@
  * (runtime/jit.c). A miss is built under a per-key pending record, so threads
  * asking for the same key wait for one build while other keys build in
  * parallel; processes building the same key serialize on the disk cache's
- * per-key lock. */
+ * per-key lock (for at most SNEPPX_CACHE_LOCK_TIMEOUT: a holder that is
+ * stopped never lets go, and then both build). */
 #include "kernels.h"
 
 #include <pthread.h>
@@ -126,7 +127,10 @@ static sneppx_disk_load load_entry(const char *key, const uint8_t fingerprint[SN
 
 /* The object file of the kernel: a verified disk cache entry, else compiled
  * under the key's cross-process lock (after looking again, since the process
- * that held the lock may have written it) and stored. */
+ * that held the lock may have written it) and stored. Without the lock
+ * (memory-only or read-only cache, a refused lock file, or another process
+ * holding it past the lock timeout) it is compiled all the same: a store is
+ * atomic, so building a key twice costs only time. */
 static sneppx_status obtain_object(const struct sneppx_kernel_family *family, const int64_t *values,
                                    int vector_width, const char *key, void **object, size_t *object_size,
                                    sneppx_kernel_timing *timing, struct disk_events *events)

@@ -1,6 +1,8 @@
 /* Disk cache entries that must not be trusted: truncated, extended, corrupted,
- * foreign (another key's valid entry), not a sneppx entry, a symbolic link, a
- * FIFO, writable by others, not owned by us, a directory. Each is refused
+ * foreign (another key's valid entry), of this key but another fingerprint
+ * (as another template, LLVM version or CPU would write: payload and its
+ * SHA-256 intact), not a sneppx entry, a symbolic link, a FIFO, writable by
+ * others, not owned by us, a directory. Each is refused
  * (never loaded), the kernel is rebuilt, and the entry is replaced by a valid
  * one that the next process loads. */
 #include "test_cache_common.h"
@@ -9,11 +11,13 @@
 #include <limits.h>
 #include <sys/stat.h>
 
+#include "disk_cache.h"
+#include "fingerprint.h"
 
 #define NORM_N 128
 #define FOREIGN_N 256
 
-static char dir[CACHE_TEST_DIR_MAX], entry[CACHE_TEST_PATH_MAX];
+static char dir[CACHE_TEST_DIR_MAX], entry[CACHE_TEST_PATH_MAX], entry_key[SNEPPX_KEY_MAX];
 static unsigned char good[1 << 20];
 static size_t good_size;
 
@@ -131,6 +135,26 @@ static int plant_foreign(void)
     return write_file(entry, scratch, size);
 }
 
+/* The valid entry with its fingerprint replaced by another one, as an entry
+ * of this key written by another build or host would carry: found in the
+ * header by its value (this file does not know the header's layout). */
+static int plant_stale_fingerprint(void)
+{
+    uint8_t fingerprint[SNEPPX_SHA256_SIZE], stale[SNEPPX_SHA256_SIZE];
+    const char other[] = "the same key, from another template, LLVM version or host";
+    if (sneppx_kernel_fingerprint(entry_key, fingerprint) != SNEPPX_OK)
+        return -1;
+    sneppx_sha256(other, sizeof other, stale);
+    memcpy(scratch, good, good_size);
+    unsigned char *at = memmem(scratch, good_size, fingerprint, sizeof fingerprint);
+    if (!at) {
+        errno = ENOENT;
+        return -1;
+    }
+    memcpy(at, stale, sizeof stale);
+    return write_file(entry, scratch, good_size);
+}
+
 /* A link to a byte-for-byte valid entry elsewhere: still refused. */
 static int plant_symlink(void)
 {
@@ -175,6 +199,7 @@ int main(void)
         return test_finish(&tally);
     }
     cache_test_entry_path(dir, kernel->key, entry, sizeof entry);
+    snprintf(entry_key, sizeof entry_key, "%s", kernel->key);
     if (read_file(entry, good, sizeof good, &good_size) != 0 || good_size < 128) {
         TEST_CHECK(&tally, 0, "entry %s unreadable", entry);
         return test_finish(&tally);
@@ -187,6 +212,17 @@ int main(void)
     check_rebuilt(&tally, "one payload bit flipped", plant_flipped_payload_byte);
     check_rebuilt(&tally, "magic changed", plant_flipped_magic);
     check_rebuilt(&tally, "another key's entry", plant_foreign);
+    /* The stale fingerprint is the one reason given. */
+    char reason[160] = "";
+    uint8_t fingerprint[SNEPPX_SHA256_SIZE];
+    clear_entry();
+    sneppx_kernel_fingerprint(entry_key, fingerprint);
+    TEST_CHECK(&tally, plant_stale_fingerprint() == 0 &&
+                           sneppx_disk_cache_verify(entry_key, fingerprint, reason, sizeof reason) ==
+                               SNEPPX_DISK_REJECTED &&
+                           strstr(reason, "fingerprint differs"),
+               "an entry of this key with a stale fingerprint: refused because '%s'", reason);
+    check_rebuilt(&tally, "this key's entry with a stale fingerprint", plant_stale_fingerprint);
     check_rebuilt(&tally, "symbolic link to a valid entry", plant_symlink);
     check_rebuilt(&tally, "FIFO", plant_fifo);
     check_rebuilt(&tally, "writable by everyone", plant_world_writable);

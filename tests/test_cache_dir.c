@@ -1,10 +1,14 @@
 /* The disk cache directory: where it is ($SNEPPX_CACHE_DIR, else
  * $XDG_CACHE_HOME/sneppx, else ~/.cache/sneppx, created 0700), which ones are
- * refused (others may write it, not ours, not writable, cannot be created:
- * memory-only with exactly one warning), SNEPPX_JIT=0 on a cold cache (an
- * error naming the key) and SNEPPX_CACHE_MAX_MB (least recently used entries
- * evicted). The directory is resolved once per process, so each case runs
- * this binary again as a child with its own environment. */
+ * refused (others may write it, not ours, a path too long, cannot be
+ * created: memory-only with exactly one warning that says why), which are
+ * read-only (not writable: loaded, never written; tests/test_cache_read_only.c
+ * runs a warmed one), stale probe files, SNEPPX_JIT=0 on a cold cache (an
+ * error naming the key), SNEPPX_CACHE_MAX_MB (least recently used entries
+ * evicted; a positive size below one byte is the smallest bound) and the
+ * checks of SNEPPX_CACHE_MAX_MB and SNEPPX_CACHE_LOCK_TIMEOUT. The directory
+ * is resolved once per process, so each case runs this binary again as a
+ * child with its own environment. */
 #include "test_cache_common.h"
 
 #include <dirent.h>
@@ -12,7 +16,10 @@
 #include <limits.h>
 #include <time.h>
 
+#include "disk_cache.h"
+
 #define EXPECT_DIR "SNEPPX_TEST_EXPECT_DIR" /* the child's expected sneppx_cache_dir(), "" = memory-only */
+#define EXPECT_READ_ONLY "SNEPPX_TEST_EXPECT_READ_ONLY" /* 1 or 0 when set */
 
 static const int64_t first_values[] = {96}, second_values[] = {112}, third_values[] = {128};
 
@@ -39,6 +46,9 @@ static const sneppx_kernel *resolve_norm(test_tally *tally, const int64_t *value
 static int child_resolve(void)
 {
     test_tally tally = {0};
+    if (getenv(EXPECT_READ_ONLY))
+        TEST_CHECK(&tally, sneppx_disk_cache_read_only() == atoi(getenv(EXPECT_READ_ONLY)),
+                   "read-only %d, want %s", sneppx_disk_cache_read_only(), getenv(EXPECT_READ_ONLY));
     const char *expected = getenv(EXPECT_DIR);
     const char *dir = sneppx_cache_dir(); /* creates it */
     char resolved[PATH_MAX] = "";
@@ -117,6 +127,53 @@ static int child_evict(void)
                "kept A and C, evicted B: A %d B %d C %d", entry_exists(first_values), entry_exists(second_values),
                entry_exists(third_values));
     return test_finish(&tally);
+}
+
+/* Plants the probe files a process that died in the middle of its probe
+ * would leave, under this process's pid (the names disk_cache.c tries
+ * first: the name of old versions, then attempts 0 to 3), then resolves. */
+static int child_stale_probe(void)
+{
+    const char *dir = getenv("SNEPPX_CACHE_DIR");
+    char path[CACHE_TEST_PATH_MAX];
+    for (int attempt = -1; attempt < 4; attempt++) {
+        if (attempt < 0)
+            snprintf(path, sizeof path, "%s/.probe-%ld", dir, (long)getpid());
+        else
+            snprintf(path, sizeof path, "%s/.probe-%ld-%d", dir, (long)getpid(), attempt);
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+        if (fd < 0) {
+            fprintf(stderr, "cannot plant %s: %s\n", path, strerror(errno));
+            return 1;
+        }
+        close(fd);
+    }
+    return child_resolve();
+}
+
+/* SNEPPX_CACHE_MAX_MB below one byte: the bound is one byte, so storing the
+ * second key evicts the first. */
+static int child_tiny_bound(void)
+{
+    test_tally tally = {0};
+    TEST_CHECK(&tally, sneppx_disk_cache_max_bytes() == 1, "SNEPPX_CACHE_MAX_MB=%s: a bound of %llu bytes, want 1",
+               getenv("SNEPPX_CACHE_MAX_MB"), (unsigned long long)sneppx_disk_cache_max_bytes());
+    resolve_norm(&tally, first_values, NULL);
+    resolve_norm(&tally, second_values, NULL);
+    sneppx_jit_stats stats;
+    sneppx_jit_stats_get(&stats);
+    TEST_CHECK(&tally, stats.evictions == 1 && !entry_exists(first_values) && entry_exists(second_values),
+               "%llu evictions (want 1); first entry %d (want 0), second %d (want 1)",
+               (unsigned long long)stats.evictions, entry_exists(first_values), entry_exists(second_values));
+    return test_finish(&tally);
+}
+
+/* Prints the settings as the disk cache read them. */
+static int child_settings(void)
+{
+    printf("max_bytes %llu lock_timeout %.17g\n", (unsigned long long)sneppx_disk_cache_max_bytes(),
+           sneppx_disk_cache_lock_timeout());
+    return 0;
 }
 
 /* ---- the parent: one child per case ---------------------------------------- */
@@ -231,13 +288,29 @@ static void test_refusals(test_tally *tally)
     const char *sticky_env[] = {env_dir, expect, NULL};
     expect_child(tally, "sticky world-writable directory of ours", "resolve", sticky_env, 0, NULL);
 
-    /* Unwritable: root writes through permissions, but not into /proc. */
+    /* Unwritable: a read-only cache, whose entries would load. Kernels
+     * compiled there stay in memory, with one warning at the first store.
+     * Root writes through permissions, but not into /proc. */
     if (geteuid() == 0) {
-        const char *proc_env[] = {"SNEPPX_CACHE_DIR=/proc", EXPECT_DIR "=", NULL};
-        expect_child(tally, "unwritable directory (/proc)", "resolve", proc_env, 1, "not writable");
+        const char *proc_env[] = {"SNEPPX_CACHE_DIR=/proc", EXPECT_DIR "=/proc", EXPECT_READ_ONLY "=1", NULL};
+        expect_child(tally, "unwritable directory (/proc)", "resolve", proc_env, 1, "/proc is read-only");
     } else {
-        expect_refused(tally, "unwritable directory", "readonly", 0500, -1, "not writable");
+        path_in_base(dir, sizeof dir, "readonly");
+        mkdir(dir, 0500);
+        snprintf(env_dir, sizeof env_dir, "SNEPPX_CACHE_DIR=%s", dir);
+        snprintf(expect, sizeof expect, EXPECT_DIR "=%s", dir);
+        const char *readonly_env[] = {env_dir, expect, EXPECT_READ_ONLY "=1", NULL};
+        expect_child(tally, "unwritable directory", "resolve", readonly_env, 1, "is read-only");
     }
+
+    /* Longer than PATH_MAX: says so, and names the variable. */
+    char long_env[PATH_MAX + 64];
+    int length = snprintf(long_env, sizeof long_env, "SNEPPX_CACHE_DIR=%s/", base);
+    memset(long_env + length, 'd', sizeof long_env - (size_t)length - 1);
+    long_env[sizeof long_env - 1] = '\0';
+    const char *long_dir_env[] = {long_env, EXPECT_DIR "=", NULL};
+    expect_child(tally, "SNEPPX_CACHE_DIR longer than PATH_MAX", "resolve", long_dir_env, 1,
+                 "$SNEPPX_CACHE_DIR is too long");
 
     /* Cannot be created: its parent is a regular file. */
     char file[CACHE_TEST_PATH_MAX];
@@ -257,9 +330,91 @@ static void test_jit_forbidden(test_tally *tally)
     snprintf(env_dir, sizeof env_dir, "SNEPPX_CACHE_DIR=%s", dir);
     const char *cold_env[] = {env_dir, "SNEPPX_JIT=0", NULL};
     expect_child(tally, "SNEPPX_JIT=0, cold cache", "jit-forbidden", cold_env, 0, NULL);
-    const char *memory_env[] = {"SNEPPX_CACHE_DIR=/proc", "SNEPPX_JIT=0", NULL};
-    if (geteuid() == 0)
-        expect_child(tally, "SNEPPX_JIT=0, memory-only", "jit-forbidden", memory_env, 1, "not writable");
+    path_in_base(dir, sizeof dir, "cold-world-writable");
+    mkdir(dir, 0700);
+    chmod(dir, 0777);
+    snprintf(env_dir, sizeof env_dir, "SNEPPX_CACHE_DIR=%s", dir);
+    const char *memory_env[] = {env_dir, "SNEPPX_JIT=0", NULL};
+    expect_child(tally, "SNEPPX_JIT=0, memory-only", "jit-forbidden", memory_env, 1, "writable by group or others");
+}
+
+/* A stale probe file under the probing process's pid: the directory is
+ * still writable (the next name is tried), not refused as "File exists". */
+static void test_stale_probe(test_tally *tally)
+{
+    char dir[CACHE_TEST_PATH_MAX], env_dir[CACHE_TEST_ENV_MAX], expect[CACHE_TEST_ENV_MAX];
+    path_in_base(dir, sizeof dir, "stale-probe");
+    mkdir(dir, 0700);
+    snprintf(env_dir, sizeof env_dir, "SNEPPX_CACHE_DIR=%s", dir);
+    snprintf(expect, sizeof expect, EXPECT_DIR "=%s", dir);
+    const char *env[] = {env_dir, expect, EXPECT_READ_ONLY "=0", NULL};
+    expect_child(tally, "stale probe files", "stale-probe", env, 0, NULL);
+    TEST_CHECK(tally, count_entries(dir) == 2, "%s holds the 2 entries: %d", dir, count_entries(dir));
+}
+
+/* SNEPPX_CACHE_MAX_MB and SNEPPX_CACHE_LOCK_TIMEOUT as read: good values
+ * as given (a positive size below one byte as one byte), bad ones replaced by
+ * the default with one warning naming the variable. */
+static void test_settings(test_tally *tally)
+{
+    static const struct {
+        const char *setting;
+        unsigned long long max_bytes;
+        double lock_timeout;
+        int warnings;
+    } cases[] = {
+        {"SNEPPX_CACHE_MAX_MB", 1024ull << 20, 30, 0},
+        {"SNEPPX_CACHE_MAX_MB=0", 0, 30, 0},
+        {"SNEPPX_CACHE_MAX_MB=0.5", 512 << 10, 30, 0},
+        {"SNEPPX_CACHE_MAX_MB=1e-300", 1, 30, 0},
+        {"SNEPPX_CACHE_MAX_MB=0.0000001", 1, 30, 0},
+        {"SNEPPX_CACHE_MAX_MB=4.9e-324", 1, 30, 0},
+        {"SNEPPX_CACHE_MAX_MB=-1", 1024ull << 20, 30, 1},
+        {"SNEPPX_CACHE_MAX_MB=1e300", 1024ull << 20, 30, 1},
+        {"SNEPPX_CACHE_MAX_MB=nan", 1024ull << 20, 30, 1},
+        {"SNEPPX_CACHE_MAX_MB=12MB", 1024ull << 20, 30, 1},
+        {"SNEPPX_CACHE_LOCK_TIMEOUT=0", 1024ull << 20, 0, 0},
+        {"SNEPPX_CACHE_LOCK_TIMEOUT=0.25", 1024ull << 20, 0.25, 0},
+        {"SNEPPX_CACHE_LOCK_TIMEOUT=3600", 1024ull << 20, 3600, 0},
+        {"SNEPPX_CACHE_LOCK_TIMEOUT=-1", 1024ull << 20, 30, 1},
+        {"SNEPPX_CACHE_LOCK_TIMEOUT=inf", 1024ull << 20, 30, 1},
+        {"SNEPPX_CACHE_LOCK_TIMEOUT=nan", 1024ull << 20, 30, 1},
+        {"SNEPPX_CACHE_LOCK_TIMEOUT=30s", 1024ull << 20, 30, 1},
+    };
+    char dir[CACHE_TEST_PATH_MAX], env_dir[CACHE_TEST_ENV_MAX];
+    path_in_base(dir, sizeof dir, "settings");
+    snprintf(env_dir, sizeof env_dir, "SNEPPX_CACHE_DIR=%s", dir);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        /* The other variable unset: each case sets one. */
+        const char *other = strncmp(cases[i].setting, "SNEPPX_CACHE_MAX_MB", 19) == 0 ? "SNEPPX_CACHE_LOCK_TIMEOUT"
+                                                                                       : "SNEPPX_CACHE_MAX_MB";
+        const char *env[] = {env_dir, cases[i].setting, other, NULL};
+        char *text = NULL;
+        int code = cache_test_run_child("settings", env, &text);
+        unsigned long long max_bytes = 0;
+        double lock_timeout = -1;
+        const char *line = text ? strstr(text, "max_bytes ") : NULL;
+        int parsed = line && sscanf(line, "max_bytes %llu lock_timeout %lf", &max_bytes, &lock_timeout) == 2;
+        char variable[64];
+        snprintf(variable, sizeof variable, "warning: %.*s='", (int)strcspn(cases[i].setting, "="), cases[i].setting);
+        TEST_CHECK(tally, code == 0 && parsed && max_bytes == cases[i].max_bytes &&
+                              lock_timeout == cases[i].lock_timeout &&
+                              cache_test_count(text, "warning:") == cases[i].warnings &&
+                              (cases[i].warnings == 0 || strstr(text, variable)),
+                   "%s: exit %d, max_bytes %llu lock_timeout %g (want %llu, %g, %d warnings naming it): %s",
+                   cases[i].setting, code, max_bytes, lock_timeout, cases[i].max_bytes, cases[i].lock_timeout,
+                   cases[i].warnings, text ? text : "");
+        free(text);
+    }
+}
+
+static void test_tiny_bound(test_tally *tally)
+{
+    char dir[CACHE_TEST_PATH_MAX], env_dir[CACHE_TEST_ENV_MAX];
+    path_in_base(dir, sizeof dir, "tiny-bound");
+    snprintf(env_dir, sizeof env_dir, "SNEPPX_CACHE_DIR=%s", dir);
+    const char *env[] = {env_dir, "SNEPPX_CACHE_MAX_MB=1e-300", NULL};
+    expect_child(tally, "SNEPPX_CACHE_MAX_MB=1e-300", "tiny-bound", env, 0, NULL);
 }
 
 static long long file_size(const char *dir, const int64_t *values)
@@ -304,6 +459,12 @@ int main(int argc, char **argv)
             return child_compile_three();
         if (strcmp(argv[1], "evict") == 0)
             return child_evict();
+        if (strcmp(argv[1], "stale-probe") == 0)
+            return child_stale_probe();
+        if (strcmp(argv[1], "tiny-bound") == 0)
+            return child_tiny_bound();
+        if (strcmp(argv[1], "settings") == 0)
+            return child_settings();
         fprintf(stderr, "unknown scenario %s\n", argv[1]);
         return 2;
     }
@@ -315,7 +476,10 @@ int main(int argc, char **argv)
     test_locations(&tally);
     test_refusals(&tally);
     test_jit_forbidden(&tally);
+    test_stale_probe(&tally);
+    test_settings(&tally);
     test_eviction(&tally);
+    test_tiny_bound(&tally);
     cache_test_remove_tree(base);
     return test_finish(&tally);
 }

@@ -7,19 +7,30 @@
  *   $SNEPPX_CACHE_DIR, else $XDG_CACHE_HOME/sneppx, else ~/.cache/sneppx
  *
  * resolved once per process, created with mode 0700. A directory that is not
- * ours or that group/others may write (unless sticky), or that cannot be
- * written, turns the disk cache off for the process (memory-only) with one
- * warning on stderr. Entries are verified (SHA-256 fingerprint of the bitcode,
- * key, sneppx and LLVM versions, optimization options, host CPU) before use;
- * a bad or foreign entry is rebuilt and replaced, never loaded.
+ * ours or that group/others may write (unless sticky), or whose path is too
+ * long, turns the disk cache off for the process (memory-only) with one
+ * warning on stderr. One this process cannot write (mode 0500, a read-only
+ * mount) is used read-only: valid entries load; nothing is written (no lock
+ * files, no eviction); a kernel compiled there stays in memory, with one
+ * warning. Entries are verified (SHA-256 fingerprint of the bitcode, key,
+ * sneppx and LLVM versions, optimization options, host CPU) before use; a bad
+ * or foreign entry is rebuilt and replaced, never loaded.
  *
  * Environment:
  *   SNEPPX_CACHE_DIR     the directory (see above)
- *   SNEPPX_CACHE_MAX_MB  size bound of the directory in MiB (fractions allowed),
- *                        least recently used entries evicted after a write
- *                        (default 1024, 0 = no bound); temporary files count
- *                        too, and a dead writer's (10 minutes old, its key
- *                        not locked) are removed after every write
+ *   SNEPPX_CACHE_MAX_MB  size bound of the directory in MiB (fractions allowed;
+ *                        default 1024, 0 = no bound, a positive value below
+ *                        one byte = one byte); temporary files count too. A
+ *                        process checks it by reading the directory at its
+ *                        first write and whenever its writes since would pass
+ *                        the bound; it then removes dead writers' temporary
+ *                        files (dated 10 minutes or more from now, its key not
+ *                        locked) and evicts least recently used entries down
+ *                        to 90% of the bound
+ *   SNEPPX_CACHE_LOCK_TIMEOUT  seconds a process waits for another one building
+ *                        the same key (fractions allowed; default 30, 0 = do
+ *                        not wait), then builds it too, with one warning: the
+ *                        other may be stopped (SIGSTOP, a debugger)
  *   SNEPPX_JIT=0         never compile: a kernel missing from both caches fails
  *                        with SNEPPX_ERR_JIT and a message naming its key
  *   SNEPPX_VERBOSE=1     log each compile (key and milliseconds)
@@ -46,6 +57,7 @@ SNEPPX_API const char *sneppx_cache_dir(void);
  * the lock files no process holds: a held one guards a build in progress).
  * Kernels this process already resolved stay valid and stay in the
  * in-memory cache. Memory-only: does nothing and returns SNEPPX_OK.
+ * Read-only: removes nothing and returns SNEPPX_ERR_IO.
  * Thread-safe; a process writing an entry at the same time keeps its kernel in
  * memory. */
 SNEPPX_API sneppx_status sneppx_cache_clear(void);

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "disk_cache.h"
+#include "error.h"
 #include "fingerprint.h"
 #include "host.h"
 #include "jit.h"
@@ -27,13 +28,16 @@ static void usage(FILE *out)
           "  list    every entry: key, bytes, last use, and whether this build would load it\n"
           "  clear   remove every entry\n"
           "  warmup  compile (or verify) every kernel of the named presets' layers\n"
-          "Environment: SNEPPX_CACHE_DIR, SNEPPX_CACHE_MAX_MB, SNEPPX_VERBOSE (see sneppx/cache.h).\n",
+          "Environment: SNEPPX_CACHE_DIR, SNEPPX_CACHE_MAX_MB, SNEPPX_CACHE_LOCK_TIMEOUT, SNEPPX_VERBOSE\n"
+          "(see sneppx/cache.h).\n",
           out);
 }
 
+/* what may be the user's text (a preset name): clipped as the library clips it. */
 static int fail(const char *what, sneppx_status status)
 {
-    fprintf(stderr, "sneppx-cache: %s: %s: %s\n", what, sneppx_status_name(status), sneppx_last_error());
+    fprintf(stderr, "sneppx-cache: %s: %s: %s\n", sneppx_clip(what).text, sneppx_status_name(status),
+            sneppx_last_error());
     return 1;
 }
 
@@ -52,7 +56,8 @@ static int show(void)
 {
     const sneppx_host *host = sneppx_host_info();
     const char *dir = sneppx_disk_cache_path();
-    printf("directory   %s\n", dir ? dir : "(none: memory-only)");
+    printf("directory   %s%s\n", dir ? dir : "(none: memory-only)",
+           sneppx_disk_cache_read_only() ? " (read-only: entries are loaded, nothing is written)" : "");
     if (dir) {
         sneppx_disk_entry *entries;
         size_t count;
@@ -74,13 +79,16 @@ static int show(void)
         uint64_t bound = sneppx_disk_cache_max_bytes();
         printf("entries     %zu (%zu loadable by this build)\n", count, loadable);
         printf("temporary   %zu file%s of %.2f MiB (stores in progress, or left by writers that died: a later"
-               " store removes those once 10 minutes old)\n",
+               " store removes those dated 10 minutes or more from now)\n",
                temp_count, temp_count == 1 ? "" : "s", (double)temp_bytes / (1 << 20));
         printf("size        %.2f MiB (entries and temporary files, as the bound counts them)\n",
                (double)(bytes + temp_bytes) / (1 << 20));
-        if (bound)
+        if (bound >= 1 << 20)
             printf("bound       %.0f MiB (SNEPPX_CACHE_MAX_MB), least recently used evicted\n",
                    (double)bound / (1 << 20));
+        else if (bound)
+            printf("bound       %llu bytes (SNEPPX_CACHE_MAX_MB), least recently used evicted\n",
+                   (unsigned long long)bound);
         else
             printf("bound       none (SNEPPX_CACHE_MAX_MB=0)\n");
     }
@@ -103,7 +111,7 @@ static int list(void)
     printf("%-52s %9s  %-19s  %s\n", "KEY", "BYTES", "LAST USED", "VERDICT");
     for (size_t i = 0; i < count; i++) {
         char when[32], reason[160];
-        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&entries[i].last_used.tv_sec));
+        sneppx_disk_cache_format_time(entries[i].last_used, when, sizeof when);
         const char *problem = verdict(entries[i].key, reason, sizeof reason);
         printf("%-52s %9llu  %-19s  %s%s\n", entries[i].key, (unsigned long long)entries[i].bytes, when,
                problem ? "rebuilt on next use: " : "ok", problem ? problem : "");
@@ -146,7 +154,7 @@ static int warmup(int argc, char **argv)
             failures += warmup_one(argv[++i]);
             names++;
         } else {
-            fprintf(stderr, "sneppx-cache: warmup: unexpected '%s'\n", argv[i]);
+            fprintf(stderr, "sneppx-cache: warmup: unexpected '%s'\n", sneppx_clip(argv[i]).text);
             usage(stderr);
             return 2;
         }
@@ -177,7 +185,7 @@ int main(int argc, char **argv)
     if (strcmp(command, "warmup") == 0)
         return warmup(argc - 2, argv + 2);
     if (argc > 2) {
-        fprintf(stderr, "sneppx-cache: %s takes no arguments\n", command);
+        fprintf(stderr, "sneppx-cache: %s takes no arguments\n", sneppx_clip(command).text);
         return 2;
     }
     if (strcmp(command, "show") == 0)
@@ -191,7 +199,7 @@ int main(int argc, char **argv)
         printf("cleared %s\n", sneppx_cache_dir()[0] ? sneppx_cache_dir() : "nothing (memory-only)");
         return 0;
     }
-    fprintf(stderr, "sneppx-cache: unknown command '%s'\n", command);
+    fprintf(stderr, "sneppx-cache: unknown command '%s'\n", sneppx_clip(command).text);
     usage(stderr);
     return 2;
 }
