@@ -20,7 +20,7 @@ void sneppx_config_init(sneppx_config *config)
     config->rope_scaling.type = SNEPPX_ROPE_DEFAULT;
     config->rope_scaling.factor = 1.0;
     config->max_position_embeddings = 4096;
-    config->qkv_bias = 1; /* the spec: "Bias: optional (enabled by default)" */
+    config->qkv_bias = 1; /* a hand config has biases unless told otherwise (docs/MODELS.md section 5) */
     config->o_bias = 1;
     config->use_flash_attn = 1;
 }

@@ -76,7 +76,7 @@ class Arch:
         return "".join(c if c.isalnum() else "_" for c in self.name.lower())
 
     def softmax_scale(self) -> float:
-        """head_dim^-0.5; DeepSeek: (nope + rope)^-0.5 * mscale(factor, mscale_all_dim)^2 (MODELS.md 2)."""
+        """head_dim^-0.5; DeepSeek: (nope + rope)^-0.5 * mscale(factor, mscale_all_dim)^2 (docs/MODELS.md section 6)."""
         scale = self.resolved_head_dim ** -0.5
         rs = self.rope_scaling
         if self.is_mla and rs.type == ROPE_TYPES["yarn"] and rs.mscale_all_dim:

@@ -1,5 +1,5 @@
 """HuggingFace conventions on the Python side: the rope_scaling dict of the
-constructor (MODELS.md §1), and the constructor arguments of a C config. A
+constructor (docs/MODELS.md section 7), and the constructor arguments of a C config. A
 config.json file itself is read by the C runtime (sneppx_config_from_json,
 runtime/config_json.c)."""
 import math
