@@ -48,7 +48,7 @@ void bench_stage_layer(struct bench_context *ctx);
 void bench_stage_jit(struct bench_context *ctx);
 void bench_stage_memory(struct bench_context *ctx);
 
-/* The targets of issue 6 against the rows recorded so far: met or MISS, and by how much. */
+/* The performance targets (docs/PERFORMANCE.md) against the rows recorded so far: met or MISS, and by how much. */
 void bench_report_targets(const struct bench_context *ctx);
 
 /* Child modes: the bench re-executes itself for work that needs a fresh process. */

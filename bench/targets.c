@@ -1,4 +1,4 @@
-/* The performance targets of issue 6, checked against the rows this run
+/* The performance targets (docs/PERFORMANCE.md), checked against the rows this run
  * recorded, on all cores: each prints met or MISS and the case that decides it. */
 #include <stdio.h>
 #include <string.h>
@@ -203,7 +203,7 @@ void bench_report_targets(const struct bench_context *ctx)
 {
     const int threads = ctx->thread_counts[ctx->thread_count_n - 1];
     char title[96];
-    snprintf(title, sizeof title, "targets of issue 6, on %d threads%s", threads,
+    snprintf(title, sizeof title, "performance targets, on %d threads%s", threads,
              ctx->quick ? " (--quick sizes: not meaningful)" : "");
     bench_report_section(title, NULL);
     check_projections(threads);

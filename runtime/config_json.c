@@ -363,7 +363,7 @@ static sneppx_status read_partial_rotary(const struct scope *top, sneppx_config 
     return SNEPPX_OK;
 }
 
-/* Biases and windows differ per model type (MODELS.md §5). */
+/* Biases and windows differ per model type (docs/MODELS.md section 7). */
 static sneppx_status read_family_fields(const struct scope *top, const struct model_type *type,
                                         sneppx_config *config)
 {
@@ -393,7 +393,7 @@ static sneppx_status read_family_fields(const struct scope *top, const struct mo
         (status = read_required_size(top, "qk_rope_head_dim", &config->qk_rope_head_dim)) != SNEPPX_OK ||
         (status = read_required_size(top, "v_head_dim", &config->v_head_dim)) != SNEPPX_OK)
         return status;
-    config->rope_interleaved = 1; /* the published weights rotate (x_2i, x_2i+1) pairs (MODELS.md §3) */
+    config->rope_interleaved = 1; /* the published weights rotate (x_2i, x_2i+1) pairs (docs/MODELS.md section 3) */
     return SNEPPX_OK;
 }
 

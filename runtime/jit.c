@@ -1,13 +1,13 @@
 /* The LLVM JIT: embedded bitcode -> specialized module -> host-optimized
  * object -> linked into one process-wide ORC LLJIT.
  *
- * The recipe (DESIGN.md, measured with LLVM 19): the bitcode is unoptimized
+ * The recipe (measured with LLVM 19): the bitcode is unoptimized
  * clang output; each spec_<field> global becomes a constant with the key's
  * value, the entries get names unique to the key, clang's per-function
  * target-cpu/target-features/tune-cpu are replaced by the host's (they
  * override the target machine: without this there is no zmm), then
- * default<O2> runs with a host TargetMachine, which emits the object. (DESIGN.md
- * says O3; on these kernels O2 compiled 15-25% faster, 136-175 ms instead of
+ * default<O2> runs with a host TargetMachine, which emits the object. (O3 was
+ * the first choice; on these kernels O2 compiled 15-25% faster, 136-175 ms instead of
  * 160-205 for a GEMM key and 146 instead of 185 for flash d128, and the GEMM
  * and flash kernels it made ran as fast, bench/run.sh side by side.) Every
  * kernel, compiled or read from the disk cache, reaches the JIT as an object

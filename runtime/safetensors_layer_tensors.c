@@ -63,7 +63,7 @@ static void list_gqa(const sneppx_config *config, struct tensor_list *list)
         add(list, "o_proj.bias", FIELD(o_proj_bias), hidden, 0);
 }
 
-/* DeepSeek V2 (MODELS.md §6): attention_bias would add biases to q_a_proj,
+/* DeepSeek V2 (docs/MODELS.md section 6): attention_bias would add biases to q_a_proj,
  * kv_a_proj_with_mqa (qkv_bias here) and o_proj (o_bias); q_proj, q_b_proj
  * and kv_b_proj never have one. */
 static void list_mla(const sneppx_config *config, struct tensor_list *list)

@@ -1,4 +1,4 @@
-/* Bad input to the public C API (issue 7, point 1). Each case asserts the
+/* Bad input to the public C API. Each case asserts the
  * status, that the message names the argument, that nothing was written to
  * the output (pre-filled with a sentinel), and at the end that the layer still
  * gives bitwise the output it gave before any bad call.

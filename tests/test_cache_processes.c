@@ -1,4 +1,4 @@
-/* The disk cache across processes (issue 7, point 2):
+/* The disk cache across processes:
  *
  * 1. Eight processes started at once (released together from a pipe) on a
  *    cache directory that does not exist yet each warm a GQA and an MLA

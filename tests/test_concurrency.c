@@ -1,4 +1,4 @@
-/* Concurrency of the public API (issue 7, point 3).
+/* Concurrency of the public API.
  *
  * 1. Layers of five architectures (GQA, sliding window, Qwen2-style bias with
  *    partial rotary and llama3 scaling, MLA with q LoRA, naive MLA) created and

@@ -1,4 +1,4 @@
-/* 1000 create / forward / destroy cycles leak nothing (issue 7, point 4).
+/* 1000 create / forward / destroy cycles leak nothing.
  *
  * Each cycle builds a GQA layer and an MLA layer, runs forwards of two shapes
  * (causal, and explicit mask with position_ids), switches flash/SDPA, takes

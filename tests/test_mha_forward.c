@@ -39,7 +39,7 @@ enum rope_variant {
 static const char *const rope_variant_names[ROPE_VARIANT_COUNT] = {
     "default", "linear", "dynamic", "llama3", "yarn", "static-ntk", "partial", "interleaved"};
 
-/* A hand GQA config of the spec's defaults with the given shape. */
+/* A hand GQA config of sneppx_config_init's defaults with the given shape. */
 static sneppx_config gqa_config(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t window,
                                 int bias)
 {
@@ -119,13 +119,13 @@ static void test_presets(void)
         if (!TEST_CHECK(&tally, sneppx_config_from_name(name, NULL, &config) == SNEPPX_OK, "preset %s: %s", name,
                         sneppx_last_error()))
             continue;
-        /* DeepSeek-V2 (236B) is just above the bound, but issue 5 wants both MLA presets
+        /* DeepSeek-V2 (236B) is just above the bound, but both MLA presets are wanted
          * against the reference: it runs with random weights at batch 1, seq 3. */
         const int big = test_weights_float_count(&config) > RANDOM_WEIGHTS_MAX_FLOATS;
         const int synthetic = big && config.kv_lora_rank == 0;
         if (config.kv_lora_rank > 0)
             TEST_CHECK(&tally, config.rope_interleaved == 1,
-                       "preset %s: DeepSeek rotates (2i, 2i+1) pairs (MODELS.md 3), rope_interleaved is %d", name,
+                       "preset %s: DeepSeek rotates (2i, 2i+1) pairs (docs/MODELS.md 3), rope_interleaved is %d", name,
                        config.rope_interleaved);
         char key[32] = "";
         if (config.kv_lora_rank == 0)
@@ -238,7 +238,7 @@ static sneppx_config mla_config(int64_t q_lora_rank, int yarn, int bias)
     config.qk_nope_head_dim = 16;
     config.qk_rope_head_dim = 16;
     config.v_head_dim = 32;
-    config.rope_interleaved = 1; /* DeepSeek's layout (MODELS.md 3) */
+    config.rope_interleaved = 1; /* DeepSeek's layout (docs/MODELS.md section 3) */
     config.qkv_bias = config.o_bias = bias;
     if (yarn) {
         /* mscale != mscale_all_dim: a cos/sin factor != 1 and a softmax scale with mscale^2. */

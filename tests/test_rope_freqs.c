@@ -1,5 +1,5 @@
 /* sneppx_config_rope_frequencies() and sneppx_config_softmax_scale() against
- * numbers derived by hand from MODELS.md section 2 (the literals below; each
+ * numbers derived by hand from docs/MODELS.md section 2 (the literals below; each
  * comment gives the formula they come from), then against the test's own
  * float64 reference (tests/support) for every preset and every RoPE type. */
 #include <math.h>

@@ -67,7 +67,7 @@ typedef struct sneppx_config {
                                        RoPE tables, forwards) runs on this many */
 } sneppx_config;
 
-/* A hand config with the spec's defaults: bias on, flash on, default RoPE
+/* A hand config with sneppx's defaults: bias on, flash on, default RoPE
  * theta 10000, no window. Sizes are zero and must be filled in. */
 SNEPPX_API void sneppx_config_init(sneppx_config *config);
 

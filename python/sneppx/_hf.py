@@ -1,5 +1,5 @@
 """HuggingFace conventions on the Python side: the rope_scaling dict of the
-constructor (MODELS.md §1), and the constructor arguments of a C config. The
+constructor (docs/MODELS.md section 7), and the constructor arguments of a C config. The
 C runtime reads both a config.json file (sneppx_config_from_json) and the
 constructor's rope_scaling dict (sneppx_rope_scaling_from_json,
 runtime/config_json.c)."""

@@ -101,10 +101,10 @@ class LLMConfig:
         sneppx_config_init()'s value: rope_theta 10000, max_position_embeddings 4096,
         use_flash_attn True, mla_naive False, num_threads 0 (the OpenMP default), name "custom".
 
-        bias: q/k/v and o projections carry biases (default True, as the spec says);
+        bias: q/k/v and o projections carry biases (default True, as for sneppx_config_init);
             ``attention_bias`` is HF's name for it and wins when given;
             ``qkv_bias`` / ``o_bias`` set one side alone (Qwen2: True / False).
-        num_heads / num_kv_heads: the spec's names of num_attention_heads / num_key_value_heads.
+        num_heads / num_kv_heads: aliases of num_attention_heads / num_key_value_heads.
         num_key_value_heads: default num_attention_heads.
         head_dim: default hidden_size / num_attention_heads.
         sliding_window: None or 0 = no window; else W keys including the query itself.

@@ -1,6 +1,6 @@
 """Float64 numpy reference of the attention module forward (HF transformers semantics).
 
-Written from /work/shared/MODELS.md's formulas, independently of sneppx's kernels
+Written from docs/MODELS.md's formulas, independently of sneppx's kernels
 and runtime (it never calls the library): tests compare sneppx's float32 output
 against it with a normalized error (see ``normalized_error``).
 
@@ -75,7 +75,7 @@ def rope_inv_freq(config: Any, seq_len: Optional[int] = None) -> Tuple[np.ndarra
     """RoPE inverse frequencies (rotary_dim/2, float64) and the cos/sin attention factor.
 
     seq_len is max(position_ids)+1 of the call (HF's dynamic update); only the
-    dynamic type reads it. MODELS.md section 2, every type."""
+    dynamic type reads it. docs/MODELS.md section 2, every type."""
     dim = rotary_dim(config)
     base = float(field(config, "rope_theta", 10000.0))
     mpe = int(field(config, "max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS))
@@ -221,7 +221,7 @@ def mha_forward(config: Any, weights: Mapping[str, np.ndarray], hidden_states: n
 
     hidden_states [b, s, hidden]; attention_mask [b, 1, s, s] additive, taken as
     final, or None (causal + sliding_window); position_ids [b, s] or None (0..s-1).
-    Llama / Mistral / Qwen2 per MODELS.md section 5; MLA (kv_lora_rank > 0) in
+    Llama / Mistral / Qwen2 per docs/MODELS.md section 5; MLA (kv_lora_rank > 0) in
     the naive form of section 6."""
     x = np.asarray(hidden_states, dtype=np.float64)
     batch, seq_len, _ = x.shape

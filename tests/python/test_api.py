@@ -1,4 +1,4 @@
-"""The Python API: the spec's snippet, every preset's output shape, the synthetic
+"""The Python API: the README's from_name / forward_mha snippet, every preset's output shape, the synthetic
 weights, load_state_dict's name/prefix/dtype handling, configs from HF names and
 config.json, attributes, flash/SDPA switching, extend_context, threads.
 
@@ -231,7 +231,7 @@ def test_tensor_shapes_match_the_weights_struct():
 def test_constructor_names_aliases_and_defaults():
     cfg = sneppx.LLMConfig(hidden_size=256, num_heads=8, num_kv_heads=2)
     assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (8, 2, 32)
-    assert cfg.bias and cfg.qkv_bias and cfg.o_bias            # the spec: bias enabled by default
+    assert cfg.bias and cfg.qkv_bias and cfg.o_bias            # hand configs: biases on by default
     assert (cfg.rope_theta, cfg.rope_scaling, cfg.sliding_window, cfg.name) == (10000.0, None, None, "custom")
     assert not sneppx.LLMConfig(hidden_size=256, num_attention_heads=8, attention_bias=False).bias
     partial = sneppx.LLMConfig(hidden_size=256, num_attention_heads=4, partial_rotary_factor=0.5)

@@ -1,4 +1,4 @@
-/* Reference attention forward for Llama / Mistral / Qwen2 (MODELS.md section 5):
+/* Reference attention forward for Llama / Mistral / Qwen2 (docs/MODELS.md section 5):
  * projections (+bias), RoPE, causal / sliding-window / explicit masks, GQA,
  * o projection. Plain loops in double, one batch row at a time. */
 #include <math.h>

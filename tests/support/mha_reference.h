@@ -1,5 +1,5 @@
 /* Float64 reference of the attention module forward (HF transformers semantics,
- * /work/shared/MODELS.md), written from the formulas and independent of every
+ * docs/MODELS.md), written from the formulas and independent of every
  * sneppx kernel and runtime function: it reads the public config and weight
  * structs and nothing else of the library.
  *
@@ -12,7 +12,7 @@
 #include "sneppx/config.h"
 #include "sneppx/layer.h"
 
-/* Shapes a config implies, resolved as MODELS.md defines them. */
+/* Shapes a config implies, resolved as docs/MODELS.md defines them. */
 typedef struct ref_dims {
     int mla;                /* kv_lora_rank > 0: DeepSeek V2 multi-head latent attention */
     int64_t hidden;
@@ -34,7 +34,7 @@ const char *ref_dims_of(const sneppx_config *config, ref_dims *dims);
 double ref_yarn_mscale(double scale, double mscale);
 
 /* RoPE inverse frequencies (rotary_dim/2 values) and the cos/sin attention factor
- * for every sneppx_rope_type (MODELS.md section 2). seq_len is max(position_ids)+1
+ * for every sneppx_rope_type (docs/MODELS.md section 2). seq_len is max(position_ids)+1
  * over the whole call; only the dynamic type reads it. */
 void ref_rope_inv_freq(const sneppx_config *config, int64_t seq_len, double *inv_freq,
                        double *attention_factor);
@@ -72,7 +72,7 @@ void ref_attention_head(const double *q, int64_t q_stride, const double *k, int6
                         int64_t v_dim, double scale, const float *mask, int64_t window,
                         double *out, int64_t out_stride);
 
-/* The attention module forward (MODELS.md sections 5 and 6; MLA in its naive form).
+/* The attention module forward (docs/MODELS.md sections 5 and 6; MLA in its naive form).
  *   hidden_states [batch, seq_len, hidden], attention_mask [batch, 1, seq_len, seq_len]
  *   or NULL (causal + sliding window), position_ids [batch, seq_len] or NULL (0..s-1),
  *   out [batch, seq_len, hidden] in double.

@@ -1,5 +1,5 @@
 /* Reference DeepSeek V2 multi-head latent attention in its naive form
- * (MODELS.md section 6): q (LoRA + RMSNorm, or plain q_proj), the compressed
+ * (docs/MODELS.md section 6): q (LoRA + RMSNorm, or plain q_proj), the compressed
  * kv (kv_a_proj_with_mqa -> [latent | one shared rope key]), kv_a_layernorm,
  * kv_b_proj expanded per head, RoPE on the rope dims only, softmax scale with
  * mscale^2, then o_proj. */

@@ -1,5 +1,5 @@
 /* Reference RoPE: inverse frequencies of every variant, static NTK extension,
- * softmax scale and the rotation itself (MODELS.md sections 2 and 3), written
+ * softmax scale and the rotation itself (docs/MODELS.md sections 2 and 3), written
  * from the formulas, not from sneppx's rope code. */
 #include <math.h>
 #include <stddef.h>

@@ -1,0 +1,57 @@
+"""README.md's examples work as written, so they cannot drift from the code.
+
+Its one Python block runs as a script under this interpreter, with
+PYTHONPATH and SNEPPX_LIBRARY set, as the README's command line sets them, to
+the package and library these tests use. Its one C block is
+examples/quickstart.c verbatim; the ctest example_quickstart builds and runs
+that file against libsneppx.
+"""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import sneppx
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+C_EXAMPLE = ROOT / "examples" / "quickstart.c"
+
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
+
+
+def code_blocks(text: str) -> Dict[str, List[str]]:
+    """Fenced blocks by their language tag ("" for none)."""
+    blocks: Dict[str, List[str]] = {}
+    for match in FENCE.finditer(text):
+        blocks.setdefault(match.group(1), []).append(match.group(2))
+    return blocks
+
+
+def test_code_blocks_finds_tagged_fences():
+    text = "intro\n```python\nprint(1)\n```\nmid\n```c\nint x;\n```\n```\nplain\n```\n"
+    assert code_blocks(text) == {"python": ["print(1)\n"], "c": ["int x;\n"], "": ["plain\n"]}
+
+
+def test_readme_python_example_runs(tmp_path):
+    blocks = code_blocks(README.read_text())
+    assert len(blocks.get("python", [])) == 1, "README.md should hold exactly one ```python block"
+    script = tmp_path / "readme_example.py"
+    script.write_text(blocks["python"][0])
+    env = dict(os.environ, SNEPPX_LIBRARY=str(sneppx.library_path().resolve()))
+    package_parent = str(Path(sneppx.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([package_parent] + [p for p in [env.get("PYTHONPATH")] if p])
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path,
+                            env=env, timeout=600)
+    assert result.returncode == 0, f"README.md's Python example failed:\n{result.stdout}\n{result.stderr}"
+    # It prints the layer's kernel keys: llama3-8B's fused QKV projection is one of them.
+    assert "gemm-k4096-n6144-bias0-v" in result.stdout, result.stdout
+
+
+def test_readme_c_example_is_examples_quickstart():
+    blocks = code_blocks(README.read_text())
+    assert len(blocks.get("c", [])) == 1, "README.md should hold exactly one ```c block"
+    assert blocks["c"][0] == C_EXAMPLE.read_text(), \
+        "README.md's C example differs from examples/quickstart.c: copy the file into the README"
