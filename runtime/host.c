@@ -1,4 +1,5 @@
-/* The host CPU, read once from LLVM (runtime/host.h). */
+/* The host CPU, read once from LLVM (runtime/host.h), and its target: a leaf
+ * but for the target table the kernel registry table holds. */
 #include "host.h"
 
 #include <llvm-c/Core.h>
@@ -6,6 +7,8 @@
 #include <llvm-c/TargetMachine.h>
 #include <pthread.h>
 #include <string.h>
+
+#include "kernel_registry.h"
 
 static sneppx_host host;
 static pthread_once_t host_once = PTHREAD_ONCE_INIT;
@@ -20,6 +23,21 @@ static int has_feature(const char *features, const char *feature)
     return 0;
 }
 
+/* The first target in the table whose every feature the host has; the last
+ * requires none (gen/sneppx_gen/targets.py checks), so one always does. */
+static const struct sneppx_target *host_target(const char *features)
+{
+    int i = 0;
+    for (; i < sneppx_target_count - 1; i++) {
+        const char *const *required = sneppx_targets[i].features;
+        while (*required && has_feature(features, *required))
+            required++;
+        if (!*required)
+            break;
+    }
+    return &sneppx_targets[i];
+}
+
 static void resolve_host(void)
 {
     LLVMInitializeNativeTarget();
@@ -29,7 +47,8 @@ static void resolve_host(void)
     LLVMDisposeMessage(default_triple);
     host.cpu = LLVMGetHostCPUName();
     host.features = LLVMGetHostCPUFeatures();
-    host.vector_width = has_feature(host.features, "+avx512f") ? 16 : 8;
+    host.target = host_target(host.features);
+    host.vector_width = host.target->vector_width;
 }
 
 const sneppx_host *sneppx_host_info(void)

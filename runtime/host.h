@@ -1,13 +1,17 @@
-/* Internal: the host CPU as LLVM sees it, a leaf module (LLVM only). */
+/* Internal: the host CPU as LLVM sees it and the target its kernels are
+ * built for, a leaf module (LLVM and the kernel registry's target table). */
 #ifndef SNEPPX_RUNTIME_HOST_H
 #define SNEPPX_RUNTIME_HOST_H
+
+struct sneppx_target;
 
 /* Resolved once, lives until process exit. */
 typedef struct sneppx_host {
     const char *triple;     /* normalized, "x86_64-pc-linux-gnu" */
     const char *cpu;        /* "znver4" */
     const char *features;   /* "+avx512f,+fma,...,-amx-tile" */
-    int vector_width;       /* 16 with +avx512f, else 8 */
+    const struct sneppx_target *target; /* the first of sneppx_targets whose features the host has */
+    int vector_width;       /* target->vector_width */
 } sneppx_host;
 
 /* Thread-safe; initializes LLVM's native target on first use. */

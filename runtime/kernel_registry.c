@@ -3,7 +3,6 @@
 #include "kernel_registry.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
@@ -13,6 +12,23 @@ const struct sneppx_kernel_family *sneppx_kernel_family_find(const char *name)
     for (int i = 0; i < sneppx_kernel_family_count; i++)
         if (strcmp(sneppx_kernel_families[i].family, name) == 0)
             return &sneppx_kernel_families[i];
+    return NULL;
+}
+
+const struct sneppx_target *sneppx_target_find(int vector_width)
+{
+    for (int i = 0; i < sneppx_target_count; i++)
+        if (sneppx_targets[i].vector_width == vector_width)
+            return &sneppx_targets[i];
+    return NULL;
+}
+
+/* The target whose name is suffix, or NULL. */
+static const struct sneppx_target *target_named(const char *suffix)
+{
+    for (int i = 0; i < sneppx_target_count; i++)
+        if (strcmp(sneppx_targets[i].name, suffix) == 0)
+            return &sneppx_targets[i];
     return NULL;
 }
 
@@ -51,6 +67,14 @@ sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, int v
     if (!values && kind->field_count > 0)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "values is NULL (family %s has %d key fields)", family,
                            kind->field_count);
+    const struct sneppx_target *target = sneppx_target_find(vector_width);
+    if (!target) {
+        char widths[64] = "";
+        for (int i = 0, length = 0; i < sneppx_target_count && length < (int)sizeof widths; i++)
+            length += snprintf(widths + length, sizeof widths - (size_t)length, " %d", sneppx_targets[i].vector_width);
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "vector_width %d is not a target's: one of%s", vector_width,
+                           widths);
+    }
     if (!sneppx_kernel_bitcode_find(family, vector_width))
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "vector_width %d: this build has no %s kernels of that width",
                            vector_width, family);
@@ -71,7 +95,7 @@ sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, int v
                                        (long long)value);
     }
     if (length < key_size)
-        length += (size_t)snprintf(key + length, key_size - length, "-v%d", vector_width);
+        length += (size_t)snprintf(key + length, key_size - length, "-%s", target->name);
     if (length >= key_size)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "key of this %s kernel needs more than key_size %zu bytes",
                            family, key_size);
@@ -81,16 +105,12 @@ sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, int v
 sneppx_status sneppx_kernel_key_parse(const char *key, char *family, size_t family_size, int *vector_width)
 {
     const char *dash = key ? strchr(key, '-') : NULL;
-    const char *width = key ? strrchr(key, '-') : NULL;
-    if (!dash || (size_t)(dash - key) >= family_size || width[1] != 'v')
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "key '%s' is not <family>-...-v<vector width>",
+    const struct sneppx_target *target = dash ? target_named(strrchr(key, '-') + 1) : NULL;
+    if (!target || (size_t)(dash - key) >= family_size)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "key '%s' is not <family>-...-<target>",
                            key ? key : "(null)");
-    char *end;
-    long value = strtol(width + 2, &end, 10);
-    if (*end != '\0' || end == width + 2 || value <= 0 || value > 64)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "key '%s' is not <family>-...-v<vector width>", key);
     memcpy(family, key, (size_t)(dash - key));
     family[dash - key] = '\0';
-    *vector_width = (int)value;
+    *vector_width = target->vector_width;
     return SNEPPX_OK;
 }

@@ -1,7 +1,8 @@
 /* Internal: the kernel registry, a leaf module. The family table (key fields
- * with their legal values, entry points) and the embedded JIT bitcode are
- * rendered at build time by `sneppx-gen build kernel-table` from
- * gen/sneppx_gen/kernels.py into build/generated/kernel_registry_table.c;
+ * with their legal values, entry points), the target table and the embedded
+ * JIT bitcode are rendered at build time by `sneppx-gen build kernel-table`
+ * from gen/sneppx_gen/kernels.py and targets.py into
+ * build/generated/kernel_registry_table.c;
  * runtime/kernel_registry.c looks them up and formats and checks keys. */
 #ifndef SNEPPX_RUNTIME_KERNEL_REGISTRY_H
 #define SNEPPX_RUNTIME_KERNEL_REGISTRY_H
@@ -28,6 +29,15 @@ struct sneppx_kernel_family {
     const char *entry_suffixes[SNEPPX_ENTRY_COUNT];     /* by SNEPPX_ENTRY_*: "" and "_pack" */
 };
 
+/* An instruction-set target kernels are built for (gen/sneppx_gen/targets.py
+ * says why each tile); sneppx_targets lists them in order of preference, the
+ * last requiring nothing. Internal APIs name a target by its vector width. */
+struct sneppx_target {
+    const char *name;                   /* the suffix of its keys, "v16" */
+    int vector_width;                   /* floats per vector */
+    const char *const *features;        /* LLVM host features it requires, "+avx512f"; NULL-terminated */
+};
+
 struct sneppx_embedded_bitcode {
     const char *family;
     int vector_width;
@@ -38,11 +48,16 @@ struct sneppx_embedded_bitcode {
 
 extern const struct sneppx_kernel_family sneppx_kernel_families[];
 extern const int sneppx_kernel_family_count;
+extern const struct sneppx_target sneppx_targets[];
+extern const int sneppx_target_count;
 extern const struct sneppx_embedded_bitcode sneppx_embedded_bitcodes[];
 extern const int sneppx_embedded_bitcode_count;
 
 /* The family named name, or NULL. */
 const struct sneppx_kernel_family *sneppx_kernel_family_find(const char *name);
+
+/* The target of vector_width, or NULL. */
+const struct sneppx_target *sneppx_target_find(int vector_width);
 
 /* The embedded bitcode of family at vector_width, or NULL. */
 const struct sneppx_embedded_bitcode *sneppx_kernel_bitcode_find(const char *family, int vector_width);
@@ -56,7 +71,7 @@ sneppx_status sneppx_kernel_check_value(const struct sneppx_kernel_family *famil
 sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, int vector_width, char *key,
                                 size_t key_size);
 
-/* The family and vector width of a key's text, `<family>-...-v<width>`
+/* The family and vector width of a key's text, `<family>-...-<target name>`
  * (the fields are not checked); SNEPPX_ERR_INVALID_ARGUMENT for other text. */
 sneppx_status sneppx_kernel_key_parse(const char *key, char *family, size_t family_size, int *vector_width);
 

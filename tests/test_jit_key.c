@@ -1,9 +1,10 @@
 /* Canonical kernel keys (sneppx_kernel_key, the C twin of
  * gen/sneppx_gen/kernels.py:kernel_key; tests/lit/jit_key.test compares the two
- * over many keys), their argument errors, and the host vector width. */
+ * over many keys), their argument errors, their parsing, and the host target. */
 #include <stdio.h>
 #include <string.h>
 
+#include "host.h"
 #include "jit.h"
 #include "kernels.h"
 #include "sneppx/limits.h"
@@ -54,7 +55,7 @@ static void test_errors(test_tally *tally)
     check_rejected(tally, "attn_flashy", flash, 16, SNEPPX_KEY_MAX, "attn_flashy");
     check_rejected(tally, NULL, flash, 16, SNEPPX_KEY_MAX, "family");
     check_rejected(tally, "attn_flash", NULL, 16, SNEPPX_KEY_MAX, "values");
-    check_rejected(tally, "attn_flash", flash, 4, SNEPPX_KEY_MAX, "vector_width");
+    check_rejected(tally, "attn_flash", flash, 4, SNEPPX_KEY_MAX, "vector_width 4 is not a target's: one of 16 8");
     const int64_t bad_mode[] = {128, 128, 4, 0, 3};
     check_rejected(tally, "attn_flash", bad_mode, 16, SNEPPX_KEY_MAX, "mask_mode");
     const int64_t negative_mode[] = {128, 128, 4, 0, -1};
@@ -118,6 +119,27 @@ static void test_errors(test_tally *tally)
                "resolve into NULL: %s '%s'", sneppx_status_name(status), sneppx_last_error());
 }
 
+/* A key's last part names its target: parsing gives that target's vector
+ * width, and text whose last part names no target is no key. */
+static void test_parse(test_tally *tally)
+{
+    char family[SNEPPX_KEY_MAX] = "";
+    int width = 0;
+    sneppx_status status =
+        sneppx_kernel_key_parse("attn_flash-d128-dv128-g4-w0-causal-v8", family, sizeof family, &width);
+    TEST_CHECK(tally, status == SNEPPX_OK && strcmp(family, "attn_flash") == 0 && width == 8,
+               "parse of a v8 key: %s, family '%s', width %d", sneppx_status_name(status), family, width);
+    status = sneppx_kernel_key_parse("rmsnorm-n64-v16", family, sizeof family, &width);
+    TEST_CHECK(tally, status == SNEPPX_OK && strcmp(family, "rmsnorm") == 0 && width == 16,
+               "parse of a v16 key: %s, family '%s', width %d", sneppx_status_name(status), family, width);
+    const char *const not_keys[] = {"rmsnorm-n64-v32", "rmsnorm-n64-v16x", "rmsnorm-n64", "rmsnorm", ""};
+    for (size_t i = 0; i < sizeof not_keys / sizeof not_keys[0]; i++) {
+        status = sneppx_kernel_key_parse(not_keys[i], family, sizeof family, &width);
+        TEST_CHECK(tally, status == SNEPPX_ERR_INVALID_ARGUMENT && strstr(sneppx_last_error(), "<target>") != NULL,
+                   "parse of '%s': %s '%s'", not_keys[i], sneppx_status_name(status), sneppx_last_error());
+    }
+}
+
 /* LLVM's view of the host agrees with the kernel's: /proc/cpuinfo's avx512f flag. */
 static void test_host_vector_width(test_tally *tally)
 {
@@ -134,6 +156,9 @@ static void test_host_vector_width(test_tally *tally)
     fclose(cpuinfo);
     int width = sneppx_host_vector_width();
     TEST_CHECK(tally, width == (avx512 ? 16 : 8), "host vector width %d, /proc/cpuinfo avx512f %d", width, avx512);
+    const struct sneppx_target *target = sneppx_host_info()->target;
+    TEST_CHECK(tally, target == sneppx_target_find(width) && strcmp(target->name, avx512 ? "v16" : "v8") == 0,
+               "host target %s, /proc/cpuinfo avx512f %d", target ? target->name : "(null)", avx512);
 }
 
 int main(void)
@@ -141,6 +166,7 @@ int main(void)
     test_tally tally = {0};
     test_formats(&tally);
     test_errors(&tally);
+    test_parse(&tally);
     test_host_vector_width(&tally);
     return test_finish(&tally);
 }

@@ -8,7 +8,8 @@
     build limits -o FILE              the public sneppx/limits.h
     build config-ranges -o FILE       the config range table of runtime/config.c
     build families                    family names, ';'-separated (a CMake list)
-    build vector-widths               the vector widths kernels are built for (a CMake list)
+    build vector-widths               the vector widths of the targets kernels are built for
+                                      (targets.py, a CMake list)
     build jit-source --family F --vector-width VW -o FILE
     build kernel-table --bitcode FAMILY:VW:PATH ... -o FILE
 """
@@ -16,7 +17,8 @@ import argparse
 from typing import List
 
 from . import archs, python_fields, render, tables
-from .kernels import KERNELS, VECTOR_WIDTHS
+from .kernels import KERNELS
+from .targets import VECTOR_WIDTHS
 from .output import write_if_changed
 
 

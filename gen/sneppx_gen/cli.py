@@ -1,8 +1,9 @@
 """The sneppx-gen command line.
 
     sneppx-gen --list
-    sneppx-gen --arch NAME -o DIR [--vector-width 16|8] [--flash|--sdpa]
-    sneppx-gen --config FILE.json -o DIR [--vector-width 16|8] [--flash|--sdpa]
+    sneppx-gen --arch NAME -o DIR [--vector-width W] [--flash|--sdpa]
+    sneppx-gen --config FILE.json -o DIR [--vector-width W] [--flash|--sdpa]
+                                     (W: a target's vector width, targets.py)
                                      (an HF config.json, read as the runtime reads it,
                                      or a hand config: see config_json.py)
     sneppx-gen build ...             (the build's subcommands, see build.py)
@@ -16,21 +17,25 @@ import sys
 from typing import List
 
 from . import archs, build
+from .targets import TARGETS, VECTOR_WIDTHS, host_target
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
 
 
 def host_vector_width() -> int:
-    """16 where the host has AVX-512F, else 8 (what libsneppx picks too)."""
+    """The vector width of the host's target, from /proc/cpuinfo's flags (what
+    libsneppx picks from LLVM's feature list); the fallback target's without it."""
+    flags = set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags") and " avx512f" in line:
-                    return 16
+                if line.startswith("flags"):
+                    flags.update(line.split(":", 1)[1].split())
+                    break
     except OSError:
         pass
-    return 8
+    return host_target(flags).vector_width
 
 
 # What a message echoes of a name the user typed (runtime/config.c's NAME_ECHO_MAX).
@@ -68,8 +73,10 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--config", metavar="FILE.json", action=_Once, help="an HF config.json (with model_type), read as libsneppx reads it; without "
                       "model_type, a hand config (sneppx.LLMConfig's keywords, + rotary_dim)")
     parser.add_argument("-o", "--output", metavar="DIR", action=_Once, help="output directory")
-    parser.add_argument("--vector-width", type=int, choices=(16, 8), default=None, action=_Once,
-                        help="floats per vector (default: 16 on an AVX-512 host, else 8)")
+    parser.add_argument("--vector-width", type=int, choices=VECTOR_WIDTHS, default=None, action=_Once,
+                        help="floats per vector, picking the target (default: the host's, the first of "
+                             + ", ".join(f"{t.name} ({' '.join(t.cpuinfo_flags) or 'any CPU'})" for t in TARGETS)
+                             + " it runs)")
     attention = parser.add_mutually_exclusive_group()
     attention.add_argument("--flash", dest="flash", action="store_true", default=None,
                            help="flash attention (default unless the config says otherwise)")

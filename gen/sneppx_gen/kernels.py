@@ -5,9 +5,10 @@ manifest lines with `kernel_key()`, and the runtime's C key table
 (build/generated/kernel_table.c) is rendered from KERNELS, so the C runtime
 formats exactly the same canonical text.
 
-A key is `<family>-<field><value>-...-v<vector width>`, e.g.
-`attn_flash-d128-dv128-g4-w4096-causal-v16`. Every field is an int64 value;
-in `jit` mode it becomes the global `spec_<name>` and in `aot` mode a literal.
+A key is `<family>-<field><value>-...-<target>` (targets.py names the
+targets), e.g. `attn_flash-d128-dv128-g4-w4096-causal-v16`. Every field is an
+int64 value; in `jit` mode it becomes the global `spec_<name>` and in `aot`
+mode a literal.
 
 Each field carries the values it may take (low, high, multiple of): the
 runtime checks every key a layer derives against them before compiling
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from .limits import HEAD_DIM_MULTIPLE, MAX_DIM, MAX_HEAD_DIM, MAX_HEADS, MAX_LATENT_DIM, MAX_POSITIONS
+from .targets import target_of_width
 
 MASK_MODES = ("none", "causal", "mask")  # SNEPPX_MASK_NONE / CAUSAL / EXPLICIT
 
@@ -75,8 +77,6 @@ KERNELS: Dict[str, Kernel] = {k.family: k for k in (
     Kernel("attn_sdpa", "attn_sdpa.c.j2", ATTN_FIELDS),
 )}
 
-VECTOR_WIDTHS = (16, 8)
-
 
 def check_values(family: str, values: Dict[str, int]) -> None:
     """Raises ValueError naming the field when values lack one or hold an illegal one."""
@@ -94,7 +94,7 @@ def kernel_key(family: str, values: Dict[str, int], vector_width: int) -> str:
     for f in kernel.fields:
         v = int(values[f.name])
         parts.append(f.prefix + (f.choices[v] if f.choices else str(v)))
-    parts.append(f"v{vector_width}")
+    parts.append(target_of_width(vector_width).name)
     return "-".join(parts)
 
 

@@ -2,9 +2,10 @@
 
 One template per kernel family (kernels.KERNELS). The mode switch lives in
 templates/spec.j2; this module supplies what it reads: `S` (the key's fields),
-`P` (helper prefix), `entry()` (entry point names) and the ABI text, and the
-`c_comment` filter every text from outside the templates passes through on its
-way into a comment.
+`P` (helper prefix), `entry()` (entry point names), `target` (the
+instruction-set target: vector width and register tiles, targets.py), the ABI
+text, and the `c_comment` filter every text from outside the templates passes
+through on its way into a comment.
 """
 import json
 from typing import Dict, Optional, Union
@@ -13,6 +14,7 @@ import jinja2
 
 from . import paths
 from .kernels import KERNELS, Kernel, check_values, kernel_key, symbol_of_key
+from .targets import TARGETS, target_of_width
 
 MODES = ("aot", "jit")
 
@@ -93,7 +95,7 @@ def render_template(name: str, **context) -> str:
 
 
 def render_abi() -> str:
-    return render_template("abi.h.j2")
+    return render_template("abi.h.j2", targets=TARGETS)
 
 
 def render_kernel(family: str, vector_width: int, mode: str,
@@ -108,8 +110,7 @@ def render_kernel(family: str, vector_width: int, mode: str,
     kernel = KERNELS[family]
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    if vector_width not in (16, 8):
-        raise ValueError(f"vector width must be 16 or 8, not {vector_width}")
+    target = target_of_width(vector_width)
     if mode == "aot":
         if values is None:
             raise ValueError(f"{family}: aot rendering needs the key's values")
@@ -129,7 +130,8 @@ def render_kernel(family: str, vector_width: int, mode: str,
         family=family,
         template=kernel.template,
         key=key,
-        vw=vector_width,
+        target=target,
+        vw=target.vector_width,
         S=Spec(kernel, spec_values),
         P=prefix,
         entry=lambda suffix: entry_prefix + suffix,

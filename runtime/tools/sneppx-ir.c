@@ -5,29 +5,67 @@
  *   sneppx-ir --family attn_flash --value head_dim=128 --value v_head_dim=128 \
  *             --value group=4 --value window=0 --value mask_mode=causal \
  *             [--vector-width 16] [--stage specialized|optimized] [--print-key]
+ *   sneppx-ir --list-targets
  *
  * --print-key prints the canonical key instead (tests/lit/jit_key.test checks
- * it against the generator's kernel_key).
+ * it against the generator's kernel_key). --list-targets prints the runtime's
+ * target table with each target's GEMM tile and marks the host's
+ * (tests/python/test_targets.py checks it against gen/sneppx_gen/targets.py).
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "host.h"
 #include "jit.h"
+#include "kernel_registry.h"
 #include "sneppx/status.h"
+#include "sneppx_abi.h"
 
 static void usage(FILE *out)
 {
-    fputs("usage: sneppx-ir --family NAME --value FIELD=VALUE... [--vector-width 16|8]\n"
+    fputs("usage: sneppx-ir --family NAME --value FIELD=VALUE... [--vector-width W]\n"
           "                 [--stage specialized|optimized] [--print-key]\n"
+          "       sneppx-ir --list-targets\n"
           "Prints the LLVM IR of one kernel key as the JIT builds it for this host:\n"
           "  specialized  spec_ globals constant, entries renamed, host CPU attributes\n"
           "  optimized    and the default<O2> pipeline run (the default)\n"
           "--print-key prints the key's canonical text instead.\n"
+          "--vector-width picks a target by its vector width (default: the host's);\n"
+          "--list-targets lists them, in order of preference, the host's marked.\n"
           "A choice field takes its name or its index (mask_mode=causal, mask_mode=1).\n",
           out);
+}
+
+/* One line per target: name, vector width, required LLVM features, GEMM tile, and "host" on the host's. */
+static void list_targets(void)
+{
+    for (int i = 0; i < sneppx_target_count; i++) {
+        const struct sneppx_target *target = &sneppx_targets[i];
+        printf("%s vector_width=%d features=", target->name, target->vector_width);
+        for (const char *const *feature = target->features; *feature; feature++)
+            printf("%s%s", feature == target->features ? "" : ",", *feature);
+        printf(" gemm_mr=%d gemm_nr=%d%s\n", SNEPPX_GEMM_MR(target->vector_width),
+               SNEPPX_GEMM_NR(target->vector_width), target == sneppx_host_info()->target ? " host" : "");
+    }
+}
+
+/* The vector width of text if it is a target's; else prints the widths there are and returns 0. */
+static int parse_vector_width(const char *text)
+{
+    char *end;
+    errno = 0;
+    long width = strtol(text, &end, 10);
+    if (text[0] && *end == '\0' && errno == 0 && width > 0 && width <= INT_MAX &&
+        sneppx_target_find((int)width))
+        return (int)width;
+    fprintf(stderr, "sneppx-ir: --vector-width %s: must be one of", text);
+    for (int i = 0; i < sneppx_target_count; i++)
+        fprintf(stderr, " %d", sneppx_targets[i].vector_width);
+    fputc('\n', stderr);
+    return 0;
 }
 
 static int field_index(const struct sneppx_kernel_family *family, const char *name, size_t length)
@@ -102,6 +140,10 @@ int main(int argc, char **argv)
             print_key = 1;
             continue;
         }
+        if (strcmp(option, "--list-targets") == 0) {
+            list_targets();
+            return 0;
+        }
         if (i + 1 >= argc) {
             fprintf(stderr, "sneppx-ir: %s needs an argument\n", option);
             usage(stderr);
@@ -114,11 +156,9 @@ int main(int argc, char **argv)
                    assignment_count < (int)(sizeof assignments / sizeof assignments[0])) {
             assignments[assignment_count++] = argument;
         } else if (strcmp(option, "--vector-width") == 0) {
-            if (strcmp(argument, "16") != 0 && strcmp(argument, "8") != 0) {
-                fprintf(stderr, "sneppx-ir: --vector-width %s: must be 16 or 8\n", argument);
+            vector_width = parse_vector_width(argument);
+            if (vector_width == 0)
                 return 2;
-            }
-            vector_width = atoi(argument);
         } else if (strcmp(option, "--stage") == 0 && strcmp(argument, "specialized") == 0) {
             stage = SNEPPX_JIT_STAGE_SPECIALIZED;
         } else if (strcmp(option, "--stage") == 0 && strcmp(argument, "optimized") == 0) {

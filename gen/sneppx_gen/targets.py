@@ -1,0 +1,129 @@
+"""The instruction-set targets kernels are built for, in order of preference.
+
+One table: the templates take their register tiles from a kernel's target
+(render.py passes it as `target`), the build makes JIT bitcode of every
+family for every target (gen/CMakeLists.txt asks `sneppx-gen build
+vector-widths`), the C runtime's target table is rendered from it
+(tables.py, into the kernel registry table) and libsneppx runs, on a host,
+the first target whose LLVM features the host has (runtime/host.c).
+abi.h.j2's SNEPPX_GEMM_MR / SNEPPX_GEMM_NR are rendered from it too. A new
+target is one entry here plus whatever its tiles need that the templates do
+not yet do (Target.__post_init__ refuses what they cannot).
+
+A target's name is the suffix of every key of its kernels
+(`gemm-k4096-n6144-bias0-v16`). The C runtime still names a target by its
+vector width (the `int vector_width` of its internal APIs), so no two
+targets may share one.
+
+Why each value:
+
+- vector_width: floats per vector register, 16 (zmm) with AVX-512F, else 8
+  (ymm). v8 requires nothing: it is the fallback, since LLVM legalizes 8-wide
+  vectors on any x86-64 (two xmm without AVX), so every host runs something.
+- llvm_features: what the host must have, in LLVM's names (the host list
+  LLVMGetHostCPUFeatures gives, "+avx512f"); cpuinfo_flags: the same features
+  as Linux's /proc/cpuinfo names them (sneppx-gen's default width; the names
+  differ for some, e.g. LLVM's avx512bf16 is cpuinfo's avx512_bf16).
+- gemm_mr: rows of the GEMM microkernel's register tile. It keeps an MR x NR
+  tile of C in 2*MR vector registers, plus two for the W row and one
+  broadcast: 14 rows use 31 of AVX-512's 32 zmm, 6 rows 15 of AVX2's 16 ymm.
+  The runtime makes GEMM tasks of whole MR-row tiles (SNEPPX_GEMM_MR).
+- gemm_nr: columns of a packed weight panel and of the register tile: two
+  vectors (the microkernel holds each row of C as a lo and a hi vector), so
+  one broadcast activation feeds two FMAs per row and k.
+- gemm_small_mr: the height of the second microkernel, which takes a task's
+  last group when it has at most this many rows (T = 2..4, or T mod MR
+  small): measured on one core, T = 128 ran 8% slower with MR-row padding
+  alone than with a 4-row height.
+- gemm_kc, gemm_mc: the k slice and the rows of the activation block that
+  stays in L2 while every weight panel slice meets it. KC = 512 with MC = 4
+  MR-row groups (56 rows, 112 KiB at v16) ran 2-7% faster at T = 128..2048
+  than 256 x 8 groups (the same block: C is loaded and stored once per k
+  slice, half as often); KC 128 and 1024 were slower. v8 keeps KC and the 4
+  groups (a 48 KiB block).
+- gemm_decode_panels, gemm_decode_sums: a single row (a decode step) streams
+  W, and sweeps this many panels side by side (one core read 34-39 GB/s
+  where a panel at a time read 28-30), with this many partial sums (lo/hi
+  pairs) in flight in all: one per panel over 4 panels, 4 over a last lone
+  panel, enough FMAs in flight to keep up with W's stream.
+- flash_nj, flash_ne: flash attention's register tiles, 2 row vectors x NJ
+  keys for Q.K and 2 row vectors x NE value dims for P.V: at v16, 16
+  accumulators + 2 loads of 32 zmm; at v8 2 x 8 would not fit 16 ymm, and
+  both must divide what they step over (a 64-key tile, 16-dim head steps),
+  so 4. One NJ-key score tile: a last partial group repeats its last key.
+"""
+from dataclasses import dataclass
+from typing import Tuple
+
+from .limits import HEAD_DIM_MULTIPLE
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str                        # key suffix: "v16"
+    vector_width: int                # floats per vector
+    llvm_features: Tuple[str, ...]   # what the host must have, LLVM's names ("+avx512f")
+    cpuinfo_flags: Tuple[str, ...]   # the same, as /proc/cpuinfo's flags name them
+    gemm_mr: int
+    gemm_nr: int
+    gemm_small_mr: int
+    gemm_kc: int
+    gemm_mc: int
+    gemm_decode_panels: int
+    gemm_decode_sums: int
+    flash_nj: int
+    flash_ne: int
+
+    def __post_init__(self) -> None:
+        """Refuses tiles the templates are not written for, naming the value."""
+        def require(ok: bool, why: str) -> None:
+            if not ok:
+                raise ValueError(f"target {self.name}: {why}")
+        vw = self.vector_width
+        # vec.c.j2's horizontal sum halves down to 4 lanes; rope, rmsnorm, SDPA
+        # and flash step head dims (multiples of HEAD_DIM_MULTIPLE) by whole vectors.
+        require(vw >= 8 and vw & (vw - 1) == 0 and HEAD_DIM_MULTIPLE % vw == 0,
+                f"vector_width {vw} is not a power of two in [8, {HEAD_DIM_MULTIPLE}]")
+        require(all(f.startswith("+") for f in self.llvm_features),
+                f"llvm_features {self.llvm_features} are not all +name")
+        require(self.gemm_nr == 2 * vw, f"gemm_nr {self.gemm_nr} is not 2 vectors (the microkernel's lo and hi)")
+        require(0 < self.gemm_small_mr < self.gemm_mr, f"gemm_small_mr {self.gemm_small_mr} is not in (0, gemm_mr)")
+        require(self.gemm_mc % self.gemm_mr == 0, f"gemm_mc {self.gemm_mc} is not whole {self.gemm_mr}-row groups")
+        require(self.gemm_decode_sums % self.gemm_decode_panels == 0,
+                f"gemm_decode_sums {self.gemm_decode_sums} is not a multiple of gemm_decode_panels")
+        require(HEAD_DIM_MULTIPLE % self.flash_ne == 0,
+                f"flash_ne {self.flash_ne} does not divide the head dim step {HEAD_DIM_MULTIPLE}")
+
+
+TARGETS: Tuple[Target, ...] = (
+    Target("v16", 16, ("+avx512f",), ("avx512f",), gemm_mr=14, gemm_nr=32, gemm_small_mr=4, gemm_kc=512,
+           gemm_mc=56, gemm_decode_panels=4, gemm_decode_sums=4, flash_nj=8, flash_ne=8),
+    Target("v8", 8, (), (), gemm_mr=6, gemm_nr=16, gemm_small_mr=4, gemm_kc=512,
+           gemm_mc=24, gemm_decode_panels=4, gemm_decode_sums=4, flash_nj=4, flash_ne=4),
+)
+
+VECTOR_WIDTHS: Tuple[int, ...] = tuple(t.vector_width for t in TARGETS)
+
+
+def _check_table() -> None:
+    names = [t.name for t in TARGETS]
+    if len(set(names)) != len(names) or len(set(VECTOR_WIDTHS)) != len(VECTOR_WIDTHS):
+        raise ValueError(f"TARGETS: names {names} and vector widths {VECTOR_WIDTHS} must each be unique")
+    if TARGETS[-1].llvm_features or TARGETS[-1].cpuinfo_flags:
+        raise ValueError(f"TARGETS: the last target, {TARGETS[-1].name}, must require nothing (every host runs it)")
+
+
+_check_table()
+
+
+def target_of_width(vector_width: int) -> Target:
+    """The target of a vector width; ValueError naming the widths there are."""
+    for t in TARGETS:
+        if t.vector_width == vector_width:
+            return t
+    raise ValueError(f"vector width must be one of {', '.join(map(str, VECTOR_WIDTHS))}, not {vector_width}")
+
+
+def host_target(cpuinfo_flags) -> Target:
+    """The first target whose flags are all among cpuinfo_flags (a set of /proc/cpuinfo names)."""
+    return next(t for t in TARGETS if set(t.cpuinfo_flags) <= set(cpuinfo_flags))

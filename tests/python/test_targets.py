@@ -1,0 +1,117 @@
+"""The instruction-set target table (gen/sneppx_gen/targets.py) is the one source:
+
+- the C runtime's table (as `sneppx-ir --list-targets` prints it: order, names,
+  vector widths, required LLVM features, and SNEPPX_GEMM_MR / NR of the
+  rendered ABI header) equals TARGETS, and the target libsneppx picks from
+  LLVM's host features is the one /proc/cpuinfo's flags pick (avx512f -> v16);
+- the templates take their tiles from the target they render for: a target
+  with other tiles renders other code;
+- a target whose tiles the templates cannot do is refused, naming the value.
+"""
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "gen"))
+from sneppx_gen import render, targets  # noqa: E402
+from sneppx_gen.targets import TARGETS, Target  # noqa: E402
+
+
+def _sneppx_ir() -> Path:
+    binary_dir = os.environ.get("SNEPPX_BINARY_DIR")
+    path = Path(binary_dir or REPO / "build") / "runtime" / "sneppx-ir"
+    if not binary_dir and not path.exists():
+        pytest.skip("no build: set SNEPPX_BINARY_DIR (ctest does)")
+    return path
+
+
+def _c_targets():
+    """[(name, fields, is_host)] of `sneppx-ir --list-targets`."""
+    out = subprocess.run([str(_sneppx_ir()), "--list-targets"], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        words = line.split()
+        fields = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+        rows.append((words[0], fields, words[-1] == "host"))
+    return rows
+
+
+def _cpuinfo_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    pytest.skip("no x86 flags in /proc/cpuinfo")
+
+
+def test_c_table_is_targets():
+    rows = _c_targets()
+    assert [name for name, _, _ in rows] == [t.name for t in TARGETS]
+    for (name, fields, _), t in zip(rows, TARGETS):
+        assert int(fields["vector_width"]) == t.vector_width, name
+        assert tuple(f for f in fields["features"].split(",") if f) == t.llvm_features, name
+        assert int(fields["gemm_mr"]) == t.gemm_mr, name
+        assert int(fields["gemm_nr"]) == t.gemm_nr, name
+
+
+def test_host_target_matches_cpuinfo():
+    flags = _cpuinfo_flags()
+    hosts = [name for name, _, is_host in _c_targets() if is_host]
+    assert hosts == [targets.host_target(flags).name]
+    assert hosts == ["v16" if "avx512f" in flags else "v8"]
+
+
+def _render_with(monkeypatch, target: Target, family: str) -> str:
+    monkeypatch.setattr(render, "target_of_width", lambda width: target)
+    return render.render_kernel(family, target.vector_width, "jit")
+
+
+def test_templates_take_tiles_from_target(monkeypatch):
+    other = dataclasses.replace(TARGETS[0], gemm_mr=12, gemm_small_mr=2, gemm_kc=256, gemm_mc=36,
+                                gemm_decode_panels=2, gemm_decode_sums=8, flash_nj=4, flash_ne=2)
+    gemm = _render_with(monkeypatch, other, "gemm")
+    assert "_Static_assert(SNEPPX_GEMM_MR(16) == 12," in gemm
+    assert "sneppx_gemm_micro12(" in gemm and "sneppx_gemm_micro2(" in gemm
+    assert "float block[36 * 256]" in gemm
+    assert "sneppx_gemm_decode2(" in gemm and "for (; i + 4 <= k; i += 4)" in gemm
+    assert "sneppx_gemm_micro14(" not in gemm and "sneppx_gemm_decode4(" not in gemm
+    flash = _render_with(monkeypatch, other, "attn_flash")
+    assert "_Static_assert(SNEPPX_ATTN_BLOCK_KV % 4 == 0," in flash
+    assert "e += 2)" in flash and "k3 = " in flash and "k4 = " not in flash
+
+
+def test_abi_macros_from_targets():
+    abi = render.render_abi()
+    mr = " : ".join(f"(vector_width) == {t.vector_width} ? {t.gemm_mr}" for t in TARGETS[:-1])
+    assert f"#define SNEPPX_GEMM_MR(vector_width) ({mr} : {TARGETS[-1].gemm_mr})" in abi
+    nr = " : ".join(f"(vector_width) == {t.vector_width} ? {t.gemm_nr}" for t in TARGETS[:-1])
+    assert f"#define SNEPPX_GEMM_NR(vector_width) ({nr} : {TARGETS[-1].gemm_nr})" in abi
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(gemm_nr=48), "gemm_nr 48 is not 2 vectors"),
+    (dict(vector_width=32, gemm_nr=64), "vector_width 32 is not a power of two in [8, 16]"),
+    (dict(gemm_mc=50), "gemm_mc 50 is not whole 14-row groups"),
+    (dict(gemm_small_mr=14), "gemm_small_mr 14 is not in (0, gemm_mr)"),
+    (dict(gemm_decode_sums=2), "gemm_decode_sums 2 is not a multiple of gemm_decode_panels"),
+    (dict(flash_ne=3), "flash_ne 3 does not divide the head dim step 16"),
+    (dict(llvm_features=("avx512f",)), "llvm_features ('avx512f',) are not all +name"),
+])
+def test_bad_target_refused(change, message):
+    with pytest.raises(ValueError, match=re.escape("target v16: " + message)):
+        dataclasses.replace(TARGETS[0], **change)
+
+
+def test_unknown_width_named():
+    with pytest.raises(ValueError, match="vector width must be one of 16, 8, not 4"):
+        render.render_kernel("gemm", 4, "jit")
