@@ -1,5 +1,5 @@
 /* Internal: the preset table, rendered at build time by `sneppx-gen build
- * presets` from gen/archs.json into build/generated/presets_table.c. */
+ * presets` from gen/archs.json into build/generated/presets.c. */
 #ifndef SNEPPX_RUNTIME_PRESETS_H
 #define SNEPPX_RUNTIME_PRESETS_H
 #include "sneppx/config.h"
