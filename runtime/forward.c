@@ -3,7 +3,8 @@
 #include <omp.h>
 #include <string.h>
 
-#include "layer_internal.h"
+#include "forward.h"
+#include "threads.h"
 #include "sneppx_abi.h"
 
 /* Rows per RoPE / RMSNorm task. */

@@ -7,8 +7,12 @@
 
 #include "config_internal.h"
 #include "error.h"
+#include "forward.h"
 #include "kernel_registry.h"
-#include "layer_internal.h"
+#include "rope_tables.h"
+#include "threads.h"
+#include "weights.h"
+#include "workspace.h"
 
 /* Records a resolved kernel once (key line and timing); caller holds layer->lock. */
 static void record_kernel(sneppx_layer *layer, const char *key, const sneppx_kernel_timing *timing)

@@ -1,5 +1,7 @@
 /* Internal: what a layer holds. One layer = one config, its resolved kernels,
- * its packed weights and a pool of per-call workspaces. */
+ * its packed weights and a pool of per-call workspaces. The files that work
+ * on it declare their calls in headers of their own stem: weights.h,
+ * rope_tables.h, forward.h, workspace.h, threads.h. */
 #ifndef SNEPPX_RUNTIME_LAYER_INTERNAL_H
 #define SNEPPX_RUNTIME_LAYER_INTERNAL_H
 #include <pthread.h>
@@ -81,40 +83,5 @@ struct sneppx_layer {
     char keys[SNEPPX_LAYER_MAX_KERNELS * (SNEPPX_KEY_MAX + 1) + 1]; /* one per line */
     size_t keys_len;
 };
-
-/* weights.c */
-sneppx_status sneppx_pack_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *gemm, int64_t instances,
-                               int has_bias);
-void sneppx_pack_gemm_instance(struct sneppx_packed_gemm *gemm, int64_t instance, const float *hf_weight,
-                               int64_t hf_row_stride);
-sneppx_status sneppx_layer_load_weights(sneppx_layer *layer, const sneppx_weights *weights);
-
-/* rope_tables.c
- * The per-position cos/sin cache holds positions [0, sneppx_rope_cache_limit):
- * at most max_position_embeddings and at most SNEPPX_ROPE_CACHE_BYTES for both
- * tables. A token past it gets its row computed directly (the same double
- * formula, so the same floats), which keeps one far position (legal up to
- * 2^40) from building a table of every position before it. */
-#define SNEPPX_ROPE_CACHE_BYTES ((int64_t)64 << 20)
-int64_t sneppx_rope_cache_limit(const sneppx_layer *layer);
-sneppx_status sneppx_rope_tables(sneppx_layer *layer, int64_t tokens, int64_t seq_len, const int64_t *positions,
-                                 int64_t max_position, float *cos, float *sin);
-
-/* forward.c */
-/* Runs every stage with the layer's kernels and the given attention kernel
- * (layer.c resolves it for the call's mask mode); arguments already validated. */
-void sneppx_forward_run(const sneppx_layer *layer, const sneppx_kernel *attention, const struct sneppx_workspace *ws,
-                        int64_t batch, int64_t seq_len, const float *hidden, const float *mask,
-                        int64_t mask_batch_stride, float *out);
-
-/* workspace.c */
-sneppx_status sneppx_workspace_acquire(sneppx_layer *layer, int64_t batch, int64_t seq_len,
-                                       struct sneppx_workspace **workspace);
-void sneppx_workspace_release(sneppx_layer *layer, struct sneppx_workspace *workspace);
-void sneppx_workspace_free_all(sneppx_layer *layer);
-
-/* threads.c */
-int sneppx_thread_count(const sneppx_layer *layer);
-void *sneppx_alloc_floats(size_t count);   /* 64-byte aligned, huge pages advised */
 
 #endif

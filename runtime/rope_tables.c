@@ -8,7 +8,8 @@
 
 #include "config_internal.h"
 #include "error.h"
-#include "layer_internal.h"
+#include "rope_tables.h"
+#include "threads.h"
 
 static void fill_rows(const double *inv_freq, int64_t half, double factor, int64_t first, int64_t last,
                       float *cos_rows, float *sin_rows)

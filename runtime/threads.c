@@ -4,7 +4,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "layer_internal.h"
+#include "threads.h"
 
 int sneppx_thread_count(const sneppx_layer *layer)
 {

@@ -5,7 +5,8 @@
 #include <string.h>
 
 #include "error.h"
-#include "layer_internal.h"
+#include "weights.h"
+#include "threads.h"
 #include "sneppx/safetensors.h"
 
 sneppx_status sneppx_pack_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *gemm, int64_t instances,

@@ -3,7 +3,8 @@
 #include <stdlib.h>
 
 #include "error.h"
-#include "layer_internal.h"
+#include "workspace.h"
+#include "threads.h"
 
 static int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 

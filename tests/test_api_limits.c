@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "layer_internal.h"
+#include "rope_tables.h"
 #include "sneppx/sneppx.h"
 #include "test_util.h"
 

@@ -1,0 +1,12 @@
+/* Internal: the forward pipeline (runtime/forward.c): projections -> RoPE -> attention -> O projection. */
+#ifndef SNEPPX_RUNTIME_FORWARD_H
+#define SNEPPX_RUNTIME_FORWARD_H
+#include "layer_internal.h"
+
+/* Runs every stage with the layer's kernels and the given attention kernel
+ * (layer.c resolves it for the call's mask mode); arguments already validated. */
+void sneppx_forward_run(const sneppx_layer *layer, const sneppx_kernel *attention, const struct sneppx_workspace *ws,
+                        int64_t batch, int64_t seq_len, const float *hidden, const float *mask,
+                        int64_t mask_batch_stride, float *out);
+
+#endif
