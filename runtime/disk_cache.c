@@ -273,7 +273,7 @@ static int write_fully(int fd, const void *data, size_t size)
     return 0;
 }
 
-/* Whether name[0, length) has the shape of a kernel key (kernel_cache.c):
+/* Whether name[0, length) has the shape of a kernel key (kernel_registry.c):
  * family, then "-<prefix><value>" fields, the last "-v<vector width>", all in
  * [a-z0-9_]. The directory may hold other files (SNEPPX_CACHE_DIR is the
  * user's choice): listing, eviction and clear touch only files named by keys. */

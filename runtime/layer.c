@@ -37,7 +37,7 @@ static void record_kernel(sneppx_layer *layer, const char *key, const sneppx_ker
 }
 
 /* The kernels a layer needs, gathered before any is resolved so that they
- * compile side by side (kernel_cache.c compiles distinct keys concurrently).
+ * compile side by side (kernels.c compiles distinct keys concurrently).
  * At most 13 today: MLA with q LoRA has 9 plus 4 attention variants. */
 #define MAX_REQUESTS (SNEPPX_LAYER_MAX_KERNELS + 4)
 

@@ -2,7 +2,7 @@
 
 One source of truth for key formatting: the generator names AOT functions and
 manifest lines with `kernel_key()`, and the runtime's C key table
-(build/generated/kernel_table.c) is rendered from KERNELS, so the C runtime
+(build/generated/kernel_registry_table.c) is rendered from KERNELS, so the C runtime
 formats exactly the same canonical text.
 
 A key is `<family>-<field><value>-...-<target>` (targets.py names the

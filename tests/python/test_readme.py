@@ -4,10 +4,12 @@ Its one Python block runs as a script under this interpreter, with
 PYTHONPATH and SNEPPX_LIBRARY set, as the README's command line sets them, to
 the package and library these tests use. Its one C block is
 examples/quickstart.c verbatim; the ctest example_quickstart builds and runs
-that file against libsneppx.
+that file against libsneppx, and the README's own `cc` command line compiles
+it against the source tree and the build's rendered headers.
 """
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +57,43 @@ def test_readme_c_example_is_examples_quickstart():
     assert len(blocks.get("c", [])) == 1, "README.md should hold exactly one ```c block"
     assert blocks["c"][0] == C_EXAMPLE.read_text(), \
         "README.md's C example differs from examples/quickstart.c: copy the file into the README"
+
+
+def readme_cc_arguments() -> List[str]:
+    """The README's `cc` command line (shell continuations joined), split as the shell would."""
+    for block in code_blocks(README.read_text()).get("sh", []):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.startswith("cc "):
+                return shlex.split(line.split(" #")[0])
+    raise AssertionError("README.md has no `cc ...` line in a ```sh block")
+
+
+def compile_only(arguments: List[str], build: Path) -> List[str]:
+    """The compile of a cc command line (no link: an ASan build's library needs the sanitizer
+    runtime in every program), with its build/ paths pointing at this build."""
+    out, skip = [], False
+    for argument in arguments:
+        if skip or argument == "-o":
+            skip = not skip
+            continue
+        if argument.startswith(("-L", "-l", "-Wl,")):
+            continue
+        out.append(argument.replace("-Ibuild/", f"-I{build}/"))
+    return out + ["-fsyntax-only"]
+
+
+def test_compile_only_drops_link_and_output():
+    arguments = ["cc", "-Iinclude", "-Ibuild/generated", "a.c", "-Lbuild/runtime", "-Wl,-rpath,x", "-lsneppx",
+                 "-o", "a"]
+    assert compile_only(arguments, Path("/b")) == ["cc", "-Iinclude", "-I/b/generated", "a.c", "-fsyntax-only"]
+
+
+def test_readme_cc_command_compiles_quickstart():
+    build = Path(os.environ.get("SNEPPX_BINARY_DIR") or sneppx.library_path().resolve().parents[1])
+    arguments = readme_cc_arguments()
+    assert "examples/quickstart.c" in arguments, arguments
+    # The compiler is no test subject: without the sanitizer runtime the sanitized build preloads.
+    env = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD"}
+    result = subprocess.run(compile_only(arguments, build), capture_output=True, text=True, cwd=ROOT, env=env,
+                            timeout=300)
+    assert result.returncode == 0, f"README.md's cc command does not compile quickstart.c:\n{result.stderr}"
