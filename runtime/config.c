@@ -174,7 +174,7 @@ static sneppx_status validate_rope(const sneppx_config *config, int64_t rotary_d
     if (rotary_dim <= 0 || rotary_dim % 2 != 0)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.rotary_dim: %lld must be even and > 0",
                            (long long)rotary_dim);
-    if ((int)scaling->type < SNEPPX_ROPE_DEFAULT || scaling->type > SNEPPX_ROPE_YARN)
+    if ((int)scaling->type < SNEPPX_ROPE_DEFAULT || scaling->type >= SNEPPX_ROPE_TYPE_COUNT)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.rope_scaling.type: %d is not a sneppx_rope_type",
                            (int)scaling->type);
     if (scaling->type != SNEPPX_ROPE_DEFAULT && (!(scaling->factor > 0) || !isfinite(scaling->factor)))

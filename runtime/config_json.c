@@ -34,8 +34,6 @@ static const struct model_type model_types[] = {
     {"llama", 2048}, {"mistral", 131072}, {"qwen2", 32768}, {"deepseek_v2", 2048}};
 #define MODEL_TYPE_COUNT (int)(sizeof model_types / sizeof model_types[0])
 
-static const char *const rope_type_names[] = {"default", "linear", "dynamic", "llama3", "yarn"};
-#define ROPE_TYPE_COUNT (int)(sizeof rope_type_names / sizeof rope_type_names[0])
 
 static const char *const rope_keys[] = {
     "rope_type", "type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
@@ -228,14 +226,14 @@ static sneppx_status rope_kind(const struct scope *scope, int *kind)
     const char *name = rope_type ? rope_type : type;
     if (!name)
         return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: rope_scaling.rope_type: missing (nor is 'type' given)");
-    for (int i = 0; i < ROPE_TYPE_COUNT; i++) {
-        if (strcmp(rope_type_names[i], name) == 0) {
+    for (int i = 0; i < sneppx_rope_type_count; i++) {
+        if (strcmp(sneppx_rope_type_names[i], name) == 0) {
             *kind = i;
             return SNEPPX_OK;
         }
     }
     return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: rope_scaling.rope_type: '%s' is not supported "
-                       "(supported: default, linear, dynamic, llama3, yarn)", clip(name, CLIP_BYTES).text);
+                       "(supported: %s)", clip(name, CLIP_BYTES).text, sneppx_rope_type_list);
 }
 
 /* Keys each rope type requires (HF's rope validation asks for the same). */
@@ -253,7 +251,7 @@ static sneppx_status check_required_rope_keys(const struct scope *scope, int kin
             return status;
         if (!item)
             return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: rope_scaling.%s: missing (rope_type '%s' needs it)",
-                               *required, rope_type_names[kind]);
+                               *required, sneppx_rope_type_names[kind]);
     }
     return SNEPPX_OK;
 }

@@ -21,7 +21,8 @@ typedef enum sneppx_rope_type {
     SNEPPX_ROPE_LINEAR = 1,  /* default / factor */
     SNEPPX_ROPE_DYNAMIC = 2, /* HF dynamic NTK: base grows once positions pass max_position_embeddings */
     SNEPPX_ROPE_LLAMA3 = 3,  /* Llama 3.1 frequency smoothing */
-    SNEPPX_ROPE_YARN = 4     /* DeepSeek V2 */
+    SNEPPX_ROPE_YARN = 4,    /* DeepSeek V2 */
+    SNEPPX_ROPE_TYPE_COUNT   /* how many there are (not a type) */
 } sneppx_rope_type;
 
 typedef struct sneppx_rope_scaling {

@@ -23,8 +23,7 @@ SYNTHETIC_SEED = 0x5EED5EED  # SNEPPX_SYNTHETIC_SEED
 
 # sneppx_rope_type by value, and its HF names.
 ROPE_TYPE_NAMES = dict(enumerate(_fields.ROPE_TYPES))
-ROPE_DEFAULT, ROPE_LINEAR, ROPE_DYNAMIC, ROPE_LLAMA3, ROPE_YARN = (
-    _fields.ROPE_TYPES.index(name) for name in ("default", "linear", "dynamic", "llama3", "yarn"))
+ROPE_DEFAULT = _fields.ROPE_TYPES.index("default")
 
 
 _float_p = ctypes.POINTER(ctypes.c_float)

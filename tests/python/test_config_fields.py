@@ -234,3 +234,16 @@ def test_the_source_package_takes_the_structs_of_its_librarys_build(tmp_path):
     assert (f"ImportError: sneppx: _config_fields.py, rendered by the build, is neither in {REPO / 'python' / 'sneppx'} "
             f"nor in {tmp_path / 'python' / 'sneppx'} (the build tree of {tmp_path / 'lib' / 'libsneppx.so'}): "
             "build sneppx") in result.stderr
+
+
+def test_a_rope_type_added_to_the_header_alone_fails_the_build(tmp_path):
+    """sneppx_rope_type and config_fields.ROPE_TYPES (which the readers, the RoPE
+    code and the messages are rendered from) must list the same types."""
+    source = tmp_path / "config_fields.c"
+    source.write_text(tables.config_fields_c())
+    include = _edited_header(tmp_path / "h", "    SNEPPX_ROPE_TYPE_COUNT", "    SNEPPX_ROPE_LONGROPE = 5,\n    SNEPPX_ROPE_TYPE_COUNT")
+    result = subprocess.run([_clang(), "-std=c11", "-Wall", "-Wextra", f"-I{include}", f"-I{GENERATED}",
+                             f"-I{REPO / 'runtime'}", "-fsyntax-only", str(source)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "sneppx_rope_type has exactly the types of config_fields.ROPE_TYPES" in result.stderr

@@ -117,6 +117,7 @@ static const char *rope_type_name(sneppx_rope_type type)
     case SNEPPX_ROPE_DYNAMIC: return "dynamic";
     case SNEPPX_ROPE_LLAMA3: return "llama3";
     case SNEPPX_ROPE_YARN: return "yarn";
+    case SNEPPX_ROPE_TYPE_COUNT: break;
     }
     return "?";
 }
