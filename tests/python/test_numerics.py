@@ -183,3 +183,42 @@ def test_mla_config_pairs_rope_dims_as_deepseek(rng):
     cfg.load_state_dict(weights)
     x, mask, positions = _inputs("left-padding", 2, 24, cfg.hidden_size, 0, rng)
     _check_forward(cfg, hf_config, weights, x, mask, positions, "mla default pairing")
+
+
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("family", ["llama3", "mistral", "deepseek-v2"])
+def test_non_finite_token_stays_in_the_rows_that_see_it(family, mask_kind, rng):
+    """NaN or Inf in one token's hidden state: every row that cannot see that token
+    (later tokens, outside the window, masked) is finite and matches the reference,
+    flash and SDPA alike. Flash used to spread it to every row of the token's
+    K/V tile (NaN at token 10 of 20 gave 20 NaN rows, not 10)."""
+    hf_config = FAMILIES[family]
+    cfg = sneppx.LLMConfig(**hf_config)
+    weights = ref.random_state_dict(hf_config, rng, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
+    cfg.load_state_dict(weights)
+    window = int(hf_config.get("sliding_window", 0))
+    seq_len = 70
+    for token, value in ((10, np.nan), (69, np.inf), (0, np.nan), (40, -np.inf)):
+        x, mask, positions = _inputs(mask_kind, 2, seq_len, cfg.hidden_size, window, rng)
+        x[:, token, 5] = value
+        visible = ref.visible_keys(2, seq_len, mask, window)[:, 0, :, token]          # [b, s]: row sees token
+        blind = ~visible
+        blind[:, token] = False                                                       # its own query is poisoned
+        if not blind.any():
+            continue  # token 0 without a mask: every row sees it
+        with np.errstate(invalid="ignore", over="ignore"):   # NaN / Inf in the reference's poisoned rows
+            want = ref.mha_forward(hf_config, weights, x, mask, positions)
+        outputs = {}
+        for flash in (True, False):
+            cfg.use_flash_attn = flash
+            outputs[flash] = cfg.forward_mha(x, mask, positions)
+            what = f"{family} {mask_kind} token {token} = {value} {'flash' if flash else 'sdpa'}"
+            assert np.isfinite(outputs[flash][blind]).all(), f"{what}: a row that cannot see the token is not finite"
+            _assert_close(outputs[flash][blind], want[blind], f"{what} vs reference on the rows blind to it")
+            seeing = visible.copy()
+            seeing[:, token] = False
+            if np.isnan(value):
+                assert not np.isfinite(outputs[flash][seeing]).all(axis=-1).any(), \
+                    f"{what}: a row that sees the NaN token is finite"
+        _assert_close(outputs[True][blind], outputs[False][blind].astype(np.float64),
+                      f"{family} {mask_kind} token {token} flash vs sdpa", PAIR_MAX_NORMALIZED, PAIR_RMS_RELATIVE)
