@@ -135,18 +135,28 @@ def test_rope_scaling_types(rope_scaling, rng):
         _check_forward(cfg, hf_config, weights, x, mask, positions, f"{rope_scaling['rope_type']} {kind}")
 
 
-def test_extend_context_static_ntk(rng):
-    hf_config = dict(FAMILIES["llama2"], max_position_embeddings=64)
+# Static NTK's exponent uses the rotary dim: partial rotary and MLA rotate fewer dims than head_dim.
+EXTENDED = {
+    "llama2": (dict(FAMILIES["llama2"], max_position_embeddings=64), 2048),
+    "partial-rotary": (dict(FAMILIES["llama3"], partial_rotary_factor=0.25, max_position_embeddings=64), 2048),
+    "mla-yarn": (FAMILIES["deepseek-v2"], 4096),
+    "mla": (dict(FAMILIES["deepseek-v2-lite-like"], max_position_embeddings=64), 2048),
+}
+
+
+@pytest.mark.parametrize("name", list(EXTENDED))
+def test_extend_context_static_ntk(name, rng):
+    hf_config, n = EXTENDED[name]
     cfg = sneppx.LLMConfig(**hf_config)
-    # 64 -> 2048: the explicit inputs' positions (up to ~1060) stay inside the extended context.
-    cfg.extend_context(2048)
-    extended = ref.extend_context(hf_config, 2048)
-    assert cfg.max_position_embeddings == 2048
+    # The explicit inputs' positions (up to ~1060) stay inside the extended context.
+    cfg.extend_context(n)
+    extended = ref.extend_context(hf_config, n)
+    assert cfg.max_position_embeddings == n
     assert cfg.rope_theta == pytest.approx(extended["rope_theta"], rel=1e-12)
-    weights = ref.random_state_dict(hf_config, rng, qkv_bias=False, o_bias=False)
+    weights = ref.random_state_dict(hf_config, rng, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
     cfg.load_state_dict(weights)
     x, mask, positions = _inputs("explicit", 2, 40, cfg.hidden_size, 0, rng)
-    _check_forward(cfg, extended, weights, x, mask, positions, "extend_context 64 -> 2048")
+    _check_forward(cfg, extended, weights, x, mask, positions, f"{name} extend_context -> {n}")
 
 
 @pytest.mark.parametrize("layout", ["partial", "interleaved"])
