@@ -87,6 +87,11 @@ struct sneppx_layer {
 };
 
 /* layer.c */
+/* A layer with its kernels resolved and no weights packed (every panel NULL):
+ * for tests that put their own kernels in its place and follow the forward's
+ * stages and tasks (tests/test_vendored_agreement.c) at a preset's size
+ * without its weights. Its forward must not run the real kernels. */
+sneppx_status sneppx_layer_create_unpacked(const sneppx_config *config, sneppx_layer **layer);
 sneppx_status sneppx_layer_attention_kernel(sneppx_layer *layer, int flash, int explicit_mask,
                                             const sneppx_kernel **kernel);
 

@@ -82,7 +82,7 @@ class AotLayer:
         self._scratch_floats.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
         self._forward = getattr(lib, prefix + "_forward")
         self._forward.restype = ctypes.c_int
-        self._forward.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int]
+        self._forward.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 6 + [ctypes.c_int]
         self._last_error = getattr(lib, prefix + "_last_error")
         self._last_error.restype, self._last_error.argtypes = ctypes.c_char_p, []
         self.packed: Optional[np.ndarray] = None
@@ -109,9 +109,11 @@ class AotLayer:
         x = np.ascontiguousarray(x, dtype=np.float32)
         mask = None if mask is None else np.ascontiguousarray(mask, dtype=np.float32)
         positions = None if positions is None else np.ascontiguousarray(positions, dtype=np.int64)
+        shape = None if mask is None else np.array(mask.shape, np.int64)
         out = np.empty_like(x)
         status = self._forward(self.packed.ctypes.data, batch, seq_len, x.ctypes.data,
                                None if mask is None else mask.ctypes.data,
+                               None if shape is None else shape.ctypes.data,
                                None if positions is None else positions.ctypes.data,
                                out.ctypes.data, scratch.ctypes.data, threads)
         assert status == 0, f"forward: {self._last_error().decode()}"
