@@ -1,14 +1,13 @@
 /* The forward pipeline: projections -> RoPE -> attention -> O projection, each
- * stage a parallel loop (OpenMP) over the tiles of single-threaded JIT kernels. */
+ * stage a parallel loop (OpenMP) over the tiles of single-threaded JIT kernels.
+ * Every vendored layer runs the same stages over the same tasks
+ * (templates/layer*.c.j2; tests/test_vendored_agreement.c compares the two). */
 #include <omp.h>
 #include <string.h>
 
 #include "forward.h"
 #include "threads.h"
 #include "sneppx_abi.h"
-
-/* Rows per RoPE / RMSNorm task. */
-#define ROW_TILE 32
 
 static struct sneppx_args new_args(void)
 {
@@ -57,12 +56,12 @@ static void run_gemm(const sneppx_layer *layer, const struct sneppx_packed_gemm 
 static void run_rope(const sneppx_layer *layer, const struct sneppx_workspace *ws, float *data, int64_t stride,
                      int64_t heads, int64_t head_stride, int64_t rows)
 {
-    const int64_t tasks = ceil_div(rows, ROW_TILE);
+    const int64_t tasks = ceil_div(rows, SNEPPX_ROW_TASK_ROWS);
 #pragma omp parallel for schedule(static) num_threads(sneppx_thread_count(layer))
     for (int64_t task = 0; task < tasks; task++) {
         struct sneppx_args args = new_args();
-        args.row_begin = task * ROW_TILE;
-        args.row_end = args.row_begin + ROW_TILE < rows ? args.row_begin + ROW_TILE : rows;
+        args.row_begin = task * SNEPPX_ROW_TASK_ROWS;
+        args.row_end = args.row_begin + SNEPPX_ROW_TASK_ROWS < rows ? args.row_begin + SNEPPX_ROW_TASK_ROWS : rows;
         args.dst = data;
         args.dst_stride = stride;
         args.rope_heads = heads;
@@ -76,12 +75,12 @@ static void run_rope(const sneppx_layer *layer, const struct sneppx_workspace *w
 static void run_rmsnorm(const sneppx_layer *layer, const sneppx_kernel *kernel, const float *weight, float *data,
                         int64_t stride, int64_t rows)
 {
-    const int64_t tasks = ceil_div(rows, ROW_TILE);
+    const int64_t tasks = ceil_div(rows, SNEPPX_ROW_TASK_ROWS);
 #pragma omp parallel for schedule(static) num_threads(sneppx_thread_count(layer))
     for (int64_t task = 0; task < tasks; task++) {
         struct sneppx_args args = new_args();
-        args.row_begin = task * ROW_TILE;
-        args.row_end = args.row_begin + ROW_TILE < rows ? args.row_begin + ROW_TILE : rows;
+        args.row_begin = task * SNEPPX_ROW_TASK_ROWS;
+        args.row_end = args.row_begin + SNEPPX_ROW_TASK_ROWS < rows ? args.row_begin + SNEPPX_ROW_TASK_ROWS : rows;
         args.src = data;
         args.src_stride = stride;
         args.dst = data;
@@ -142,8 +141,8 @@ static void forward_standard(const sneppx_layer *layer, const struct sneppx_work
     const int64_t tokens = batch * seq_len, hidden_size = layer->config.hidden_size;
     const int64_t qkv_dim = layer->qkv_dim, head_dim = layer->head_dim;
     run_gemm(layer, &layer->qkv_proj, 1, hidden, hidden_size, 0, ws->qkv, qkv_dim, 0, tokens);
-    run_rope(layer, ws, ws->qkv, qkv_dim, layer->config.num_attention_heads, head_dim, tokens);
-    run_rope(layer, ws, ws->qkv + layer->q_dim, qkv_dim, layer->kv_heads, head_dim, tokens);
+    /* q heads then k heads are contiguous in each qkv row: one pass rotates both. */
+    run_rope(layer, ws, ws->qkv, qkv_dim, layer->config.num_attention_heads + layer->kv_heads, head_dim, tokens);
     const struct attention_operands ops = {
         .q = ws->qkv, .k = ws->qkv + layer->q_dim, .v = ws->qkv + layer->q_dim + layer->kv_dim, .o = ws->attn_out,
         .q_stride = qkv_dim, .k_stride = qkv_dim, .v_stride = qkv_dim, .o_stride = layer->attn_dim,

@@ -134,11 +134,8 @@ static sneppx_status resolve_requests(sneppx_layer *layer, struct kernel_request
     return SNEPPX_OK;
 }
 
-/* The attention kernel of this layer for (flash, explicit mask), resolved on
- * first use (a layer made with flash resolves SDPA when switched, and the
- * explicit-mask variant at its first masked call). Thread-safe. */
-static sneppx_status attention_kernel(sneppx_layer *layer, int flash, int explicit_mask,
-                                      const sneppx_kernel **kernel)
+sneppx_status sneppx_layer_attention_kernel(sneppx_layer *layer, int flash, int explicit_mask,
+                                            const sneppx_kernel **kernel)
 {
     const sneppx_kernel *cached = atomic_load_explicit(&layer->attention[flash][explicit_mask],
                                                        memory_order_acquire);
@@ -272,6 +269,20 @@ sneppx_status sneppx_layer_create(const sneppx_config *config, const sneppx_weig
     return SNEPPX_OK;
 }
 
+sneppx_status sneppx_layer_create_unpacked(const sneppx_config *config, sneppx_layer **out)
+{
+    sneppx_clear_error();
+    *out = NULL;
+    sneppx_layer *layer = NULL;
+    sneppx_status status = layer_init(config, 0, &layer);
+    if (status != SNEPPX_OK) {
+        sneppx_layer_destroy(layer);
+        return status;
+    }
+    *out = layer;
+    return SNEPPX_OK;
+}
+
 sneppx_status sneppx_layer_warmup(const sneppx_config *config)
 {
     sneppx_clear_error();
@@ -291,7 +302,7 @@ sneppx_status sneppx_layer_set_flash(sneppx_layer *layer, int use_flash_attn)
     if (use_flash_attn != 0 && use_flash_attn != 1)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "use_flash_attn: %d must be 0 or 1", use_flash_attn);
     const sneppx_kernel *attention;
-    sneppx_status status = attention_kernel(layer, use_flash_attn, 0, &attention);
+    sneppx_status status = sneppx_layer_attention_kernel(layer, use_flash_attn, 0, &attention);
     if (status != SNEPPX_OK)
         return status;
     atomic_store(&layer->use_flash, use_flash_attn);
@@ -385,7 +396,12 @@ void sneppx_layer_destroy(sneppx_layer *layer)
     free(layer);
 }
 
-/* Forward: validate every argument before touching out. */
+/* Both rendered from limits.py: the public bounds are the ones every forward checks. */
+_Static_assert(SNEPPX_MAX_SEQ_LEN == SNEPPX_FORWARD_MAX_SEQ_LEN, "limits.h's SNEPPX_MAX_SEQ_LEN is the ABI's");
+_Static_assert(SNEPPX_MAX_TOKENS == SNEPPX_FORWARD_MAX_TOKENS, "limits.h's SNEPPX_MAX_TOKENS is the ABI's");
+
+/* Forward: validate every argument before touching out, with the checks every
+ * vendored layer makes (templates/forward_checks.h.j2). */
 sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t seq_len,
                                    const float *hidden_states, const float *attention_mask,
                                    const int64_t mask_shape[4], const int64_t *position_ids,
@@ -394,65 +410,30 @@ sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t s
     sneppx_clear_error();
     if (!layer)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer: must not be NULL");
-    if (batch <= 0 || batch > SNEPPX_MAX_SEQ_LEN)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "batch: %lld must be in [1, 2^24]", (long long)batch);
-    if (seq_len <= 0 || seq_len > SNEPPX_MAX_SEQ_LEN)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "seq_len: %lld must be in [1, 2^24]",
-                           (long long)seq_len);
     const sneppx_config *config = &layer->config;
-    int64_t tokens;
-    if (__builtin_mul_overflow(batch, seq_len, &tokens) || tokens > SNEPPX_MAX_TOKENS ||
-        tokens * (layer->qkv_dim + layer->attn_dim + config->hidden_size) > ((int64_t)1 << 40))
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                           "batch * seq_len: %lld x %lld tokens is too large for this layer",
-                           (long long)batch, (long long)seq_len);
+    char message[256];
+    if (sneppx_forward_check_sizes(batch, seq_len,
+                                   sneppx_forward_floats_per_token(layer->qkv_dim, layer->attn_dim,
+                                                                   config->hidden_size),
+                                   message, sizeof message))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s", message);
+    const int64_t tokens = batch * seq_len;
     if (!hidden_states)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "hidden_states: must not be NULL");
     if (!out)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "out: must not be NULL");
     int64_t mask_batch_stride = 0;
-    if (attention_mask) {
-        if (!mask_shape)
-            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                               "mask_shape: must give the 4 dimensions of attention_mask");
-        if ((mask_shape[0] != batch && mask_shape[0] != 1) || mask_shape[1] != 1 ||
-            mask_shape[2] != seq_len || mask_shape[3] != seq_len) {
-            /* A batch of 1 makes both accepted shapes the same: say it once. */
-            char broadcast[96] = "";
-            if (batch != 1)
-                snprintf(broadcast, sizeof broadcast, " (or [1, 1, %lld, %lld] for every sequence)",
-                         (long long)seq_len, (long long)seq_len);
-            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                               "attention_mask: shape [%lld, %lld, %lld, %lld], expected [%lld, 1, %lld, %lld]%s",
-                               (long long)mask_shape[0], (long long)mask_shape[1], (long long)mask_shape[2],
-                               (long long)mask_shape[3], (long long)batch, (long long)seq_len,
-                               (long long)seq_len, broadcast);
-        }
-        mask_batch_stride = mask_shape[0] == 1 ? 0 : seq_len * seq_len;
-    }
-    int64_t max_position = seq_len - 1;
-    if (position_ids) {
-        max_position = 0;
-        for (int64_t i = 0; i < tokens; i++) {
-            if (position_ids[i] < 0)
-                return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "position_ids: entry %lld is negative (%lld)",
-                                   (long long)i, (long long)position_ids[i]);
-            if (position_ids[i] > max_position)
-                max_position = position_ids[i];
-        }
-    }
-    /* Dynamic NTK exists to run past max_position_embeddings; every other type stops there. */
-    if (config->rope_scaling.type != SNEPPX_ROPE_DYNAMIC && max_position >= config->max_position_embeddings)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                           "position_ids: position %lld is beyond max_position_embeddings %lld "
-                           "(extend_context() raises it)",
-                           (long long)max_position, (long long)config->max_position_embeddings);
-    if (max_position > ((int64_t)1 << 40))
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "position_ids: position %lld is too large",
-                           (long long)max_position);
+    if (attention_mask &&
+        sneppx_forward_check_mask_shape(batch, seq_len, mask_shape, &mask_batch_stride, message, sizeof message))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s", message);
+    int64_t max_position;
+    if (sneppx_forward_check_positions(position_ids, tokens, seq_len, config->max_position_embeddings,
+                                       config->rope_scaling.type == SNEPPX_ROPE_DYNAMIC,
+                                       " (extend_context() raises it)", &max_position, message, sizeof message))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s", message);
 
     const sneppx_kernel *attention;
-    sneppx_status status = attention_kernel(layer, atomic_load(&layer->use_flash), attention_mask != NULL, &attention);
+    sneppx_status status = sneppx_layer_attention_kernel(layer, atomic_load(&layer->use_flash), attention_mask != NULL, &attention);
     if (status != SNEPPX_OK)
         return status;
     struct sneppx_workspace *workspace;

@@ -84,4 +84,16 @@ struct sneppx_layer {
     size_t keys_len;
 };
 
+/* layer.c, for tests */
+/* A layer with its kernels resolved and no weights packed (every panel NULL):
+ * for tests that put their own kernels in its place and follow the forward's
+ * stages and tasks (tests/test_vendored_agreement.c) at a preset's size
+ * without its weights. Its forward must not run the real kernels. */
+sneppx_status sneppx_layer_create_unpacked(const sneppx_config *config, sneppx_layer **layer);
+/* The layer's attention kernel for (flash, explicit mask), resolved on first
+ * use (a layer made with flash resolves SDPA when switched, and the
+ * explicit-mask variant at its first masked call). Thread-safe. */
+sneppx_status sneppx_layer_attention_kernel(sneppx_layer *layer, int flash, int explicit_mask,
+                                            const sneppx_kernel **kernel);
+
 #endif

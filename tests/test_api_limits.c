@@ -7,6 +7,10 @@
  *   rope         one token at a far position (max_position_embeddings 2^40)
  *                gets its cos/sin row without a table of every earlier
  *                position, bitwise equal to the cached rows' formula
+ *   yarn         past that cache, rows carry YaRN's attention factor as cached
+ *                rows do: a sequence at positions 1000+i and the same one past
+ *                the cache give the same output (RoPE is relative), and both
+ *                match the float64 reference
  *   threads      num_threads 1: creating a layer (synthetic weights, packing,
  *                RoPE tables) and a forward start no thread beside the caller
  *                (they ran OpenMP's default pool, every core, before)
@@ -19,8 +23,11 @@
 
 #include "layer_internal.h"
 #include "rope_tables.h"
+#include "mha_reference.h"
 #include "sneppx/sneppx.h"
+#include "test_forward_case.h"
 #include "test_util.h"
+#include "test_weights.h"
 
 static test_tally tally;
 
@@ -92,12 +99,24 @@ static void test_flops(void)
 
 /* ---- rope ------------------------------------------------------------------------- */
 
+/* YaRN without an mscale pair: cos/sin carry 0.1 ln 4 + 1, not 1. */
+static void yarn_scaling(sneppx_config *config)
+{
+    config->rope_scaling.type = SNEPPX_ROPE_YARN;
+    config->rope_scaling.factor = 4.0;
+    config->rope_scaling.original_max_position_embeddings = 4096;
+    config->rope_scaling.beta_fast = 32.0;
+    config->rope_scaling.beta_slow = 1.0;
+}
+
 /* One far token: its row equals cos/sin(position * inv_freq) * factor computed
  * in double and rounded once, as every cached row is; the cache stays bounded. */
-static void test_rope_far_positions(void)
+static void test_rope_far_positions(int yarn)
 {
     sneppx_config config;
     small_config(&config, 0, (int64_t)1 << 40);
+    if (yarn)
+        yarn_scaling(&config);
     sneppx_layer *layer = make_layer(&config);
     if (!layer)
         return;
@@ -137,7 +156,10 @@ static void test_rope_far_positions(void)
                            i, cos_rows[t * 8 + i], sin_rows[t * 8 + i], want_cos, want_sin);
             }
         }
-    TEST_CHECK(&tally, mismatches == 0, "%d cos/sin values differ from the double-precision formula", mismatches);
+    TEST_CHECK(&tally, mismatches == 0, "%s: %d cos/sin values differ from the double-precision formula (factor %.17g)",
+               yarn ? "yarn" : "default", mismatches, factor);
+    TEST_CHECK(&tally, !yarn || fabs(factor - (0.1 * log(4.0) + 1.0)) < 1e-12, "yarn attention factor %.17g",
+               factor);
 
     /* Through the public forward: one token at the last legal position. */
     float hidden[64], out[64];
@@ -152,6 +174,60 @@ static void test_rope_far_positions(void)
                sneppx_status_name(status), sneppx_last_error());
 done:
     sneppx_layer_destroy(layer);
+}
+
+/* A sequence at positions 1000+i and the same sequence past the cache: RoPE is
+ * relative, so the outputs agree (flash vs SDPA budget), and each matches the
+ * float64 reference (tests/support/test_forward_case.h's budget). */
+static void test_yarn_past_the_cache(void)
+{
+    enum { SEQ = 24, HIDDEN = 64 };
+    sneppx_config config;
+    small_config(&config, 0, (int64_t)1 << 40);
+    yarn_scaling(&config);
+    test_weights weights;
+    if (!TEST_CHECK(&tally, test_weights_random(&config, 0xfa7, &weights) == 0, "weights: out of memory"))
+        return;
+    sneppx_layer *layer = NULL;
+    if (!TEST_CHECK(&tally, sneppx_layer_create(&config, &weights.view, &layer) == SNEPPX_OK, "layer: %s",
+                    sneppx_last_error())) {
+        test_weights_free(&weights);
+        return;
+    }
+    const int64_t limit = sneppx_rope_cache_limit(layer);
+    static float hidden[SEQ * HIDDEN], near_out[SEQ * HIDDEN], far_out[SEQ * HIDDEN];
+    static double near_want[SEQ * HIDDEN], far_want[SEQ * HIDDEN];
+    test_rng rng = test_rng_seeded(11);
+    test_fill_uniform(&rng, hidden, SEQ * HIDDEN, 1.0f);
+    int64_t near[SEQ], far[SEQ];
+    for (int64_t i = 0; i < SEQ; i++) {
+        near[i] = 1000 + i;
+        far[i] = limit + 1000 + i;
+    }
+    sneppx_status status = sneppx_layer_forward(layer, 1, SEQ, hidden, NULL, NULL, near, near_out);
+    if (status == SNEPPX_OK)
+        status = sneppx_layer_forward(layer, 1, SEQ, hidden, NULL, NULL, far, far_out);
+    TEST_CHECK(&tally, status == SNEPPX_OK, "yarn forward: %s", sneppx_last_error());
+    TEST_CHECK(&tally, layer->cached_positions <= limit && far[0] >= limit,
+               "positions from %lld must be past the cache (%lld positions)", (long long)far[0], (long long)limit);
+    const char *problem = ref_mha_forward(&config, &weights.view, 1, SEQ, hidden, NULL, near, near_want);
+    if (!problem)
+        problem = ref_mha_forward(&config, &weights.view, 1, SEQ, hidden, NULL, far, far_want);
+    TEST_CHECK(&tally, problem == NULL, "reference: %s", problem);
+    const test_error shifted = test_compare_float(far_out, near_out, SEQ * HIDDEN);
+    TEST_CHECK(&tally, test_error_within(&shifted, TEST_PAIR_MAX_NORMALIZED, TEST_PAIR_RMS_RELATIVE),
+               "yarn: positions %lld+i (past the cache) vs 1000+i: max %.2e rms %.2e (limits %.0e / %.0e)",
+               (long long)far[0], shifted.max_normalized, shifted.rms_relative, TEST_PAIR_MAX_NORMALIZED,
+               TEST_PAIR_RMS_RELATIVE);
+    const test_error near_error = test_compare(near_out, near_want, SEQ * HIDDEN);
+    const test_error far_error = test_compare(far_out, far_want, SEQ * HIDDEN);
+    TEST_CHECK(&tally, test_error_within(&near_error, TEST_REF_MAX_NORMALIZED, TEST_REF_RMS_RELATIVE) &&
+                           test_error_within(&far_error, TEST_REF_MAX_NORMALIZED, TEST_REF_RMS_RELATIVE),
+               "yarn vs reference: cached positions max %.2e rms %.2e, past the cache max %.2e rms %.2e",
+               near_error.max_normalized, near_error.rms_relative, far_error.max_normalized,
+               far_error.rms_relative);
+    sneppx_layer_destroy(layer);
+    test_weights_free(&weights);
 }
 
 /* ---- threads ---------------------------------------------------------------------- */
@@ -197,6 +273,8 @@ int main(void)
 {
     test_one_thread();
     test_flops();
-    test_rope_far_positions();
+    test_rope_far_positions(0);
+    test_rope_far_positions(1);
+    test_yarn_past_the_cache();
     return test_finish(&tally);
 }

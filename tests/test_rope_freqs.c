@@ -89,6 +89,42 @@ static void test_extend_context(void)
                "extend_context to fewer positions (8192 < 16384) must be rejected");
 }
 
+/* Static NTK's exponent is d/(d-2) with d the ROTARY dim, not head_dim: partial
+ * rotary (d 64, 32 rotated): theta' = 1e4 * 4^(32/30); DeepSeek-V2-Lite (head_dim
+ * 128 + 64, the 64 rope dims rotated): theta' = 1e4 * 2^(64/62). With head_dim they
+ * would be 1e4 * 4^(64/62) = 41829.4 and 1e4 * 2^(192/190) (or 2^(128/126)). */
+static void test_extend_context_rotary_dim(void)
+{
+    sneppx_config partial;
+    sneppx_config_init(&partial);
+    partial.hidden_size = 256;
+    partial.num_attention_heads = partial.num_key_value_heads = 4;
+    partial.rotary_dim = 32;
+    partial.max_position_embeddings = 2048;
+    sneppx_config reference = partial;
+    TEST_CHECK(&tally, sneppx_config_extend_context(&partial, 8192) == SNEPPX_OK, "%s", sneppx_last_error());
+    TEST_CHECK(&tally, close_to(partial.rope_theta, 43872.99918778503, HAND_TOLERANCE),
+               "partial rotary (32 of 64 dims) extended rope_theta %.17g, hand value 43872.99918778503",
+               partial.rope_theta);
+    ref_extend_context(&reference, 8192);
+    TEST_CHECK(&tally, close_to(partial.rope_theta, reference.rope_theta, HAND_TOLERANCE),
+               "partial rotary extended rope_theta %.17g, reference %.17g", partial.rope_theta,
+               reference.rope_theta);
+
+    sneppx_config mla;
+    if (!TEST_CHECK(&tally, sneppx_config_from_name("deepseek-v2", "lite", &mla) == SNEPPX_OK, "%s",
+                    sneppx_last_error()))
+        return;
+    reference = mla;
+    TEST_CHECK(&tally, sneppx_config_extend_context(&mla, 327680) == SNEPPX_OK, "%s", sneppx_last_error());
+    TEST_CHECK(&tally, close_to(mla.rope_theta, 20452.228712025368, HAND_TOLERANCE),
+               "deepseek-v2-lite (64 rope dims) extended rope_theta %.17g, hand value 20452.228712025368",
+               mla.rope_theta);
+    ref_extend_context(&reference, 327680);
+    TEST_CHECK(&tally, close_to(mla.rope_theta, reference.rope_theta, HAND_TOLERANCE),
+               "deepseek-v2-lite extended rope_theta %.17g, reference %.17g", mla.rope_theta, reference.rope_theta);
+}
+
 /* DeepSeek V2 YaRN over the 64 rope dims: corr dims 10.47 / 22.51 -> range (10, 23);
  * inv/base = 1 for i <= 10, 1 - (i-10)/13 * 0.975 up to 0.1 at i = 22, 1/40 after. */
 static void test_yarn(const char *size)
@@ -215,6 +251,7 @@ int main(void)
 {
     test_llama3();
     test_extend_context();
+    test_extend_context_rotary_dim();
     test_yarn("236B");
     test_yarn("lite");
     test_hand_types();

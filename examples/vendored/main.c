@@ -95,7 +95,7 @@ int main(int argc, char **argv)
     double best = INFINITY;
     for (int run = 0; run < 4; run++) {
         const double start = seconds();
-        const int status = LAYER(_forward)(packed, batch, seq_len, hidden_states, NULL, NULL, out, scratch, threads);
+        const int status = LAYER(_forward)(packed, batch, seq_len, hidden_states, NULL, NULL, NULL, out, scratch, threads);
         const double elapsed = seconds() - start;
         if (status != SNEPPX_AOT_OK) {
             fprintf(stderr, "vendored: forward failed: %s\n", LAYER(_last_error)());
@@ -118,7 +118,7 @@ int main(int argc, char **argv)
     printf("forward: %.3f ms (best of 3 after a warm-up call)\n", best * 1e3);
 
     /* Errors come back as codes with a message naming the argument; nothing aborts. */
-    const int status = LAYER(_forward)(packed, batch, 0, hidden_states, NULL, NULL, out, scratch, threads);
+    const int status = LAYER(_forward)(packed, batch, 0, hidden_states, NULL, NULL, NULL, out, scratch, threads);
     printf("seq_len 0 -> status %d: %s\n", status, LAYER(_last_error)());
 
     free(packed);

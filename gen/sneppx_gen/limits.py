@@ -19,6 +19,8 @@ Why each bound:
 - MAX_SEQ_LEN, MAX_TOKENS: a forward call's batch and seq_len each, and their
   product; tokens x any dimension stays far from overflow, and int32 lane
   arithmetic in the attention kernels stays exact.
+- MAX_ACTIVATION_FLOATS: a forward call's activations (tokens x the floats a
+  token keeps, templates/forward_checks.h.j2), far from size_t overflow.
 """
 from dataclasses import dataclass
 from typing import Tuple
@@ -32,6 +34,7 @@ MAX_POSITIONS = 1 << 40
 MAX_THREADS = 1024
 MAX_SEQ_LEN = 1 << 24
 MAX_TOKENS = 1 << 26
+MAX_ACTIVATION_FLOATS = 1 << 40
 NAME_MAX = 64
 
 # (macro suffix, value, what it bounds) of sneppx/limits.h, in its order.

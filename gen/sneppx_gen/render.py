@@ -12,7 +12,7 @@ from typing import Dict, Optional, Union
 
 import jinja2
 
-from . import config_fields, paths
+from . import config_fields, limits, paths
 from .kernels import KERNELS, Kernel, check_values, kernel_key, symbol_of_key
 from .targets import TARGETS, target_of_width
 
@@ -89,6 +89,8 @@ def environment() -> jinja2.Environment:
         _environment.filters["c_comment"] = c_comment
         # The RoPE types by value (rope_freqs.c.j2's enum), from the config field list.
         _environment.globals["rope_types"] = config_fields.ROPE_TYPES
+        # The bounds of limits.py (forward_checks.h.j2), as sneppx/limits.h has them.
+        _environment.globals["limits"] = limits
     return _environment
 
 

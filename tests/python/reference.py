@@ -194,7 +194,15 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, visible
     p = np.where(visible, p, 0.0)
     total = p.sum(axis=-1, keepdims=True)
     p = np.divide(p, total, out=np.zeros_like(p), where=total > 0)
-    return np.einsum("bhij,bhjd->bhid", p, v)
+    # A hidden key adds nothing to a row, whatever its value holds (0 * NaN is NaN):
+    # non-finite value rows reach only the rows that see them.
+    finite = np.isfinite(v)
+    out = np.einsum("bhij,bhjd->bhid", p, np.where(finite, v, 0.0))
+    if not finite.all():
+        seen = np.broadcast_to(visible, p.shape)
+        for b, h, j in zip(*np.nonzero(~finite.all(axis=-1))):
+            out[b, h] += np.where(seen[b, h, :, j, None], p[b, h, :, j, None] * v[b, h, j], 0.0)
+    return out
 
 
 def linear(x: np.ndarray, weights: Mapping[str, np.ndarray], name: str) -> np.ndarray:

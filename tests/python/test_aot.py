@@ -3,8 +3,11 @@ into a shared library, ctypes runs it, and its output must match the float64
 reference (reference.py) and the JIT path (the sneppx package) on the same weights.
 
 Configs: hand-built ones given to `sneppx-gen --config FILE.json` (GQA ratios,
-windows, bias combinations, every RoPE type and layout, flash and SDPA) and the
-presets llama3-8B, mistral-7B and qwen2-0.5B (`sneppx-gen --arch NAME`).
+windows, bias combinations, every RoPE type and layout, flash and SDPA), every
+family's small stand-in (families.py; MLA with and without q LoRA and YaRN), and
+the presets llama3-8B, mistral-7B and qwen2-0.5B (`sneppx-gen --arch NAME`); masks
+per sequence and one for all, irregular position_ids. The softmax scale literal of
+the vendored file is the runtime's float.
 Thresholds: reference.FP32_* against float64; AOT vs JIT 5e-5 / 1e-5 (both fp32,
 the same kernels, partitioned differently over threads).
 """
@@ -22,6 +25,7 @@ import pytest
 
 import reference as ref
 import sneppx
+from families import FAMILIES, make_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 SNEPPX_GEN = REPO / "gen" / "sneppx-gen"
@@ -82,7 +86,7 @@ class AotLayer:
         self._scratch_floats.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
         self._forward = getattr(lib, prefix + "_forward")
         self._forward.restype = ctypes.c_int
-        self._forward.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int]
+        self._forward.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 6 + [ctypes.c_int]
         self._last_error = getattr(lib, prefix + "_last_error")
         self._last_error.restype, self._last_error.argtypes = ctypes.c_char_p, []
         self.packed: Optional[np.ndarray] = None
@@ -109,9 +113,11 @@ class AotLayer:
         x = np.ascontiguousarray(x, dtype=np.float32)
         mask = None if mask is None else np.ascontiguousarray(mask, dtype=np.float32)
         positions = None if positions is None else np.ascontiguousarray(positions, dtype=np.int64)
+        shape = None if mask is None else np.array(mask.shape, np.int64)
         out = np.empty_like(x)
         status = self._forward(self.packed.ctypes.data, batch, seq_len, x.ctypes.data,
                                None if mask is None else mask.ctypes.data,
+                               None if shape is None else shape.ctypes.data,
                                None if positions is None else positions.ctypes.data,
                                out.ctypes.data, scratch.ctypes.data, threads)
         assert status == 0, f"forward: {self._last_error().decode()}"
@@ -142,17 +148,6 @@ def _jit_config(hf_config: Dict[str, Any]) -> "sneppx.LLMConfig":
     return sneppx.LLMConfig(**kwargs)
 
 
-def _inputs(kind: str, batch: int, seq_len: int, hidden: int, window: int, rng: np.random.Generator):
-    x = rng.uniform(-1.0, 1.0, (batch, seq_len, hidden)).astype(np.float32)
-    if kind == "none":
-        return x, None, None
-    if kind == "explicit":
-        positions = 1000 + np.arange(seq_len)[None, :] + 17 * np.arange(batch)[:, None]
-        return x, ref.causal_additive_mask(batch, seq_len, 0, rng), positions
-    mask, positions = ref.left_padding([seq_len // 3] + [0] * (batch - 1), seq_len, window)
-    return x, mask, positions
-
-
 def _assert_close(got, want, what, max_normalized, rms_relative):
     err_max, err_rms = ref.normalized_error(got, want)
     assert err_max <= max_normalized and err_rms <= rms_relative, (
@@ -164,7 +159,7 @@ def _check(layer: AotLayer, hf_config: Dict[str, Any], jit: "sneppx.LLMConfig", 
            what: str) -> None:
     window = int(hf_config.get("sliding_window") or 0)
     for kind, batch, seq_len in cases:
-        x, mask, positions = _inputs(kind, batch, seq_len, int(hf_config["hidden_size"]), window, rng)
+        x, mask, positions = make_inputs(kind, batch, seq_len, int(hf_config["hidden_size"]), window, rng)
         want = ref.mha_forward(hf_config, weights, x, mask, positions)
         got = layer.forward(x, mask, positions)
         label = f"{what} {kind} b{batch} s{seq_len}"
@@ -189,10 +184,11 @@ def test_hand_config(name, tmp_path, rng):
     layer.load(weights)
     jit = _jit_config(reference_config)
     jit.load_state_dict(weights)
-    cases = [("none", 2, 1), ("none", 2, 70), ("explicit", 2, 37), ("left-padding", 2, 45)]
+    cases = [("none", 2, 1), ("none", 2, 70), ("explicit", 2, 37), ("left-padding", 2, 45), ("irregular", 2, 40),
+             ("broadcast", 2, 33)]
     if hf_config.get("rope_scaling", {}).get("rope_type") == "dynamic":
         # Dynamic NTK reacts to positions past max_position_embeddings (40), not to offsets.
-        cases = [("none", 2, 1), ("none", 2, 70), ("left-padding", 2, 100)]
+        cases = [("none", 2, 1), ("none", 2, 70), ("left-padding", 2, 100), ("irregular", 2, 30)]
     _check(layer, reference_config, jit, weights, cases, rng, name)
 
 
@@ -205,4 +201,40 @@ def test_preset(name, tmp_path, rng):
     layer.load(weights)
     jit = sneppx.LLMConfig.from_name(name)
     jit.load_state_dict(weights)
-    _check(layer, hf_config, jit, weights, [("none", 1, 5), ("left-padding", 2, 9)], rng, name)
+    _check(layer, hf_config, jit, weights, [("none", 1, 5), ("left-padding", 2, 9), ("irregular", 2, 7)], rng, name)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family(family, tmp_path, rng):
+    """Every family's small stand-in (tests/python/families.py, which test_numerics.py
+    runs through the runtime): the vendored layer against the float64 reference and
+    the runtime, with every mask and position kind."""
+    hf_config = FAMILIES[family]
+    config_file = tmp_path / f"{family}.json"
+    config_file.write_text(json.dumps(dict(hf_config, name=family)))
+    layer = _generate(["--config", str(config_file)], tmp_path / "out")
+    jit = sneppx.LLMConfig(**hf_config)
+    weights = ref.random_state_dict(hf_config, rng, qkv_bias=jit.qkv_bias, o_bias=jit.o_bias)
+    layer.load(weights)
+    jit.load_state_dict(weights)
+    cases = [("none", 2, 1), ("none", 2, 70), ("explicit", 2, 37), ("left-padding", 2, 45), ("irregular", 2, 40),
+             ("broadcast", 2, 33)]
+    _check(layer, hf_config, jit, weights, cases, rng, family)
+
+
+@pytest.mark.parametrize("family", ["deepseek-v2", "deepseek-v2-mscale-pair", "deepseek-v2-lite-like", "qwen2"])
+def test_softmax_scale_is_the_runtimes(family, tmp_path):
+    """The vendored file's softmax scale literal is the runtime's float
+    (sneppx_config_softmax_scale), also where YaRN's mscale and mscale_all_dim
+    differ (the scale takes mscale_all_dim alone)."""
+    hf_config = FAMILIES[family]
+    config_file = tmp_path / f"{family}.json"
+    config_file.write_text(json.dumps(dict(hf_config, name=family)))
+    _generate(["--config", str(config_file)], tmp_path / "out")
+    source = next((tmp_path / "out").glob("sneppx_*.c")).read_text()
+    literals = set(re.findall(r"args\.softmax_scale = ([-+.0-9eE]+)f;", source))
+    assert len(literals) == 1, f"{family}: softmax scale literals {literals}"
+    vendored, runtime = float(literals.pop()), sneppx.LLMConfig(**hf_config).softmax_scale
+    assert np.float32(vendored) == np.float32(runtime), \
+        f"{family}: vendored softmax scale {vendored!r} is not the runtime's {runtime!r}"
+    assert runtime == pytest.approx(ref.softmax_scale(hf_config), rel=1e-12)

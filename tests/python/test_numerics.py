@@ -3,7 +3,7 @@
 Per architecture family: a small hand config with the family's features (GQA
 ratio, bias, RoPE variant, sliding window, MLA) and the family's preset shapes at
 a short sequence, weights through load_state_dict, masks None / explicit /
-left padding, flash and SDPA. Thresholds: reference.FP32_MAX_NORMALIZED and
+left padding / one for all sequences, irregular position_ids, flash and SDPA. Thresholds: reference.FP32_MAX_NORMALIZED and
 FP32_RMS_RELATIVE (fp32 kernels vs float64; justified in
 tests/support/test_forward_case.h); flash vs SDPA 5e-5 / 1e-5.
 """
@@ -12,59 +12,15 @@ import pytest
 
 import reference as ref
 import sneppx
+from families import FAMILIES, MASKS, make_inputs
 
 PAIR_MAX_NORMALIZED = 5e-5
 PAIR_RMS_RELATIVE = 1e-5
-
-# HF config.json fields of each family's small stand-in (sizes shrunk, semantics kept).
-FAMILIES = {
-    "llama2": dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=4, rope_theta=10000.0,
-                   attention_bias=False),
-    "llama3": dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, rope_theta=500000.0,
-                   attention_bias=False),
-    "llama3.1": dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, rope_theta=500000.0,
-                     attention_bias=False, max_position_embeddings=131072,
-                     rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
-    "llama-attention-bias": dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=4,
-                                 rope_theta=10000.0, attention_bias=True),
-    "mistral": dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, rope_theta=10000.0,
-                    sliding_window=16, attention_bias=False),
-    "qwen2": dict(hidden_size=224, num_attention_heads=7, num_key_value_heads=1, head_dim=64,
-                  rope_theta=1000000.0, qkv_bias=True, o_bias=False),
-    "deepseek-v2": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=48,
-                        kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=32,
-                        rope_theta=10000.0, rope_interleaved=True, attention_bias=False,
-                        max_position_embeddings=1280,
-                        rope_scaling={"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 32,
-                                      "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707,
-                                      "mscale_all_dim": 0.707}),
-    "deepseek-v2-lite-like": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=4,
-                                  kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=32,
-                                  rope_theta=10000.0, rope_interleaved=True, attention_bias=False),
-}
 
 # One preset per family at a short sequence (random weights; the 70B+ presets are
 # covered by tests/test_mha_forward.c on synthetic weights).
 PRESETS = ["llama2-7B", "llama3-8B", "llama3.1-8B", "mistral-7B", "mistral-7B-v0.3", "qwen2-0.5B",
            "qwen2-1.5B", "deepseek-v2-lite"]
-
-MASKS = ["none", "explicit", "left-padding"]
-
-
-def _inputs(kind, batch, seq_len, hidden, window, rng):
-    x = rng.uniform(-1.0, 1.0, (batch, seq_len, hidden)).astype(np.float32)
-    if kind == "none":
-        return x, None, None
-    if kind == "explicit":
-        # A final mask (causal, no window on top), random additive bias, offset positions.
-        mask = ref.causal_additive_mask(batch, seq_len, 0, rng)
-        positions = 1000 + np.arange(seq_len)[None, :] + 17 * np.arange(batch)[:, None]
-        return x, mask, positions
-    pads = [seq_len // 3] + [0] * (batch - 1)
-    mask, positions = ref.left_padding(pads, seq_len, window)
-    return x, mask, positions
-
 
 def _assert_close(got, want, what, max_normalized=ref.FP32_MAX_NORMALIZED, rms_relative=ref.FP32_RMS_RELATIVE):
     err_max, err_rms = ref.normalized_error(got, want)
@@ -94,7 +50,8 @@ def test_family_against_reference(family, mask_kind, rng):
     weights = ref.random_state_dict(hf_config, rng, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
     cfg.load_state_dict(weights)
     for seq_len in (1, 23, 70):
-        x, mask, positions = _inputs(mask_kind, 2, seq_len, cfg.hidden_size, hf_config.get("sliding_window", 0), rng)
+        x, mask, positions = make_inputs(mask_kind, 2, seq_len, cfg.hidden_size, hf_config.get("sliding_window", 0),
+                                         rng)
         _check_forward(cfg, hf_config, weights, x, mask, positions, f"{family} {mask_kind} s{seq_len}")
 
 
@@ -103,7 +60,7 @@ def test_preset_against_reference(name, rng):
     cfg = sneppx.LLMConfig.from_name(name)
     weights = ref.random_state_dict(cfg, rng, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
     cfg.load_state_dict(weights)
-    x, mask, positions = _inputs("left-padding", 2, 6, cfg.hidden_size, cfg.sliding_window or 0, rng)
+    x, mask, positions = make_inputs("left-padding", 2, 6, cfg.hidden_size, cfg.sliding_window or 0, rng)
     # The LLMConfig itself is the reference's config: it reads HF's attribute names.
     _check_forward(cfg, cfg, weights, x, mask, positions, name)
 
@@ -131,22 +88,32 @@ def test_rope_scaling_types(rope_scaling, rng):
     weights = ref.random_state_dict(hf_config, rng, qkv_bias=False, o_bias=False)
     cfg.load_state_dict(weights)
     for kind in MASKS:
-        x, mask, positions = _inputs(kind, 2, 64, cfg.hidden_size, 0, rng)
+        x, mask, positions = make_inputs(kind, 2, 64, cfg.hidden_size, 0, rng)
         _check_forward(cfg, hf_config, weights, x, mask, positions, f"{rope_scaling['rope_type']} {kind}")
 
 
-def test_extend_context_static_ntk(rng):
-    hf_config = dict(FAMILIES["llama2"], max_position_embeddings=64)
+# Static NTK's exponent uses the rotary dim: partial rotary and MLA rotate fewer dims than head_dim.
+EXTENDED = {
+    "llama2": (dict(FAMILIES["llama2"], max_position_embeddings=64), 2048),
+    "partial-rotary": (dict(FAMILIES["llama3"], partial_rotary_factor=0.25, max_position_embeddings=64), 2048),
+    "mla-yarn": (FAMILIES["deepseek-v2"], 4096),
+    "mla": (dict(FAMILIES["deepseek-v2-lite-like"], max_position_embeddings=64), 2048),
+}
+
+
+@pytest.mark.parametrize("name", list(EXTENDED))
+def test_extend_context_static_ntk(name, rng):
+    hf_config, n = EXTENDED[name]
     cfg = sneppx.LLMConfig(**hf_config)
-    # 64 -> 2048: the explicit inputs' positions (up to ~1060) stay inside the extended context.
-    cfg.extend_context(2048)
-    extended = ref.extend_context(hf_config, 2048)
-    assert cfg.max_position_embeddings == 2048
+    # The explicit inputs' positions (up to ~1060) stay inside the extended context.
+    cfg.extend_context(n)
+    extended = ref.extend_context(hf_config, n)
+    assert cfg.max_position_embeddings == n
     assert cfg.rope_theta == pytest.approx(extended["rope_theta"], rel=1e-12)
-    weights = ref.random_state_dict(hf_config, rng, qkv_bias=False, o_bias=False)
+    weights = ref.random_state_dict(hf_config, rng, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
     cfg.load_state_dict(weights)
-    x, mask, positions = _inputs("explicit", 2, 40, cfg.hidden_size, 0, rng)
-    _check_forward(cfg, extended, weights, x, mask, positions, "extend_context 64 -> 2048")
+    x, mask, positions = make_inputs("explicit", 2, 40, cfg.hidden_size, 0, rng)
+    _check_forward(cfg, extended, weights, x, mask, positions, f"{name} extend_context -> {n}")
 
 
 @pytest.mark.parametrize("layout", ["partial", "interleaved"])
@@ -156,7 +123,7 @@ def test_rope_layouts(layout, rng):
     cfg = sneppx.LLMConfig(**hf_config)
     weights = ref.random_state_dict(hf_config, rng, qkv_bias=False, o_bias=False)
     cfg.load_state_dict(weights)
-    x, mask, positions = _inputs("explicit", 2, 33, cfg.hidden_size, 0, rng)
+    x, mask, positions = make_inputs("explicit", 2, 33, cfg.hidden_size, 0, rng)
     _check_forward(cfg, hf_config, weights, x, mask, positions, layout)
 
 
@@ -167,7 +134,7 @@ def test_mla_forms(naive, rng):
     weights = ref.random_state_dict(hf_config, rng, qkv_bias=False, o_bias=False)
     cfg.load_state_dict(weights)
     cfg.mla_naive = naive
-    x, mask, positions = _inputs("left-padding", 2, 40, cfg.hidden_size, 0, rng)
+    x, mask, positions = make_inputs("left-padding", 2, 40, cfg.hidden_size, 0, rng)
     _check_forward(cfg, hf_config, weights, x, mask, positions, "mla naive" if naive else "mla absorbed")
 
 
@@ -181,5 +148,45 @@ def test_mla_config_pairs_rope_dims_as_deepseek(rng):
     assert not sneppx.LLMConfig(**FAMILIES["mistral"]).rope_interleaved
     weights = ref.random_state_dict(hf_config, rng, qkv_bias=False, o_bias=False)
     cfg.load_state_dict(weights)
-    x, mask, positions = _inputs("left-padding", 2, 24, cfg.hidden_size, 0, rng)
+    x, mask, positions = make_inputs("left-padding", 2, 24, cfg.hidden_size, 0, rng)
     _check_forward(cfg, hf_config, weights, x, mask, positions, "mla default pairing")
+
+
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("family", ["llama3", "mistral", "deepseek-v2"])
+def test_non_finite_token_stays_in_the_rows_that_see_it(family, mask_kind, rng):
+    """NaN or Inf in one token's hidden state: every row that cannot see that token
+    (later tokens, outside the window, masked) is finite and matches the reference,
+    flash and SDPA alike. Flash used to spread it to every row of the token's
+    K/V tile (NaN at token 10 of 20 gave 20 NaN rows, not 10)."""
+    hf_config = FAMILIES[family]
+    cfg = sneppx.LLMConfig(**hf_config)
+    weights = ref.random_state_dict(hf_config, rng, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
+    cfg.load_state_dict(weights)
+    window = int(hf_config.get("sliding_window", 0))
+    seq_len = 70
+    for token, value in ((10, np.nan), (69, np.inf), (0, np.nan), (40, -np.inf)):
+        x, mask, positions = make_inputs(mask_kind, 2, seq_len, cfg.hidden_size, window, rng)
+        x[:, token, 5] = value
+        # [b, s]: row sees token (a broadcast mask's one plane serves every sequence)
+        visible = np.broadcast_to(ref.visible_keys(2, seq_len, mask, window), (2, 1, seq_len, seq_len))[:, 0, :, token]
+        blind = ~visible
+        blind[:, token] = False                                                       # its own query is poisoned
+        if not blind.any():
+            continue  # token 0 without a mask: every row sees it
+        with np.errstate(invalid="ignore", over="ignore"):   # NaN / Inf in the reference's poisoned rows
+            want = ref.mha_forward(hf_config, weights, x, mask, positions)
+        outputs = {}
+        for flash in (True, False):
+            cfg.use_flash_attn = flash
+            outputs[flash] = cfg.forward_mha(x, mask, positions)
+            what = f"{family} {mask_kind} token {token} = {value} {'flash' if flash else 'sdpa'}"
+            assert np.isfinite(outputs[flash][blind]).all(), f"{what}: a row that cannot see the token is not finite"
+            _assert_close(outputs[flash][blind], want[blind], f"{what} vs reference on the rows blind to it")
+            seeing = visible.copy()
+            seeing[:, token] = False
+            if np.isnan(value):
+                assert not np.isfinite(outputs[flash][seeing]).all(axis=-1).any(), \
+                    f"{what}: a row that sees the NaN token is finite"
+        _assert_close(outputs[True][blind], outputs[False][blind].astype(np.float64),
+                      f"{family} {mask_kind} token {token} flash vs sdpa", PAIR_MAX_NORMALIZED, PAIR_RMS_RELATIVE)
