@@ -127,7 +127,7 @@ static int child_killed_writer(enum kill_point point)
     kill_point = point;
     const int64_t values[] = {killed_norm_n[point == KILL_BEFORE_RENAME]};
     const sneppx_kernel *kernel;
-    sneppx_status status = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_vector_width(), &kernel);
+    sneppx_status status = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_target(), &kernel);
     printf("the store returned (%s: %s) instead of dying\n", sneppx_status_name(status), sneppx_last_error());
     return 3;
 }
@@ -138,7 +138,7 @@ static const int64_t bounded_norm_n[] = {256}; /* the key the bounded child stor
 static int child_bounded_store(void)
 {
     const sneppx_kernel *kernel;
-    sneppx_status status = sneppx_kernel_resolve("rmsnorm", bounded_norm_n, sneppx_host_vector_width(), &kernel);
+    sneppx_status status = sneppx_kernel_resolve("rmsnorm", bounded_norm_n, sneppx_host_target(), &kernel);
     sneppx_jit_stats stats;
     sneppx_jit_stats_get(&stats);
     printf("evictions %llu writes %llu status %s %s\n", (unsigned long long)stats.evictions,
@@ -301,7 +301,7 @@ static void test_killed_writer(test_tally *tally, const char *dir, const char *l
     const char *what = point == KILL_MID_PAYLOAD ? "killed mid-payload" : "killed before the rename";
     const int64_t values[] = {killed_norm_n[point == KILL_BEFORE_RENAME]};
     char key[SNEPPX_KEY_MAX], log[CACHE_TEST_PATH_MAX], entry[CACHE_TEST_PATH_MAX], argument[8];
-    sneppx_kernel_key("rmsnorm", values, sneppx_host_vector_width(), key, sizeof key);
+    sneppx_kernel_key("rmsnorm", values, sneppx_host_target(), key, sizeof key);
     cache_test_entry_path(dir, key, entry, sizeof entry);
     snprintf(log, sizeof log, "%s/writer-%d.log", log_dir, (int)point);
     snprintf(argument, sizeof argument, "%d", (int)point);
@@ -332,7 +332,7 @@ static void test_killed_writer(test_tally *tally, const char *dir, const char *l
     /* The next resolve takes the dead writer's lock (alarm: a held lock would hang it) and compiles. */
     alarm(60);
     const sneppx_kernel *kernel = NULL;
-    sneppx_status resolved = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_vector_width(), &kernel);
+    sneppx_status resolved = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_target(), &kernel);
     alarm(0);
     sneppx_kernel_timing timing;
     sneppx_kernel_last_timing(&timing);
@@ -380,9 +380,9 @@ static void test_orphans_evicted(test_tally *tally, const char *dir, const char 
     char keys[3][SNEPPX_KEY_MAX], aged[CACHE_TEST_PATH_MAX], fresh[CACHE_TEST_PATH_MAX];
     char planted[CACHE_TEST_PATH_MAX], stored[CACHE_TEST_PATH_MAX], log[CACHE_TEST_PATH_MAX];
     const int64_t locked_n[] = {224};
-    sneppx_kernel_key("rmsnorm", &killed_norm_n[0], sneppx_host_vector_width(), keys[0], sizeof keys[0]);
-    sneppx_kernel_key("rmsnorm", &killed_norm_n[1], sneppx_host_vector_width(), keys[1], sizeof keys[1]);
-    sneppx_kernel_key("rmsnorm", locked_n, sneppx_host_vector_width(), keys[2], sizeof keys[2]);
+    sneppx_kernel_key("rmsnorm", &killed_norm_n[0], sneppx_host_target(), keys[0], sizeof keys[0]);
+    sneppx_kernel_key("rmsnorm", &killed_norm_n[1], sneppx_host_target(), keys[1], sizeof keys[1]);
+    sneppx_kernel_key("rmsnorm", locked_n, sneppx_host_target(), keys[2], sizeof keys[2]);
     temp_file_of(dir, keys[0], aged, sizeof aged);
     temp_file_of(dir, keys[1], fresh, sizeof fresh);
     if (!TEST_CHECK(tally, aged[0] && fresh[0], "the killed writers' temporary files: '%s' '%s'", aged, fresh))
@@ -434,7 +434,7 @@ static void test_orphans_evicted(test_tally *tally, const char *dir, const char 
     TEST_CHECK(tally, lstat(fresh, &info) == 0, "a dead writer's file younger than 10 minutes stays: %s", fresh);
     TEST_CHECK(tally, lstat(planted, &info) == 0, "an old file whose key's lock is held stays: %s", planted);
     char key[SNEPPX_KEY_MAX];
-    sneppx_kernel_key("rmsnorm", bounded_norm_n, sneppx_host_vector_width(), key, sizeof key);
+    sneppx_kernel_key("rmsnorm", bounded_norm_n, sneppx_host_target(), key, sizeof key);
     TEST_CHECK(tally, cache_test_entry_path(dir, key, stored, sizeof stored) == 0 && lstat(stored, &info) == 0,
                "the stored entry stays: %s", stored);
     TEST_CHECK(tally, evictions >= 1 && evictions < count,
@@ -479,7 +479,7 @@ static void test_lock_files(test_tally *tally, const char *dir)
 {
     const int64_t n[] = {240};
     char key[SNEPPX_KEY_MAX], path[CACHE_TEST_PATH_MAX];
-    sneppx_kernel_key("rmsnorm", n, sneppx_host_vector_width(), key, sizeof key);
+    sneppx_kernel_key("rmsnorm", n, sneppx_host_target(), key, sizeof key);
     char real_dir[PATH_MAX];
     if (!TEST_CHECK(tally, realpath(dir, real_dir) != NULL, "realpath %s: %s", dir, strerror(errno)))
         return;
