@@ -274,8 +274,10 @@ static int write_fully(int fd, const void *data, size_t size)
 }
 
 /* Whether name[0, length) has the shape of a kernel key (kernel_registry.c):
- * family, then "-<prefix><value>" fields, the last "-v<vector width>", all in
- * [a-z0-9_]. The directory may hold other files (SNEPPX_CACHE_DIR is the
+ * family, then "-<prefix><value>" fields, the last "-<target name>" (any
+ * target's, "v16", "v16bf": the cache may be shared with builds that have
+ * other targets), all in [a-z0-9_], the family and the target name starting
+ * with a letter. The directory may hold other files (SNEPPX_CACHE_DIR is the
  * user's choice): listing, eviction and clear touch only files named by keys. */
 static int is_key_name(const char *name, size_t length)
 {
@@ -287,13 +289,8 @@ static int is_key_name(const char *name, size_t length)
                      : !((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'))
             return 0;
     }
-    const char *width = memrchr(name, '-', length);
-    if (!width || width[1] != 'v' || width + 2 == name + length)
-        return 0;
-    for (const char *digit = width + 2; digit < name + length; digit++)
-        if (*digit < '0' || *digit > '9')
-            return 0;
-    return 1;
+    const char *target = memrchr(name, '-', length);
+    return target && target[1] >= 'a' && target[1] <= 'z';
 }
 
 /* Whether the file name in the cache directory starts with the entry magic:

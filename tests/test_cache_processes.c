@@ -523,6 +523,33 @@ static void test_lock_files(test_tally *tally, const char *dir)
     sneppx_disk_cache_unlock(waiter.fd);
 }
 
+/* Files named by keys of any target, known to this build or not (a cache
+ * shared with a build of other targets), are the cache's: clear removes an
+ * entry and a free (empty) lock file of target "v16bf". A file whose last part
+ * starts with no letter is not a key's and stays. */
+static void test_any_target_name(test_tally *tally, const char *dir)
+{
+    const char *const names[] = {"rmsnorm-n64-v16bf.o", "rmsnorm-n64-v16bf.lock", "notes-2024.o"};
+    char paths[3][CACHE_TEST_PATH_MAX];
+    for (size_t i = 0; i < 3; i++) {
+        if (!TEST_CHECK(tally, snprintf(paths[i], sizeof paths[i], "%s/%s", dir, names[i]) < (int)sizeof paths[i],
+                        "the path of %s fits", names[i]))
+            return;
+        const size_t bytes = i == 1 ? 0 : 8; /* the entry magic; a lock file is empty */
+        int fd = open(paths[i], O_WRONLY | O_CREAT | O_EXCL, 0600);
+        TEST_CHECK(tally, fd >= 0 && write(fd, "sneppxK\n", bytes) == (ssize_t)bytes, "cannot plant %s: %s",
+                   paths[i], strerror(errno));
+        if (fd >= 0)
+            close(fd);
+    }
+    TEST_CHECK(tally, sneppx_cache_clear() == SNEPPX_OK, "clear: %s", sneppx_last_error());
+    struct stat info;
+    for (size_t i = 0; i < 2; i++)
+        TEST_CHECK(tally, lstat(paths[i], &info) != 0 && errno == ENOENT, "a clear removes %s", paths[i]);
+    TEST_CHECK(tally, lstat(paths[2], &info) == 0, "a clear leaves %s alone", paths[2]);
+    unlink(paths[2]);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 2 && strcmp(argv[1], "worker") == 0)
@@ -553,6 +580,7 @@ int main(int argc, char **argv)
                "sneppx_cache_clear removes entries and orphaned temporary files: %s (%d left)", sneppx_last_error(),
                census(dir).temps + census(dir).entries);
     test_lock_files(&tally, dir);
+    test_any_target_name(&tally, dir);
     cache_test_remove_tree(base);
     return test_finish(&tally);
 }
