@@ -111,7 +111,8 @@ TARGET_NAMES: Tuple[str, ...] = tuple(t.name for t in TARGETS)
 def _check_table() -> None:
     names = [t.name for t in TARGETS]
     if len(set(names)) != len(names) or len(set(VECTOR_WIDTHS)) != len(VECTOR_WIDTHS):
-        raise ValueError(f"TARGETS: names {names} and vector widths {VECTOR_WIDTHS} must each be unique")
+        raise ValueError(f"TARGETS: names {names} and vector widths {VECTOR_WIDTHS} must each be unique "
+                         "(abi.h.j2's SNEPPX_GEMM_MR/NR pick tiles by vector width)")
     if TARGETS[-1].llvm_features or TARGETS[-1].cpuinfo_flags:
         raise ValueError(f"TARGETS: the last target, {TARGETS[-1].name}, must require nothing (every host runs it)")
 
