@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "kernel_registry.h"
 #include "sneppx/cache.h"
 
 #define ENTRY_SUFFIX ".o"
@@ -274,11 +275,11 @@ static int write_fully(int fd, const void *data, size_t size)
 }
 
 /* Whether name[0, length) has the shape of a kernel key (kernel_registry.c):
- * family, then "-<prefix><value>" fields, the last "-<target name>" (any
- * target's, "v16", "v16bf": the cache may be shared with builds that have
- * other targets), all in [a-z0-9_], the family and the target name starting
- * with a letter. The directory may hold other files (SNEPPX_CACHE_DIR is the
- * user's choice): listing, eviction and clear touch only files named by keys. */
+ * family, then "-<prefix><value>" fields, all in [a-z0-9_], the last part
+ * the name of one of this build's targets (sneppx_targets: "v16", not any
+ * "v<digits>"). The directory may hold other files (SNEPPX_CACHE_DIR is the
+ * user's choice, "my-notes.o"): listing, eviction and clear touch only files
+ * named by keys. */
 static int is_key_name(const char *name, size_t length)
 {
     if (length == 0 || length >= SNEPPX_KEY_MAX || name[0] < 'a' || name[0] > 'z')
@@ -289,8 +290,14 @@ static int is_key_name(const char *name, size_t length)
                      : !((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'))
             return 0;
     }
-    const char *target = memrchr(name, '-', length);
-    return target && target[1] >= 'a' && target[1] <= 'z';
+    const char *dash = memrchr(name, '-', length);
+    if (!dash)
+        return 0;
+    char target[SNEPPX_KEY_MAX];
+    const size_t target_length = (size_t)(name + length - dash - 1);
+    memcpy(target, dash + 1, target_length);
+    target[target_length] = '\0';
+    return sneppx_target_named(target) != NULL;
 }
 
 /* Whether the file name in the cache directory starts with the entry magic:

@@ -523,14 +523,16 @@ static void test_lock_files(test_tally *tally, const char *dir)
     sneppx_disk_cache_unlock(waiter.fd);
 }
 
-/* Files named by keys of any target, known to this build or not (a cache
- * shared with a build of other targets), are the cache's: clear removes an
- * entry and a free (empty) lock file of target "v16bf". A file whose last part
- * starts with no letter is not a key's and stays. */
-static void test_any_target_name(test_tally *tally, const char *dir)
+/* A file is a key's when its last part names one of this build's targets
+ * (the target table, not a "v<digits>" pattern): clear removes an entry and a
+ * free (empty) lock file of the host's target, and leaves an entry-like file
+ * of "v32", no target of this build, alone. */
+static void test_target_names(test_tally *tally, const char *dir)
 {
-    const char *const names[] = {"rmsnorm-n64-v16bf.o", "rmsnorm-n64-v16bf.lock", "notes-2024.o"};
-    char paths[3][CACHE_TEST_PATH_MAX];
+    char names[3][SNEPPX_KEY_MAX + 8], paths[3][CACHE_TEST_PATH_MAX];
+    snprintf(names[0], sizeof names[0], "rmsnorm-n64-%s.o", sneppx_host_target()->name);
+    snprintf(names[1], sizeof names[1], "rmsnorm-n64-%s.lock", sneppx_host_target()->name);
+    snprintf(names[2], sizeof names[2], "rmsnorm-n64-v32.o");
     for (size_t i = 0; i < 3; i++) {
         if (!TEST_CHECK(tally, snprintf(paths[i], sizeof paths[i], "%s/%s", dir, names[i]) < (int)sizeof paths[i],
                         "the path of %s fits", names[i]))
@@ -580,7 +582,7 @@ int main(int argc, char **argv)
                "sneppx_cache_clear removes entries and orphaned temporary files: %s (%d left)", sneppx_last_error(),
                census(dir).temps + census(dir).entries);
     test_lock_files(&tally, dir);
-    test_any_target_name(&tally, dir);
+    test_target_names(&tally, dir);
     cache_test_remove_tree(base);
     return test_finish(&tally);
 }
