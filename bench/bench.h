@@ -25,7 +25,7 @@ struct bench_context {
     int stages;                /* enum bench_stage bits */
     int thread_counts[BENCH_MAX_THREAD_COUNTS]; /* 1 and every core */
     int thread_count_n;
-    int vector_width;          /* of the kernels sneppx resolves on this host */
+    const struct sneppx_target *target; /* of the kernels sneppx resolves on this host */
     /* Measured by the peak stage, in the same run as everything they divide. */
     double fma_gflops[BENCH_MAX_THREAD_COUNTS];
     double read_gbs[BENCH_MAX_THREAD_COUNTS];

@@ -214,7 +214,7 @@ int main(int argc, char **argv)
     ctx.thread_counts[ctx.thread_count_n++] = 1;
     if (cores > 1)
         ctx.thread_counts[ctx.thread_count_n++] = cores;
-    ctx.vector_width = sneppx_host_vector_width();
+    ctx.target = sneppx_host_target();
 
     const double start = bench_now();
     printf("sneppx-bench%s: medians of repeated runs after a warm-up, [min-max]; GFLOP/s count only the "
@@ -222,7 +222,7 @@ int main(int argc, char **argv)
            ctx.quick ? " --quick (tiny sizes, one repeat: not a measurement)" : "");
     print_cpu_model();
     printf("cores: %d, sneppx vector width %d, OpenBLAS core %s (OPENBLAS_CORETYPE/L2_SIZE %s), kernel cache %s\n",
-           cores, ctx.vector_width, openblas_get_corename(),
+           cores, ctx.target->vector_width, openblas_get_corename(),
            getenv("OPENBLAS_CORETYPE") || getenv("OPENBLAS_L2_SIZE") ? "SET: baseline forced" : "unset",
            sneppx_cache_dir()[0] ? sneppx_cache_dir() : "(memory only)");
 

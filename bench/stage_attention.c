@@ -45,7 +45,7 @@ static double kept_pairs(int64_t seq_len, int64_t window)
 static int resolve(struct bench_context *ctx, const char *family, int64_t window, const sneppx_kernel **kernel)
 {
     const int64_t values[] = {HEAD_DIM, HEAD_DIM, GROUP, window, SNEPPX_MASK_CAUSAL};
-    if (sneppx_kernel_resolve(family, values, ctx->vector_width, kernel) == SNEPPX_OK)
+    if (sneppx_kernel_resolve(family, values, ctx->target, kernel) == SNEPPX_OK)
         return 0;
     fprintf(stderr, "sneppx-bench: %s: %s\n", family, sneppx_last_error());
     ctx->failures++;

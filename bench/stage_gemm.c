@@ -93,7 +93,7 @@ static int make_copies(const struct bench_context *ctx, const sneppx_kernel *ker
                        int count, struct weight_copies *copies)
 {
     const size_t weight_floats = (size_t)(shape->n * shape->k);
-    const size_t panel_floats = (size_t)sneppx_gemm_packed_floats(shape->k, shape->n, ctx->vector_width);
+    const size_t panel_floats = (size_t)sneppx_gemm_packed_floats(shape->k, shape->n, ctx->target->vector_width);
     for (int c = 0; c < count; c++) {
         copies->weights[c] = bench_alloc_floats(weight_floats);
         copies->panels[c] = bench_alloc_floats(panel_floats);
@@ -117,7 +117,7 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
     const int64_t max_tokens = tokens_list[tokens_count - 1];
     const int64_t values[] = {shape->k, shape->n, 0};
     const sneppx_kernel *kernel;
-    if (sneppx_kernel_resolve("gemm", values, ctx->vector_width, &kernel) != SNEPPX_OK) {
+    if (sneppx_kernel_resolve("gemm", values, ctx->target, &kernel) != SNEPPX_OK) {
         fprintf(stderr, "sneppx-bench: gemm %s: %s\n", shape->name, sneppx_last_error());
         ctx->failures++;
         return;

@@ -123,7 +123,7 @@ void bench_stage_memory(struct bench_context *ctx)
     }
     sneppx_config config;
     sneppx_config_from_name(MEMORY_MODEL, NULL, &config);
-    const struct memory_budget b = budget_of(&config, tokens, ctx->vector_width, threads);
+    const struct memory_budget b = budget_of(&config, tokens, ctx->target->vector_width, threads);
     const double rss_start = field(child.output, "rss_start");
     const double hwm = field(child.output, "hwm_forward");
     const double seconds = field(child.output, "forward_s"), flops = field(child.output, "flops");

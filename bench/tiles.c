@@ -25,7 +25,7 @@ void bench_set_gemm_tile(int64_t rows, int64_t cols)
 struct sneppx_gemm_tiles bench_gemm_tile(int64_t rows, int64_t n, int threads)
 {
     if (gemm_tile_rows == 0)
-        return sneppx_gemm_tiles_for(rows, n, SNEPPX_GEMM_MR(sneppx_host_vector_width()), 1, threads);
+        return sneppx_gemm_tiles_for(rows, n, SNEPPX_GEMM_MR(sneppx_host_target()->vector_width), 1, threads);
     return (struct sneppx_gemm_tiles){.rows = gemm_tile_rows, .cols = gemm_tile_cols};
 }
 

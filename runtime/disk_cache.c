@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "kernel_registry.h"
 #include "sneppx/cache.h"
 
 #define ENTRY_SUFFIX ".o"
@@ -274,9 +275,11 @@ static int write_fully(int fd, const void *data, size_t size)
 }
 
 /* Whether name[0, length) has the shape of a kernel key (kernel_registry.c):
- * family, then "-<prefix><value>" fields, the last "-v<vector width>", all in
- * [a-z0-9_]. The directory may hold other files (SNEPPX_CACHE_DIR is the
- * user's choice): listing, eviction and clear touch only files named by keys. */
+ * family, then "-<prefix><value>" fields, all in [a-z0-9_], the last part
+ * the name of one of this build's targets (sneppx_targets: "v16", not any
+ * "v<digits>"). The directory may hold other files (SNEPPX_CACHE_DIR is the
+ * user's choice, "my-notes.o"): listing, eviction and clear touch only files
+ * named by keys. */
 static int is_key_name(const char *name, size_t length)
 {
     if (length == 0 || length >= SNEPPX_KEY_MAX || name[0] < 'a' || name[0] > 'z')
@@ -287,13 +290,14 @@ static int is_key_name(const char *name, size_t length)
                      : !((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'))
             return 0;
     }
-    const char *width = memrchr(name, '-', length);
-    if (!width || width[1] != 'v' || width + 2 == name + length)
+    const char *dash = memrchr(name, '-', length);
+    if (!dash)
         return 0;
-    for (const char *digit = width + 2; digit < name + length; digit++)
-        if (*digit < '0' || *digit > '9')
-            return 0;
-    return 1;
+    char target[SNEPPX_KEY_MAX];
+    const size_t target_length = (size_t)(name + length - dash - 1);
+    memcpy(target, dash + 1, target_length);
+    target[target_length] = '\0';
+    return sneppx_target_named(target) != NULL;
 }
 
 /* Whether the file name in the cache directory starts with the entry magic:

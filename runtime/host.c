@@ -48,7 +48,6 @@ static void resolve_host(void)
     host.cpu = LLVMGetHostCPUName();
     host.features = LLVMGetHostCPUFeatures();
     host.target = host_target(host.features);
-    host.vector_width = host.target->vector_width;
 }
 
 const sneppx_host *sneppx_host_info(void)
@@ -57,4 +56,4 @@ const sneppx_host *sneppx_host_info(void)
     return &host;
 }
 
-int sneppx_host_vector_width(void) { return sneppx_host_info()->vector_width; }
+const struct sneppx_target *sneppx_host_target(void) { return sneppx_host_info()->target; }

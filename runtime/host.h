@@ -11,13 +11,12 @@ typedef struct sneppx_host {
     const char *cpu;        /* "znver4" */
     const char *features;   /* "+avx512f,+fma,...,-amx-tile" */
     const struct sneppx_target *target; /* the first of sneppx_targets whose features the host has */
-    int vector_width;       /* target->vector_width */
 } sneppx_host;
 
 /* Thread-safe; initializes LLVM's native target on first use. */
 const sneppx_host *sneppx_host_info(void);
 
-/* sneppx_host_info()->vector_width: the vector width of the kernels this host runs. */
-int sneppx_host_vector_width(void);
+/* sneppx_host_info()->target: the target of the kernels this host runs. */
+const struct sneppx_target *sneppx_host_target(void);
 
 #endif

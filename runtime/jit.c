@@ -202,17 +202,17 @@ static sneppx_status optimize(LLVMModuleRef module, LLVMTargetMachineRef machine
  * by the JIT and sneppx-ir. On success *module lives in *context (the
  * caller disposes both) and *machine is the host target machine. */
 static sneppx_status build_module(const struct sneppx_kernel_family *family, const int64_t *values,
-                                  int vector_width, sneppx_jit_stage stage, LLVMContextRef *context,
+                                  const struct sneppx_target *target, sneppx_jit_stage stage, LLVMContextRef *context,
                                   LLVMModuleRef *module, LLVMTargetMachineRef *machine)
 {
     char key[SNEPPX_KEY_MAX];
-    sneppx_status status = sneppx_kernel_key(family->family, values, vector_width, key, sizeof key);
+    sneppx_status status = sneppx_kernel_key(family->family, values, target, key, sizeof key);
     if (status != SNEPPX_OK)
         return status;
-    const struct sneppx_embedded_bitcode *bitcode = sneppx_kernel_bitcode_find(family->family, vector_width);
+    const struct sneppx_embedded_bitcode *bitcode = sneppx_kernel_bitcode_find(family->family, target);
     if (!bitcode)
-        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "kernel '%s': this build embeds no bitcode for %s at vector width %d",
-                           key, family->family, vector_width);
+        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "kernel '%s': this build embeds no bitcode for %s on target %s",
+                           key, family->family, target->name);
 
     *machine = create_host_target_machine(key);
     if (!*machine)
@@ -225,8 +225,8 @@ static sneppx_status build_module(const struct sneppx_kernel_family *family, con
     LLVMBool parse_failed = LLVMParseBitcodeInContext2(*context, buffer, module);
     LLVMDisposeMemoryBuffer(buffer);
     if (parse_failed) {
-        status = sneppx_fail(SNEPPX_ERR_JIT, "embedded bitcode of %s v%d is unreadable by LLVM %s (kernel '%s')",
-                             family->family, vector_width, SNEPPX_LLVM_VERSION, key);
+        status = sneppx_fail(SNEPPX_ERR_JIT, "embedded bitcode of %s %s is unreadable by LLVM %s (kernel '%s')",
+                             family->family, target->name, SNEPPX_LLVM_VERSION, key);
         goto fail;
     }
     if ((status = specialize_globals(*module, family, values, key)) != SNEPPX_OK ||
@@ -265,12 +265,12 @@ static void dispose_module(LLVMContextRef context, LLVMModuleRef module, LLVMTar
 }
 
 sneppx_status sneppx_jit_module_ir(const struct sneppx_kernel_family *family, const int64_t *values,
-                                   int vector_width, sneppx_jit_stage stage, char **ir)
+                                   const struct sneppx_target *target, sneppx_jit_stage stage, char **ir)
 {
     LLVMContextRef context;
     LLVMModuleRef module;
     LLVMTargetMachineRef machine;
-    sneppx_status status = build_module(family, values, vector_width, stage, &context, &module, &machine);
+    sneppx_status status = build_module(family, values, target, stage, &context, &module, &machine);
     if (status != SNEPPX_OK)
         return status;
     char *text = LLVMPrintModuleToString(module);
@@ -282,12 +282,12 @@ sneppx_status sneppx_jit_module_ir(const struct sneppx_kernel_family *family, co
 }
 
 sneppx_status sneppx_jit_compile_object(const struct sneppx_kernel_family *family, const int64_t *values,
-                                        int vector_width, void **object, size_t *object_size)
+                                        const struct sneppx_target *target, void **object, size_t *object_size)
 {
     LLVMContextRef context;
     LLVMModuleRef module;
     LLVMTargetMachineRef machine;
-    sneppx_status status = build_module(family, values, vector_width, SNEPPX_JIT_STAGE_OPTIMIZED,
+    sneppx_status status = build_module(family, values, target, SNEPPX_JIT_STAGE_OPTIMIZED,
                                         &context, &module, &machine);
     if (status != SNEPPX_OK)
         return status;

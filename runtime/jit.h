@@ -27,13 +27,13 @@ typedef enum sneppx_jit_stage {
 /* The textual LLVM IR of the kernel key (values in the family's field order)
  * at stage. *ir is malloc'd; the caller frees it. Thread-safe. */
 sneppx_status sneppx_jit_module_ir(const struct sneppx_kernel_family *family, const int64_t *values,
-                                   int vector_width, sneppx_jit_stage stage, char **ir);
+                                   const struct sneppx_target *target, sneppx_jit_stage stage, char **ir);
 
 /* Specializes, optimizes and compiles the kernel key to a relocatable object
  * for the host. *object is malloc'd; the caller frees it. Thread-safe (each
  * compile has its own LLVM context and target machine). */
 sneppx_status sneppx_jit_compile_object(const struct sneppx_kernel_family *family, const int64_t *values,
-                                        int vector_width, void **object, size_t *object_size);
+                                        const struct sneppx_target *target, void **object, size_t *object_size);
 
 /* Creates the process-wide LLJIT now if it does not exist yet (creation
  * errors are reported by the link that needs it). Thread-safe. */

@@ -15,28 +15,20 @@ const struct sneppx_kernel_family *sneppx_kernel_family_find(const char *name)
     return NULL;
 }
 
-const struct sneppx_target *sneppx_target_find(int vector_width)
+const struct sneppx_target *sneppx_target_named(const char *name)
 {
-    for (int i = 0; i < sneppx_target_count; i++)
-        if (sneppx_targets[i].vector_width == vector_width)
+    for (int i = 0; name && i < sneppx_target_count; i++)
+        if (strcmp(sneppx_targets[i].name, name) == 0)
             return &sneppx_targets[i];
     return NULL;
 }
 
-/* The target whose name is suffix, or NULL. */
-static const struct sneppx_target *target_named(const char *suffix)
-{
-    for (int i = 0; i < sneppx_target_count; i++)
-        if (strcmp(sneppx_targets[i].name, suffix) == 0)
-            return &sneppx_targets[i];
-    return NULL;
-}
-
-const struct sneppx_embedded_bitcode *sneppx_kernel_bitcode_find(const char *family, int vector_width)
+const struct sneppx_embedded_bitcode *sneppx_kernel_bitcode_find(const char *family,
+                                                                 const struct sneppx_target *target)
 {
     for (int i = 0; i < sneppx_embedded_bitcode_count; i++) {
         const struct sneppx_embedded_bitcode *bitcode = &sneppx_embedded_bitcodes[i];
-        if (bitcode->vector_width == vector_width && strcmp(bitcode->family, family) == 0)
+        if (bitcode->target == target && strcmp(bitcode->family, family) == 0)
             return bitcode;
     }
     return NULL;
@@ -56,8 +48,8 @@ sneppx_status sneppx_kernel_check_value(const struct sneppx_kernel_family *famil
     return SNEPPX_OK;
 }
 
-sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, int vector_width, char *key,
-                                size_t key_size)
+sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, const struct sneppx_target *target,
+                                char *key, size_t key_size)
 {
     if (!family)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "family is NULL");
@@ -67,17 +59,11 @@ sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, int v
     if (!values && kind->field_count > 0)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "values is NULL (family %s has %d key fields)", family,
                            kind->field_count);
-    const struct sneppx_target *target = sneppx_target_find(vector_width);
-    if (!target) {
-        char widths[64] = "";
-        for (int i = 0, length = 0; i < sneppx_target_count && length < (int)sizeof widths; i++)
-            length += snprintf(widths + length, sizeof widths - (size_t)length, " %d", sneppx_targets[i].vector_width);
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "vector_width %d is not a target's: one of%s", vector_width,
-                           widths);
-    }
-    if (!sneppx_kernel_bitcode_find(family, vector_width))
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "vector_width %d: this build has no %s kernels of that width",
-                           vector_width, family);
+    if (!target)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "target is NULL");
+    if (!sneppx_kernel_bitcode_find(family, target))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "target %s: this build has no %s kernels for it",
+                           target->name, family);
     if (!key || key_size == 0)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "key is NULL or key_size is 0");
 
@@ -102,15 +88,16 @@ sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, int v
     return SNEPPX_OK;
 }
 
-sneppx_status sneppx_kernel_key_parse(const char *key, char *family, size_t family_size, int *vector_width)
+sneppx_status sneppx_kernel_key_parse(const char *key, char *family, size_t family_size,
+                                      const struct sneppx_target **target)
 {
     const char *dash = key ? strchr(key, '-') : NULL;
-    const struct sneppx_target *target = dash ? target_named(strrchr(key, '-') + 1) : NULL;
-    if (!target || (size_t)(dash - key) >= family_size)
+    const struct sneppx_target *named = dash ? sneppx_target_named(strrchr(key, '-') + 1) : NULL;
+    if (!named || (size_t)(dash - key) >= family_size)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "key '%s' is not <family>-...-<target>",
                            key ? key : "(null)");
     memcpy(family, key, (size_t)(dash - key));
     family[dash - key] = '\0';
-    *vector_width = target->vector_width;
+    *target = named;
     return SNEPPX_OK;
 }

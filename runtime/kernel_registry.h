@@ -31,7 +31,8 @@ struct sneppx_kernel_family {
 
 /* An instruction-set target kernels are built for (gen/sneppx_gen/targets.py
  * says why each tile); sneppx_targets lists them in order of preference, the
- * last requiring nothing. Internal APIs name a target by its vector width. */
+ * last requiring nothing. Internal APIs name a target by a pointer into it;
+ * its vector width is a property, not its identity. */
 struct sneppx_target {
     const char *name;                   /* the suffix of its keys, "v16" */
     int vector_width;                   /* floats per vector */
@@ -40,7 +41,7 @@ struct sneppx_target {
 
 struct sneppx_embedded_bitcode {
     const char *family;
-    int vector_width;
+    const struct sneppx_target *target; /* into sneppx_targets */
     const unsigned char *data;
     size_t size;
     const char *sha256_hex;   /* of data; part of every cache fingerprint */
@@ -56,23 +57,25 @@ extern const int sneppx_embedded_bitcode_count;
 /* The family named name, or NULL. */
 const struct sneppx_kernel_family *sneppx_kernel_family_find(const char *name);
 
-/* The target of vector_width, or NULL. */
-const struct sneppx_target *sneppx_target_find(int vector_width);
+/* The target called name ("v16"), or NULL. */
+const struct sneppx_target *sneppx_target_named(const char *name);
 
-/* The embedded bitcode of family at vector_width, or NULL. */
-const struct sneppx_embedded_bitcode *sneppx_kernel_bitcode_find(const char *family, int vector_width);
+/* The embedded bitcode of family for target, or NULL. */
+const struct sneppx_embedded_bitcode *sneppx_kernel_bitcode_find(const char *family,
+                                                                 const struct sneppx_target *target);
 
 /* OK if value is legal for field `field` of the family; else
  * SNEPPX_ERR_INVALID_ARGUMENT naming the field, the family and the range. */
 sneppx_status sneppx_kernel_check_value(const struct sneppx_kernel_family *family, int field, int64_t value);
 
-/* Checks every value, then formats the canonical key of family/values/vector
- * width into key (at most key_size bytes, SNEPPX_KEY_MAX suffices). */
-sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, int vector_width, char *key,
-                                size_t key_size);
+/* Checks every value, then formats the canonical key of family/values/target
+ * into key (at most key_size bytes, SNEPPX_KEY_MAX suffices). */
+sneppx_status sneppx_kernel_key(const char *family, const int64_t *values, const struct sneppx_target *target,
+                                char *key, size_t key_size);
 
-/* The family and vector width of a key's text, `<family>-...-<target name>`
+/* The family and target of a key's text, `<family>-...-<target name>`
  * (the fields are not checked); SNEPPX_ERR_INVALID_ARGUMENT for other text. */
-sneppx_status sneppx_kernel_key_parse(const char *key, char *family, size_t family_size, int *vector_width);
+sneppx_status sneppx_kernel_key_parse(const char *key, char *family, size_t family_size,
+                                      const struct sneppx_target **target);
 
 #endif

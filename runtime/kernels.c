@@ -31,14 +31,14 @@ _Static_assert(SNEPPX_KEY_MAX == SNEPPX_CACHE_KEY_MAX, "one key size in the inte
 sneppx_status sneppx_kernel_fingerprint(const char *key, uint8_t fingerprint[SNEPPX_SHA256_SIZE])
 {
     char family[SNEPPX_KEY_MAX];
-    int vector_width;
-    sneppx_status status = sneppx_kernel_key_parse(key, family, sizeof family, &vector_width);
+    const struct sneppx_target *target;
+    sneppx_status status = sneppx_kernel_key_parse(key, family, sizeof family, &target);
     if (status != SNEPPX_OK)
         return status;
-    const struct sneppx_embedded_bitcode *bitcode = sneppx_kernel_bitcode_find(family, vector_width);
+    const struct sneppx_embedded_bitcode *bitcode = sneppx_kernel_bitcode_find(family, target);
     if (!bitcode)
-        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "kernel '%s': this build embeds no %s bitcode for vector width %d",
-                           key, family, vector_width);
+        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "kernel '%s': this build embeds no %s bitcode for target %s",
+                           key, family, target->name);
     sneppx_fingerprint_kernel(key, bitcode->sha256_hex, sneppx_host_info(), sneppx_jit_options(), fingerprint);
     return SNEPPX_OK;
 }
@@ -132,11 +132,11 @@ static sneppx_disk_load load_entry(const char *key, const uint8_t fingerprint[SN
  * holding it past the lock timeout) it is compiled all the same: a store is
  * atomic, so building a key twice costs only time. */
 static sneppx_status obtain_object(const struct sneppx_kernel_family *family, const int64_t *values,
-                                   int vector_width, const char *key, void **object, size_t *object_size,
+                                   const struct sneppx_target *target, const char *key, void **object, size_t *object_size,
                                    sneppx_kernel_timing *timing, struct disk_events *events)
 {
     uint8_t fingerprint[SNEPPX_SHA256_SIZE];
-    const struct sneppx_embedded_bitcode *bitcode = sneppx_kernel_bitcode_find(family->family, vector_width);
+    const struct sneppx_embedded_bitcode *bitcode = sneppx_kernel_bitcode_find(family->family, target);
     sneppx_fingerprint_kernel(key, bitcode->sha256_hex, sneppx_host_info(), sneppx_jit_options(), fingerprint);
     timing->source = SNEPPX_KERNEL_SOURCE_DISK;
     if (load_entry(key, fingerprint, object, object_size, events) == SNEPPX_DISK_HIT)
@@ -154,7 +154,7 @@ static sneppx_status obtain_object(const struct sneppx_kernel_family *family, co
     }
     timing->source = SNEPPX_KERNEL_SOURCE_COMPILED;
     double compile_start = now_ms();
-    sneppx_status status = sneppx_jit_compile_object(family, values, vector_width, object, object_size);
+    sneppx_status status = sneppx_jit_compile_object(family, values, target, object, object_size);
     timing->compile_ms = now_ms() - compile_start;
     if (status == SNEPPX_OK) {
         if (sneppx_disk_cache_store(key, fingerprint, *object, *object_size, &events->evictions) == SNEPPX_OK)
@@ -170,14 +170,14 @@ static sneppx_status obtain_object(const struct sneppx_kernel_family *family, co
 
 /* Fills kernel->entry for kernel->key from the disk cache or the JIT. */
 static sneppx_status build_kernel(const struct sneppx_kernel_family *family, const int64_t *values,
-                                  int vector_width, sneppx_kernel *kernel, sneppx_kernel_timing *timing)
+                                  const struct sneppx_target *target, sneppx_kernel *kernel, sneppx_kernel_timing *timing)
 {
     const char *key = kernel->key;
     struct disk_events events = {0};
     void *object = NULL;
     size_t object_size = 0;
     double start = now_ms();
-    sneppx_status status = obtain_object(family, values, vector_width, key, &object, &object_size, timing, &events);
+    sneppx_status status = obtain_object(family, values, target, key, &object, &object_size, timing, &events);
     double link_start = now_ms();
     if (status == SNEPPX_OK) {
         status = sneppx_jit_link_object(family, key, object, object_size, kernel->entry);
@@ -271,7 +271,7 @@ static sneppx_status wait_for(struct pending *build, const sneppx_kernel **kerne
 
 /* The slow path: build key (or wait for the thread building it) and publish it. */
 static sneppx_status resolve_miss(const struct sneppx_kernel_family *family, const int64_t *values,
-                                  int vector_width, const char *key, uint64_t hash, const sneppx_kernel **kernel,
+                                  const struct sneppx_target *target, const char *key, uint64_t hash, const sneppx_kernel **kernel,
                                   sneppx_kernel_timing *timing)
 {
     pthread_mutex_lock(&table_lock);
@@ -307,7 +307,7 @@ static sneppx_status resolve_miss(const struct sneppx_kernel_family *family, con
 
     snprintf(node->kernel.key, sizeof node->kernel.key, "%s", key);
     node->hash = hash;
-    sneppx_status status = build_kernel(family, values, vector_width, &node->kernel, timing);
+    sneppx_status status = build_kernel(family, values, target, &node->kernel, timing);
 
     pthread_mutex_lock(&table_lock);
     if (status == SNEPPX_OK) {
@@ -332,7 +332,7 @@ static sneppx_status resolve_miss(const struct sneppx_kernel_family *family, con
 
 void sneppx_kernel_prepare(void) { sneppx_jit_prepare(); }
 
-sneppx_status sneppx_kernel_resolve(const char *family, const int64_t *values, int vector_width,
+sneppx_status sneppx_kernel_resolve(const char *family, const int64_t *values, const struct sneppx_target *target,
                                     const sneppx_kernel **kernel)
 {
     double start = now_ms();
@@ -340,7 +340,7 @@ sneppx_status sneppx_kernel_resolve(const char *family, const int64_t *values, i
     if (!kernel)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "kernel is NULL");
     *kernel = NULL;
-    sneppx_status status = sneppx_kernel_key(family, values, vector_width, timing.key, sizeof timing.key);
+    sneppx_status status = sneppx_kernel_key(family, values, target, timing.key, sizeof timing.key);
     if (status != SNEPPX_OK) {
         last_timing = timing;
         return status;
@@ -350,7 +350,7 @@ sneppx_status sneppx_kernel_resolve(const char *family, const int64_t *values, i
         atomic_fetch_add_explicit(&memory_hits, 1, memory_order_relaxed);
         timing.source = SNEPPX_KERNEL_SOURCE_MEMORY;
     } else {
-        status = resolve_miss(sneppx_kernel_family_find(family), values, vector_width, timing.key, hash, kernel, &timing);
+        status = resolve_miss(sneppx_kernel_family_find(family), values, target, timing.key, hash, kernel, &timing);
     }
     timing.total_ms = now_ms() - start;
     last_timing = timing;

@@ -18,7 +18,7 @@ typedef struct sneppx_kernel {
 /* Returns the kernel for the key, compiling it at most once per process (and
  * at most once per machine while the disk cache holds it). The returned
  * object lives until process exit. Thread-safe. */
-sneppx_status sneppx_kernel_resolve(const char *family, const int64_t *values, int vector_width,
+sneppx_status sneppx_kernel_resolve(const char *family, const int64_t *values, const struct sneppx_target *target,
                                     const sneppx_kernel **kernel);
 
 /* The disk cache fingerprint this build and host give the kernel of key

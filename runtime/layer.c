@@ -104,7 +104,7 @@ static sneppx_status resolve_requests(sneppx_layer *layer, struct kernel_request
     for (int i = 0; i < requests->count; i++) {
         const struct kernel_request *r = &requests->items[i];
         char key[SNEPPX_KEY_MAX];
-        if (sneppx_kernel_key(r->family, r->values, layer->vector_width, key, sizeof key) != SNEPPX_OK) {
+        if (sneppx_kernel_key(r->family, r->values, layer->target, key, sizeof key) != SNEPPX_OK) {
             char reason[512];
             snprintf(reason, sizeof reason, "%s", sneppx_last_error());
             return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config: derives a %s kernel no template is built for: %s",
@@ -117,7 +117,7 @@ static sneppx_status resolve_requests(sneppx_layer *layer, struct kernel_request
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads > 0 ? threads : 1)
     for (int i = 0; i < requests->count; i++) {
         struct kernel_request *r = &requests->items[i];
-        r->status = sneppx_kernel_resolve(r->family, r->values, layer->vector_width, r->kernel);
+        r->status = sneppx_kernel_resolve(r->family, r->values, layer->target, r->kernel);
         if (r->status == SNEPPX_OK)
             r->timed = sneppx_kernel_last_timing(&r->timing) == SNEPPX_OK;
         else
@@ -163,7 +163,7 @@ static sneppx_status layer_init(const sneppx_config *config, int all_attention, 
         return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "layer: out of memory");
     pthread_mutex_init(&layer->lock, NULL);
     layer->config = *config;
-    layer->vector_width = sneppx_host_vector_width();
+    layer->target = sneppx_host_target();
     atomic_store(&layer->use_flash, config->use_flash_attn ? 1 : 0);
     const int64_t heads = config->num_attention_heads;
     layer->rotary_dim = sneppx_config_rotary_dim(config);

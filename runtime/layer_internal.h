@@ -45,7 +45,7 @@ struct sneppx_workspace {
 
 struct sneppx_layer {
     sneppx_config config;
-    int vector_width;
+    const struct sneppx_target *target; /* of the host, picked at create */
     int is_mla;
     int64_t head_dim;        /* q/k dim of one head (MLA: nope + rope) */
     int64_t v_head_dim;

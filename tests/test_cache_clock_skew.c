@@ -26,7 +26,7 @@ static int child_store(void)
     for (const char *at = list; at && *at; at += strcspn(at, ","), at += *at == ',') {
         const int64_t values[] = {atoll(at)};
         const sneppx_kernel *kernel = NULL;
-        sneppx_status status = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_vector_width(), &kernel);
+        sneppx_status status = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_target(), &kernel);
         if (status != SNEPPX_OK) {
             printf("rmsnorm n%lld: %s\n", (long long)values[0], sneppx_last_error());
             return 1;
@@ -45,7 +45,7 @@ static void entry_path(int64_t n, char *path, size_t size)
 {
     char key[SNEPPX_KEY_MAX];
     const int64_t values[] = {n};
-    sneppx_kernel_key("rmsnorm", values, sneppx_host_vector_width(), key, sizeof key);
+    sneppx_kernel_key("rmsnorm", values, sneppx_host_target(), key, sizeof key);
     cache_test_entry_path(dir, key, path, size);
 }
 
@@ -70,7 +70,7 @@ static int plant_temp(int64_t n, const char *writer, long long bytes, time_t ahe
 {
     char key[SNEPPX_KEY_MAX];
     const int64_t values[] = {n};
-    sneppx_kernel_key("rmsnorm", values, sneppx_host_vector_width(), key, sizeof key);
+    sneppx_kernel_key("rmsnorm", values, sneppx_host_target(), key, sizeof key);
     snprintf(path, size, "%s/.%s.o.tmp-%s", dir, key, writer);
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
     int ok = fd >= 0 && write(fd, "sneppxK\n", 8) == 8 && ftruncate(fd, bytes) == 0;

@@ -54,7 +54,7 @@ static const sneppx_kernel *resolve_norm(sneppx_kernel_source *source)
     const int64_t values[] = {NORM_N};
     const sneppx_kernel *kernel = NULL;
     sneppx_kernel_timing timing;
-    if (sneppx_kernel_resolve("rmsnorm", values, sneppx_host_vector_width(), &kernel) != SNEPPX_OK)
+    if (sneppx_kernel_resolve("rmsnorm", values, sneppx_host_target(), &kernel) != SNEPPX_OK)
         kernel = NULL;
     sneppx_kernel_last_timing(&timing);
     *source = timing.source;
@@ -128,7 +128,7 @@ static int plant_foreign(void)
     size_t size;
     char key[SNEPPX_KEY_MAX];
     const int64_t values[] = {FOREIGN_N};
-    sneppx_kernel_key("rmsnorm", values, sneppx_host_vector_width(), key, sizeof key);
+    sneppx_kernel_key("rmsnorm", values, sneppx_host_target(), key, sizeof key);
     cache_test_entry_path(dir, key, foreign, sizeof foreign);
     if (read_file(foreign, scratch, sizeof scratch, &size) != 0)
         return -1;
@@ -193,7 +193,7 @@ int main(void)
     const sneppx_kernel *foreign = NULL;
     sneppx_kernel_source source;
     const sneppx_kernel *kernel = resolve_norm(&source);
-    sneppx_status status = sneppx_kernel_resolve("rmsnorm", foreign_values, sneppx_host_vector_width(), &foreign);
+    sneppx_status status = sneppx_kernel_resolve("rmsnorm", foreign_values, sneppx_host_target(), &foreign);
     if (!kernel || status != SNEPPX_OK) {
         TEST_CHECK(&tally, 0, "first compile: %s", sneppx_last_error());
         return test_finish(&tally);

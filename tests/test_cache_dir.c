@@ -26,7 +26,7 @@ static const int64_t first_values[] = {96}, second_values[] = {112}, third_value
 static const sneppx_kernel *resolve_norm(test_tally *tally, const int64_t *values, sneppx_kernel_source *source)
 {
     const sneppx_kernel *kernel = NULL;
-    sneppx_status status = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_vector_width(), &kernel);
+    sneppx_status status = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_target(), &kernel);
     sneppx_kernel_timing timing;
     sneppx_kernel_last_timing(&timing);
     if (source)
@@ -69,8 +69,8 @@ static int child_jit_forbidden(void)
     test_tally tally = {0};
     const sneppx_kernel *kernel = NULL;
     char key[SNEPPX_KEY_MAX];
-    sneppx_kernel_key("rmsnorm", first_values, sneppx_host_vector_width(), key, sizeof key);
-    sneppx_status status = sneppx_kernel_resolve("rmsnorm", first_values, sneppx_host_vector_width(), &kernel);
+    sneppx_kernel_key("rmsnorm", first_values, sneppx_host_target(), key, sizeof key);
+    sneppx_status status = sneppx_kernel_resolve("rmsnorm", first_values, sneppx_host_target(), &kernel);
     char quoted[SNEPPX_KEY_MAX + 2];
     snprintf(quoted, sizeof quoted, "'%s'", key);
     TEST_CHECK(&tally, status == SNEPPX_ERR_JIT && !kernel && strstr(sneppx_last_error(), quoted) &&
@@ -78,7 +78,7 @@ static int child_jit_forbidden(void)
                "got %s '%s', want SNEPPX_ERR_JIT naming %s", sneppx_status_name(status), sneppx_last_error(),
                quoted);
     /* A second attempt fails the same way (a failed build is not cached). */
-    status = sneppx_kernel_resolve("rmsnorm", first_values, sneppx_host_vector_width(), &kernel);
+    status = sneppx_kernel_resolve("rmsnorm", first_values, sneppx_host_target(), &kernel);
     TEST_CHECK(&tally, status == SNEPPX_ERR_JIT && strstr(sneppx_last_error(), quoted), "second attempt: %s '%s'",
                sneppx_status_name(status), sneppx_last_error());
     sneppx_jit_stats stats;
@@ -100,7 +100,7 @@ static int child_compile_three(void)
 static int entry_exists(const int64_t *values)
 {
     char key[SNEPPX_KEY_MAX], path[CACHE_TEST_PATH_MAX];
-    sneppx_kernel_key("rmsnorm", values, sneppx_host_vector_width(), key, sizeof key);
+    sneppx_kernel_key("rmsnorm", values, sneppx_host_target(), key, sizeof key);
     return cache_test_entry_path(sneppx_cache_dir(), key, path, sizeof path) == 0 && access(path, F_OK) == 0;
 }
 
@@ -421,7 +421,7 @@ static long long file_size(const char *dir, const int64_t *values)
 {
     char key[SNEPPX_KEY_MAX], path[CACHE_TEST_PATH_MAX];
     struct stat info;
-    sneppx_kernel_key("rmsnorm", values, sneppx_host_vector_width(), key, sizeof key);
+    sneppx_kernel_key("rmsnorm", values, sneppx_host_target(), key, sizeof key);
     if (cache_test_entry_path(dir, key, path, sizeof path) != 0 || stat(path, &info) != 0)
         return -1;
     return (long long)info.st_size;

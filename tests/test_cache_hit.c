@@ -20,7 +20,7 @@ static const int64_t gemm_values[] = {GEMM_K, GEMM_N, 1};
  * against a float64 loop; the output goes to out[GEMM_ROWS * GEMM_N]. */
 static double gemm_error(const sneppx_kernel *kernel, float *out)
 {
-    int vector_width = sneppx_host_vector_width();
+    int vector_width = sneppx_host_target()->vector_width;
     float weight[GEMM_N * GEMM_K], bias[GEMM_N], src[GEMM_ROWS * GEMM_K];
     size_t packed_bytes = (size_t)sneppx_gemm_packed_floats(GEMM_K, GEMM_N, vector_width) * sizeof(float);
     float *packed = aligned_alloc(64, (packed_bytes + 63) / 64 * 64);
@@ -53,7 +53,7 @@ static const sneppx_kernel *resolve(test_tally *tally, const char *family, const
                                     sneppx_kernel_source want, sneppx_kernel_timing *timing)
 {
     const sneppx_kernel *kernel = NULL;
-    sneppx_status status = sneppx_kernel_resolve(family, values, sneppx_host_vector_width(), &kernel);
+    sneppx_status status = sneppx_kernel_resolve(family, values, sneppx_host_target(), &kernel);
     sneppx_kernel_last_timing(timing);
     TEST_CHECK(tally, status == SNEPPX_OK && kernel, "%s: %s %s", family, sneppx_status_name(status),
                sneppx_last_error());

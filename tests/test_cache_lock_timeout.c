@@ -25,7 +25,7 @@ enum { ALARM_SECONDS = 30 }; /* far above a compile, even under ASan */
 static int child_hold(void)
 {
     char key[SNEPPX_KEY_MAX];
-    sneppx_kernel_key("rmsnorm", norm_n, sneppx_host_vector_width(), key, sizeof key);
+    sneppx_kernel_key("rmsnorm", norm_n, sneppx_host_target(), key, sizeof key);
     int lock = sneppx_disk_cache_lock(key);
     printf("%s %d\n", lock >= 0 ? "held" : "not-held", lock);
     fflush(stdout);
@@ -41,7 +41,7 @@ static int child_resolve(void)
     struct timespec start, end;
     clock_gettime(CLOCK_MONOTONIC, &start);
     const sneppx_kernel *kernel = NULL;
-    sneppx_status status = sneppx_kernel_resolve("rmsnorm", norm_n, sneppx_host_vector_width(), &kernel);
+    sneppx_status status = sneppx_kernel_resolve("rmsnorm", norm_n, sneppx_host_target(), &kernel);
     clock_gettime(CLOCK_MONOTONIC, &end);
     sneppx_kernel_timing timing;
     sneppx_kernel_last_timing(&timing);
@@ -114,7 +114,7 @@ int main(int argc, char **argv)
     unsetenv("SNEPPX_VERBOSE"); /* the warnings counted are the ones every user sees */
     unsetenv("SNEPPX_CACHE_LOCK_TIMEOUT");
     char key[SNEPPX_KEY_MAX], quoted[SNEPPX_KEY_MAX + 16];
-    sneppx_kernel_key("rmsnorm", norm_n, sneppx_host_vector_width(), key, sizeof key);
+    sneppx_kernel_key("rmsnorm", norm_n, sneppx_host_target(), key, sizeof key);
     snprintf(quoted, sizeof quoted, "kernel '%s'", key);
 
     int holder_out = -1;

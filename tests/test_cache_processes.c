@@ -127,7 +127,7 @@ static int child_killed_writer(enum kill_point point)
     kill_point = point;
     const int64_t values[] = {killed_norm_n[point == KILL_BEFORE_RENAME]};
     const sneppx_kernel *kernel;
-    sneppx_status status = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_vector_width(), &kernel);
+    sneppx_status status = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_target(), &kernel);
     printf("the store returned (%s: %s) instead of dying\n", sneppx_status_name(status), sneppx_last_error());
     return 3;
 }
@@ -138,7 +138,7 @@ static const int64_t bounded_norm_n[] = {256}; /* the key the bounded child stor
 static int child_bounded_store(void)
 {
     const sneppx_kernel *kernel;
-    sneppx_status status = sneppx_kernel_resolve("rmsnorm", bounded_norm_n, sneppx_host_vector_width(), &kernel);
+    sneppx_status status = sneppx_kernel_resolve("rmsnorm", bounded_norm_n, sneppx_host_target(), &kernel);
     sneppx_jit_stats stats;
     sneppx_jit_stats_get(&stats);
     printf("evictions %llu writes %llu status %s %s\n", (unsigned long long)stats.evictions,
@@ -301,7 +301,7 @@ static void test_killed_writer(test_tally *tally, const char *dir, const char *l
     const char *what = point == KILL_MID_PAYLOAD ? "killed mid-payload" : "killed before the rename";
     const int64_t values[] = {killed_norm_n[point == KILL_BEFORE_RENAME]};
     char key[SNEPPX_KEY_MAX], log[CACHE_TEST_PATH_MAX], entry[CACHE_TEST_PATH_MAX], argument[8];
-    sneppx_kernel_key("rmsnorm", values, sneppx_host_vector_width(), key, sizeof key);
+    sneppx_kernel_key("rmsnorm", values, sneppx_host_target(), key, sizeof key);
     cache_test_entry_path(dir, key, entry, sizeof entry);
     snprintf(log, sizeof log, "%s/writer-%d.log", log_dir, (int)point);
     snprintf(argument, sizeof argument, "%d", (int)point);
@@ -332,7 +332,7 @@ static void test_killed_writer(test_tally *tally, const char *dir, const char *l
     /* The next resolve takes the dead writer's lock (alarm: a held lock would hang it) and compiles. */
     alarm(60);
     const sneppx_kernel *kernel = NULL;
-    sneppx_status resolved = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_vector_width(), &kernel);
+    sneppx_status resolved = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_target(), &kernel);
     alarm(0);
     sneppx_kernel_timing timing;
     sneppx_kernel_last_timing(&timing);
@@ -380,9 +380,9 @@ static void test_orphans_evicted(test_tally *tally, const char *dir, const char 
     char keys[3][SNEPPX_KEY_MAX], aged[CACHE_TEST_PATH_MAX], fresh[CACHE_TEST_PATH_MAX];
     char planted[CACHE_TEST_PATH_MAX], stored[CACHE_TEST_PATH_MAX], log[CACHE_TEST_PATH_MAX];
     const int64_t locked_n[] = {224};
-    sneppx_kernel_key("rmsnorm", &killed_norm_n[0], sneppx_host_vector_width(), keys[0], sizeof keys[0]);
-    sneppx_kernel_key("rmsnorm", &killed_norm_n[1], sneppx_host_vector_width(), keys[1], sizeof keys[1]);
-    sneppx_kernel_key("rmsnorm", locked_n, sneppx_host_vector_width(), keys[2], sizeof keys[2]);
+    sneppx_kernel_key("rmsnorm", &killed_norm_n[0], sneppx_host_target(), keys[0], sizeof keys[0]);
+    sneppx_kernel_key("rmsnorm", &killed_norm_n[1], sneppx_host_target(), keys[1], sizeof keys[1]);
+    sneppx_kernel_key("rmsnorm", locked_n, sneppx_host_target(), keys[2], sizeof keys[2]);
     temp_file_of(dir, keys[0], aged, sizeof aged);
     temp_file_of(dir, keys[1], fresh, sizeof fresh);
     if (!TEST_CHECK(tally, aged[0] && fresh[0], "the killed writers' temporary files: '%s' '%s'", aged, fresh))
@@ -434,7 +434,7 @@ static void test_orphans_evicted(test_tally *tally, const char *dir, const char 
     TEST_CHECK(tally, lstat(fresh, &info) == 0, "a dead writer's file younger than 10 minutes stays: %s", fresh);
     TEST_CHECK(tally, lstat(planted, &info) == 0, "an old file whose key's lock is held stays: %s", planted);
     char key[SNEPPX_KEY_MAX];
-    sneppx_kernel_key("rmsnorm", bounded_norm_n, sneppx_host_vector_width(), key, sizeof key);
+    sneppx_kernel_key("rmsnorm", bounded_norm_n, sneppx_host_target(), key, sizeof key);
     TEST_CHECK(tally, cache_test_entry_path(dir, key, stored, sizeof stored) == 0 && lstat(stored, &info) == 0,
                "the stored entry stays: %s", stored);
     TEST_CHECK(tally, evictions >= 1 && evictions < count,
@@ -479,7 +479,7 @@ static void test_lock_files(test_tally *tally, const char *dir)
 {
     const int64_t n[] = {240};
     char key[SNEPPX_KEY_MAX], path[CACHE_TEST_PATH_MAX];
-    sneppx_kernel_key("rmsnorm", n, sneppx_host_vector_width(), key, sizeof key);
+    sneppx_kernel_key("rmsnorm", n, sneppx_host_target(), key, sizeof key);
     char real_dir[PATH_MAX];
     if (!TEST_CHECK(tally, realpath(dir, real_dir) != NULL, "realpath %s: %s", dir, strerror(errno)))
         return;
@@ -523,6 +523,35 @@ static void test_lock_files(test_tally *tally, const char *dir)
     sneppx_disk_cache_unlock(waiter.fd);
 }
 
+/* A file is a key's when its last part names one of this build's targets
+ * (the target table, not a "v<digits>" pattern): clear removes an entry and a
+ * free (empty) lock file of the host's target, and leaves an entry-like file
+ * of "v32", no target of this build, alone. */
+static void test_target_names(test_tally *tally, const char *dir)
+{
+    char names[3][SNEPPX_KEY_MAX + 8], paths[3][CACHE_TEST_PATH_MAX];
+    snprintf(names[0], sizeof names[0], "rmsnorm-n64-%s.o", sneppx_host_target()->name);
+    snprintf(names[1], sizeof names[1], "rmsnorm-n64-%s.lock", sneppx_host_target()->name);
+    snprintf(names[2], sizeof names[2], "rmsnorm-n64-v32.o");
+    for (size_t i = 0; i < 3; i++) {
+        if (!TEST_CHECK(tally, snprintf(paths[i], sizeof paths[i], "%s/%s", dir, names[i]) < (int)sizeof paths[i],
+                        "the path of %s fits", names[i]))
+            return;
+        const size_t bytes = i == 1 ? 0 : 8; /* the entry magic; a lock file is empty */
+        int fd = open(paths[i], O_WRONLY | O_CREAT | O_EXCL, 0600);
+        TEST_CHECK(tally, fd >= 0 && write(fd, "sneppxK\n", bytes) == (ssize_t)bytes, "cannot plant %s: %s",
+                   paths[i], strerror(errno));
+        if (fd >= 0)
+            close(fd);
+    }
+    TEST_CHECK(tally, sneppx_cache_clear() == SNEPPX_OK, "clear: %s", sneppx_last_error());
+    struct stat info;
+    for (size_t i = 0; i < 2; i++)
+        TEST_CHECK(tally, lstat(paths[i], &info) != 0 && errno == ENOENT, "a clear removes %s", paths[i]);
+    TEST_CHECK(tally, lstat(paths[2], &info) == 0, "a clear leaves %s alone", paths[2]);
+    unlink(paths[2]);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 2 && strcmp(argv[1], "worker") == 0)
@@ -553,6 +582,7 @@ int main(int argc, char **argv)
                "sneppx_cache_clear removes entries and orphaned temporary files: %s (%d left)", sneppx_last_error(),
                census(dir).temps + census(dir).entries);
     test_lock_files(&tally, dir);
+    test_target_names(&tally, dir);
     cache_test_remove_tree(base);
     return test_finish(&tally);
 }

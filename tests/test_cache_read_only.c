@@ -105,7 +105,7 @@ static int step_compile_missing(void)
 {
     test_tally tally = {0};
     const sneppx_kernel *kernel = NULL;
-    sneppx_status status = sneppx_kernel_resolve("rmsnorm", missing_norm_n, sneppx_host_vector_width(), &kernel);
+    sneppx_status status = sneppx_kernel_resolve("rmsnorm", missing_norm_n, sneppx_host_target(), &kernel);
     sneppx_jit_stats stats;
     sneppx_jit_stats_get(&stats);
     TEST_CHECK(&tally, status == SNEPPX_OK && kernel && stats.compiles == 1 && stats.disk_writes == 0,

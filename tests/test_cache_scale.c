@@ -30,7 +30,7 @@ static int child_store(int first_n, int count)
     for (int i = 0; i < count; i++) {
         const int64_t values[] = {first_n + 16 * i};
         const sneppx_kernel *kernel = NULL;
-        sneppx_status status = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_vector_width(), &kernel);
+        sneppx_status status = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_target(), &kernel);
         sneppx_kernel_timing timing;
         sneppx_kernel_last_timing(&timing);
         if (status != SNEPPX_OK || timing.source != SNEPPX_KERNEL_SOURCE_COMPILED) {

@@ -25,7 +25,7 @@ static void *resolve_together(void *context)
     struct worker *worker = context;
     const int64_t values[] = {worker->first_n};
     pthread_barrier_wait(&start_line);
-    sneppx_status status = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_vector_width(), &worker->seen[0]);
+    sneppx_status status = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_target(), &worker->seen[0]);
     sneppx_kernel_timing timing;
     sneppx_kernel_last_timing(&timing);
     worker->source = timing.source;
@@ -45,7 +45,7 @@ static void *hammer(void *context)
         int which = (int)(test_rng_next(&rng) % MIXED_KEYS);
         const int64_t values[] = {worker->first_n + 64 * which};
         const sneppx_kernel *kernel = NULL;
-        if (sneppx_kernel_resolve("rmsnorm", values, sneppx_host_vector_width(), &kernel) != SNEPPX_OK) {
+        if (sneppx_kernel_resolve("rmsnorm", values, sneppx_host_target(), &kernel) != SNEPPX_OK) {
             worker->failures++;
             snprintf(worker->error, sizeof worker->error, "%s", sneppx_last_error());
             continue;

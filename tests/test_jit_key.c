@@ -10,79 +10,82 @@
 #include "sneppx/limits.h"
 #include "test_util.h"
 
-static void check_key(test_tally *tally, const char *family, const int64_t *values, int vector_width,
-                      const char *want)
+#define V16 sneppx_target_named("v16")
+#define V8 sneppx_target_named("v8")
+
+static void check_key(test_tally *tally, const char *family, const int64_t *values,
+                      const struct sneppx_target *target, const char *want)
 {
     char key[SNEPPX_KEY_MAX];
-    sneppx_status status = sneppx_kernel_key(family, values, vector_width, key, sizeof key);
+    sneppx_status status = sneppx_kernel_key(family, values, target, key, sizeof key);
     TEST_CHECK(tally, status == SNEPPX_OK && strcmp(key, want) == 0, "%s: got '%s' (%s: %s), want '%s'", family,
                status == SNEPPX_OK ? key : "", sneppx_status_name(status), sneppx_last_error(), want);
 }
 
 /* A bad call fails with SNEPPX_ERR_INVALID_ARGUMENT and a message holding `names`. */
-static void check_rejected(test_tally *tally, const char *family, const int64_t *values, int vector_width,
-                           size_t key_size, const char *names)
+static void check_rejected(test_tally *tally, const char *family, const int64_t *values,
+                           const struct sneppx_target *target, size_t key_size, const char *names)
 {
     char key[SNEPPX_KEY_MAX];
-    sneppx_status status = sneppx_kernel_key(family, values, vector_width, key, key_size);
+    sneppx_status status = sneppx_kernel_key(family, values, target, key, key_size);
     TEST_CHECK(tally, status == SNEPPX_ERR_INVALID_ARGUMENT && strstr(sneppx_last_error(), names) != NULL,
-               "%s v%d: got %s '%s', want SNEPPX_ERR_INVALID_ARGUMENT naming '%s'", family ? family : "(null)",
-               vector_width, sneppx_status_name(status), sneppx_last_error(), names);
+               "%s %s: got %s '%s', want SNEPPX_ERR_INVALID_ARGUMENT naming '%s'", family ? family : "(null)",
+               target ? target->name : "(null target)", sneppx_status_name(status), sneppx_last_error(), names);
 }
 
 static void test_formats(test_tally *tally)
 {
     const int64_t flash[] = {128, 128, 4, 4096, 1};
-    check_key(tally, "attn_flash", flash, 16, "attn_flash-d128-dv128-g4-w4096-causal-v16");
+    check_key(tally, "attn_flash", flash, V16, "attn_flash-d128-dv128-g4-w4096-causal-v16");
     const int64_t mla[] = {192, 128, 1, 0, 2};
-    check_key(tally, "attn_sdpa", mla, 8, "attn_sdpa-d192-dv128-g1-w0-mask-v8");
+    check_key(tally, "attn_sdpa", mla, V8, "attn_sdpa-d192-dv128-g1-w0-mask-v8");
     const int64_t unmasked[] = {64, 64, 7, 0, 0};
-    check_key(tally, "attn_flash", unmasked, 16, "attn_flash-d64-dv64-g7-w0-none-v16");
+    check_key(tally, "attn_flash", unmasked, V16, "attn_flash-d64-dv64-g7-w0-none-v16");
     const int64_t gemm[] = {4096, 6144, 0};
-    check_key(tally, "gemm", gemm, 16, "gemm-k4096-n6144-bias0-v16");
+    check_key(tally, "gemm", gemm, V16, "gemm-k4096-n6144-bias0-v16");
     const int64_t gemm_bias[] = {896, 1152, 1};
-    check_key(tally, "gemm", gemm_bias, 8, "gemm-k896-n1152-bias1-v8");
+    check_key(tally, "gemm", gemm_bias, V8, "gemm-k896-n1152-bias1-v8");
     const int64_t rope_half[] = {128, 0}, rope_inter[] = {64, 1};
-    check_key(tally, "rope", rope_half, 16, "rope-r128-half-v16");
-    check_key(tally, "rope", rope_inter, 8, "rope-r64-inter-v8");
+    check_key(tally, "rope", rope_half, V16, "rope-r128-half-v16");
+    check_key(tally, "rope", rope_inter, V8, "rope-r64-inter-v8");
     const int64_t rmsnorm[] = {512};
-    check_key(tally, "rmsnorm", rmsnorm, 16, "rmsnorm-n512-v16");
+    check_key(tally, "rmsnorm", rmsnorm, V16, "rmsnorm-n512-v16");
 }
 
 static void test_errors(test_tally *tally)
 {
     const int64_t flash[] = {128, 128, 4, 0, 1};
-    check_rejected(tally, "attn_flashy", flash, 16, SNEPPX_KEY_MAX, "attn_flashy");
-    check_rejected(tally, NULL, flash, 16, SNEPPX_KEY_MAX, "family");
-    check_rejected(tally, "attn_flash", NULL, 16, SNEPPX_KEY_MAX, "values");
-    check_rejected(tally, "attn_flash", flash, 4, SNEPPX_KEY_MAX, "vector_width 4 is not a target's: one of 16 8");
+    check_rejected(tally, "attn_flashy", flash, V16, SNEPPX_KEY_MAX, "attn_flashy");
+    check_rejected(tally, NULL, flash, V16, SNEPPX_KEY_MAX, "family");
+    check_rejected(tally, "attn_flash", NULL, V16, SNEPPX_KEY_MAX, "values");
+    check_rejected(tally, "attn_flash", flash, NULL, SNEPPX_KEY_MAX, "target is NULL");
     const int64_t bad_mode[] = {128, 128, 4, 0, 3};
-    check_rejected(tally, "attn_flash", bad_mode, 16, SNEPPX_KEY_MAX, "mask_mode");
+    check_rejected(tally, "attn_flash", bad_mode, V16, SNEPPX_KEY_MAX, "mask_mode");
     const int64_t negative_mode[] = {128, 128, 4, 0, -1};
-    check_rejected(tally, "attn_sdpa", negative_mode, 16, SNEPPX_KEY_MAX, "mask_mode");
+    check_rejected(tally, "attn_sdpa", negative_mode, V16, SNEPPX_KEY_MAX, "mask_mode");
     const int64_t negative_dim[] = {-128, 128, 4, 0, 1};
-    check_rejected(tally, "attn_flash", negative_dim, 16, SNEPPX_KEY_MAX, "head_dim");
+    check_rejected(tally, "attn_flash", negative_dim, V16, SNEPPX_KEY_MAX, "head_dim");
     const int64_t bad_layout[] = {128, 2};
-    check_rejected(tally, "rope", bad_layout, 16, SNEPPX_KEY_MAX, "interleaved");
+    check_rejected(tally, "rope", bad_layout, V16, SNEPPX_KEY_MAX, "interleaved");
     /* Values a valid config never makes: refused naming the field, by resolve too. */
     const int64_t zero_k[] = {0, 64, 0}, bias_7[] = {64, 64, 7}, huge_n[] = {64, 3 * (1 << 20) + 1, 0};
-    check_rejected(tally, "gemm", zero_k, 16, SNEPPX_KEY_MAX, "(k of gemm) = 0 is outside [1, 1048576]");
-    check_rejected(tally, "gemm", bias_7, 16, SNEPPX_KEY_MAX, "(bias of gemm) = 7 is outside [0, 1]");
-    check_rejected(tally, "gemm", huge_n, 16, SNEPPX_KEY_MAX, "(n of gemm) = 3145729");
+    check_rejected(tally, "gemm", zero_k, V16, SNEPPX_KEY_MAX, "(k of gemm) = 0 is outside [1, 1048576]");
+    check_rejected(tally, "gemm", bias_7, V16, SNEPPX_KEY_MAX, "(bias of gemm) = 7 is outside [0, 1]");
+    check_rejected(tally, "gemm", huge_n, V16, SNEPPX_KEY_MAX, "(n of gemm) = 3145729");
     const int64_t odd_rope[] = {7, 0}, zero_rope[] = {0, 1};
-    check_rejected(tally, "rope", odd_rope, 16, SNEPPX_KEY_MAX, "(rotary_dim of rope) = 7 is not a multiple of 2");
-    check_rejected(tally, "rope", zero_rope, 16, SNEPPX_KEY_MAX, "rotary_dim of rope");
+    check_rejected(tally, "rope", odd_rope, V16, SNEPPX_KEY_MAX, "(rotary_dim of rope) = 7 is not a multiple of 2");
+    check_rejected(tally, "rope", zero_rope, V16, SNEPPX_KEY_MAX, "rotary_dim of rope");
     const int64_t zero_norm[] = {0};
-    check_rejected(tally, "rmsnorm", zero_norm, 16, SNEPPX_KEY_MAX, "n of rmsnorm");
+    check_rejected(tally, "rmsnorm", zero_norm, V16, SNEPPX_KEY_MAX, "n of rmsnorm");
     const int64_t wide_head[] = {100000, 64, 1, 0, 1}, odd_head[] = {72, 64, 1, 0, 1}, zero_group[] = {64, 64, 0, 0, 1},
                   far_window[] = {64, 64, 1, ((int64_t)1 << 40) + 1, 1};
-    check_rejected(tally, "attn_flash", wide_head, 16, SNEPPX_KEY_MAX, "(head_dim of attn_flash) = 100000");
-    check_rejected(tally, "attn_sdpa", odd_head, 16, SNEPPX_KEY_MAX, "= 72 is not a multiple of 16");
-    check_rejected(tally, "attn_flash", zero_group, 8, SNEPPX_KEY_MAX, "(group of attn_flash) = 0");
-    check_rejected(tally, "attn_sdpa", far_window, 8, SNEPPX_KEY_MAX, "window of attn_sdpa");
+    check_rejected(tally, "attn_flash", wide_head, V16, SNEPPX_KEY_MAX, "(head_dim of attn_flash) = 100000");
+    check_rejected(tally, "attn_sdpa", odd_head, V16, SNEPPX_KEY_MAX, "= 72 is not a multiple of 16");
+    check_rejected(tally, "attn_flash", zero_group, V8, SNEPPX_KEY_MAX, "(group of attn_flash) = 0");
+    check_rejected(tally, "attn_sdpa", far_window, V8, SNEPPX_KEY_MAX, "window of attn_sdpa");
     /* The largest shapes a valid config makes are accepted (MLA absorbed: kv_lora 2048 + rope 256). */
     const int64_t mla_largest[] = {2304, 2048, 4096, 0, 2};
-    check_key(tally, "attn_flash", mla_largest, 16, "attn_flash-d2304-dv2048-g4096-w0-mask-v16");
+    check_key(tally, "attn_flash", mla_largest, V16, "attn_flash-d2304-dv2048-g4096-w0-mask-v16");
     /* Every field of every generated family has a non-empty range, and the
      * attention ranges are the config bounds' (one source: limits.py). */
     for (int f = 0; f < sneppx_kernel_family_count; f++)
@@ -99,49 +102,52 @@ static void test_errors(test_tally *tally)
                           flash_family->field_max[2] == SNEPPX_MAX_HEADS,
                "attn_flash's ranges are not the config bounds of sneppx/limits.h");
     /* "attn_flash-d128-dv128-g4-w0-causal-v16" is 38 characters: 38 bytes cannot hold it. */
-    check_rejected(tally, "attn_flash", flash, 16, 38, "key_size");
-    check_key(tally, "attn_flash", flash, 16, "attn_flash-d128-dv128-g4-w0-causal-v16");
+    check_rejected(tally, "attn_flash", flash, V16, 38, "key_size");
+    check_key(tally, "attn_flash", flash, V16, "attn_flash-d128-dv128-g4-w0-causal-v16");
 
     const sneppx_kernel *kernel = (const sneppx_kernel *)1;
-    sneppx_status status = sneppx_kernel_resolve("attn_flashy", flash, 16, &kernel);
+    sneppx_status status = sneppx_kernel_resolve("attn_flashy", flash, V16, &kernel);
     TEST_CHECK(tally, status == SNEPPX_ERR_INVALID_ARGUMENT && kernel == NULL &&
                           strstr(sneppx_last_error(), "attn_flashy") != NULL,
                "resolve of an unknown family: %s '%s'", sneppx_status_name(status), sneppx_last_error());
-    status = sneppx_kernel_resolve("attn_flash", bad_mode, 16, &kernel);
+    status = sneppx_kernel_resolve("attn_flash", bad_mode, V16, &kernel);
     TEST_CHECK(tally, status == SNEPPX_ERR_INVALID_ARGUMENT && strstr(sneppx_last_error(), "mask_mode") != NULL,
                "resolve of mask_mode 3: %s '%s'", sneppx_status_name(status), sneppx_last_error());
-    status = sneppx_kernel_resolve("attn_flash", wide_head, 16, &kernel);
+    status = sneppx_kernel_resolve("attn_flash", wide_head, V16, &kernel);
     TEST_CHECK(tally, status == SNEPPX_ERR_INVALID_ARGUMENT && kernel == NULL &&
                           strstr(sneppx_last_error(), "head_dim of attn_flash") != NULL,
                "resolve of head_dim 100000: %s '%s'", sneppx_status_name(status), sneppx_last_error());
-    status = sneppx_kernel_resolve("attn_flash", flash, 16, NULL);
+    status = sneppx_kernel_resolve("attn_flash", flash, V16, NULL);
     TEST_CHECK(tally, status == SNEPPX_ERR_INVALID_ARGUMENT && strstr(sneppx_last_error(), "kernel") != NULL,
                "resolve into NULL: %s '%s'", sneppx_status_name(status), sneppx_last_error());
 }
 
-/* A key's last part names its target: parsing gives that target's vector
- * width, and text whose last part names no target is no key. */
+/* A key's last part names its target: parsing gives that target, and text
+ * whose last part names no target is no key. */
 static void test_parse(test_tally *tally)
 {
     char family[SNEPPX_KEY_MAX] = "";
-    int width = 0;
+    const struct sneppx_target *target = NULL;
     sneppx_status status =
-        sneppx_kernel_key_parse("attn_flash-d128-dv128-g4-w0-causal-v8", family, sizeof family, &width);
-    TEST_CHECK(tally, status == SNEPPX_OK && strcmp(family, "attn_flash") == 0 && width == 8,
-               "parse of a v8 key: %s, family '%s', width %d", sneppx_status_name(status), family, width);
-    status = sneppx_kernel_key_parse("rmsnorm-n64-v16", family, sizeof family, &width);
-    TEST_CHECK(tally, status == SNEPPX_OK && strcmp(family, "rmsnorm") == 0 && width == 16,
-               "parse of a v16 key: %s, family '%s', width %d", sneppx_status_name(status), family, width);
+        sneppx_kernel_key_parse("attn_flash-d128-dv128-g4-w0-causal-v8", family, sizeof family, &target);
+    TEST_CHECK(tally, status == SNEPPX_OK && strcmp(family, "attn_flash") == 0 && target == V8 && target->vector_width == 8,
+               "parse of a v8 key: %s, family '%s', target %s", sneppx_status_name(status), family,
+               target ? target->name : "(null)");
+    status = sneppx_kernel_key_parse("rmsnorm-n64-v16", family, sizeof family, &target);
+    TEST_CHECK(tally, status == SNEPPX_OK && strcmp(family, "rmsnorm") == 0 && target == V16 &&
+                          target->vector_width == 16,
+               "parse of a v16 key: %s, family '%s', target %s", sneppx_status_name(status), family,
+               target ? target->name : "(null)");
     const char *const not_keys[] = {"rmsnorm-n64-v32", "rmsnorm-n64-v16x", "rmsnorm-n64", "rmsnorm", ""};
     for (size_t i = 0; i < sizeof not_keys / sizeof not_keys[0]; i++) {
-        status = sneppx_kernel_key_parse(not_keys[i], family, sizeof family, &width);
+        status = sneppx_kernel_key_parse(not_keys[i], family, sizeof family, &target);
         TEST_CHECK(tally, status == SNEPPX_ERR_INVALID_ARGUMENT && strstr(sneppx_last_error(), "<target>") != NULL,
                    "parse of '%s': %s '%s'", not_keys[i], sneppx_status_name(status), sneppx_last_error());
     }
 }
 
 /* LLVM's view of the host agrees with the kernel's: /proc/cpuinfo's avx512f flag. */
-static void test_host_vector_width(test_tally *tally)
+static void test_host_target(test_tally *tally)
 {
     FILE *cpuinfo = fopen("/proc/cpuinfo", "r");
     if (!cpuinfo) {
@@ -154,11 +160,12 @@ static void test_host_vector_width(test_tally *tally)
         if (strncmp(line, "flags", 5) == 0 && strstr(line, " avx512f"))
             avx512 = 1;
     fclose(cpuinfo);
-    int width = sneppx_host_vector_width();
-    TEST_CHECK(tally, width == (avx512 ? 16 : 8), "host vector width %d, /proc/cpuinfo avx512f %d", width, avx512);
-    const struct sneppx_target *target = sneppx_host_info()->target;
-    TEST_CHECK(tally, target == sneppx_target_find(width) && strcmp(target->name, avx512 ? "v16" : "v8") == 0,
+    const struct sneppx_target *target = sneppx_host_target();
+    TEST_CHECK(tally, target == sneppx_host_info()->target && target == (avx512 ? V16 : V8) &&
+                          target->vector_width == (avx512 ? 16 : 8),
                "host target %s, /proc/cpuinfo avx512f %d", target ? target->name : "(null)", avx512);
+    TEST_CHECK(tally, sneppx_target_named("v32") == NULL && sneppx_target_named(NULL) == NULL,
+               "sneppx_target_named found a target that does not exist");
 }
 
 int main(void)
@@ -167,6 +174,6 @@ int main(void)
     test_formats(&tally);
     test_errors(&tally);
     test_parse(&tally);
-    test_host_vector_width(&tally);
+    test_host_target(&tally);
     return test_finish(&tally);
 }

@@ -73,9 +73,9 @@ static int child_with_planted_map(enum plant plant, const char *victim, const ch
     setenv("SNEPPX_VERBOSE", "1", 1);
     const int64_t first[] = {64, 32, 0}, second[] = {32, 64, 0};
     const sneppx_kernel *kernel;
-    const int width = sneppx_host_vector_width();
-    return sneppx_kernel_resolve("gemm", first, width, &kernel) == SNEPPX_OK &&
-                   sneppx_kernel_resolve("gemm", second, width, &kernel) == SNEPPX_OK
+    const struct sneppx_target *target = sneppx_host_target();
+    return sneppx_kernel_resolve("gemm", first, target, &kernel) == SNEPPX_OK &&
+                   sneppx_kernel_resolve("gemm", second, target, &kernel) == SNEPPX_OK
                ? 0
                : 4;
 }
@@ -136,17 +136,17 @@ int main(void)
     unlink(path);
     setenv("SNEPPX_PERF_MAP", "1", 1);
     const int64_t gemm_values[] = {64, 96, 0};
-    const int vector_width = sneppx_host_vector_width();
+    const struct sneppx_target *target = sneppx_host_target();
     const sneppx_kernel *gemm;
-    if (!TEST_CHECK(&tally, sneppx_kernel_resolve("gemm", gemm_values, vector_width, &gemm) == SNEPPX_OK,
+    if (!TEST_CHECK(&tally, sneppx_kernel_resolve("gemm", gemm_values, target, &gemm) == SNEPPX_OK,
                     "resolve: %s", sneppx_last_error()))
         return test_finish(&tally);
     char name[256];
-    snprintf(name, sizeof name, "sneppx_gemm_k64_n96_bias0_v%d [%s]", vector_width, gemm->key);
+    snprintf(name, sizeof name, "sneppx_gemm_k64_n96_bias0_%s [%s]", target->name, gemm->key);
     unsigned long long size = mapped_size(path, (uintptr_t)gemm->entry[SNEPPX_ENTRY_RUN], name);
     TEST_CHECK(&tally, size > 64 && size < (1 << 20), "%s: the entry '%s' at %p, size %llu", path, name,
                (void *)(uintptr_t)gemm->entry[SNEPPX_ENTRY_RUN], size);
-    snprintf(name, sizeof name, "sneppx_gemm_k64_n96_bias0_v%d_pack [%s]", vector_width, gemm->key);
+    snprintf(name, sizeof name, "sneppx_gemm_k64_n96_bias0_%s_pack [%s]", target->name, gemm->key);
     size = mapped_size(path, (uintptr_t)gemm->entry[SNEPPX_ENTRY_PACK], name);
     TEST_CHECK(&tally, size > 0, "%s: the pack entry '%s' at %p", path, name,
                (void *)(uintptr_t)gemm->entry[SNEPPX_ENTRY_PACK]);
@@ -154,9 +154,9 @@ int main(void)
     /* The same key linked again from the disk cache is named at its new address. */
     sneppx_kernel_cache_reset_for_testing();
     const sneppx_kernel *again;
-    if (TEST_CHECK(&tally, sneppx_kernel_resolve("gemm", gemm_values, vector_width, &again) == SNEPPX_OK,
+    if (TEST_CHECK(&tally, sneppx_kernel_resolve("gemm", gemm_values, target, &again) == SNEPPX_OK,
                    "resolve again: %s", sneppx_last_error())) {
-        snprintf(name, sizeof name, "sneppx_gemm_k64_n96_bias0_v%d [%s]", vector_width, again->key);
+        snprintf(name, sizeof name, "sneppx_gemm_k64_n96_bias0_%s [%s]", target->name, again->key);
         TEST_CHECK(&tally, mapped_size(path, (uintptr_t)again->entry[SNEPPX_ENTRY_RUN], name) > 0,
                    "%s: '%s' at %p after a reload", path, name, (void *)(uintptr_t)again->entry[SNEPPX_ENTRY_RUN]);
     }

@@ -15,6 +15,7 @@ from .archs import Arch
 from .kernels import MASK_MODES, check_values, kernel_key, symbol_of_key
 from .output import write_if_changed
 from .tables import ROPE_TYPE_NAMES, c_double
+from .targets import Target
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class WeightField:
 @dataclass(frozen=True)
 class Plan:
     arch: Arch
-    vector_width: int
+    target: Target
     flash: bool
     kernels: Dict[str, Kernel]          # role -> kernel (roles may share one)
     dims: Dict[str, int]
@@ -60,21 +61,21 @@ class Plan:
         return list(seen.values())
 
 
-def _kernel(family: str, values: Dict[str, int], vector_width: int) -> Kernel:
+def _kernel(family: str, values: Dict[str, int], target: Target) -> Kernel:
     check_values(family, values)
-    key = kernel_key(family, values, vector_width)
+    key = kernel_key(family, values, target)
     return Kernel(family, tuple(values.items()), key, symbol_of_key(key))
 
 
 def _attention_kernels(attention: str, head_dim: int, v_head_dim: int, group: int, window: int,
-                       vector_width: int) -> Dict[str, Kernel]:
+                       target: Target) -> Dict[str, Kernel]:
     values = {"head_dim": head_dim, "v_head_dim": v_head_dim, "group": group}
     return {
         "attention": _kernel(attention, dict(values, window=window, mask_mode=MASK_MODES.index("causal")),
-                             vector_width),
+                             target),
         # An explicit mask is final (HF semantics): no causal mask or window on top.
         "attention_mask": _kernel(attention, dict(values, window=0, mask_mode=MASK_MODES.index("mask")),
-                                  vector_width),
+                                  target),
     }
 
 
@@ -83,7 +84,7 @@ def _weight_fields(specs) -> Tuple[WeightField, ...]:
     return tuple(WeightField(name, rows, cols) for name, rows, cols, present in specs if present)
 
 
-def _plan_standard(arch: Arch, vector_width: int, attention: str) -> Tuple[Dict[str, Kernel], Dict[str, int],
+def _plan_standard(arch: Arch, target: Target, attention: str) -> Tuple[Dict[str, Kernel], Dict[str, int],
                                                                            Tuple[WeightField, ...]]:
     head_dim = arch.resolved_head_dim
     q_dim = arch.num_attention_heads * head_dim
@@ -94,11 +95,11 @@ def _plan_standard(arch: Arch, vector_width: int, attention: str) -> Tuple[Dict[
             "attn_head_dim": head_dim, "attn_v_head_dim": head_dim, "attn_group": arch.group,
             "attn_kv_heads": arch.num_key_value_heads}
     kernels = {
-        "qkv": _kernel("gemm", {"k": hidden, "n": dims["qkv_dim"], "bias": arch.qkv_bias}, vector_width),
+        "qkv": _kernel("gemm", {"k": hidden, "n": dims["qkv_dim"], "bias": arch.qkv_bias}, target),
         "rope": _kernel("rope", {"rotary_dim": dims["rotary_dim"], "interleaved": arch.rope_interleaved},
-                        vector_width),
-        **_attention_kernels(attention, head_dim, head_dim, arch.group, arch.sliding_window, vector_width),
-        "o": _kernel("gemm", {"k": q_dim, "n": hidden, "bias": arch.o_bias}, vector_width),
+                        target),
+        **_attention_kernels(attention, head_dim, head_dim, arch.group, arch.sliding_window, target),
+        "o": _kernel("gemm", {"k": q_dim, "n": hidden, "bias": arch.o_bias}, target),
     }
     fields = _weight_fields((
         ("q_proj_weight", q_dim, hidden, True), ("q_proj_bias", q_dim, 0, arch.qkv_bias),
@@ -108,7 +109,7 @@ def _plan_standard(arch: Arch, vector_width: int, attention: str) -> Tuple[Dict[
     return kernels, dims, fields
 
 
-def _plan_mla(arch: Arch, vector_width: int, attention: str) -> Tuple[Dict[str, Kernel], Dict[str, int],
+def _plan_mla(arch: Arch, target: Target, attention: str) -> Tuple[Dict[str, Kernel], Dict[str, int],
                                                                       Tuple[WeightField, ...]]:
     """Absorbed MLA, as the runtime runs it: attention over the shared latent
     (one K/V head of dim kv_lora + rope, value dim kv_lora, all heads one group)."""
@@ -121,16 +122,16 @@ def _plan_mla(arch: Arch, vector_width: int, attention: str) -> Tuple[Dict[str, 
             "attn_kv_heads": 1}
     kernels = {}
     if q_lora:
-        kernels["q_a"] = _kernel("gemm", {"k": hidden, "n": q_lora, "bias": arch.qkv_bias}, vector_width)
-        kernels["q_a_norm"] = _kernel("rmsnorm", {"n": q_lora}, vector_width)
-    kernels["q"] = _kernel("gemm", {"k": q_lora or hidden, "n": dims["q_dim"], "bias": 0}, vector_width)
-    kernels["kv_a"] = _kernel("gemm", {"k": hidden, "n": latent, "bias": arch.qkv_bias}, vector_width)
-    kernels["kv_a_norm"] = _kernel("rmsnorm", {"n": rank}, vector_width)
-    kernels["rope"] = _kernel("rope", {"rotary_dim": rope, "interleaved": arch.rope_interleaved}, vector_width)
-    kernels["absorb_uk"] = _kernel("gemm", {"k": nope, "n": rank, "bias": 0}, vector_width)
-    kernels.update(_attention_kernels(attention, latent, rank, heads, 0, vector_width))
-    kernels["absorb_uv"] = _kernel("gemm", {"k": rank, "n": v_dim, "bias": 0}, vector_width)
-    kernels["o"] = _kernel("gemm", {"k": dims["attn_dim"], "n": hidden, "bias": arch.o_bias}, vector_width)
+        kernels["q_a"] = _kernel("gemm", {"k": hidden, "n": q_lora, "bias": arch.qkv_bias}, target)
+        kernels["q_a_norm"] = _kernel("rmsnorm", {"n": q_lora}, target)
+    kernels["q"] = _kernel("gemm", {"k": q_lora or hidden, "n": dims["q_dim"], "bias": 0}, target)
+    kernels["kv_a"] = _kernel("gemm", {"k": hidden, "n": latent, "bias": arch.qkv_bias}, target)
+    kernels["kv_a_norm"] = _kernel("rmsnorm", {"n": rank}, target)
+    kernels["rope"] = _kernel("rope", {"rotary_dim": rope, "interleaved": arch.rope_interleaved}, target)
+    kernels["absorb_uk"] = _kernel("gemm", {"k": nope, "n": rank, "bias": 0}, target)
+    kernels.update(_attention_kernels(attention, latent, rank, heads, 0, target))
+    kernels["absorb_uv"] = _kernel("gemm", {"k": rank, "n": v_dim, "bias": 0}, target)
+    kernels["o"] = _kernel("gemm", {"k": dims["attn_dim"], "n": hidden, "bias": arch.o_bias}, target)
     fields = _weight_fields((
         ("q_a_proj_weight", q_lora, hidden, bool(q_lora)),
         ("q_a_proj_bias", q_lora, 0, bool(q_lora) and arch.qkv_bias),
@@ -146,13 +147,13 @@ def _plan_mla(arch: Arch, vector_width: int, attention: str) -> Tuple[Dict[str, 
     return kernels, dims, fields
 
 
-def plan(arch: Arch, vector_width: int, flash: bool) -> Plan:
+def plan(arch: Arch, target: Target, flash: bool) -> Plan:
     """The kernels, sizes and weight fields of the arch's layer. Raises
     ValueError for a key the kernels do not cover."""
     attention = "attn_flash" if flash else "attn_sdpa"
     planner = _plan_mla if arch.is_mla else _plan_standard
-    kernels, dims, fields = planner(arch, vector_width, attention)
-    return Plan(arch, vector_width, flash, kernels, dims, fields)
+    kernels, dims, fields = planner(arch, target, attention)
+    return Plan(arch, target, flash, kernels, dims, fields)
 
 
 def _rope_literals(arch: Arch) -> Dict[str, str]:
@@ -179,10 +180,10 @@ def _float_literal(value: float) -> str:
 
 def render_layer(p: Plan) -> Tuple[str, str]:
     """(C source, header) of the plan."""
-    kernels = [render.render_kernel(k.family, p.vector_width, "aot", dict(k.values), standalone=False)
+    kernels = [render.render_kernel(k.family, p.target, "aot", dict(k.values), standalone=False)
                for k in p.unique_kernels()]
     context = dict(
-        mode="aot", a=p.arch, N=p.name, vw=p.vector_width, flash=p.flash, dims=p.dims,
+        mode="aot", a=p.arch, N=p.name, vw=p.target.vector_width, flash=p.flash, dims=p.dims,
         K={role: k.symbol for role, k in p.kernels.items()},
         keys=[k.key for k in p.unique_kernels()],
         kernels=kernels,
@@ -200,7 +201,7 @@ def render_layer(p: Plan) -> Tuple[str, str]:
 def manifest(p: Plan) -> dict:
     return {
         "arch": p.arch.name,
-        "vector_width": p.vector_width,
+        "vector_width": p.target.vector_width,
         "attention": "flash" if p.flash else "sdpa",
         "source": f"{p.name}.c",
         "header": f"{p.name}.h",
@@ -210,10 +211,10 @@ def manifest(p: Plan) -> dict:
     }
 
 
-def generate(arch: Arch, out_dir: str, vector_width: int, flash: bool) -> List[str]:
+def generate(arch: Arch, out_dir: str, target: Target, flash: bool) -> List[str]:
     """Writes the layer files into out_dir (created if needed); returns their paths.
     Raises ValueError for an arch the vendored layer does not cover, OSError on I/O."""
-    p = plan(arch, vector_width, flash)
+    p = plan(arch, target, flash)
     source, header = render_layer(p)
     os.makedirs(out_dir, exist_ok=True)
     files = {

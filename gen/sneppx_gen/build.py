@@ -8,17 +8,17 @@
     build limits -o FILE              the public sneppx/limits.h
     build config-ranges -o FILE       the config range table of runtime/config.c
     build families                    family names, ';'-separated (a CMake list)
-    build vector-widths               the vector widths of the targets kernels are built for
+    build targets                     the names of the targets kernels are built for
                                       (targets.py, a CMake list)
-    build jit-source --family F --vector-width VW -o FILE
-    build kernel-table --bitcode FAMILY:VW:PATH ... -o FILE
+    build jit-source --family F --target NAME -o FILE
+    build kernel-table --bitcode FAMILY:TARGET:PATH ... -o FILE
 """
 import argparse
 from typing import List
 
 from . import archs, python_fields, render, tables
 from .kernels import KERNELS
-from .targets import VECTOR_WIDTHS
+from .targets import TARGET_NAMES, target_named
 from .output import write_if_changed
 
 
@@ -29,13 +29,13 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("abi", "presets", "config-fields", "python-fields", "rope-freqs", "limits", "config-ranges"):
         sub.add_parser(name).add_argument("-o", "--output", required=True)
     sub.add_parser("families")
-    sub.add_parser("vector-widths")
+    sub.add_parser("targets")
     jit = sub.add_parser("jit-source")
     jit.add_argument("--family", required=True, choices=sorted(KERNELS))
-    jit.add_argument("--vector-width", type=int, required=True, choices=VECTOR_WIDTHS)
+    jit.add_argument("--target", required=True, choices=TARGET_NAMES)
     jit.add_argument("-o", "--output", required=True)
     table = sub.add_parser("kernel-table")
-    table.add_argument("--bitcode", action="append", default=[], metavar="FAMILY:VW:PATH")
+    table.add_argument("--bitcode", action="append", default=[], metavar="FAMILY:TARGET:PATH")
     table.add_argument("-o", "--output", required=True)
     return parser
 
@@ -45,8 +45,8 @@ def main(argv: List[str]) -> int:
     if args.what == "families":
         print(";".join(KERNELS))
         return 0
-    if args.what == "vector-widths":
-        print(";".join(str(w) for w in VECTOR_WIDTHS))
+    if args.what == "targets":
+        print(";".join(TARGET_NAMES))
         return 0
     if args.what == "abi":
         text = render.render_abi()
@@ -63,13 +63,13 @@ def main(argv: List[str]) -> int:
     elif args.what == "rope-freqs":
         text = render.render_template("rope_freqs.c.j2", mode="runtime")
     elif args.what == "jit-source":
-        text = render.render_kernel(args.family, args.vector_width, "jit")
+        text = render.render_kernel(args.family, target_named(args.target), "jit")
     else:
         bitcodes = []
         for spec in args.bitcode:
-            family, width, path = tables.parse_bitcode_spec(spec)
+            family, target, path = tables.parse_bitcode_spec(spec)
             with open(path, "rb") as f:
-                bitcodes.append((family, width, f.read()))
+                bitcodes.append((family, target, f.read()))
         text = tables.kernel_table(bitcodes)
     write_if_changed(args.output, text)
     return 0

@@ -1,8 +1,8 @@
 """The sneppx-gen command line.
 
     sneppx-gen --list
-    sneppx-gen --arch NAME -o DIR [--vector-width W] [--flash|--sdpa]
-    sneppx-gen --config FILE.json -o DIR [--vector-width W] [--flash|--sdpa]
+    sneppx-gen --arch NAME -o DIR [--target NAME|--vector-width W] [--flash|--sdpa]
+    sneppx-gen --config FILE.json -o DIR [--target NAME|--vector-width W] [--flash|--sdpa]
                                      (W: a target's vector width, targets.py)
                                      (an HF config.json, read as the runtime reads it,
                                      or a hand config: see config_json.py)
@@ -17,15 +17,15 @@ import sys
 from typing import List
 
 from . import archs, build
-from .targets import TARGETS, VECTOR_WIDTHS, host_target
+from .targets import TARGET_NAMES, TARGETS, VECTOR_WIDTHS, Target, host_target, target_named, target_of_width
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
 
 
-def host_vector_width() -> int:
-    """The vector width of the host's target, from /proc/cpuinfo's flags (what
-    libsneppx picks from LLVM's feature list); the fallback target's without it."""
+def host_cpu_target() -> Target:
+    """The host's target, from /proc/cpuinfo's flags (what libsneppx picks from
+    LLVM's feature list); the fallback target without them."""
     flags = set()
     try:
         with open("/proc/cpuinfo") as f:
@@ -35,7 +35,7 @@ def host_vector_width() -> int:
                     break
     except OSError:
         pass
-    return host_target(flags).vector_width
+    return host_target(flags)
 
 
 # What a message echoes of a name the user typed (runtime/config.c's NAME_ECHO_MAX).
@@ -73,10 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--config", metavar="FILE.json", action=_Once, help="an HF config.json (with model_type), read as libsneppx reads it; without "
                       "model_type, a hand config (sneppx.LLMConfig's keywords, + rotary_dim)")
     parser.add_argument("-o", "--output", metavar="DIR", action=_Once, help="output directory")
-    parser.add_argument("--vector-width", type=int, choices=VECTOR_WIDTHS, default=None, action=_Once,
-                        help="floats per vector, picking the target (default: the host's, the first of "
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--target", choices=TARGET_NAMES, default=None, action=_Once,
+                        help="the instruction-set target (default: the host's, the first of "
                              + ", ".join(f"{t.name} ({' '.join(t.cpuinfo_flags) or 'any CPU'})" for t in TARGETS)
                              + " it runs)")
+    target.add_argument("--vector-width", type=int, choices=VECTOR_WIDTHS, default=None, action=_Once,
+                        help="floats per vector: the target of that width")
     attention = parser.add_mutually_exclusive_group()
     attention.add_argument("--flash", dest="flash", action="store_true", default=None,
                            help="flash attention (default unless the config says otherwise)")
@@ -122,9 +125,14 @@ def main(argv: List[str]) -> int:
         return EXIT_FAILED
     from . import aot
     flash = bool(arch.use_flash_attn) if args.flash is None else args.flash
-    width = args.vector_width or host_vector_width()
+    if args.target:
+        target = target_named(args.target)
+    elif args.vector_width:
+        target = target_of_width(args.vector_width)
+    else:
+        target = host_cpu_target()
     try:
-        written = aot.generate(arch, args.output, width, flash)
+        written = aot.generate(arch, args.output, target, flash)
     except (OSError, ValueError) as error:
         print(f"sneppx-gen: {arch.name}: {error}", file=sys.stderr)
         return EXIT_FAILED

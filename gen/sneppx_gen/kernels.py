@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from .limits import HEAD_DIM_MULTIPLE, MAX_DIM, MAX_HEAD_DIM, MAX_HEADS, MAX_LATENT_DIM, MAX_POSITIONS
-from .targets import target_of_width
+from .targets import Target
 
 MASK_MODES = ("none", "causal", "mask")  # SNEPPX_MASK_NONE / CAUSAL / EXPLICIT
 
@@ -88,13 +88,13 @@ def check_values(family: str, values: Dict[str, int]) -> None:
         f.check(family, int(values[f.name]))
 
 
-def kernel_key(family: str, values: Dict[str, int], vector_width: int) -> str:
+def kernel_key(family: str, values: Dict[str, int], target: Target) -> str:
     kernel = KERNELS[family]
     parts: List[str] = [family]
     for f in kernel.fields:
         v = int(values[f.name])
         parts.append(f.prefix + (f.choices[v] if f.choices else str(v)))
-    parts.append(target_of_width(vector_width).name)
+    parts.append(target.name)
     return "-".join(parts)
 
 

@@ -14,7 +14,7 @@ import jinja2
 
 from . import config_fields, limits, paths
 from .kernels import KERNELS, Kernel, check_values, kernel_key, symbol_of_key
-from .targets import TARGETS, target_of_width
+from .targets import TARGETS, Target
 
 MODES = ("aot", "jit")
 
@@ -102,24 +102,23 @@ def render_abi() -> str:
     return render_template("abi.h.j2", targets=TARGETS)
 
 
-def render_kernel(family: str, vector_width: int, mode: str,
+def render_kernel(family: str, target: Target, mode: str,
                   values: Optional[Dict[str, int]] = None, standalone: bool = True) -> str:
     """Renders one kernel. aot needs values; jit takes none (they are globals).
 
     standalone=True puts the ABI and the vector layer above the kernel (every
     jit source, single-kernel files); the aot layer file emits them once and
     passes standalone=False. Raises KeyError for an unknown family and
-    ValueError for a bad mode, vector width or key.
+    ValueError for a bad mode or key.
     """
     kernel = KERNELS[family]
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    target = target_of_width(vector_width)
     if mode == "aot":
         if values is None:
             raise ValueError(f"{family}: aot rendering needs the key's values")
         check_values(family, values)
-        key = kernel_key(family, values, vector_width)
+        key = kernel_key(family, values, target)
         prefix = symbol_of_key(key)
         entry_prefix = prefix
         spec_values = values

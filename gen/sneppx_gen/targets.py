@@ -3,17 +3,19 @@
 One table: the templates take their register tiles from a kernel's target
 (render.py passes it as `target`), the build makes JIT bitcode of every
 family for every target (gen/CMakeLists.txt asks `sneppx-gen build
-vector-widths`), the C runtime's target table is rendered from it
+targets`), the C runtime's target table is rendered from it
 (tables.py, into the kernel registry table) and libsneppx runs, on a host,
 the first target whose LLVM features the host has (runtime/host.c).
 abi.h.j2's SNEPPX_GEMM_MR / SNEPPX_GEMM_NR are rendered from it too. A new
 target is one entry here plus whatever its tiles need that the templates do
 not yet do (Target.__post_init__ refuses what they cannot).
 
-A target's name is the suffix of every key of its kernels
-(`gemm-k4096-n6144-bias0-v16`). The C runtime still names a target by its
-vector width (the `int vector_width` of its internal APIs), so no two
-targets may share one.
+A target's name is its identity: the suffix of every key of its kernels
+(`gemm-k4096-n6144-bias0-v16`), of its JIT sources (`gemm.v16.c`) and what
+the runtime finds its bitcode by. Its vector width is a property; no two
+targets may share one yet, because the ABI header's SNEPPX_GEMM_MR/NR
+(abi.h.j2, used by the runtime and the vendored layer alike) pick tiles by
+vector width.
 
 Why each value:
 
@@ -103,12 +105,14 @@ TARGETS: Tuple[Target, ...] = (
 )
 
 VECTOR_WIDTHS: Tuple[int, ...] = tuple(t.vector_width for t in TARGETS)
+TARGET_NAMES: Tuple[str, ...] = tuple(t.name for t in TARGETS)
 
 
 def _check_table() -> None:
     names = [t.name for t in TARGETS]
     if len(set(names)) != len(names) or len(set(VECTOR_WIDTHS)) != len(VECTOR_WIDTHS):
-        raise ValueError(f"TARGETS: names {names} and vector widths {VECTOR_WIDTHS} must each be unique")
+        raise ValueError(f"TARGETS: names {names} and vector widths {VECTOR_WIDTHS} must each be unique "
+                         "(abi.h.j2's SNEPPX_GEMM_MR/NR pick tiles by vector width)")
     if TARGETS[-1].llvm_features or TARGETS[-1].cpuinfo_flags:
         raise ValueError(f"TARGETS: the last target, {TARGETS[-1].name}, must require nothing (every host runs it)")
 
@@ -122,6 +126,14 @@ def target_of_width(vector_width: int) -> Target:
         if t.vector_width == vector_width:
             return t
     raise ValueError(f"vector width must be one of {', '.join(map(str, VECTOR_WIDTHS))}, not {vector_width}")
+
+
+def target_named(name: str) -> Target:
+    """The target called name; ValueError naming the targets there are."""
+    for t in TARGETS:
+        if t.name == name:
+            return t
+    raise ValueError(f"target must be one of {', '.join(t.name for t in TARGETS)}, not {name!r}")
 
 
 def host_target(cpuinfo_flags) -> Target:

@@ -92,7 +92,7 @@ static int show(void)
         else
             printf("bound       none (SNEPPX_CACHE_MAX_MB=0)\n");
     }
-    printf("host        %s, cpu %s, vector width %d\n", host->triple, host->cpu, host->vector_width);
+    printf("host        %s, cpu %s, vector width %d\n", host->triple, host->cpu, host->target->vector_width);
     printf("compile     %s\n", sneppx_jit_options());
     return 0;
 }

@@ -4,7 +4,7 @@
  *
  *   sneppx-ir --family attn_flash --value head_dim=128 --value v_head_dim=128 \
  *             --value group=4 --value window=0 --value mask_mode=causal \
- *             [--vector-width 16] [--stage specialized|optimized] [--print-key]
+ *             [--target v16 | --vector-width 16] [--stage specialized|optimized] [--print-key]
  *   sneppx-ir --list-targets
  *
  * --print-key prints the canonical key instead (tests/lit/jit_key.test checks
@@ -26,15 +26,15 @@
 
 static void usage(FILE *out)
 {
-    fputs("usage: sneppx-ir --family NAME --value FIELD=VALUE... [--vector-width W]\n"
+    fputs("usage: sneppx-ir --family NAME --value FIELD=VALUE... [--target NAME | --vector-width W]\n"
           "                 [--stage specialized|optimized] [--print-key]\n"
           "       sneppx-ir --list-targets\n"
           "Prints the LLVM IR of one kernel key as the JIT builds it for this host:\n"
           "  specialized  spec_ globals constant, entries renamed, host CPU attributes\n"
           "  optimized    and the default<O2> pipeline run (the default)\n"
           "--print-key prints the key's canonical text instead.\n"
-          "--vector-width picks a target by its vector width (default: the host's);\n"
-          "--list-targets lists them, in order of preference, the host's marked.\n"
+          "--target picks a target by name (default: the host's), --vector-width by its\n"
+          "vector width; --list-targets lists them, in order of preference, the host's marked.\n"
           "A choice field takes its name or its index (mask_mode=causal, mask_mode=1).\n",
           out);
 }
@@ -52,20 +52,35 @@ static void list_targets(void)
     }
 }
 
-/* The vector width of text if it is a target's; else prints the widths there are and returns 0. */
-static int parse_vector_width(const char *text)
+/* The target called text; else prints the names there are and returns NULL. */
+static const struct sneppx_target *parse_target(const char *text)
+{
+    const struct sneppx_target *target = sneppx_target_named(text);
+    if (target)
+        return target;
+    fprintf(stderr, "sneppx-ir: --target %s: must be one of", text);
+    for (int i = 0; i < sneppx_target_count; i++)
+        fprintf(stderr, " %s", sneppx_targets[i].name);
+    fputc('\n', stderr);
+    return NULL;
+}
+
+/* The target of the vector width text (an alias of --target); else prints the
+ * widths there are and returns NULL. */
+static const struct sneppx_target *parse_vector_width(const char *text)
 {
     char *end;
     errno = 0;
     long width = strtol(text, &end, 10);
-    if (text[0] && *end == '\0' && errno == 0 && width > 0 && width <= INT_MAX &&
-        sneppx_target_find((int)width))
-        return (int)width;
+    if (text[0] && *end == '\0' && errno == 0)
+        for (int i = 0; i < sneppx_target_count; i++)
+            if (sneppx_targets[i].vector_width == width)
+                return &sneppx_targets[i];
     fprintf(stderr, "sneppx-ir: --vector-width %s: must be one of", text);
     for (int i = 0; i < sneppx_target_count; i++)
         fprintf(stderr, " %d", sneppx_targets[i].vector_width);
     fputc('\n', stderr);
-    return 0;
+    return NULL;
 }
 
 static int field_index(const struct sneppx_kernel_family *family, const char *name, size_t length)
@@ -127,7 +142,8 @@ int main(int argc, char **argv)
     const char *family_name = NULL;
     const char *assignments[SNEPPX_MAX_KEY_FIELDS * 2];
     int assignment_count = 0;
-    int vector_width = 0;
+    const struct sneppx_target *target = NULL;
+    const char *target_option = NULL;
     sneppx_jit_stage stage = SNEPPX_JIT_STAGE_OPTIMIZED;
     int print_key = 0;
     for (int i = 1; i < argc; i++) {
@@ -155,9 +171,14 @@ int main(int argc, char **argv)
         } else if (strcmp(option, "--value") == 0 &&
                    assignment_count < (int)(sizeof assignments / sizeof assignments[0])) {
             assignments[assignment_count++] = argument;
-        } else if (strcmp(option, "--vector-width") == 0) {
-            vector_width = parse_vector_width(argument);
-            if (vector_width == 0)
+        } else if (strcmp(option, "--target") == 0 || strcmp(option, "--vector-width") == 0) {
+            if (target_option) {
+                fprintf(stderr, "sneppx-ir: %s and %s both pick the target; give one\n", target_option, option);
+                return 2;
+            }
+            target_option = option;
+            target = option[2] == 't' ? parse_target(argument) : parse_vector_width(argument);
+            if (!target)
                 return 2;
         } else if (strcmp(option, "--stage") == 0 && strcmp(argument, "specialized") == 0) {
             stage = SNEPPX_JIT_STAGE_SPECIALIZED;
@@ -191,12 +212,12 @@ int main(int argc, char **argv)
             fprintf(stderr, "sneppx-ir: %s needs --value %s=...\n", family->family, family->field_names[i]);
             return 2;
         }
-    if (vector_width == 0)
-        vector_width = sneppx_host_vector_width();
+    if (!target)
+        target = sneppx_host_target();
 
     if (print_key) {
         char key[SNEPPX_KEY_MAX];
-        sneppx_status status = sneppx_kernel_key(family->family, values, vector_width, key, sizeof key);
+        sneppx_status status = sneppx_kernel_key(family->family, values, target, key, sizeof key);
         if (status != SNEPPX_OK) {
             fprintf(stderr, "sneppx-ir: %s: %s\n", sneppx_status_name(status), sneppx_last_error());
             return 1;
@@ -205,7 +226,7 @@ int main(int argc, char **argv)
         return 0;
     }
     char *ir = NULL;
-    sneppx_status status = sneppx_jit_module_ir(family, values, vector_width, stage, &ir);
+    sneppx_status status = sneppx_jit_module_ir(family, values, target, stage, &ir);
     if (status != SNEPPX_OK) {
         fprintf(stderr, "sneppx-ir: %s: %s\n", sneppx_status_name(status), sneppx_last_error());
         return 1;

@@ -144,11 +144,12 @@ def test_renderer_refuses_config_strings_that_would_leave_a_comment():
     """Defense in depth: an Arch built without the readers' checks still cannot put a
     config string into generated code where it would end a comment."""
     from sneppx_gen import aot, archs, render
+    from sneppx_gen.targets import target_named
     base = archs.find_preset("qwen2-0.5B")
     with pytest.raises(ValueError, match="cannot stand in a C comment"):
-        aot.render_layer(aot.plan(dataclasses.replace(base, name=INJECTED), 8, True))
+        aot.render_layer(aot.plan(dataclasses.replace(base, name=INJECTED), target_named("v8"), True))
     for field in ("family", "size"):                 # not rendered at all
-        source, header = aot.render_layer(aot.plan(dataclasses.replace(base, **{field: INJECTED}), 8, True))
+        source, header = aot.render_layer(aot.plan(dataclasses.replace(base, **{field: INJECTED}), target_named("v8"), True))
         assert "int sneppx_injected" not in source + header
     for text in ("a */ b", "a /* b", "a\nb", "a\u00e9", "a\x7f"):
         with pytest.raises(ValueError, match="cannot stand in a C comment"):
@@ -163,6 +164,7 @@ def test_renderer_refuses_config_strings_that_would_leave_a_comment():
     (["--arch", "llama3-8B", "-o", "{out}", "--output", "{out}2"], "-o/--output"),
     (["--config", "{config}", "--config", "{config}", "-o", "{out}"], "--config"),
     (["--arch", "llama3-8B", "--vector-width", "8", "--vector-width", "16", "-o", "{out}"], "--vector-width"),
+    (["--arch", "llama3-8B", "--target", "v8", "--target", "v16", "-o", "{out}"], "--target"),
 ])
 def test_cli_refuses_a_repeated_option(options, option, tmp_path):
     """argparse kept the last value: one of two outputs or architectures, without a word."""

@@ -6,7 +6,9 @@
   LLVM's host features is the one /proc/cpuinfo's flags pick (avx512f -> v16);
 - the templates take their tiles from the target they render for: a target
   with other tiles renders other code;
-- a target whose tiles the templates cannot do is refused, naming the value.
+- a target whose tiles the templates cannot do is refused, naming the value;
+- a target is known by its name: a second target of an existing vector width
+  gets its own JIT sources, bitcode entries and keys.
 """
 import dataclasses
 import os
@@ -19,7 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "gen"))
-from sneppx_gen import render, targets  # noqa: E402
+from sneppx_gen import aot, archs, build, kernels, render, tables, targets  # noqa: E402
 from sneppx_gen.targets import TARGETS, Target  # noqa: E402
 
 
@@ -71,21 +73,20 @@ def test_host_target_matches_cpuinfo():
     assert hosts == ["v16" if "avx512f" in flags else "v8"]
 
 
-def _render_with(monkeypatch, target: Target, family: str) -> str:
-    monkeypatch.setattr(render, "target_of_width", lambda width: target)
-    return render.render_kernel(family, target.vector_width, "jit")
+def _render_with(target: Target, family: str) -> str:
+    return render.render_kernel(family, target, "jit")
 
 
-def test_templates_take_tiles_from_target(monkeypatch):
+def test_templates_take_tiles_from_target():
     other = dataclasses.replace(TARGETS[0], gemm_mr=12, gemm_small_mr=2, gemm_kc=256, gemm_mc=36,
                                 gemm_decode_panels=2, gemm_decode_sums=8, flash_nj=4, flash_ne=2)
-    gemm = _render_with(monkeypatch, other, "gemm")
+    gemm = _render_with(other, "gemm")
     assert "_Static_assert(SNEPPX_GEMM_MR(16) == 12," in gemm
     assert "sneppx_gemm_micro12(" in gemm and "sneppx_gemm_micro2(" in gemm
     assert "float block[36 * 256]" in gemm
     assert "sneppx_gemm_decode2(" in gemm and "for (; i + 4 <= k; i += 4)" in gemm
     assert "sneppx_gemm_micro14(" not in gemm and "sneppx_gemm_decode4(" not in gemm
-    flash = _render_with(monkeypatch, other, "attn_flash")
+    flash = _render_with(other, "attn_flash")
     assert "_Static_assert(SNEPPX_ATTN_BLOCK_KV % 4 == 0," in flash
     assert "e += 2)" in flash and "k3 = " in flash and "k4 = " not in flash
 
@@ -112,6 +113,60 @@ def test_bad_target_refused(change, message):
         dataclasses.replace(TARGETS[0], **change)
 
 
-def test_unknown_width_named():
+def test_unknown_target_named():
+    with pytest.raises(ValueError, match="target must be one of v16, v8, not 'v4'"):
+        targets.target_named("v4")
     with pytest.raises(ValueError, match="vector width must be one of 16, 8, not 4"):
-        render.render_kernel("gemm", 4, "jit")
+        targets.target_of_width(4)
+    with pytest.raises(ValueError, match=r"--bitcode gemm:16:x.bc: target must be one of v16, v8, not '16'"):
+        tables.parse_bitcode_spec("gemm:16:x.bc")
+
+
+def test_same_width_duplicate_refused(monkeypatch):
+    """The ABI header still picks GEMM tiles by vector width (abi.h.j2), so the table refuses a width twice."""
+    twin = dataclasses.replace(TARGETS[0], name="v16bf")
+    monkeypatch.setattr(targets, "TARGETS", (TARGETS[0], twin, TARGETS[1]))
+    monkeypatch.setattr(targets, "VECTOR_WIDTHS", (16, 16, 8))
+    with pytest.raises(ValueError, match=re.escape("vector widths (16, 16, 8) must each be unique")):
+        targets._check_table()
+
+
+@pytest.fixture
+def second_v16(monkeypatch):
+    """A hypothetical AVX-512 + BF16 target of vector width 16, put between v16 and v8
+    everywhere gen reads the target table (past _check_table, which refuses it today)."""
+    twin = dataclasses.replace(TARGETS[0], name="v16bf", llvm_features=("+avx512f", "+avx512bf16"),
+                               cpuinfo_flags=("avx512f", "avx512_bf16"))
+    table = (TARGETS[0], twin, TARGETS[1])
+    names = tuple(t.name for t in table)
+    for module in (targets, tables, render):
+        monkeypatch.setattr(module, "TARGETS", table)
+    monkeypatch.setattr(targets, "TARGET_NAMES", names)
+    monkeypatch.setattr(build, "TARGET_NAMES", names)
+    return twin
+
+
+def test_second_target_of_a_width_has_its_own_sources_and_keys(second_v16, tmp_path, capsys):
+    assert build.main(["targets"]) == 0
+    assert capsys.readouterr().out == "v16;v16bf;v8\n"
+    for name in ("v16", "v16bf"):
+        assert build.main(["jit-source", "--family", "gemm", "--target", name, "-o", str(tmp_path / f"gemm.{name}.c")]) == 0
+    twin_source = (tmp_path / "gemm.v16bf.c").read_text()
+    assert "sneppx kernel family gemm, vector width 16" in twin_source
+    assert "_Static_assert(SNEPPX_GEMM_MR(16) == 14," in twin_source
+
+    values = {"k": 4096, "n": 6144, "bias": 0}
+    assert kernels.kernel_key("gemm", values, second_v16) == "gemm-k4096-n6144-bias0-v16bf"
+    assert kernels.kernel_key("gemm", values, targets.target_named("v16")) == "gemm-k4096-n6144-bias0-v16"
+    plan = aot.plan(archs.find_preset("llama3-8B"), second_v16, True)
+    assert plan.unique_kernels() and all(k.key.endswith("-v16bf") for k in plan.unique_kernels())
+    assert aot.manifest(plan)["vector_width"] == 16
+
+    (tmp_path / "a.bc").write_bytes(b"A")
+    (tmp_path / "b.bc").write_bytes(b"B")
+    table = tables.kernel_table([tables.parse_bitcode_spec(f"gemm:{name}:{tmp_path / f}")[:2] + (data,)
+                                 for name, f, data in (("v16", "a.bc", b"A"), ("v16bf", "b.bc", b"B"))])
+    assert '    {"v16bf", 16, target_features_1},\n' in table
+    assert 'static const char *const target_features_1[] = {"+avx512f", "+avx512bf16", NULL};' in table
+    assert '{"gemm", &sneppx_targets[0], bitcode_gemm_v16, sizeof bitcode_gemm_v16,' in table
+    assert '{"gemm", &sneppx_targets[1], bitcode_gemm_v16bf, sizeof bitcode_gemm_v16bf,' in table
