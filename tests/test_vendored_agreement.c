@@ -231,7 +231,7 @@ static char *read_text(const char *path)
 }
 
 /* sneppx-gen --arch name, built into DIR/libtrace.so with SNEPPX_AOT_KERNEL_CALL hooked. */
-static int vendored_open(const char *name, int vector_width, struct vendored *v)
+static int vendored_open(const char *name, const char *target, struct vendored *v)
 {
     memset(v, 0, sizeof *v);
     const char *source = getenv("SNEPPX_SOURCE_DIR"), *binary = getenv("SNEPPX_BINARY_DIR");
@@ -242,8 +242,8 @@ static int vendored_open(const char *name, int vector_width, struct vendored *v)
     snprintf(dir, sizeof dir, "%s/tests/vendored-agreement", binary);
     mkdir(dir, 0700);
     snprintf(dir, sizeof dir, "%s/tests/vendored-agreement/%s", binary, name);
-    snprintf(command, sizeof command, "'%s' '%s/gen/sneppx-gen' --arch '%s' --vector-width %d --flash -o '%s' > /dev/null",
-             python ? python : "/usr/bin/python3", source, name, vector_width, dir);
+    snprintf(command, sizeof command, "'%s' '%s/gen/sneppx-gen' --arch '%s' --target '%s' --flash -o '%s' > /dev/null",
+             python ? python : "/usr/bin/python3", source, name, target, dir);
     if (!run_command(command))
         return 0;
     snprintf(path, sizeof path, "%s/manifest.json", dir);
@@ -506,7 +506,7 @@ int main(void)
                         sneppx_last_error()))
             continue;
         struct vendored v = {0};
-        if (replace_kernels(layer) && vendored_open(name, layer->vector_width, &v)) {
+        if (replace_kernels(layer) && vendored_open(name, layer->target->name, &v)) {
             check_keys(layer, &v, name);
             check_tasks(layer, &v, name);
             check_sizes(layer, &v, name);
