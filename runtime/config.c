@@ -136,14 +136,17 @@ static sneppx_status check_ranges(const sneppx_config *config)
 static sneppx_status validate_rope_numbers(const sneppx_config *config, int64_t rotary_dim)
 {
     const sneppx_rope_scaling *s = &config->rope_scaling;
-    const double parameters[] = {s->low_freq_factor, s->high_freq_factor, s->beta_fast, s->beta_slow,
-                                 s->mscale, s->mscale_all_dim, s->attention_factor};
-    const char *const names[] = {"low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
-                                 "mscale", "mscale_all_dim", "attention_factor"};
-    for (int i = 0; i < (int)(sizeof parameters / sizeof parameters[0]); i++)
-        if (!isfinite(parameters[i]))
-            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.rope_scaling.%s: %g is not finite", names[i],
-                               parameters[i]);
+    /* The parameters config_fields.py marks (all reals but factor, which has its own rule). */
+    for (int i = 0; i < sneppx_rope_field_count; i++) {
+        const struct sneppx_rope_field *f = &sneppx_rope_fields[i];
+        double value;
+        if (!f->finite)
+            continue;
+        memcpy(&value, (const char *)s + f->offset, sizeof value);
+        if (!isfinite(value))
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.rope_scaling.%s: %g is not finite", f->name,
+                               value);
+    }
     double inv_freq[SNEPPX_MAX_HEAD_DIM / 2], attention_factor;
     struct sneppx_rope_params params;
     sneppx_config_rope_params(config, &params);
@@ -322,19 +325,10 @@ void sneppx_config_rope_params(const sneppx_config *config, struct sneppx_rope_p
 {
     const sneppx_rope_scaling *scaling = &config->rope_scaling;
     memset(params, 0, sizeof *params);
-    params->type = (int)scaling->type;
+    sneppx_rope_params_set_scaling(params, scaling);
     params->theta = config->rope_theta;
     params->rotary_dim = sneppx_config_rotary_dim(config);
-    params->factor = scaling->factor;
-    params->low_freq_factor = scaling->low_freq_factor;
-    params->high_freq_factor = scaling->high_freq_factor;
-    params->original_max_position_embeddings = scaling->original_max_position_embeddings;
     params->max_position_embeddings = config->max_position_embeddings;
-    params->beta_fast = scaling->beta_fast;
-    params->beta_slow = scaling->beta_slow;
-    params->mscale = scaling->mscale;
-    params->mscale_all_dim = scaling->mscale_all_dim;
-    params->attention_factor = scaling->attention_factor;
 }
 
 sneppx_status sneppx_config_rope_frequencies(const sneppx_config *config, int64_t max_position,

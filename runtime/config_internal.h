@@ -1,6 +1,7 @@
 /* Internal: quantities derived from a (validated) config. */
 #ifndef SNEPPX_RUNTIME_CONFIG_INTERNAL_H
 #define SNEPPX_RUNTIME_CONFIG_INTERNAL_H
+#include <stddef.h>
 #include "rope_freqs.h"
 #include "sneppx/config.h"
 
@@ -13,6 +14,26 @@ extern const sneppx_config sneppx_config_defaults;
 extern const char *const sneppx_rope_type_names[];
 extern const int sneppx_rope_type_count;
 extern const char sneppx_rope_type_list[];
+
+/* config_fields.ROPE_PARAMETERS (sneppx_rope_scaling's fields but type), rendered
+ * beside them: how a rope_scaling dict gives each (runtime/config_json.c reads the
+ * table), which sneppx_config_validate requires finite, and their copy into struct
+ * sneppx_rope_params. */
+struct sneppx_rope_field {
+    const char *name;                        /* the dict's key */
+    size_t offset;                           /* in sneppx_rope_scaling */
+    int real;                                /* a double; else an int64_t */
+    double absent[SNEPPX_ROPE_TYPE_COUNT];   /* the value a dict of each type lacking it gives */
+    unsigned required_by;                    /* bit t set: a dict of type t must give it */
+    int finite;                              /* sneppx_config_validate refuses a non-finite value */
+};
+_Static_assert(SNEPPX_ROPE_TYPE_COUNT <= 32, "sneppx_rope_field.required_by has a bit per RoPE type");
+extern const struct sneppx_rope_field sneppx_rope_fields[];
+extern const int sneppx_rope_field_count;
+/* "rope_type, type, factor, ..., truncate": the keys a dict may hold, for messages. */
+extern const char sneppx_rope_key_list[];
+/* params->type and every parameter from scaling (the rest of params untouched). */
+void sneppx_rope_params_set_scaling(struct sneppx_rope_params *params, const sneppx_rope_scaling *scaling);
 
 int64_t sneppx_config_head_dim(const sneppx_config *config);
 int64_t sneppx_config_rotary_dim(const sneppx_config *config);

@@ -1,5 +1,7 @@
 /* HF config.json -> sneppx_config (include/sneppx/config.h): the attention
- * fields of model_type llama, mistral, qwen2 and deepseek_v2. The one reader
+ * fields of the model types of gen/sneppx_gen/model_types.py (its rendered
+ * table: model_types.h), and the rope_scaling keys of config_fields.py (the
+ * table of config_internal.h). The one reader
  * of config.json: Python's LLMConfig.from_config_json calls it too, and the
  * constructor's rope_scaling dict is read by its rope_scaling reader
  * (sneppx_rope_scaling_from_json).
@@ -16,6 +18,7 @@
 
 #include "config_internal.h"
 #include "error.h"
+#include "model_types.h"
 #include "regular_file.h"
 #include "sneppx/config.h"
 
@@ -24,25 +27,6 @@
 #define CONFIG_JSON_MAX_BYTES ((size_t)16 << 20)
 /* JSON numbers are doubles: larger integers are not exact. */
 #define JSON_EXACT_INT_MAX 9007199254740992.0
-
-struct model_type {
-    const char *name;
-    int64_t default_max_positions; /* the transformers config class's default */
-};
-
-static const struct model_type model_types[] = {
-    {"llama", 2048}, {"mistral", 131072}, {"qwen2", 32768}, {"deepseek_v2", 2048}};
-#define MODEL_TYPE_COUNT (int)(sizeof model_types / sizeof model_types[0])
-
-
-static const char *const rope_keys[] = {
-    "rope_type", "type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
-    "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"};
-#define ROPE_KEY_COUNT (int)(sizeof rope_keys / sizeof rope_keys[0])
-
-/* YaRN's correction range defaults (HF and DeepSeek agree). */
-#define YARN_BETA_FAST 32.0
-#define YARN_BETA_SLOW 1.0
 
 /* One JSON object being read; prefix names it in messages ("", "rope_scaling."). */
 struct scope {
@@ -203,10 +187,13 @@ static sneppx_status read_string(const struct scope *scope, const char *key, con
 
 /* ---- rope_scaling --------------------------------------------------------- */
 
+/* The dict's keys: "rope_type" (or "type"), the parameters, and "truncate". */
 static int rope_key_known(const char *key)
 {
-    for (int i = 0; i < ROPE_KEY_COUNT; i++)
-        if (strcmp(rope_keys[i], key) == 0)
+    if (strcmp(key, "rope_type") == 0 || strcmp(key, "type") == 0 || strcmp(key, "truncate") == 0)
+        return 1;
+    for (int i = 0; i < sneppx_rope_field_count; i++)
+        if (strcmp(sneppx_rope_fields[i].name, key) == 0)
             return 1;
     return 0;
 }
@@ -239,20 +226,42 @@ static sneppx_status rope_kind(const struct scope *scope, int *kind)
 /* Keys each rope type requires (HF's rope validation asks for the same). */
 static sneppx_status check_required_rope_keys(const struct scope *scope, int kind)
 {
-    static const char *const llama3_keys[] = {"factor", "low_freq_factor", "high_freq_factor",
-                                              "original_max_position_embeddings", NULL};
-    static const char *const factor_only[] = {"factor", NULL};
-    const char *const *required = kind == SNEPPX_ROPE_LLAMA3 ? llama3_keys
-                                  : kind == SNEPPX_ROPE_DEFAULT ? NULL : factor_only;
-    for (; required && *required; required++) {
+    for (int i = 0; i < sneppx_rope_field_count; i++) {
+        const char *key = sneppx_rope_fields[i].name;
         const cJSON *item;
-        sneppx_status status = lookup(scope, *required, &item);
+        if (!(sneppx_rope_fields[i].required_by & (1u << kind)))
+            continue;
+        sneppx_status status = lookup(scope, key, &item);
         if (status != SNEPPX_OK)
             return status;
         if (!item)
             return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: rope_scaling.%s: missing (rope_type '%s' needs it)",
-                               *required, sneppx_rope_type_names[kind]);
+                               key, sneppx_rope_type_names[kind]);
     }
+    return SNEPPX_OK;
+}
+
+/* One parameter of a dict of type kind: a finite number or an integer, as the
+ * field is; absent, the table's value for the type. */
+static sneppx_status read_rope_parameter(const struct scope *scope, const struct sneppx_rope_field *f, int kind,
+                                         sneppx_rope_scaling *scaling)
+{
+    char *at = (char *)scaling + f->offset;
+    if (f->real) {
+        double value;
+        sneppx_status status = read_real(scope, f->name, f->absent[kind], &value);
+        if (status == SNEPPX_OK)
+            memcpy(at, &value, sizeof value);
+        return status;
+    }
+    const cJSON *item;
+    sneppx_status status = lookup(scope, f->name, &item);
+    if (status != SNEPPX_OK)
+        return status;
+    if (item && !is_integer(item))
+        return format_error(scope, f->name, "an integer", item);
+    const int64_t value = item ? (int64_t)item->valuedouble : (int64_t)f->absent[kind];
+    memcpy(at, &value, sizeof value);
     return SNEPPX_OK;
 }
 
@@ -272,10 +281,8 @@ static sneppx_status read_rope_scaling_value(const cJSON *dict, sneppx_rope_scal
     const cJSON *item;
     cJSON_ArrayForEach(item, dict) {
         if (!item->string || !rope_key_known(item->string))
-            return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: rope_scaling.%s: unknown key (known: "
-                               "rope_type, type, factor, low_freq_factor, high_freq_factor, "
-                               "original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim, "
-                               "attention_factor, truncate)", clip(item->string ? item->string : "", CLIP_BYTES).text);
+            return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: rope_scaling.%s: unknown key (known: %s)",
+                               clip(item->string ? item->string : "", CLIP_BYTES).text, sneppx_rope_key_list);
     }
     int kind = SNEPPX_ROPE_DEFAULT;
     if ((status = rope_kind(&scope, &kind)) != SNEPPX_OK || (status = check_required_rope_keys(&scope, kind)) != SNEPPX_OK)
@@ -289,24 +296,12 @@ static sneppx_status read_rope_scaling_value(const cJSON *dict, sneppx_rope_scal
         return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: rope_scaling.truncate: only true (YaRN with "
                            "floor/ceil of the correction range) is supported");
 
-    const int yarn = kind == SNEPPX_ROPE_YARN;
-    const cJSON *original;
-    if ((status = read_real(&scope, "factor", 1.0, &scaling->factor)) != SNEPPX_OK ||
-        (status = read_real(&scope, "low_freq_factor", 0.0, &scaling->low_freq_factor)) != SNEPPX_OK ||
-        (status = read_real(&scope, "high_freq_factor", 0.0, &scaling->high_freq_factor)) != SNEPPX_OK ||
-        (status = read_real(&scope, "beta_fast", yarn ? YARN_BETA_FAST : 0.0, &scaling->beta_fast)) != SNEPPX_OK ||
-        (status = read_real(&scope, "beta_slow", yarn ? YARN_BETA_SLOW : 0.0, &scaling->beta_slow)) != SNEPPX_OK ||
-        (status = read_real(&scope, "mscale", 0.0, &scaling->mscale)) != SNEPPX_OK ||
-        (status = read_real(&scope, "mscale_all_dim", 0.0, &scaling->mscale_all_dim)) != SNEPPX_OK ||
-        (status = read_real(&scope, "attention_factor", 0.0, &scaling->attention_factor)) != SNEPPX_OK ||
-        (status = lookup(&scope, "original_max_position_embeddings", &original)) != SNEPPX_OK)
-        return status;
-    scaling->original_max_position_embeddings = 0;
-    if (original) {
-        if (!is_integer(original))
-            return format_error(&scope, "original_max_position_embeddings", "an integer", original);
-        scaling->original_max_position_embeddings = (int64_t)original->valuedouble;
-    }
+    /* The real-valued parameters, then the integers (the order of the messages when several are wrong). */
+    for (int real = 1; real >= 0; real--)
+        for (int i = 0; i < sneppx_rope_field_count; i++)
+            if (sneppx_rope_fields[i].real == real &&
+                (status = read_rope_parameter(&scope, &sneppx_rope_fields[i], kind, scaling)) != SNEPPX_OK)
+                return status;
     scaling->type = (sneppx_rope_type)kind;
     return SNEPPX_OK;
 }
@@ -321,7 +316,7 @@ static sneppx_status read_rope_scaling(const cJSON *root, sneppx_rope_scaling *s
 
 /* ---- the model ------------------------------------------------------------------ */
 
-static sneppx_status read_model_type(const struct scope *top, const struct model_type **type)
+static sneppx_status read_model_type(const struct scope *top, const struct sneppx_model_type **type)
 {
     const char *name;
     sneppx_status status = read_string(top, "model_type", &name);
@@ -329,21 +324,21 @@ static sneppx_status read_model_type(const struct scope *top, const struct model
         return status;
     if (!name)
         return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: model_type: missing");
-    for (int i = 0; i < MODEL_TYPE_COUNT; i++) {
-        if (strcmp(model_types[i].name, name) == 0) {
-            *type = &model_types[i];
+    for (int i = 0; i < sneppx_model_type_count; i++) {
+        if (strcmp(sneppx_model_types[i].name, name) == 0) {
+            *type = &sneppx_model_types[i];
             return SNEPPX_OK;
         }
     }
-    return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: model_type: '%s' is not supported (supported: "
-                       "llama, mistral, qwen2, deepseek_v2)", clip(name, CLIP_BYTES).text);
+    return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: model_type: '%s' is not supported (supported: %s)",
+                       clip(name, CLIP_BYTES).text, sneppx_model_type_list);
 }
 
 /* partial_rotary_factor: rotate int(head_dim * factor) dims of each head. */
 static sneppx_status read_partial_rotary(const struct scope *top, sneppx_config *config)
 {
     const cJSON *item;
-    double factor;
+    double factor = 1.0; /* set by read_real (gcc cannot tell once it inlines it) */
     sneppx_status status = lookup(top, "partial_rotary_factor", &item);
     if (status != SNEPPX_OK || !item)
         return status;
@@ -362,27 +357,34 @@ static sneppx_status read_partial_rotary(const struct scope *top, sneppx_config 
 }
 
 /* Biases and windows differ per model type (docs/MODELS.md section 7). */
-static sneppx_status read_family_fields(const struct scope *top, const struct model_type *type,
+static sneppx_status read_family_fields(const struct scope *top, const struct sneppx_model_type *type,
                                         sneppx_config *config)
 {
     sneppx_status status = SNEPPX_OK;
-    const char *name = type->name;
-    if (strcmp(name, "llama") == 0 || strcmp(name, "deepseek_v2") == 0) {
-        /* attention_bias sets q/k/v and o together (default false). */
+    switch (type->bias) {
+    case SNEPPX_MODEL_BIAS_ATTENTION_BIAS: /* q/k/v and o together (default false) */
         status = read_flag(top, "attention_bias", 0, &config->qkv_bias);
         config->o_bias = config->qkv_bias;
-    } else if (strcmp(name, "mistral") == 0) {
+        break;
+    case SNEPPX_MODEL_BIAS_NONE:
         config->qkv_bias = config->o_bias = 0;
-        status = read_size(top, "sliding_window", 0, &config->sliding_window);
-    } else { /* qwen2: q/k/v bias hard-coded in Qwen2Attention, o_proj none */
-        int windowed = 0;
+        break;
+    case SNEPPX_MODEL_BIAS_QKV: /* Qwen2: q/k/v bias hard-coded in Qwen2Attention, o_proj none */
         config->qkv_bias = 1;
         config->o_bias = 0;
+        break;
+    }
+    if (status != SNEPPX_OK)
+        return status;
+    if (type->window == SNEPPX_MODEL_WINDOW_SLIDING_WINDOW) {
+        status = read_size(top, "sliding_window", 0, &config->sliding_window);
+    } else if (type->window == SNEPPX_MODEL_WINDOW_USE_SLIDING_WINDOW) {
+        int windowed = 0;
         if ((status = read_flag(top, "use_sliding_window", 0, &windowed)) == SNEPPX_OK && windowed)
             status = sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: use_sliding_window: true (Qwen2 per-layer "
                                  "windows) is not supported");
     }
-    if (status != SNEPPX_OK || strcmp(name, "deepseek_v2") != 0)
+    if (status != SNEPPX_OK || !type->mla)
         return status;
     /* MLA: without kv_lora_rank the file would silently become a plain layer. */
     if ((status = read_size(top, "q_lora_rank", 0, &config->q_lora_rank)) != SNEPPX_OK ||
@@ -398,7 +400,7 @@ static sneppx_status read_family_fields(const struct scope *top, const struct mo
 static sneppx_status read_config(const cJSON *root, sneppx_config *config)
 {
     const struct scope top = {root, ""};
-    const struct model_type *type = NULL;
+    const struct sneppx_model_type *type = NULL;
     sneppx_status status;
     if ((status = read_model_type(&top, &type)) != SNEPPX_OK ||
         (status = read_required_size(&top, "hidden_size", &config->hidden_size)) != SNEPPX_OK ||
@@ -412,7 +414,7 @@ static sneppx_status read_config(const cJSON *root, sneppx_config *config)
         return status;
     snprintf(config->name, sizeof config->name, "%s", type->name);
     /* DeepSeek's head dims are the MLA fields; its head_dim / partial_rotary_factor are not read. */
-    if (strcmp(type->name, "deepseek_v2") != 0) {
+    if (!type->mla) {
         if ((status = read_size(&top, "head_dim", 0, &config->head_dim)) != SNEPPX_OK ||
             (status = read_partial_rotary(&top, config)) != SNEPPX_OK)
             return status;

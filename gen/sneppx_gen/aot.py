@@ -10,11 +10,11 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
-from . import render
+from . import config_fields, render
 from .archs import Arch
 from .kernels import MASK_MODES, check_values, kernel_key, symbol_of_key
 from .output import write_if_changed
-from .tables import ROPE_TYPE_NAMES, c_double
+from .tables import ROPE_TYPE_NAMES, c_double, c_value
 from .targets import Target
 
 
@@ -156,21 +156,20 @@ def plan(arch: Arch, target: Target, flash: bool) -> Plan:
     return Plan(arch, target, flash, kernels, dims, fields)
 
 
-def _rope_literals(arch: Arch) -> Dict[str, str]:
+def _rope_initializer(arch: Arch, rotary_dim: int) -> str:
+    """The designators of the arch's struct sneppx_rope_params (rope_params.j2): the config's
+    RoPE fields, and every rope_scaling parameter of config_fields.py."""
     rs = arch.rope_scaling
-    return {
-        "type": ROPE_TYPE_NAMES[rs.type],
-        "theta": c_double(arch.rope_theta),
-        "factor": c_double(rs.factor),
-        "low_freq_factor": c_double(rs.low_freq_factor),
-        "high_freq_factor": c_double(rs.high_freq_factor),
-        "original_max_position_embeddings": str(rs.original_max_position_embeddings),
-        "beta_fast": c_double(rs.beta_fast),
-        "beta_slow": c_double(rs.beta_slow),
-        "mscale": c_double(rs.mscale),
-        "mscale_all_dim": c_double(rs.mscale_all_dim),
-        "attention_factor": c_double(rs.attention_factor),
-    }
+    parts = [f".theta = {c_double(arch.rope_theta)}", f".rotary_dim = {rotary_dim}",
+             f".max_position_embeddings = {arch.max_position_embeddings}"]
+    parts += [f".{f.name} = {c_value(f, getattr(rs, f.name))}" for f in config_fields.ROPE_SCALING_FIELDS]
+    lines, line = [], "   "
+    for part in parts:
+        if len(line) + len(part) + 2 > 100:
+            lines.append(line)
+            line = "   "
+        line += f" {part},"
+    return "\n".join(lines + [line.rstrip(",")])
 
 
 def _float_literal(value: float) -> str:
@@ -188,7 +187,8 @@ def render_layer(p: Plan) -> Tuple[str, str]:
         keys=[k.key for k in p.unique_kernels()],
         kernels=kernels,
         weight_fields=p.weight_fields,
-        rope=_rope_literals(p.arch),
+        rope_type=ROPE_TYPE_NAMES[p.arch.rope_scaling.type],
+        rope_initializer=_rope_initializer(p.arch, p.dims["rotary_dim"]),
         rope_freqs=render.render_template("rope_freqs.c.j2", mode="aot"),
         softmax_scale=_float_literal(p.arch.softmax_scale()),
         pipeline_template="layer_mla.c.j2" if p.arch.is_mla else "layer_standard.c.j2",

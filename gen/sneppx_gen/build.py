@@ -5,6 +5,8 @@
     build config-fields -o FILE       the C check of include/sneppx/config.h against config_fields.py
     build python-fields -o FILE       the Python package's config structs (sneppx/_config_fields.py)
     build rope-freqs -o FILE          RoPE frequency code for libsneppx
+    build rope-freqs-header -o FILE   its header (struct sneppx_rope_params from config_fields.py)
+    build model-types -o FILE         the config.json model-type table (model_types.py)
     build limits -o FILE              the public sneppx/limits.h
     build config-ranges -o FILE       the config range table of runtime/config.c
     build families                    family names, ';'-separated (a CMake list)
@@ -26,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sneppx-gen build", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
-    for name in ("abi", "presets", "config-fields", "python-fields", "rope-freqs", "limits", "config-ranges"):
+    for name in ("abi", "presets", "config-fields", "python-fields", "rope-freqs", "rope-freqs-header", "model-types",
+                 "limits", "config-ranges"):
         sub.add_parser(name).add_argument("-o", "--output", required=True)
     sub.add_parser("families")
     sub.add_parser("targets")
@@ -62,6 +65,10 @@ def main(argv: List[str]) -> int:
         text = python_fields.render()
     elif args.what == "rope-freqs":
         text = render.render_template("rope_freqs.c.j2", mode="runtime")
+    elif args.what == "rope-freqs-header":
+        text = render.render_template("rope_freqs.h.j2", mode="runtime")
+    elif args.what == "model-types":
+        text = tables.model_types_c()
     elif args.what == "jit-source":
         text = render.render_kernel(args.family, target_named(args.target), "jit")
     else:

@@ -54,6 +54,8 @@ class Field:
     hf: str = "key"   # "key": config.json's key of the same name; "-": none; else how it is derived
     python: str = "value"
     used_by: Tuple[str, ...] = ()   # rope_scaling: the rope types whose formulas read it
+    required_by: Tuple[str, ...] = ()  # rope_scaling: the rope types whose dicts must give it
+    type_defaults: Tuple[Tuple[str, Any], ...] = ()  # rope_scaling: (type, value) absent from that type's dict
     required: bool = False  # a config.json, a hand config and LLMConfig must give it
     default_from: str = ""  # absent from them: this other field's value
 
@@ -67,19 +69,42 @@ ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 ROPE_SCALING_FIELDS: Tuple[Field, ...] = (
     Field("type", ROPE_TYPE, 0, "sneppx_rope_type", hf="rope_type (or type), by name",
           used_by=ROPE_TYPES),
-    Field("factor", DOUBLE, 1.0, "scaling factor", used_by=("linear", "dynamic", "llama3", "yarn")),
-    Field("low_freq_factor", DOUBLE, 0.0, "", used_by=("llama3",)),
-    Field("high_freq_factor", DOUBLE, 0.0, "", used_by=("llama3",)),
-    Field("original_max_position_embeddings", INT64, 0, "0 = max_position_embeddings", used_by=("llama3", "yarn")),
+    Field("factor", DOUBLE, 1.0, "scaling factor", used_by=("linear", "dynamic", "llama3", "yarn"),
+          required_by=("linear", "dynamic", "llama3", "yarn")),
+    Field("low_freq_factor", DOUBLE, 0.0, "", used_by=("llama3",), required_by=("llama3",)),
+    Field("high_freq_factor", DOUBLE, 0.0, "", used_by=("llama3",), required_by=("llama3",)),
+    Field("original_max_position_embeddings", INT64, 0, "0 = max_position_embeddings", used_by=("llama3", "yarn"),
+          required_by=("llama3",)),
+    # YaRN's correction range defaults (HF and DeepSeek agree).
     Field("beta_fast", DOUBLE, 0.0, "correction range, fast end (absent from a yarn dict: YaRN's default)",
-          used_by=("yarn",)),
+          used_by=("yarn",), type_defaults=(("yarn", 32.0),)),
     Field("beta_slow", DOUBLE, 0.0, "correction range, slow end (absent from a yarn dict: YaRN's default)",
-          used_by=("yarn",)),
+          used_by=("yarn",), type_defaults=(("yarn", 1.0),)),
     Field("mscale", DOUBLE, 0.0, "0 = unset", python="none_if_0", used_by=("yarn",)),
     Field("mscale_all_dim", DOUBLE, 0.0, "0 = unset", python="none_if_0", used_by=("yarn",)),
     Field("attention_factor", DOUBLE, 0.0, "explicit cos/sin factor (0 = derive)", python="none_if_0",
           used_by=("yarn",)),
 )
+
+# The parameters: every field but the type. A rope_scaling dict gives each as the key of
+# its name, or, absent, rope_absent(); sneppx_config_validate requires ROPE_FINITE finite
+# (factor has its own rule: > 0 where the type reads it).
+ROPE_PARAMETERS: Tuple[Field, ...] = ROPE_SCALING_FIELDS[1:]
+ROPE_FINITE: Tuple[Field, ...] = tuple(f for f in ROPE_PARAMETERS if f.c_type is DOUBLE and f.name != "factor")
+# The keys a rope_scaling dict may hold: HF's "rope_type" (or "type"), the parameters,
+# and "truncate" (only true: YaRN with floor/ceil of the correction range).
+ROPE_KEYS: Tuple[str, ...] = ("rope_type",) + tuple(f.name for f in ROPE_SCALING_FIELDS) + ("truncate",)
+
+
+def rope_absent(f: Field, rope_type: str) -> Any:
+    """A parameter's value when a dict of rope_type lacks it."""
+    return dict(f.type_defaults).get(rope_type, f.default)
+
+
+def rope_required(rope_type: str) -> Tuple[str, ...]:
+    """The keys a dict of rope_type must give, in field order."""
+    return tuple(f.name for f in ROPE_PARAMETERS if rope_type in f.required_by)
+
 
 # Its size and alignment are its fields' (type_size_align).
 ROPE_SCALING = CType("sneppx_rope_scaling", 0, 0, "RopeScaling", object)

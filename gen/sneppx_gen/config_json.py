@@ -25,10 +25,10 @@ import os
 import re
 import stat
 import sys
-from dataclasses import dataclass, make_dataclass
+from dataclasses import make_dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import config_fields, limits
+from . import config_fields, limits, model_types
 
 
 class ConfigError(ValueError):
@@ -43,33 +43,11 @@ EXACT_INT_MAX = 9007199254740992.0
 
 # ---- tables ------------------------------------------------------------------
 
-# sneppx_rope_type by HF name, and the keys each type requires (check_required_rope_keys).
+# sneppx_rope_type by HF name; the dict's keys, and which each type requires, are config_fields'.
 ROPE_TYPES = {name: value for value, name in enumerate(config_fields.ROPE_TYPES)}
-ROPE_REQUIRED = {"default": (), "linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
-                 "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
-# The dict's keys: its fields (HF's "rope_type" or "type" gives type), and "truncate".
-ROPE_KEYS = ("rope_type",) + tuple(f.name for f in config_fields.ROPE_SCALING_FIELDS) + ("truncate",)
-# YaRN's correction range defaults (YARN_BETA_FAST / _SLOW of runtime/config_json.c: HF and DeepSeek agree).
-YARN_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0}
-# (key, default, yarn default) of the real-valued rope_scaling keys, in the reader's order.
-ROPE_REALS = tuple((f.name, f.default, YARN_DEFAULTS.get(f.name, f.default))
-                   for f in config_fields.ROPE_SCALING_FIELDS if f.c_type is config_fields.DOUBLE)
 
-
-@dataclass(frozen=True)
-class ModelType:
-    default_max_positions: int   # the transformers config class's default
-    bias: str                    # "attention_bias" (q/k/v and o together), "none", "qkv" (Qwen2)
-    window: str                  # "sliding_window" (Mistral), "use_sliding_window" (Qwen2: refused), ""
-    mla: bool = False
-
-
-MODEL_TYPES = {
-    "llama": ModelType(2048, "attention_bias", ""),
-    "mistral": ModelType(131072, "none", "sliding_window"),
-    "qwen2": ModelType(32768, "qkv", "use_sliding_window"),
-    "deepseek_v2": ModelType(2048, "attention_bias", "", mla=True),
-}
+# The model types, by name (model_types.py).
+MODEL_TYPES = {t.name: t for t in model_types.MODEL_TYPES}
 
 # ---- the config, as the C struct holds it ---------------------------------------
 
@@ -348,8 +326,9 @@ def read_rope_scaling(top: Scope) -> RopeFields:
         raise top.fail("rope_scaling", "an object or null", raw)
     scope = Scope(raw, "rope_scaling.")
     for key, _ in raw.pairs:
-        if key not in ROPE_KEYS:
-            raise ConfigError(f"rope_scaling.{_c_prefix(key, 64)}: unknown key (known: {', '.join(ROPE_KEYS)})")
+        if key not in config_fields.ROPE_KEYS:
+            raise ConfigError(f"rope_scaling.{_c_prefix(key, 64)}: unknown key "
+                              f"(known: {', '.join(config_fields.ROPE_KEYS)})")
     rope_type, type_ = scope.string("rope_type"), scope.string("type")
     if rope_type is not None and type_ is not None and rope_type != type_:
         raise ConfigError(f"rope_scaling: rope_type '{_c_prefix(rope_type, 64)}' and type "
@@ -360,7 +339,7 @@ def read_rope_scaling(top: Scope) -> RopeFields:
     if name not in ROPE_TYPES:
         raise ConfigError(f"rope_scaling.rope_type: '{_c_prefix(name, 64)}' is not supported "
                           f"(supported: {', '.join(ROPE_TYPES)})")
-    for key in ROPE_REQUIRED[name]:
+    for key in config_fields.rope_required(name):
         if scope.lookup(key) is None:
             raise ConfigError(f"rope_scaling.{key}: missing (rope_type '{name}' needs it)")
     # YaRN without floor/ceil of the correction range is not implemented; an
@@ -369,12 +348,16 @@ def read_rope_scaling(top: Scope) -> RopeFields:
     if raw.first("truncate")[0] and truncate is not True:
         raise ConfigError("rope_scaling.truncate: only true (YaRN with floor/ceil of the correction range) "
                           "is supported")
-    yarn = name == "yarn"
-    values = {key: scope.real(key, yarn_default if yarn else default) for key, default, yarn_default in ROPE_REALS}
-    original = scope.lookup("original_max_position_embeddings")
-    if original is not None and not _is_integer(original):
-        raise scope.fail("original_max_position_embeddings", "an integer", original)
-    return RopeFields(type=ROPE_TYPES[name], original_max_position_embeddings=int(original or 0), **values)
+    # The real-valued parameters, then the integers (the order of the messages when several are wrong).
+    values = {f.name: scope.real(f.name, config_fields.rope_absent(f, name))
+              for f in config_fields.ROPE_PARAMETERS if f.c_type is config_fields.DOUBLE}
+    for f in config_fields.ROPE_PARAMETERS:
+        if f.c_type is config_fields.INT64:
+            value = scope.lookup(f.name)
+            if value is not None and not _is_integer(value):
+                raise scope.fail(f.name, "an integer", value)
+            values[f.name] = config_fields.rope_absent(f, name) if value is None else int(value)
+    return RopeFields(type=ROPE_TYPES[name], **values)
 
 
 # ---- the two forms ---------------------------------------------------------------
@@ -400,7 +383,7 @@ def read_hf(root: JsonObject) -> CConfig:
         raise ConfigError("model_type: missing")
     if name not in MODEL_TYPES:
         raise ConfigError(f"model_type: '{_c_prefix(name, 64)}' is not supported (supported: "
-                          f"{', '.join(MODEL_TYPES)})")
+                          f"{model_types.MODEL_TYPE_LIST})")
     kind = MODEL_TYPES[name]
     c = CConfig(name=name)
     c.hidden_size = top.required_size("hidden_size")
@@ -575,10 +558,9 @@ def _validate_rope(c: CConfig, rotary_dim: int) -> None:
         raise ConfigError(f"config.rope_scaling.original_max_position_embeddings: "
                           f"{s.original_max_position_embeddings} must be >= 0")
     # validate_rope_numbers: the tables and the softmax scale the runtime will compute must be finite.
-    for name in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
-                 "attention_factor"):
-        if not math.isfinite(getattr(s, name)):
-            raise ConfigError(f"config.rope_scaling.{name}: {_g(getattr(s, name))} is not finite")
+    for f in config_fields.ROPE_FINITE:
+        if not math.isfinite(getattr(s, f.name)):
+            raise ConfigError(f"config.rope_scaling.{f.name}: {_g(getattr(s, f.name))} is not finite")
     inv_freq, attention_factor = rope_inv_freq(c, rotary_dim, c.max_position_embeddings)
     for i, value in enumerate(inv_freq):
         if not math.isfinite(value) or value < 0:

@@ -89,6 +89,8 @@ def environment() -> jinja2.Environment:
         _environment.filters["c_comment"] = c_comment
         # The RoPE types by value (rope_freqs.c.j2's enum), from the config field list.
         _environment.globals["rope_types"] = config_fields.ROPE_TYPES
+        # sneppx_rope_scaling's parameters (rope_params.j2's struct sneppx_rope_params).
+        _environment.globals["rope_parameters"] = config_fields.ROPE_PARAMETERS
         # The bounds of limits.py (forward_checks.h.j2), as sneppx/limits.h has them.
         _environment.globals["limits"] = limits
     return _environment

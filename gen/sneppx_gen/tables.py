@@ -1,7 +1,10 @@
 """The C tables libsneppx compiles in, rendered at build time:
 
 - the config check (config_fields.c): include/sneppx/config.h against
-  config_fields.py, and sneppx_config_init()'s values;
+  config_fields.py, and sneppx_config_init()'s values; with the RoPE type names
+  and the rope_scaling parameters' table (runtime/config_internal.h);
+- the model types of config.json (model_types.c, runtime/model_types.h) from
+  model_types.py;
 - the preset table (runtime/presets.h: sneppx_presets) from gen/archs.json;
 - the kernel registry table (runtime/kernel_registry.h): the key format and
   legal values of every family (kernels.KERNELS), the instruction-set targets
@@ -13,7 +16,7 @@
 import hashlib
 from typing import Any, Iterable, List, Tuple
 
-from . import config_fields, limits
+from . import config_fields, limits, model_types
 from .archs import Arch
 from .kernels import KERNELS
 from .targets import TARGETS, Target, target_named
@@ -98,8 +101,48 @@ def config_fields_c() -> str:
     out.append(f"const char *const sneppx_rope_type_names[] = {{{names}}};\n"
                f"const int sneppx_rope_type_count = {len(ROPE_TYPE_NAMES)};\n"
                f"const char sneppx_rope_type_list[] = {c_string(', '.join(config_fields.ROPE_TYPES))};\n")
+    out.append(_rope_fields_c())
     out.append("\nconst sneppx_config sneppx_config_defaults =\n    "
                f"{c_initializer(config_fields.CONFIG_FIELDS, defaults, chr(10) + '     ')};\n")
+    return "".join(out)
+
+
+def _rope_fields_c() -> str:
+    """The rope_scaling parameters as config_internal.h declares them: how a dict gives each
+    (runtime/config_json.c), which must be finite (runtime/config.c), and their copy into
+    struct sneppx_rope_params."""
+    out = ["\n/* The parameters of sneppx_rope_scaling: config_fields.ROPE_PARAMETERS. */\n"
+           "const struct sneppx_rope_field sneppx_rope_fields[] = {\n"]
+    for f in config_fields.ROPE_PARAMETERS:
+        if f.c_type not in (config_fields.DOUBLE, config_fields.INT64):
+            raise ValueError(f"rope_scaling.{f.name}: {f.c_type.name}: the readers take double and int64_t only")
+        absent = ", ".join(c_double(config_fields.rope_absent(f, t)) for t in config_fields.ROPE_TYPES)
+        required = " | ".join(f"1u << {ROPE_TYPE_NAMES[config_fields.ROPE_TYPES.index(t)]}"
+                              for t in f.required_by) or "0"
+        out.append(f"    {{{c_string(f.name)}, offsetof(sneppx_rope_scaling, {f.name}), "
+                   f"{1 if f.c_type is config_fields.DOUBLE else 0}, {{{absent}}},\n"
+                   f"     {required}, {1 if f in config_fields.ROPE_FINITE else 0}}},\n")
+    out.append("};\n")
+    out.append(f"const int sneppx_rope_field_count = {len(config_fields.ROPE_PARAMETERS)};\n")
+    out.append(f"const char sneppx_rope_key_list[] = {c_string(', '.join(config_fields.ROPE_KEYS))};\n")
+    out.append("\nvoid sneppx_rope_params_set_scaling(struct sneppx_rope_params *params, "
+               "const sneppx_rope_scaling *scaling)\n{\n    params->type = (int)scaling->type;\n")
+    out.extend(f"    params->{f.name} = scaling->{f.name};\n" for f in config_fields.ROPE_PARAMETERS)
+    out.append("}\n")
+    return "".join(out)
+
+
+def model_types_c() -> str:
+    """runtime/model_types.h's table: model_types.MODEL_TYPES, and the list messages name."""
+    out = [GENERATED_NOTE.format(what="build model-types from gen/sneppx_gen/model_types.py"),
+           "#include <stdint.h>\n#include \"model_types.h\"\n\n",
+           "const struct sneppx_model_type sneppx_model_types[] = {\n"]
+    for t in model_types.MODEL_TYPES:
+        out.append(f"    {{{c_string(t.name)}, {c_int64(t.default_max_positions)}, {t.c_bias}, {t.c_window}, "
+                   f"{1 if t.mla else 0}}},\n")
+    out.append("};\n")
+    out.append(f"const int sneppx_model_type_count = {len(model_types.MODEL_TYPES)};\n")
+    out.append(f"const char sneppx_model_type_list[] = {c_string(model_types.MODEL_TYPE_LIST)};\n")
     return "".join(out)
 
 

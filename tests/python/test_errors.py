@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import sneppx
+from sneppx import _structs
 
 SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
 
@@ -52,7 +53,8 @@ def test_unknown_preset_lists_valid_names():
     (dict(SMALL, rope_scaling=8.0), TypeError, "rope_scaling: expected a dict"),
     # rope_scaling is read by the C runtime's reader, in its words and statuses (as config.json's).
     (dict(SMALL, rope_scaling={"rope_type": "longrope", "factor": 2.0}), sneppx.UnsupportedError,
-     r"^rope_scaling.rope_type: 'longrope' is not supported \(supported: default, linear, dynamic, llama3, yarn\)$"),
+     rf"^rope_scaling.rope_type: 'longrope' is not supported \(supported: "
+     rf"{re.escape(', '.join(_structs.ROPE_TYPE_NAMES.values()))}\)$"),
     (dict(SMALL, rope_scaling={"rope_type": "linear"}), sneppx.FormatError,
      r"^rope_scaling.factor: missing \(rope_type 'linear' needs it\)$"),
     (dict(SMALL, rope_scaling={"rope_type": "linear", "factr": 2.0}), sneppx.UnsupportedError,

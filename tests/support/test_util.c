@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config_internal.h"
 #include "mha_reference.h"
 #include "test_util.h"
 
@@ -109,17 +110,10 @@ int test_finish(const test_tally *tally)
     return tally->failed ? 1 : 0;
 }
 
+/* The type's HF name, from the table rendered from gen's ROPE_TYPES. */
 static const char *rope_type_name(sneppx_rope_type type)
 {
-    switch (type) {
-    case SNEPPX_ROPE_DEFAULT: return "default";
-    case SNEPPX_ROPE_LINEAR: return "linear";
-    case SNEPPX_ROPE_DYNAMIC: return "dynamic";
-    case SNEPPX_ROPE_LLAMA3: return "llama3";
-    case SNEPPX_ROPE_YARN: return "yarn";
-    case SNEPPX_ROPE_TYPE_COUNT: break;
-    }
-    return "?";
+    return (int)type >= 0 && (int)type < sneppx_rope_type_count ? sneppx_rope_type_names[type] : "?";
 }
 
 void test_describe_config(const sneppx_config *c, char *text, size_t size)
