@@ -80,6 +80,8 @@ void bench_attention_tiles(const sneppx_kernel *kernel, int threads, const struc
         args.q_len = ops->seq_len;
         args.kv_len = ops->seq_len;
         args.softmax_scale = ops->softmax_scale;
+        args.mask = ops->mask;
+        args.mask_stride = ops->mask_stride;
         args.scratch = ops->scratch + omp_get_thread_num() * ops->scratch_floats;
         kernel->entry[SNEPPX_ENTRY_RUN](&args);
     }

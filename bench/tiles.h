@@ -26,10 +26,12 @@ void bench_gemm_tiles(const sneppx_kernel *kernel, const struct sneppx_target *t
                       int64_t n, const float *src, int64_t src_stride, const float *panels, const float *bias,
                       float *dst, int64_t dst_stride);
 
-/* Causal self-attention of one sequence of seq_len tokens: q [seq_len, kv_heads *
+/* Self-attention of one sequence of seq_len tokens: q [seq_len, kv_heads *
  * group * d] (the group's heads adjacent), k and v [seq_len, kv_heads * d],
- * o like q. Tasks are (query tile, kv head), dynamically scheduled in the
- * order of sneppx_attention_task_at(). scratch: threads x scratch_floats. */
+ * o like q; mask, for a kernel of explicit mask mode, the additive [seq_len,
+ * seq_len] plane (row stride mask_stride) every head shares. Tasks are (query
+ * tile, kv head), dynamically scheduled in the order of
+ * sneppx_attention_task_at(). scratch: threads x scratch_floats. */
 struct bench_attention_operands {
     const float *q, *k, *v;
     float *o;
@@ -37,6 +39,8 @@ struct bench_attention_operands {
     float softmax_scale;
     float *scratch;
     int64_t scratch_floats;
+    const float *mask;
+    int64_t mask_stride;
 };
 void bench_attention_tiles(const sneppx_kernel *kernel, int threads, const struct bench_attention_operands *ops);
 
