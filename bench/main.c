@@ -45,8 +45,8 @@ static void usage(FILE *to)
             "  --plot FILE    PNG chart of GFLOP/s against T per stage (bench/plot.py; writes FILE.csv\n"
             "                 too unless --csv is given)\n"
             "  --gemm-tile RxC  GEMM task of R rows x C columns instead of the runtime's (at most %dx%d,\n"
-            "                 split evenly; C a multiple of 2 x vector width), to measure another partition\n",
-            SNEPPX_GEMM_MAX_TILE_ROWS, SNEPPX_GEMM_MAX_TILE_COLS);
+            "                 split evenly; C a multiple of %d), to measure another partition\n",
+            SNEPPX_GEMM_MAX_TILE_ROWS, SNEPPX_GEMM_MAX_TILE_COLS, SNEPPX_GEMM_COL_ALIGN);
 }
 
 static int parse_stages(const char *list)
@@ -189,8 +189,10 @@ int main(int argc, char **argv)
             i++;
         } else if (strcmp(argv[i], "--gemm-tile") == 0 && value) {
             long long rows = 0, cols = 0;
-            if (sscanf(value, "%lldx%lld", &rows, &cols) != 2 || rows <= 0 || cols <= 0 || cols % 32) {
-                fprintf(stderr, "sneppx-bench: --gemm-tile wants ROWSxCOLS, COLS a multiple of 32\n");
+            if (sscanf(value, "%lldx%lld", &rows, &cols) != 2 || rows <= 0 || cols <= 0 ||
+                cols % SNEPPX_GEMM_COL_ALIGN) {
+                fprintf(stderr, "sneppx-bench: --gemm-tile wants ROWSxCOLS, COLS a multiple of %d\n",
+                        SNEPPX_GEMM_COL_ALIGN);
                 return 2;
             }
             bench_set_gemm_tile(rows, cols);
@@ -226,7 +228,7 @@ int main(int argc, char **argv)
            getenv("OPENBLAS_CORETYPE") || getenv("OPENBLAS_L2_SIZE") ? "SET: baseline forced" : "unset",
            sneppx_cache_dir()[0] ? sneppx_cache_dir() : "(memory only)");
 
-    const struct sneppx_gemm_tiles tile = bench_gemm_tile(2048, 6144, cores);
+    const struct sneppx_gemm_tiles tile = bench_gemm_tile(ctx.target, 2048, 6144, cores);
     printf("GEMM tasks %lldx%lld (rows x columns, qkv at T = 2048 on %d threads), attention tasks up to %d query rows x 1 K/V head, "
            "as templates/partition.h.j2\n",
            (long long)tile.rows, (long long)tile.cols, cores, SNEPPX_ATTN_TILE_ROWS);

@@ -1,6 +1,10 @@
 /* Attention: the flash kernel against the materialized SDPA kernel, causal,
  * head_dim 128, 4 query heads per K/V head (llama3-8B's 32/8 heads), and
- * mistral-7B's 4096-key sliding window at T = 8192 against no window. */
+ * mistral-7B's 4096-key sliding window at T = 8192 against no window. Up to
+ * T = 2048 also the flash kernel's other masks against its causal kernel: a
+ * window that cuts keys at every T, and an explicit mask plane (the causal
+ * one, as HF builds it), whose every tile runs the scalar mask pass and,
+ * hiding keys, checks its values for NaN / Inf. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +21,10 @@
 
 static const int64_t full_tokens[] = {512, 2048, 8192};
 static const int64_t quick_tokens[] = {96, 200};
+/* The other masks run up to this T (the explicit plane is T x T floats). */
+#define MASK_CASES_MAX_TOKENS 2048
+/* Keys of the window those cases take: a quarter of T = 1024, an eighth of 2048. */
+#define MASK_CASES_WINDOW 256
 /* SDPA's work grows as T^2 with no skipping; past this it runs on all cores only, fewer times. */
 #define SDPA_LONG_TOKENS 8192
 
@@ -42,14 +50,20 @@ static double kept_pairs(int64_t seq_len, int64_t window)
     return pairs;
 }
 
-static int resolve(struct bench_context *ctx, const char *family, int64_t window, const sneppx_kernel **kernel)
+static int resolve_mode(struct bench_context *ctx, const char *family, int64_t window, int64_t mask_mode,
+                        const sneppx_kernel **kernel)
 {
-    const int64_t values[] = {HEAD_DIM, HEAD_DIM, GROUP, window, SNEPPX_MASK_CAUSAL};
+    const int64_t values[] = {HEAD_DIM, HEAD_DIM, GROUP, window, mask_mode};
     if (sneppx_kernel_resolve(family, values, ctx->target, kernel) == SNEPPX_OK)
         return 0;
     fprintf(stderr, "sneppx-bench: %s: %s\n", family, sneppx_last_error());
     ctx->failures++;
     return -1;
+}
+
+static int resolve(struct bench_context *ctx, const char *family, int64_t window, const sneppx_kernel **kernel)
+{
+    return resolve_mode(ctx, family, window, SNEPPX_MASK_CAUSAL, kernel);
 }
 
 static struct bench_result attention_result(const struct bench_context *ctx, const char *impl, int64_t tokens,
@@ -73,6 +87,8 @@ static struct bench_result attention_result(const struct bench_context *ctx, con
 struct attention_buffers {
     float *q, *k, *v, *o_flash, *o_sdpa, *scratch;
     int64_t scratch_floats;
+    float *mask;        /* [mask_tokens, mask_tokens]: 0 where causal attention sees a key, else finfo.min */
+    int64_t mask_tokens;
 };
 
 static struct attention_run new_run(const sneppx_kernel *kernel, int threads, int64_t tokens,
@@ -82,7 +98,8 @@ static struct attention_run new_run(const sneppx_kernel *kernel, int threads, in
                                   .ops = {.q = b->q, .k = b->k, .v = b->v, .o = o, .seq_len = tokens,
                                           .kv_heads = KV_HEADS, .group = GROUP, .head_dim = HEAD_DIM,
                                           .softmax_scale = 1.0f / sqrtf((float)HEAD_DIM), .scratch = b->scratch,
-                                          .scratch_floats = b->scratch_floats}};
+                                          .scratch_floats = b->scratch_floats, .mask = b->mask,
+                                          .mask_stride = b->mask_tokens}};
 }
 
 /* Flash against SDPA at one T and thread count; returns flash's result. */
@@ -113,6 +130,40 @@ static struct bench_result flash_vs_sdpa(struct bench_context *ctx, const sneppx
     return ours;
 }
 
+/* The flash kernels of a window that cuts keys and of an explicit mask plane,
+ * against the causal kernel at the same T and threads (causal, already
+ * measured). The explicit plane is the causal mask: the same keys kept, every
+ * tile through the scalar mask pass (the causal kernel skips the tiles it
+ * hides and masks only those on the diagonal), so its ratio is that pass and
+ * the hidden half of the tiles. Outputs: window against no reference; explicit
+ * against the causal output, which it must equal. */
+static void mask_cases(struct bench_context *ctx, const sneppx_kernel *flash_window,
+                       const sneppx_kernel *flash_explicit, int64_t window, struct bench_result causal,
+                       const struct attention_buffers *b)
+{
+    const int64_t tokens = causal.tokens;
+    const struct bench_plan plan = bench_plan_for(ctx, 3, 9, 4.0);
+    snprintf(causal.impl, sizeof causal.impl, "causal");
+
+    struct bench_result windowed = attention_result(ctx, "flash", tokens, causal.threads, window);
+    struct attention_run run = new_run(flash_window, causal.threads, tokens, b, b->o_sdpa);
+    bench_measure(run_attention, &run, &plan, &windowed.seconds);
+    char note[96];
+    snprintf(note, sizeof note, "window %lld: %.0f%% of the pairs", (long long)window,
+             100 * windowed.work / causal.work);
+    bench_report_pair(&windowed, &causal, note);
+
+    struct bench_result explicit_mask = attention_result(ctx, "flash", tokens, causal.threads, 0);
+    snprintf(explicit_mask.case_name, sizeof explicit_mask.case_name, "explicit d%d g%d", HEAD_DIM, GROUP);
+    run = new_run(flash_explicit, causal.threads, tokens, b, b->o_sdpa);
+    bench_measure(run_attention, &run, &plan, &explicit_mask.seconds);
+    const double error = bench_relative_error(b->o_sdpa, b->o_flash, tokens * KV_HEADS * GROUP * HEAD_DIM);
+    snprintf(note, sizeof note, "causal plane; err vs causal %.1e%s", error, error > 1e-5 ? " MISMATCH" : "");
+    if (error > 1e-5)
+        ctx->failures++;
+    bench_report_pair(&explicit_mask, &causal, note);
+}
+
 /* The same flash kernel with a window folded in, against no window (no_window, already measured). */
 static void window_vs_none(struct bench_context *ctx, const sneppx_kernel *flash_window, int64_t window,
                            struct bench_result no_window, const struct attention_buffers *b)
@@ -140,9 +191,12 @@ void bench_stage_attention(struct bench_context *ctx)
     const int max_threads = ctx->thread_counts[ctx->thread_count_n - 1];
     /* --quick: a window shorter than its longest T, so that the window still cuts keys. */
     const int64_t window = ctx->quick ? 64 : MISTRAL_WINDOW;
-    const sneppx_kernel *flash, *sdpa, *flash_window;
+    const int64_t mask_window = ctx->quick ? 32 : MASK_CASES_WINDOW;
+    const sneppx_kernel *flash, *sdpa, *flash_window, *flash_mask_window, *flash_explicit;
     if (resolve(ctx, "attn_flash", 0, &flash) || resolve(ctx, "attn_sdpa", 0, &sdpa) ||
-        resolve(ctx, "attn_flash", window, &flash_window))
+        resolve(ctx, "attn_flash", window, &flash_window) ||
+        resolve(ctx, "attn_flash", mask_window, &flash_mask_window) ||
+        resolve_mode(ctx, "attn_flash", 0, SNEPPX_MASK_EXPLICIT, &flash_explicit))
         return;
 
     const int64_t q_width = KV_HEADS * GROUP * HEAD_DIM, kv_width = KV_HEADS * HEAD_DIM;
@@ -157,14 +211,22 @@ void bench_stage_attention(struct bench_context *ctx)
     b.o_flash = bench_alloc_floats((size_t)(max_tokens * q_width));
     b.o_sdpa = bench_alloc_floats((size_t)(max_tokens * q_width));
     b.scratch = bench_alloc_floats((size_t)(max_threads * b.scratch_floats));
-    if (b.q && b.k && b.v && b.o_flash && b.o_sdpa && b.scratch) {
+    b.mask_tokens = max_tokens < MASK_CASES_MAX_TOKENS ? max_tokens : MASK_CASES_MAX_TOKENS;
+    b.mask = bench_alloc_floats((size_t)(b.mask_tokens * b.mask_tokens));
+    if (b.q && b.k && b.v && b.o_flash && b.o_sdpa && b.scratch && b.mask) {
         bench_fill_uniform(b.q, max_tokens * q_width, 21, 1.0f);
         bench_fill_uniform(b.k, max_tokens * kv_width, 22, 1.0f);
         bench_fill_uniform(b.v, max_tokens * kv_width, 23, 1.0f);
+        for (int64_t i = 0; i < b.mask_tokens; i++)
+            for (int64_t j = 0; j < b.mask_tokens; j++)
+                b.mask[i * b.mask_tokens + j] = j <= i ? 0.0f : -3.4028234663852886e38f;
         struct bench_result longest = {.threads = 0};
         for (int ti = 0; ti < tokens_count; ti++)
-            for (int t = 0; t < ctx->thread_count_n; t++)
+            for (int t = 0; t < ctx->thread_count_n; t++) {
                 longest = flash_vs_sdpa(ctx, flash, sdpa, tokens_list[ti], ctx->thread_counts[t], &b);
+                if (tokens_list[ti] <= b.mask_tokens)
+                    mask_cases(ctx, flash_mask_window, flash_explicit, mask_window, longest, &b);
+            }
         window_vs_none(ctx, flash_window, window, longest, &b);
     } else {
         fprintf(stderr, "sneppx-bench: attention: out of memory\n");
@@ -176,4 +238,5 @@ void bench_stage_attention(struct bench_context *ctx)
     free(b.o_flash);
     free(b.o_sdpa);
     free(b.scratch);
+    free(b.mask);
 }

@@ -42,6 +42,7 @@ struct weight_copies {
 
 struct gemm_run {
     const sneppx_kernel *kernel;
+    const struct sneppx_target *target; /* the kernel's */
     int64_t k, n, tokens;
     const struct weight_copies *copies;
     int uses;             /* copies used so far: the next run takes copy uses % count */
@@ -54,8 +55,8 @@ static int run_sneppx(void *opaque)
 {
     struct gemm_run *run = opaque;
     const float *panels = run->copies->panels[run->uses++ % run->copies->count];
-    bench_gemm_tiles(run->kernel, run->threads, run->tokens, run->n, run->src, run->k, panels, NULL, run->dst,
-                     run->n);
+    bench_gemm_tiles(run->kernel, run->target, run->threads, run->tokens, run->n, run->src, run->k, panels, NULL,
+                     run->dst, run->n);
     return 0;
 }
 
@@ -93,7 +94,7 @@ static int make_copies(const struct bench_context *ctx, const sneppx_kernel *ker
                        int count, struct weight_copies *copies)
 {
     const size_t weight_floats = (size_t)(shape->n * shape->k);
-    const size_t panel_floats = (size_t)sneppx_gemm_packed_floats(shape->k, shape->n, ctx->target->vector_width);
+    const size_t panel_floats = (size_t)sneppx_gemm_packed_floats(shape->k, shape->n, ctx->target->gemm_nr);
     for (int c = 0; c < count; c++) {
         copies->weights[c] = bench_alloc_floats(weight_floats);
         copies->panels[c] = bench_alloc_floats(panel_floats);
@@ -146,8 +147,9 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
         const int64_t tokens = tokens_list[ti];
         for (int t = 0; t < ctx->thread_count_n; t++) {
             const int threads = ctx->thread_counts[t];
-            struct gemm_run run = {.kernel = kernel, .k = shape->k, .n = shape->n, .tokens = tokens,
-                                   .copies = tokens == 1 ? &rotation : &single, .src = src, .threads = threads};
+            struct gemm_run run = {.kernel = kernel, .target = ctx->target, .k = shape->k, .n = shape->n,
+                                   .tokens = tokens, .copies = tokens == 1 ? &rotation : &single, .src = src,
+                                   .threads = threads};
             struct bench_result ours = {.stage = "gemm", .impl = "sneppx", .tokens = tokens, .threads = threads};
             snprintf(ours.case_name, sizeof ours.case_name, "%s %lldx%lld", shape->name, (long long)shape->k,
                      (long long)shape->n);

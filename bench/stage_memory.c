@@ -25,7 +25,7 @@ struct memory_budget {
     double scratch;      /* attention scratch of every thread */
 };
 
-static struct memory_budget budget_of(const sneppx_config *c, int64_t tokens, int vector_width, int threads)
+static struct memory_budget budget_of(const sneppx_config *c, int64_t tokens, int64_t gemm_nr, int threads)
 {
     const double head_dim = (double)(c->head_dim ? c->head_dim : c->hidden_size / c->num_attention_heads);
     const double rotary = c->rotary_dim ? (double)c->rotary_dim : head_dim;
@@ -33,8 +33,8 @@ static struct memory_budget budget_of(const sneppx_config *c, int64_t tokens, in
     const int64_t qkv_dim = q_dim + 2 * c->num_key_value_heads * (int64_t)head_dim;
     const int64_t group = c->num_attention_heads / c->num_key_value_heads;
     struct memory_budget b;
-    b.weights = 4.0 * (double)(sneppx_gemm_packed_floats(c->hidden_size, qkv_dim, vector_width) +
-                               sneppx_gemm_packed_floats(q_dim, c->hidden_size, vector_width));
+    b.weights = 4.0 * (double)(sneppx_gemm_packed_floats(c->hidden_size, qkv_dim, gemm_nr) +
+                               sneppx_gemm_packed_floats(q_dim, c->hidden_size, gemm_nr));
     b.activations = 4.0 * (double)tokens * (2.0 * (double)c->hidden_size + (double)qkv_dim + (double)q_dim + rotary);
     const int64_t flash = sneppx_attn_flash_scratch_floats(group, (int64_t)head_dim, (int64_t)head_dim);
     const int64_t sdpa = sneppx_attn_sdpa_scratch_floats(group, tokens);
@@ -123,7 +123,7 @@ void bench_stage_memory(struct bench_context *ctx)
     }
     sneppx_config config;
     sneppx_config_from_name(MEMORY_MODEL, NULL, &config);
-    const struct memory_budget b = budget_of(&config, tokens, ctx->target->vector_width, threads);
+    const struct memory_budget b = budget_of(&config, tokens, ctx->target->gemm_nr, threads);
     const double rss_start = field(child.output, "rss_start");
     const double hwm = field(child.output, "hwm_forward");
     const double seconds = field(child.output, "forward_s"), flops = field(child.output, "flops");

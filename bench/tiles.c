@@ -22,19 +22,20 @@ void bench_set_gemm_tile(int64_t rows, int64_t cols)
     gemm_tile_cols = cols;
 }
 
-struct sneppx_gemm_tiles bench_gemm_tile(int64_t rows, int64_t n, int threads)
+struct sneppx_gemm_tiles bench_gemm_tile(const struct sneppx_target *target, int64_t rows, int64_t n, int threads)
 {
     if (gemm_tile_rows == 0)
-        return sneppx_gemm_tiles_for(rows, n, SNEPPX_GEMM_MR(sneppx_host_target()->vector_width), 1, threads);
+        return sneppx_gemm_tiles_for(rows, n, target->gemm_mr, 1, threads);
     return (struct sneppx_gemm_tiles){.rows = gemm_tile_rows, .cols = gemm_tile_cols};
 }
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-void bench_gemm_tiles(const sneppx_kernel *kernel, int threads, int64_t rows, int64_t n, const float *src,
-                      int64_t src_stride, const float *panels, const float *bias, float *dst, int64_t dst_stride)
+void bench_gemm_tiles(const sneppx_kernel *kernel, const struct sneppx_target *target, int threads, int64_t rows,
+                      int64_t n, const float *src, int64_t src_stride, const float *panels, const float *bias,
+                      float *dst, int64_t dst_stride)
 {
-    const struct sneppx_gemm_tiles tile = bench_gemm_tile(rows, n, threads);
+    const struct sneppx_gemm_tiles tile = bench_gemm_tile(target, rows, n, threads);
     const int64_t tile_rows = tile.rows, tile_cols = tile.cols;
     const int64_t row_tiles = ceil_div(rows, tile_rows), col_tiles = ceil_div(n, tile_cols);
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -79,6 +80,8 @@ void bench_attention_tiles(const sneppx_kernel *kernel, int threads, const struc
         args.q_len = ops->seq_len;
         args.kv_len = ops->seq_len;
         args.softmax_scale = ops->softmax_scale;
+        args.mask = ops->mask;
+        args.mask_stride = ops->mask_stride;
         args.scratch = ops->scratch + omp_get_thread_num() * ops->scratch_floats;
         kernel->entry[SNEPPX_ENTRY_RUN](&args);
     }

@@ -551,7 +551,7 @@ static char *read_config_file(const char *path, size_t *size, sneppx_status *sta
         return NULL;
     }
     size_t got;
-    if (sneppx_read_up_to(fd, text, capacity, &got) != 0) {
+    if (sneppx_read_up_to(fd, 0, text, capacity, &got) != 0) {
         *status = sneppx_fail(SNEPPX_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
         free(text);
         close(fd);

@@ -28,7 +28,7 @@ static void run_gemm(const sneppx_layer *layer, const struct sneppx_packed_gemm 
 {
     const int threads = sneppx_thread_count(layer);
     const struct sneppx_gemm_tiles tile =
-        sneppx_gemm_tiles_for(rows, gemm->n, SNEPPX_GEMM_MR(layer->target->vector_width), instances, threads);
+        sneppx_gemm_tiles_for(rows, gemm->n, layer->target->gemm_mr, instances, threads);
     const int64_t row_tiles = ceil_div(rows, tile.rows);
     const int64_t col_tiles = ceil_div(gemm->n, tile.cols);
     const int64_t tasks = instances * row_tiles * col_tiles;

@@ -32,11 +32,14 @@ struct sneppx_kernel_family {
 /* An instruction-set target kernels are built for (gen/sneppx_gen/targets.py
  * says why each tile); sneppx_targets lists them in order of preference, the
  * last requiring nothing. Internal APIs name a target by a pointer into it;
- * its vector width is a property, not its identity. */
+ * its vector width is a property, not its identity (targets may share one).
+ * Its GEMM kernels' tiles that callers need are here, not derived from the width. */
 struct sneppx_target {
     const char *name;                   /* the suffix of its keys, "v16" */
     int vector_width;                   /* floats per vector */
     const char *const *features;        /* LLVM host features it requires, "+avx512f"; NULL-terminated */
+    int gemm_mr;                        /* rows of the register tile: GEMM tasks are whole MR-row tiles */
+    int gemm_nr;                        /* columns of a packed weight panel (sneppx_gemm_packed_floats) */
 };
 
 struct sneppx_embedded_bitcode {

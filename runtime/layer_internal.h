@@ -16,7 +16,7 @@
 struct sneppx_packed_gemm {
     const sneppx_kernel *kernel;   /* gemm-k<K>-n<N>-bias<0|1>-v<vw> */
     int64_t k, n;
-    float *panels;                 /* sneppx_gemm_packed_floats(k, n, vw) per instance */
+    float *panels;                 /* sneppx_gemm_packed_floats(k, n, gemm_nr) per instance */
     int64_t panel_floats;          /* floats of one instance (MLA packs one per head) */
     float *bias;                   /* [n] or NULL */
     int threads;                   /* the layer's, for packing */

@@ -24,11 +24,16 @@ int sneppx_open_regular(const char *path, struct stat *st, int *not_regular)
     return fd;
 }
 
-int sneppx_read_up_to(int fd, char *buffer, size_t capacity, size_t *got)
+/* Linux reads at most about 2 GiB per call. */
+#define READ_MAX_BYTES ((size_t)1 << 30)
+
+int sneppx_read_up_to(int fd, uint64_t offset, void *buffer, size_t capacity, size_t *got)
 {
+    unsigned char *to = buffer;
     *got = 0;
     while (*got < capacity) {
-        ssize_t n = read(fd, buffer + *got, capacity - *got);
+        const size_t want = capacity - *got < READ_MAX_BYTES ? capacity - *got : READ_MAX_BYTES;
+        const ssize_t n = pread(fd, to + *got, want, (off_t)(offset + *got));
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)

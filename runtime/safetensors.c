@@ -22,8 +22,6 @@
 #define JSON_EXACT_INT_MAX 9007199254740992.0
 /* Dtypes other than F32 are read this many bytes at a time, then converted. */
 #define CONVERT_CHUNK_BYTES ((size_t)4 << 20)
-/* Linux reads at most about 2 GiB per call. */
-#define READ_MAX_BYTES ((size_t)1 << 30)
 
 struct dtype_desc {
     const char *name;
@@ -244,26 +242,6 @@ static sneppx_status parse_header(sneppx_safetensors *file, const char *header, 
     return check_no_overlap(file);
 }
 
-/* Reads size bytes at offset of the file; *got is how many before the file
- * ended. -1 with errno on a read error. */
-static int read_at(int fd, uint64_t offset, void *out, size_t size, size_t *got)
-{
-    unsigned char *to = out;
-    *got = 0;
-    while (*got < size) {
-        const size_t want = size - *got < READ_MAX_BYTES ? size - *got : READ_MAX_BYTES;
-        const ssize_t n = pread(fd, to + *got, want, (off_t)(offset + *got));
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return -1;
-        if (n == 0)
-            break;
-        *got += (size_t)n;
-    }
-    return 0;
-}
-
 static sneppx_status open_file(sneppx_safetensors *file, uint64_t *file_size)
 {
     struct stat st;
@@ -284,7 +262,7 @@ static sneppx_status read_header(sneppx_safetensors *file, uint64_t file_size)
 {
     unsigned char length_bytes[8];
     size_t got;
-    if (read_at(file->fd, 0, length_bytes, 8, &got) != 0)
+    if (sneppx_read_up_to(file->fd, 0, length_bytes, 8, &got) != 0)
         return sneppx_fail(SNEPPX_ERR_IO, "%s: cannot read: %s", file->path, strerror(errno));
     if (got < 8)
         return sneppx_fail(SNEPPX_ERR_IO, "%s: ended at byte %zu while its header was read (truncated?)",
@@ -305,7 +283,7 @@ static sneppx_status read_header(sneppx_safetensors *file, uint64_t file_size)
         return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "%s: out of memory for its %llu-byte header", file->path,
                            (unsigned long long)header_size);
     sneppx_status status = SNEPPX_OK;
-    if (read_at(file->fd, 8, header, (size_t)header_size, &got) != 0)
+    if (sneppx_read_up_to(file->fd, 8, header, (size_t)header_size, &got) != 0)
         status = sneppx_fail(SNEPPX_ERR_IO, "%s: cannot read: %s", file->path, strerror(errno));
     else if (got < header_size)
         status = sneppx_fail(SNEPPX_ERR_IO, "%s: ended at byte %llu while its header was read (truncated?)",
@@ -451,7 +429,7 @@ static sneppx_status read_entry_bytes(const sneppx_safetensors *file, const stru
 {
     const uint64_t offset = file->data_start + entry->begin + begin;
     size_t got;
-    if (read_at(file->fd, offset, out, size, &got) != 0)
+    if (sneppx_read_up_to(file->fd, offset, out, size, &got) != 0)
         return sneppx_fail(SNEPPX_ERR_IO, "%s: tensor '%s': cannot read: %s", file->path, entry->name,
                            strerror(errno));
     if (got < size)

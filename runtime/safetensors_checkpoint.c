@@ -208,7 +208,7 @@ static char *read_small_file(const char *path, size_t *size, sneppx_status *stat
     /* Reads up to the size fstat gave; a file that grew meanwhile is read as
      * it was, one that shrank as far as it goes. */
     size_t got;
-    if (sneppx_read_up_to(fd, text, expected, &got) != 0) {
+    if (sneppx_read_up_to(fd, 0, text, expected, &got) != 0) {
         *status = sneppx_fail(SNEPPX_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
         free(text);
         close(fd);

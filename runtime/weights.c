@@ -12,7 +12,7 @@
 sneppx_status sneppx_pack_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *gemm, int64_t instances,
                                int has_bias)
 {
-    gemm->panel_floats = sneppx_gemm_packed_floats(gemm->k, gemm->n, layer->target->vector_width);
+    gemm->panel_floats = sneppx_gemm_packed_floats(gemm->k, gemm->n, layer->target->gemm_nr);
     gemm->threads = sneppx_thread_count(layer);
     gemm->panels = sneppx_alloc_floats((size_t)(gemm->panel_floats * instances));
     if (!gemm->panels)

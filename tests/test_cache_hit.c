@@ -20,9 +20,9 @@ static const int64_t gemm_values[] = {GEMM_K, GEMM_N, 1};
  * against a float64 loop; the output goes to out[GEMM_ROWS * GEMM_N]. */
 static double gemm_error(const sneppx_kernel *kernel, float *out)
 {
-    int vector_width = sneppx_host_target()->vector_width;
     float weight[GEMM_N * GEMM_K], bias[GEMM_N], src[GEMM_ROWS * GEMM_K];
-    size_t packed_bytes = (size_t)sneppx_gemm_packed_floats(GEMM_K, GEMM_N, vector_width) * sizeof(float);
+    size_t packed_bytes =
+        (size_t)sneppx_gemm_packed_floats(GEMM_K, GEMM_N, sneppx_host_target()->gemm_nr) * sizeof(float);
     float *packed = aligned_alloc(64, (packed_bytes + 63) / 64 * 64);
     test_rng rng = test_rng_seeded(11);
     test_fill_uniform(&rng, weight, GEMM_N * GEMM_K, 0.125f);

@@ -182,7 +182,7 @@ def render_layer(p: Plan) -> Tuple[str, str]:
     kernels = [render.render_kernel(k.family, p.target, "aot", dict(k.values), standalone=False)
                for k in p.unique_kernels()]
     context = dict(
-        mode="aot", a=p.arch, N=p.name, vw=p.target.vector_width, flash=p.flash, dims=p.dims,
+        mode="aot", a=p.arch, N=p.name, vw=p.target.vector_width, target=p.target, flash=p.flash, dims=p.dims,
         K={role: k.symbol for role, k in p.kernels.items()},
         keys=[k.key for k in p.unique_kernels()],
         kernels=kernels,
@@ -201,6 +201,7 @@ def render_layer(p: Plan) -> Tuple[str, str]:
 def manifest(p: Plan) -> dict:
     return {
         "arch": p.arch.name,
+        "target": p.target.name,
         "vector_width": p.target.vector_width,
         "attention": "flash" if p.flash else "sdpa",
         "source": f"{p.name}.c",

@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
                              + ", ".join(f"{t.name} ({' '.join(t.cpuinfo_flags) or 'any CPU'})" for t in TARGETS)
                              + " it runs)")
     target.add_argument("--vector-width", type=int, choices=VECTOR_WIDTHS, default=None, action=_Once,
-                        help="floats per vector: the target of that width")
+                        help="floats per vector: the first target of that width (--target names one)")
     attention = parser.add_mutually_exclusive_group()
     attention.add_argument("--flash", dest="flash", action="store_true", default=None,
                            help="flash attention (default unless the config says otherwise)")

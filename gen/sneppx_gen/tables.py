@@ -8,7 +8,7 @@
 - the preset table (runtime/presets.h: sneppx_presets) from gen/archs.json;
 - the kernel registry table (runtime/kernel_registry.h): the key format and
   legal values of every family (kernels.KERNELS), the instruction-set targets
-  (targets.TARGETS) and the embedded JIT bitcode of every (family, target)
+  (targets.TARGETS, with the tiles callers need) and the embedded JIT bitcode of every (family, target)
   pair, with its SHA-256;
 - sneppx/limits.h, the public bounds, and the config range table
   (runtime/config.c) from limits.py.
@@ -194,7 +194,8 @@ def _targets_table() -> str:
         out.append(f"static const char *const target_features_{index}[] = {{{features}NULL}};\n")
     out.append("\nconst struct sneppx_target sneppx_targets[] = {\n")
     for index, t in enumerate(TARGETS):
-        out.append(f"    {{{c_string(t.name)}, {t.vector_width}, target_features_{index}}},\n")
+        out.append(f"    {{.name = {c_string(t.name)}, .vector_width = {t.vector_width}, "
+                   f".features = target_features_{index}, .gemm_mr = {t.gemm_mr}, .gemm_nr = {t.gemm_nr}}},\n")
     out.append("};\n")
     out.append(f"const int sneppx_target_count = {len(TARGETS)};\n")
     return "".join(out)

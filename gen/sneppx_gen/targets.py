@@ -6,16 +6,18 @@ family for every target (gen/CMakeLists.txt asks `sneppx-gen build
 targets`), the C runtime's target table is rendered from it
 (tables.py, into the kernel registry table) and libsneppx runs, on a host,
 the first target whose LLVM features the host has (runtime/host.c).
-abi.h.j2's SNEPPX_GEMM_MR / SNEPPX_GEMM_NR are rendered from it too. A new
-target is one entry here plus whatever its tiles need that the templates do
-not yet do (Target.__post_init__ refuses what they cannot).
+The tiles a caller needs (gemm_mr for its GEMM tasks, gemm_nr for the packed
+weights' size) travel with the target: the runtime reads them from its
+table's struct sneppx_target, a vendored layer, rendered for one target,
+has them as literals. A new target is one entry here plus whatever its
+tiles need that the templates do not yet do (Target.__post_init__ refuses
+what they cannot).
 
 A target's name is its identity: the suffix of every key of its kernels
 (`gemm-k4096-n6144-bias0-v16`), of its JIT sources (`gemm.v16.c`) and what
-the runtime finds its bitcode by. Its vector width is a property; no two
-targets may share one yet, because the ABI header's SNEPPX_GEMM_MR/NR
-(abi.h.j2, used by the runtime and the vendored layer alike) pick tiles by
-vector width.
+the runtime finds its bitcode by. Its vector width is a property, which
+several targets may share (an AVX-512 target with other tiles or features
+beside v16).
 
 Why each value:
 
@@ -29,7 +31,7 @@ Why each value:
 - gemm_mr: rows of the GEMM microkernel's register tile. It keeps an MR x NR
   tile of C in 2*MR vector registers, plus two for the W row and one
   broadcast: 14 rows use 31 of AVX-512's 32 zmm, 6 rows 15 of AVX2's 16 ymm.
-  The runtime makes GEMM tasks of whole MR-row tiles (SNEPPX_GEMM_MR).
+  The runtime makes GEMM tasks of whole MR-row tiles (its target's gemm_mr).
 - gemm_nr: columns of a packed weight panel and of the register tile: two
   vectors (the microkernel holds each row of C as a lo and a hi vector), so
   one broadcast activation feeds two FMAs per row and k.
@@ -104,15 +106,19 @@ TARGETS: Tuple[Target, ...] = (
            gemm_mc=24, gemm_decode_panels=4, gemm_decode_sums=4, flash_nj=4, flash_ne=4),
 )
 
-VECTOR_WIDTHS: Tuple[int, ...] = tuple(t.vector_width for t in TARGETS)
+# The widths there are, each once, in the order of their first target.
+VECTOR_WIDTHS: Tuple[int, ...] = tuple(dict.fromkeys(t.vector_width for t in TARGETS))
 TARGET_NAMES: Tuple[str, ...] = tuple(t.name for t in TARGETS)
 
 
 def _check_table() -> None:
     names = [t.name for t in TARGETS]
-    if len(set(names)) != len(names) or len(set(VECTOR_WIDTHS)) != len(VECTOR_WIDTHS):
-        raise ValueError(f"TARGETS: names {names} and vector widths {VECTOR_WIDTHS} must each be unique "
-                         "(abi.h.j2's SNEPPX_GEMM_MR/NR pick tiles by vector width)")
+    if len(set(names)) != len(names):
+        raise ValueError(f"TARGETS: names {names} must be unique (a name is a target's identity)")
+    widest = max(t.gemm_nr for t in TARGETS)
+    if any(widest % t.gemm_nr for t in TARGETS):
+        raise ValueError(f"TARGETS: the widest gemm_nr, {widest}, must be a multiple of every target's "
+                         "(GEMM tasks' columns are multiples of it: partition.h.j2's SNEPPX_GEMM_COL_ALIGN)")
     if TARGETS[-1].llvm_features or TARGETS[-1].cpuinfo_flags:
         raise ValueError(f"TARGETS: the last target, {TARGETS[-1].name}, must require nothing (every host runs it)")
 
@@ -121,7 +127,8 @@ _check_table()
 
 
 def target_of_width(vector_width: int) -> Target:
-    """The target of a vector width; ValueError naming the widths there are."""
+    """The first target of a vector width, in order of preference (--vector-width, an
+    alias from when a width named one target); ValueError naming the widths there are."""
     for t in TARGETS:
         if t.vector_width == vector_width:
             return t

@@ -33,8 +33,8 @@ static void usage(FILE *out)
           "  specialized  spec_ globals constant, entries renamed, host CPU attributes\n"
           "  optimized    and the default<O2> pipeline run (the default)\n"
           "--print-key prints the key's canonical text instead.\n"
-          "--target picks a target by name (default: the host's), --vector-width by its\n"
-          "vector width; --list-targets lists them, in order of preference, the host's marked.\n"
+          "--target picks a target by name (default: the host's), --vector-width the first\n"
+          "of that vector width; --list-targets lists them, in order of preference, the host's marked.\n"
           "A choice field takes its name or its index (mask_mode=causal, mask_mode=1).\n",
           out);
 }
@@ -47,8 +47,8 @@ static void list_targets(void)
         printf("%s vector_width=%d features=", target->name, target->vector_width);
         for (const char *const *feature = target->features; *feature; feature++)
             printf("%s%s", feature == target->features ? "" : ",", *feature);
-        printf(" gemm_mr=%d gemm_nr=%d%s\n", SNEPPX_GEMM_MR(target->vector_width),
-               SNEPPX_GEMM_NR(target->vector_width), target == sneppx_host_info()->target ? " host" : "");
+        printf(" gemm_mr=%d gemm_nr=%d%s\n", target->gemm_mr, target->gemm_nr,
+               target == sneppx_host_info()->target ? " host" : "");
     }
 }
 
@@ -65,8 +65,8 @@ static const struct sneppx_target *parse_target(const char *text)
     return NULL;
 }
 
-/* The target of the vector width text (an alias of --target); else prints the
- * widths there are and returns NULL. */
+/* The first target of the vector width text, in order of preference (an alias
+ * of --target); else prints the widths there are, each once, and returns NULL. */
 static const struct sneppx_target *parse_vector_width(const char *text)
 {
     char *end;
@@ -77,8 +77,13 @@ static const struct sneppx_target *parse_vector_width(const char *text)
             if (sneppx_targets[i].vector_width == width)
                 return &sneppx_targets[i];
     fprintf(stderr, "sneppx-ir: --vector-width %s: must be one of", text);
-    for (int i = 0; i < sneppx_target_count; i++)
-        fprintf(stderr, " %d", sneppx_targets[i].vector_width);
+    for (int i = 0; i < sneppx_target_count; i++) {
+        int first = 1;
+        for (int j = 0; j < i; j++)
+            first &= sneppx_targets[j].vector_width != sneppx_targets[i].vector_width;
+        if (first)
+            fprintf(stderr, " %d", sneppx_targets[i].vector_width);
+    }
     fputc('\n', stderr);
     return NULL;
 }

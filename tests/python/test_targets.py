@@ -1,22 +1,27 @@
 """The instruction-set target table (gen/sneppx_gen/targets.py) is the one source:
 
 - the C runtime's table (as `sneppx-ir --list-targets` prints it: order, names,
-  vector widths, required LLVM features, and SNEPPX_GEMM_MR / NR of the
-  rendered ABI header) equals TARGETS, and the target libsneppx picks from
-  LLVM's host features is the one /proc/cpuinfo's flags pick (avx512f -> v16);
+  vector widths, required LLVM features, and the GEMM tiles gemm_mr / gemm_nr
+  its callers take from struct sneppx_target) equals TARGETS, and the target
+  libsneppx picks from LLVM's host features is the one /proc/cpuinfo's flags
+  pick (avx512f -> v16);
 - the templates take their tiles from the target they render for: a target
   with other tiles renders other code;
 - a target whose tiles the templates cannot do is refused, naming the value;
-- a target is known by its name: a second target of an existing vector width
-  gets its own JIT sources, bitcode entries and keys.
+- a target is known by its name: a second target of an existing vector width,
+  with other tiles, gets its own JIT sources, bitcode entries, keys and tiles
+  in the registry table, and its vendored layer (its tiles as literals) runs
+  as the first target's does.
 """
 import dataclasses
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,7 +86,6 @@ def test_templates_take_tiles_from_target():
     other = dataclasses.replace(TARGETS[0], gemm_mr=12, gemm_small_mr=2, gemm_kc=256, gemm_mc=36,
                                 gemm_decode_panels=2, gemm_decode_sums=8, flash_nj=4, flash_ne=2)
     gemm = _render_with(other, "gemm")
-    assert "_Static_assert(SNEPPX_GEMM_MR(16) == 12," in gemm
     assert "sneppx_gemm_micro12(" in gemm and "sneppx_gemm_micro2(" in gemm
     assert "float block[36 * 256]" in gemm
     assert "sneppx_gemm_decode2(" in gemm and "for (; i + 4 <= k; i += 4)" in gemm
@@ -91,12 +95,14 @@ def test_templates_take_tiles_from_target():
     assert "e += 2)" in flash and "k3 = " in flash and "k4 = " not in flash
 
 
-def test_abi_macros_from_targets():
-    abi = render.render_abi()
-    mr = " : ".join(f"(vector_width) == {t.vector_width} ? {t.gemm_mr}" for t in TARGETS[:-1])
-    assert f"#define SNEPPX_GEMM_MR(vector_width) ({mr} : {TARGETS[-1].gemm_mr})" in abi
-    nr = " : ".join(f"(vector_width) == {t.vector_width} ? {t.gemm_nr}" for t in TARGETS[:-1])
-    assert f"#define SNEPPX_GEMM_NR(vector_width) ({nr} : {TARGETS[-1].gemm_nr})" in abi
+def test_registry_table_has_each_targets_tiles():
+    """The runtime takes a target's GEMM tiles from its table entry; the ABI header
+    decides nothing by vector width."""
+    table = tables.kernel_table([])
+    for index, t in enumerate(TARGETS):
+        assert (f'    {{.name = "{t.name}", .vector_width = {t.vector_width}, .features = target_features_{index}, '
+                f'.gemm_mr = {t.gemm_mr}, .gemm_nr = {t.gemm_nr}}},\n') in table
+    assert "vector_width" not in render.render_abi()
 
 
 @pytest.mark.parametrize("change, message", [
@@ -122,27 +128,37 @@ def test_unknown_target_named():
         tables.parse_bitcode_spec("gemm:16:x.bc")
 
 
-def test_same_width_duplicate_refused(monkeypatch):
-    """The ABI header still picks GEMM tiles by vector width (abi.h.j2), so the table refuses a width twice."""
-    twin = dataclasses.replace(TARGETS[0], name="v16bf")
+def test_table_takes_a_width_twice_but_a_name_once(monkeypatch):
+    twin = dataclasses.replace(TARGETS[0], name="v16bf", gemm_mr=12, gemm_mc=36)
     monkeypatch.setattr(targets, "TARGETS", (TARGETS[0], twin, TARGETS[1]))
-    monkeypatch.setattr(targets, "VECTOR_WIDTHS", (16, 16, 8))
-    with pytest.raises(ValueError, match=re.escape("vector widths (16, 16, 8) must each be unique")):
+    targets._check_table()
+    monkeypatch.setattr(targets, "TARGETS", (TARGETS[0], dataclasses.replace(twin, name="v16"), TARGETS[1]))
+    with pytest.raises(ValueError, match=re.escape("TARGETS: names ['v16', 'v16', 'v8'] must be unique")):
         targets._check_table()
+
+
+def test_vector_width_alias_takes_the_first_of_a_width(second_v16):
+    assert targets.target_of_width(16).name == "v16"
+
+
+# Tiles of the second v16 target, other than v16's in every value the templates take.
+TWIN_TILES = dict(gemm_mr=12, gemm_small_mr=2, gemm_kc=256, gemm_mc=36, gemm_decode_panels=2, gemm_decode_sums=8,
+                  flash_nj=4, flash_ne=2)
 
 
 @pytest.fixture
 def second_v16(monkeypatch):
-    """A hypothetical AVX-512 + BF16 target of vector width 16, put between v16 and v8
-    everywhere gen reads the target table (past _check_table, which refuses it today)."""
+    """A hypothetical AVX-512 + BF16 target of vector width 16 with tiles of its own, put
+    between v16 and v8 everywhere gen reads the target table."""
     twin = dataclasses.replace(TARGETS[0], name="v16bf", llvm_features=("+avx512f", "+avx512bf16"),
-                               cpuinfo_flags=("avx512f", "avx512_bf16"))
+                               cpuinfo_flags=("avx512f", "avx512_bf16"), **TWIN_TILES)
     table = (TARGETS[0], twin, TARGETS[1])
     names = tuple(t.name for t in table)
     for module in (targets, tables, render):
         monkeypatch.setattr(module, "TARGETS", table)
     monkeypatch.setattr(targets, "TARGET_NAMES", names)
     monkeypatch.setattr(build, "TARGET_NAMES", names)
+    targets._check_table()
     return twin
 
 
@@ -153,7 +169,8 @@ def test_second_target_of_a_width_has_its_own_sources_and_keys(second_v16, tmp_p
         assert build.main(["jit-source", "--family", "gemm", "--target", name, "-o", str(tmp_path / f"gemm.{name}.c")]) == 0
     twin_source = (tmp_path / "gemm.v16bf.c").read_text()
     assert "sneppx kernel family gemm, vector width 16" in twin_source
-    assert "_Static_assert(SNEPPX_GEMM_MR(16) == 14," in twin_source
+    assert "sneppx_gemm_micro12(" in twin_source and "sneppx_gemm_micro14(" not in twin_source
+    assert "sneppx_gemm_micro14(" in (tmp_path / "gemm.v16.c").read_text()
 
     values = {"k": 4096, "n": 6144, "bias": 0}
     assert kernels.kernel_key("gemm", values, second_v16) == "gemm-k4096-n6144-bias0-v16bf"
@@ -166,7 +183,47 @@ def test_second_target_of_a_width_has_its_own_sources_and_keys(second_v16, tmp_p
     (tmp_path / "b.bc").write_bytes(b"B")
     table = tables.kernel_table([tables.parse_bitcode_spec(f"gemm:{name}:{tmp_path / f}")[:2] + (data,)
                                  for name, f, data in (("v16", "a.bc", b"A"), ("v16bf", "b.bc", b"B"))])
-    assert '    {"v16bf", 16, target_features_1},\n' in table
+    assert ('    {.name = "v16", .vector_width = 16, .features = target_features_0, .gemm_mr = 14, .gemm_nr = 32},\n'
+            in table)
+    assert ('    {.name = "v16bf", .vector_width = 16, .features = target_features_1, .gemm_mr = 12, .gemm_nr = 32},\n'
+            in table)
     assert 'static const char *const target_features_1[] = {"+avx512f", "+avx512bf16", NULL};' in table
     assert '{"gemm", &sneppx_targets[0], bitcode_gemm_v16, sizeof bitcode_gemm_v16,' in table
     assert '{"gemm", &sneppx_targets[1], bitcode_gemm_v16bf, sizeof bitcode_gemm_v16bf,' in table
+
+
+@pytest.mark.parametrize("family", ["mistral", "deepseek-v2"])
+def test_same_width_targets_with_other_tiles_both_run(second_v16, family, tmp_path, rng):
+    """The vendored layers of v16 and of its twin (other GEMM and flash tiles): each has
+    its own target's tiles as literals, and both match the float64 reference and each
+    other (standard attention with a window and GQA; MLA, whose packed layout has
+    a panel count per matrix)."""
+    from families import FAMILIES, make_inputs
+    from test_aot import PAIR_MAX_NORMALIZED, PAIR_RMS_RELATIVE, AotLayer, _assert_close
+    import reference as ref
+    import sneppx
+
+    hf_config = FAMILIES[family]
+    config_file = tmp_path / f"{family}.json"
+    config_file.write_text(json.dumps(dict(hf_config, name=family)))
+    arch = archs.load_config_file(str(config_file))
+    jit = sneppx.LLMConfig(**hf_config)
+    weights = ref.random_state_dict(hf_config, rng, qkv_bias=jit.qkv_bias, o_bias=jit.o_bias)
+    x, mask, positions = make_inputs("explicit", 2, 37, hf_config["hidden_size"], 0, rng)
+    want = ref.mha_forward(hf_config, weights, x, mask, positions)
+    outputs = {}
+    for target in (targets.target_named("v16"), second_v16):
+        out_dir = tmp_path / target.name
+        aot.generate(arch, str(out_dir), target, True)
+        source = next(out_dir.glob("sneppx_*.c")).read_text()
+        prefix = re.search(r"#define (\w+)_GEMM_MR (\d+)\n", source)
+        assert prefix and int(prefix.group(2)) == target.gemm_mr, f"{target.name}: no GEMM_MR {target.gemm_mr}"
+        assert f"#define {prefix.group(1)}_GEMM_NR {target.gemm_nr}\n" in source
+        assert f"_micro{target.gemm_mr}(" in source
+        layer = AotLayer(out_dir)
+        layer.load(weights)
+        outputs[target.name] = layer.forward(x, mask, positions)
+        _assert_close(outputs[target.name], want, f"{family} {target.name} vs reference", ref.FP32_MAX_NORMALIZED,
+                      ref.FP32_RMS_RELATIVE)
+    _assert_close(outputs["v16bf"], outputs["v16"].astype(np.float64), f"{family} v16bf vs v16", PAIR_MAX_NORMALIZED,
+                  PAIR_RMS_RELATIVE)
