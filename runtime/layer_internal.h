@@ -38,6 +38,10 @@ struct sneppx_workspace {
     float *cos, *sin;  /* [tokens, rotary_dim/2] */
     float *thread_scratch; /* threads x thread_scratch_floats */
     int64_t thread_scratch_floats;
+    /* Cached forward (workspace.h's sneppx_workspace_needs): */
+    int64_t gather_floats, plan_bytes;
+    int64_t thread_gather_offset; /* floats from a thread's scratch to its gather buffer */
+    void *plan;
 };
 
 /* Kernels one layer can resolve: MLA absorbed with q LoRA has 9 plus 4 attention variants. */
