@@ -20,8 +20,9 @@
  * Sliding window (config.sliding_window = W > 0). A query at token index p
  * sees keys p - W + 1 .. p, so the pages of tokens no later query can see (every
  * index <= L - W, L the smallest layer length of the sequence) go back to the
- * pool after each call: a sequence holds at most W + page_size tokens (plus
- * the tokens of the current call), however long it runs.
+ * pool after each call: between calls a sequence holds the pages of its last
+ * W - 1 tokens, at most (W - 2) / page_size + 2 pages (fewer than W + 2 *
+ * page_size tokens; during a call, plus its new tokens), however long it runs.
  *
  * Threads. The pool and the sequence table are guarded by a mutex. Calls on
  * different sequences may overlap: forwards of any layers, add, remove, fork,
