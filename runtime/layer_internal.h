@@ -18,6 +18,7 @@ struct sneppx_packed_gemm {
     int64_t k, n;
     float *panels;                 /* sneppx_gemm_packed_floats(k, n, vw) per instance */
     int64_t panel_floats;          /* floats of one instance (MLA packs one per head) */
+    int64_t instances;             /* packed matrices: 1, or heads for MLA's absorption */
     float *bias;                   /* [n] or NULL */
     int threads;                   /* the layer's, for packing */
 };
