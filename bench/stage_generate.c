@@ -81,7 +81,7 @@ static void run_baseline(const struct bench_context *ctx, const char *script, co
         const char *const unset_env[] = {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", NULL};
         struct bench_child child;
         if (bench_child_run(argv, set_env, unset_env, &child) != 0) {
-            snprintf(times->skipped, sizeof times->skipped, "cannot run %s", python);
+            snprintf(times->skipped, sizeof times->skipped, "cannot run %.200s", python);
             return;
         }
         const char *unavailable = bench_child_field(child.output, "unavailable");
