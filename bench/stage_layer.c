@@ -1,6 +1,7 @@
 /* The whole layer through the public API (synthetic weights), per model, T and
- * thread count; beside llama3-8B, the same layer in PyTorch (bench/torch_layer.py)
- * when /usr/bin/python3 can import torch. */
+ * thread count; beside llama3-8B, the same layer in PyTorch (bench/torch_layer.py),
+ * from $SNEPPX_BENCH_VENV (torch 2.x; bench/run.sh makes it with scripts/venv.sh)
+ * when set, else from /usr/bin/python3 when it can import torch. */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,10 @@ static void run_torch(const struct bench_context *ctx, const sneppx_config *conf
         snprintf(number, sizeof number, "%s%lld", i ? "," : "", (long long)tokens_list[i]);
         strncat(tokens_arg, number, sizeof tokens_arg - strlen(tokens_arg) - 1);
     }
+    char python[512];
+    const char *venv = getenv("SNEPPX_BENCH_VENV");
+    snprintf(python, sizeof python, "%s%s", venv && venv[0] ? venv : SNEPPX_BENCH_PYTHON,
+             venv && venv[0] ? "/bin/python" : "");
     for (int t = 0; t < ctx->thread_count_n; t++) {
         char hidden[32], heads[32], kv_heads[32], head_dim[32], theta[48], bias[8], threads[16];
         char blas_threads[48], omp_threads[48];
@@ -46,7 +51,7 @@ static void run_torch(const struct bench_context *ctx, const sneppx_config *conf
         snprintf(threads, sizeof threads, "%d", ctx->thread_counts[t]);
         snprintf(blas_threads, sizeof blas_threads, "OPENBLAS_NUM_THREADS=%d", ctx->thread_counts[t]);
         snprintf(omp_threads, sizeof omp_threads, "OMP_NUM_THREADS=%d", ctx->thread_counts[t]);
-        char *const argv[] = {(char *)SNEPPX_BENCH_PYTHON, (char *)SNEPPX_BENCH_SOURCE_DIR "/torch_layer.py",
+        char *const argv[] = {python, (char *)SNEPPX_BENCH_SOURCE_DIR "/torch_layer.py",
                               "--hidden", hidden, "--heads", heads, "--kv-heads", kv_heads, "--head-dim", head_dim,
                               "--rope-theta", theta, "--qkv-bias", bias, "--tokens", tokens_arg,
                               "--threads", threads, ctx->quick ? "--max-reps" : "--min-reps", ctx->quick ? "1" : "3",
@@ -59,7 +64,7 @@ static void run_torch(const struct bench_context *ctx, const sneppx_config *conf
         const char *const unset_env[] = {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", NULL};
         struct bench_child child;
         if (bench_child_run(argv, set_env, unset_env, &child) != 0) {
-            snprintf(torch->skipped, sizeof torch->skipped, "cannot run %s", SNEPPX_BENCH_PYTHON);
+            snprintf(torch->skipped, sizeof torch->skipped, "cannot run %.200s", python);
             return;
         }
         const char *unavailable = bench_child_field(child.output, "unavailable");

@@ -134,15 +134,23 @@ static void run_attention(const sneppx_layer *layer, const struct sneppx_workspa
     }
 }
 
+static void project_standard(const sneppx_layer *layer, const struct sneppx_workspace *ws, int64_t tokens,
+                             const float *hidden)
+{
+    const int64_t qkv_dim = layer->qkv_dim;
+    run_gemm(layer, &layer->qkv_proj, 1, hidden, layer->config.hidden_size, 0, ws->qkv, qkv_dim, 0, tokens);
+    /* q heads then k heads are contiguous in each qkv row: one pass rotates both. */
+    run_rope(layer, ws, ws->qkv, qkv_dim, layer->config.num_attention_heads + layer->kv_heads, layer->head_dim,
+             tokens);
+}
+
 static void forward_standard(const sneppx_layer *layer, const struct sneppx_workspace *ws,
                              const sneppx_kernel *attention, int64_t batch, int64_t seq_len, const float *hidden,
                              const float *mask, int64_t mask_batch_stride, float *out)
 {
     const int64_t tokens = batch * seq_len, hidden_size = layer->config.hidden_size;
     const int64_t qkv_dim = layer->qkv_dim, head_dim = layer->head_dim;
-    run_gemm(layer, &layer->qkv_proj, 1, hidden, hidden_size, 0, ws->qkv, qkv_dim, 0, tokens);
-    /* q heads then k heads are contiguous in each qkv row: one pass rotates both. */
-    run_rope(layer, ws, ws->qkv, qkv_dim, layer->config.num_attention_heads + layer->kv_heads, head_dim, tokens);
+    project_standard(layer, ws, tokens, hidden);
     const struct attention_operands ops = {
         .q = ws->qkv, .k = ws->qkv + layer->q_dim, .v = ws->qkv + layer->q_dim + layer->kv_dim, .o = ws->attn_out,
         .q_stride = qkv_dim, .k_stride = qkv_dim, .v_stride = qkv_dim, .o_stride = layer->attn_dim,
@@ -166,15 +174,15 @@ static void scatter_rope_part(const sneppx_layer *layer, int64_t tokens, const f
                    sizeof(float) * (size_t)rope);
 }
 
-static void forward_mla(const sneppx_layer *layer, const struct sneppx_workspace *ws,
-                        const sneppx_kernel *attention, int64_t batch, int64_t seq_len, const float *hidden,
-                        const float *mask, int64_t mask_batch_stride, float *out)
+/* q (with RoPE on q_pe) and the latent rows (kv_a_layernorm, RoPE on k_pe);
+ * absorbed: q_absorbed = [q_nope W_UK | q_pe] per head. */
+static void project_mla(const sneppx_layer *layer, const struct sneppx_workspace *ws, int64_t tokens,
+                        const float *hidden)
 {
     const sneppx_config *c = &layer->config;
-    const int64_t tokens = batch * seq_len, hidden_size = c->hidden_size, heads = c->num_attention_heads;
+    const int64_t hidden_size = c->hidden_size, heads = c->num_attention_heads;
     const int64_t nope = c->qk_nope_head_dim, rank = c->kv_lora_rank, latent = layer->latent_dim;
-    const int64_t dq = layer->head_dim, q_dim = layer->q_dim, vdim = c->v_head_dim;
-
+    const int64_t dq = layer->head_dim, q_dim = layer->q_dim;
     if (c->q_lora_rank > 0) {
         run_gemm(layer, &layer->q_a_proj, 1, hidden, hidden_size, 0, ws->q_lora, c->q_lora_rank, 0, tokens);
         run_rmsnorm(layer, layer->q_a_norm, layer->q_a_norm_weight, ws->q_lora, c->q_lora_rank, tokens);
@@ -186,6 +194,34 @@ static void forward_mla(const sneppx_layer *layer, const struct sneppx_workspace
     run_rmsnorm(layer, layer->kv_a_norm, layer->kv_a_norm_weight, ws->latent, latent, tokens);
     run_rope(layer, ws, ws->qkv + nope, q_dim, heads, dq, tokens);
     run_rope(layer, ws, ws->latent + rank, latent, 1, latent, tokens);
+    if (c->mla_naive)
+        return;
+    /* Absorbed: q_lat[h] = q_nope[h] W_UK[h] beside q_pe[h]. */
+    const int64_t q_abs_stride = heads * latent;
+    run_gemm(layer, &layer->absorb_uk, heads, ws->qkv, q_dim, dq, ws->q_absorbed, q_abs_stride, latent, tokens);
+    scatter_rope_part(layer, tokens, ws->qkv + nope, q_dim, dq, ws->q_absorbed + rank, q_abs_stride, latent);
+}
+
+/* Absorbed MLA after attention: W_UV per head, then o_proj. */
+static void output_mla_absorbed(const sneppx_layer *layer, const struct sneppx_workspace *ws, int64_t tokens,
+                                float *out)
+{
+    const sneppx_config *c = &layer->config;
+    const int64_t rank = c->kv_lora_rank;
+    run_gemm(layer, &layer->absorb_uv, c->num_attention_heads, ws->attn_out, c->num_attention_heads * rank, rank,
+             ws->heads_out, layer->attn_dim, c->v_head_dim, tokens);
+    run_gemm(layer, &layer->o_proj, 1, ws->heads_out, layer->attn_dim, 0, out, c->hidden_size, 0, tokens);
+}
+
+static void forward_mla(const sneppx_layer *layer, const struct sneppx_workspace *ws,
+                        const sneppx_kernel *attention, int64_t batch, int64_t seq_len, const float *hidden,
+                        const float *mask, int64_t mask_batch_stride, float *out)
+{
+    const sneppx_config *c = &layer->config;
+    const int64_t tokens = batch * seq_len, hidden_size = c->hidden_size, heads = c->num_attention_heads;
+    const int64_t nope = c->qk_nope_head_dim, rank = c->kv_lora_rank, latent = layer->latent_dim;
+    const int64_t dq = layer->head_dim, q_dim = layer->q_dim, vdim = c->v_head_dim;
+    project_mla(layer, ws, tokens, hidden);
 
     struct attention_operands ops;
     if (c->mla_naive) {
@@ -209,20 +245,15 @@ static void forward_mla(const sneppx_layer *layer, const struct sneppx_workspace
         run_gemm(layer, &layer->o_proj, 1, ws->attn_out, layer->attn_dim, 0, out, hidden_size, 0, tokens);
         return;
     }
-    /* Absorbed: q_lat[h] = q_nope[h] W_UK[h] beside q_pe[h]; attention over the
-     * shared latent (c | k_pe) as one kv head; W_UV[h] after attention. */
+    /* Absorbed: attention over the shared latent (c | k_pe) as one kv head. */
     const int64_t q_abs_stride = heads * latent;
-    run_gemm(layer, &layer->absorb_uk, heads, ws->qkv, q_dim, dq, ws->q_absorbed, q_abs_stride, latent, tokens);
-    scatter_rope_part(layer, tokens, ws->qkv + nope, q_dim, dq, ws->q_absorbed + rank, q_abs_stride, latent);
     ops = (struct attention_operands){
         .q = ws->q_absorbed, .k = ws->latent, .v = ws->latent, .o = ws->attn_out,
         .q_stride = q_abs_stride, .k_stride = latent, .v_stride = latent, .o_stride = heads * rank,
         .q_batch_step = seq_len * q_abs_stride, .k_batch_step = seq_len * latent, .v_batch_step = seq_len * latent,
         .o_batch_step = seq_len * heads * rank};
     run_attention(layer, ws, attention, &ops, batch, seq_len, mask, mask_batch_stride);
-    run_gemm(layer, &layer->absorb_uv, heads, ws->attn_out, heads * rank, rank, ws->heads_out, layer->attn_dim,
-             vdim, tokens);
-    run_gemm(layer, &layer->o_proj, 1, ws->heads_out, layer->attn_dim, 0, out, hidden_size, 0, tokens);
+    output_mla_absorbed(layer, ws, tokens, out);
 }
 
 void sneppx_forward_run(const sneppx_layer *layer, const sneppx_kernel *attention, const struct sneppx_workspace *ws,
@@ -233,4 +264,22 @@ void sneppx_forward_run(const sneppx_layer *layer, const sneppx_kernel *attentio
         forward_mla(layer, ws, attention, batch, seq_len, hidden, mask, mask_batch_stride, out);
     else
         forward_standard(layer, ws, attention, batch, seq_len, hidden, mask, mask_batch_stride, out);
+}
+
+void sneppx_forward_project(const sneppx_layer *layer, const struct sneppx_workspace *ws, int64_t tokens,
+                            const float *hidden)
+{
+    if (layer->is_mla)
+        project_mla(layer, ws, tokens, hidden);
+    else
+        project_standard(layer, ws, tokens, hidden);
+}
+
+void sneppx_forward_output(const sneppx_layer *layer, const struct sneppx_workspace *ws, int64_t tokens, float *out)
+{
+    if (layer->is_mla && !layer->config.mla_naive)
+        output_mla_absorbed(layer, ws, tokens, out);
+    else
+        run_gemm(layer, &layer->o_proj, 1, ws->attn_out, layer->attn_dim, 0, out, layer->config.hidden_size, 0,
+                 tokens);
 }

@@ -9,4 +9,12 @@ void sneppx_forward_run(const sneppx_layer *layer, const sneppx_kernel *attentio
                         int64_t batch, int64_t seq_len, const float *hidden, const float *mask,
                         int64_t mask_batch_stride, float *out);
 
+/* The stages before and after attention, for the cached forward (forward_cached.c):
+ * project leaves q in ws->qkv (MLA absorbed: ws->q_absorbed [tokens, H, latent])
+ * and k|v in ws->qkv rows after q (MLA: ws->latent rows), RoPE applied with
+ * ws->cos/sin; output reads ws->attn_out. */
+void sneppx_forward_project(const sneppx_layer *layer, const struct sneppx_workspace *ws, int64_t tokens,
+                            const float *hidden);
+void sneppx_forward_output(const sneppx_layer *layer, const struct sneppx_workspace *ws, int64_t tokens, float *out);
+
 #endif

@@ -369,6 +369,27 @@ double sneppx_layer_flops(const sneppx_layer *layer, int64_t batch, int64_t seq_
     return flops;
 }
 
+static double gemm_bytes(const struct sneppx_packed_gemm *gemm)
+{
+    if (!gemm->panels)
+        return 0;
+    return (double)sizeof(float) * ((double)gemm->panel_floats * (double)gemm->instances + (gemm->bias ? (double)gemm->n : 0));
+}
+
+double sneppx_layer_weight_bytes(const sneppx_layer *layer)
+{
+    if (!layer)
+        return 0;
+    double bytes = gemm_bytes(&layer->qkv_proj) + gemm_bytes(&layer->o_proj) + gemm_bytes(&layer->q_a_proj) +
+                   gemm_bytes(&layer->kv_a_proj) + gemm_bytes(&layer->kv_b_proj) + gemm_bytes(&layer->absorb_uk) +
+                   gemm_bytes(&layer->absorb_uv);
+    if (layer->q_a_norm_weight)
+        bytes += sizeof(float) * (double)layer->config.q_lora_rank;
+    if (layer->kv_a_norm_weight)
+        bytes += sizeof(float) * (double)layer->config.kv_lora_rank;
+    return bytes;
+}
+
 static void free_gemm(struct sneppx_packed_gemm *gemm)
 {
     free(gemm->panels);

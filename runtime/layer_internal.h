@@ -18,6 +18,7 @@ struct sneppx_packed_gemm {
     int64_t k, n;
     float *panels;                 /* sneppx_gemm_packed_floats(k, n, gemm_nr) per instance */
     int64_t panel_floats;          /* floats of one instance (MLA packs one per head) */
+    int64_t instances;             /* packed matrices: 1, or heads for MLA's absorption */
     float *bias;                   /* [n] or NULL */
     int threads;                   /* the layer's, for packing */
 };
@@ -38,6 +39,10 @@ struct sneppx_workspace {
     float *cos, *sin;  /* [tokens, rotary_dim/2] */
     float *thread_scratch; /* threads x thread_scratch_floats */
     int64_t thread_scratch_floats;
+    /* Cached forward (workspace.h's sneppx_workspace_needs): */
+    int64_t gather_floats, plan_bytes;
+    int64_t thread_gather_offset; /* floats from a thread's scratch to its gather buffer */
+    void *plan;
 };
 
 /* Kernels one layer can resolve: MLA absorbed with q LoRA has 9 plus 4 attention variants. */

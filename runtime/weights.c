@@ -14,6 +14,7 @@ sneppx_status sneppx_pack_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *g
 {
     gemm->panel_floats = sneppx_gemm_packed_floats(gemm->k, gemm->n, layer->target->gemm_nr);
     gemm->threads = sneppx_thread_count(layer);
+    gemm->instances = instances;
     gemm->panels = sneppx_alloc_floats((size_t)(gemm->panel_floats * instances));
     if (!gemm->panels)
         return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "weights: cannot allocate %lld packed floats for %s",

@@ -8,16 +8,17 @@
 
 static int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
-static sneppx_status workspace_create(sneppx_layer *layer, int64_t batch, int64_t seq_len,
+static sneppx_status workspace_create(sneppx_layer *layer, int64_t tokens, const struct sneppx_workspace_needs *needs,
                                       struct sneppx_workspace **out)
 {
     const sneppx_config *config = &layer->config;
-    const int64_t tokens = batch * seq_len;
+    const int64_t seq_len = needs->kv_len;
     const int64_t heads = config->num_attention_heads;
     const int64_t threads = sneppx_thread_count(layer);
     const int64_t flash = sneppx_attn_flash_scratch_floats(layer->attn_group, layer->attn_head_dim, layer->attn_v_head_dim);
     const int64_t sdpa = sneppx_attn_sdpa_scratch_floats(layer->attn_group, seq_len);
-    int64_t per_thread = round_up(flash > sdpa ? flash : sdpa, 16);
+    const int64_t attention_floats = round_up(flash > sdpa ? flash : sdpa, 16);
+    int64_t per_thread = attention_floats + round_up(needs->gather_floats, 16);
 
     struct sneppx_workspace *ws = calloc(1, sizeof *ws);
     if (!ws)
@@ -26,11 +27,16 @@ static sneppx_status workspace_create(sneppx_layer *layer, int64_t batch, int64_
     ws->seq_len = seq_len;
     ws->threads = threads;
     ws->thread_scratch_floats = per_thread;
+    ws->gather_floats = needs->gather_floats;
+    ws->plan_bytes = needs->plan_bytes;
+    ws->thread_gather_offset = attention_floats;
 
     /* Lay out every buffer in one allocation, each 64-byte aligned. */
-    int64_t sizes[10] = {0};
-    float **slots[10] = {&ws->qkv, &ws->latent, &ws->q_absorbed, &ws->q_lora, &ws->kv_expanded,
-                         &ws->attn_out, &ws->heads_out, &ws->cos, &ws->sin, &ws->thread_scratch};
+    enum { BUFFERS = 11 };
+    int64_t sizes[BUFFERS] = {0};
+    float *plan = NULL;
+    float **slots[BUFFERS] = {&ws->qkv, &ws->latent, &ws->q_absorbed, &ws->q_lora, &ws->kv_expanded,
+                              &ws->attn_out, &ws->heads_out, &ws->cos, &ws->sin, &ws->thread_scratch, &plan};
     const int64_t half = layer->rotary_dim / 2;
     if (layer->is_mla) {
         sizes[0] = tokens * layer->q_dim;
@@ -52,8 +58,9 @@ static sneppx_status workspace_create(sneppx_layer *layer, int64_t batch, int64_
     sizes[7] = tokens * half;
     sizes[8] = tokens * half;
     sizes[9] = threads * per_thread;
+    sizes[10] = (needs->plan_bytes + (int64_t)sizeof(float) - 1) / (int64_t)sizeof(float);
     size_t total = 0;
-    for (int i = 0; i < 10; i++)
+    for (int i = 0; i < BUFFERS; i++)
         total += (size_t)round_up(sizes[i], 16);
     ws->buffer = sneppx_alloc_floats(total);
     if (!ws->buffer) {
@@ -62,10 +69,11 @@ static sneppx_status workspace_create(sneppx_layer *layer, int64_t batch, int64_
                            total, (long long)tokens);
     }
     float *cursor = ws->buffer;
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < BUFFERS; i++) {
         *slots[i] = sizes[i] ? cursor : NULL;
         cursor += round_up(sizes[i], 16);
     }
+    ws->plan = plan;
     *out = ws;
     return SNEPPX_OK;
 }
@@ -81,13 +89,21 @@ static void workspace_free(struct sneppx_workspace *ws)
 sneppx_status sneppx_workspace_acquire(sneppx_layer *layer, int64_t batch, int64_t seq_len,
                                        struct sneppx_workspace **out)
 {
-    const int64_t tokens = batch * seq_len;
+    const struct sneppx_workspace_needs needs = {seq_len, 0, 0};
+    return sneppx_workspace_acquire_needs(layer, batch * seq_len, &needs, out);
+}
+
+sneppx_status sneppx_workspace_acquire_needs(sneppx_layer *layer, int64_t tokens,
+                                             const struct sneppx_workspace_needs *needs, struct sneppx_workspace **out)
+{
+    const int64_t seq_len = needs->kv_len;
     const int64_t threads = sneppx_thread_count(layer);
     pthread_mutex_lock(&layer->lock);
     struct sneppx_workspace **link = &layer->free_workspaces;
     for (; *link; link = &(*link)->next) {
         struct sneppx_workspace *ws = *link;
-        if (ws->tokens >= tokens && ws->seq_len >= seq_len && ws->threads >= threads) {
+        if (ws->tokens >= tokens && ws->seq_len >= seq_len && ws->threads >= threads &&
+            ws->gather_floats >= needs->gather_floats && ws->plan_bytes >= needs->plan_bytes) {
             *link = ws->next;
             pthread_mutex_unlock(&layer->lock);
             ws->next = NULL;
@@ -96,7 +112,7 @@ sneppx_status sneppx_workspace_acquire(sneppx_layer *layer, int64_t batch, int64
         }
     }
     pthread_mutex_unlock(&layer->lock);
-    return workspace_create(layer, batch, seq_len, out);
+    return workspace_create(layer, tokens, needs, out);
 }
 
 void sneppx_workspace_release(sneppx_layer *layer, struct sneppx_workspace *ws)
@@ -107,7 +123,8 @@ void sneppx_workspace_release(sneppx_layer *layer, struct sneppx_workspace *ws)
     int kept = 0;
     while (*link) {
         struct sneppx_workspace *idle = *link;
-        if (++kept >= 4 || (idle->tokens <= ws->tokens && idle->seq_len <= ws->seq_len)) {
+        if (++kept >= 4 || (idle->tokens <= ws->tokens && idle->seq_len <= ws->seq_len &&
+                            idle->gather_floats <= ws->gather_floats && idle->plan_bytes <= ws->plan_bytes)) {
             *link = idle->next;
             workspace_free(idle);
             continue;

@@ -89,6 +89,10 @@ SNEPPX_API sneppx_status sneppx_layer_kernel_timing(const sneppx_layer *layer, i
  * per visible query/key pair and head). */
 SNEPPX_API double sneppx_layer_flops(const sneppx_layer *layer, int64_t batch, int64_t seq_len);
 
+/* Bytes of the layer's packed weights (panels, biases, norm weights): what a
+ * forward reads once per call, and what bounds a decode step from below. */
+SNEPPX_API double sneppx_layer_weight_bytes(const sneppx_layer *layer);
+
 SNEPPX_API void sneppx_layer_destroy(sneppx_layer *layer);
 
 #ifdef __cplusplus

@@ -7,6 +7,7 @@
 #include "sneppx/config.h"
 #include "sneppx/cache.h"
 #include "sneppx/layer.h"
+#include "sneppx/kv_cache.h"
 #include "sneppx/safetensors.h"
 
 #endif

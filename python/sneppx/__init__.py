@@ -20,8 +20,9 @@ disk in ``$SNEPPX_CACHE_DIR`` (else ``$XDG_CACHE_HOME/sneppx``, else
 """
 from ._library import library_path
 from .config import LLMConfig
+from ._kv_cache import KVCache
 from .errors import (Error, FileError, FormatError, InvalidArgumentError, JITError, OutOfMemoryError,
                      UnknownPresetError, UnsupportedError)
 
-__all__ = ["LLMConfig", "Error", "InvalidArgumentError", "UnknownPresetError", "UnsupportedError",
+__all__ = ["LLMConfig", "KVCache", "Error", "InvalidArgumentError", "UnknownPresetError", "UnsupportedError",
            "OutOfMemoryError", "JITError", "FileError", "FormatError", "library_path"]

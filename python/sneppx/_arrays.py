@@ -89,3 +89,46 @@ def position_ids_array(value: Any, batch: int, seq_len: int) -> Optional[np.ndar
     if array.dtype.kind == "u" and array.size and array.max() > np.uint64(np.iinfo(np.int64).max):
         raise ValueError(f"{name}: {array.max()} does not fit in int64")
     return np.ascontiguousarray(np.broadcast_to(array, (batch, seq_len)), dtype=np.int64)
+
+
+def cached_mask_planes(value: Any, batch: int, seq_len: int, cached: int, window: int) -> Optional[list]:
+    """forward_mha's attention_mask with a KV cache, as one additive float32 plane
+    [seq_len, cached + seq_len] per row (sneppx_layer_forward_cached's `masks`).
+
+    None -> None (causal + window). A 4-D [batch or 1, 1, seq_len, cached + seq_len] mask
+    (HF's mask with a past; float additive or bool) is taken as final. A 2-D
+    [batch, cached + seq_len] padding mask of 1/0 (HF's attention_mask argument to
+    generate()) is combined with the causal mask and the sliding window."""
+    if value is None:
+        return None
+    name = "attention_mask"
+    array = _as_array(name, value)
+    keys = cached + seq_len
+    if array.ndim == 2:
+        if array.shape != (batch, keys):
+            raise ValueError(f"{name}: expected a padding mask of shape [{batch}, {keys}] (cached {cached} + new "
+                             f"{seq_len} tokens) or a 4-D mask [{batch}, 1, {seq_len}, {keys}], got "
+                             f"{_shape_text(array.shape)}")
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"{name}: a padding mask holds 1 (attend) / 0 (padding), got dtype {array.dtype}")
+        query = np.arange(cached, keys)[:, None]
+        key = np.arange(keys)[None, :]
+        visible = key <= query
+        if window > 0:
+            visible &= query - key < window
+        padding = np.asarray(array != 0)
+        return [np.ascontiguousarray(np.where(visible & padding[b][None, :], np.float32(0.0), np.float32(-np.inf)))
+                for b in range(batch)]
+    expected = f"[{batch}, 1, {seq_len}, {keys}]"
+    if array.ndim != 4 or array.shape[0] not in (batch, 1) or array.shape[1:] != (1, seq_len, keys):
+        either = f" (or [1, 1, {seq_len}, {keys}])" if batch != 1 else ""
+        raise ValueError(f"{name}: expected shape {expected}{either} (cached {cached} + new {seq_len} keys) or a "
+                         f"padding mask [{batch}, {keys}], got {_shape_text(array.shape)}")
+    if array.dtype.kind == "b":
+        planes = np.where(array, np.float32(0.0), np.float32(-np.inf))
+    elif array.dtype.kind == "f":
+        planes = _float32_array(name, array, to_minus_inf_ok=True)
+    else:
+        raise TypeError(f"{name}: expected an additive float mask or a bool mask (True = attend), "
+                        f"got dtype {array.dtype}")
+    return [np.ascontiguousarray(planes[b if planes.shape[0] == batch else 0, 0]) for b in range(batch)]

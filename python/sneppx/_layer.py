@@ -5,7 +5,7 @@ LLMConfig's layer (extend_context, new weights) while another thread is inside
 forward only destroys the old handle once that call has returned.
 """
 import ctypes
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -47,3 +47,18 @@ class Layer:
             self._handle, batch, seq_len, hidden_states.ctypes.data,
             mask.ctypes.data if mask is not None else None, mask_shape,
             position_ids.ctypes.data if position_ids is not None else None, out.ctypes.data))
+
+    def forward_cached(self, cache_handle: int, layer_index: int, seq_ids: Sequence[int], q_lens: Sequence[int],
+                       hidden_states: np.ndarray, position_ids: Optional[np.ndarray],
+                       masks: Optional[Sequence[Optional[np.ndarray]]], out: np.ndarray) -> None:
+        """sneppx_layer_forward_cached; hidden_states / out packed [sum(q_lens), hidden], already
+        validated C-contiguous float32, position_ids packed int64, masks float32 planes."""
+        count = len(seq_ids)
+        ids = (ctypes.c_int64 * count)(*seq_ids)
+        lens = (ctypes.c_int64 * count)(*q_lens)
+        planes = None
+        if masks is not None:
+            planes = (ctypes.c_void_p * count)(*[m.ctypes.data if m is not None else None for m in masks])
+        check(lib.sneppx_layer_forward_cached(
+            self._handle, cache_handle, layer_index, count, ids, lens, hidden_states.ctypes.data,
+            position_ids.ctypes.data if position_ids is not None else None, planes, out.ctypes.data))

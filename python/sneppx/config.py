@@ -12,7 +12,8 @@ import numpy as np
 
 from . import _hf
 from . import _structs as S
-from ._arrays import attention_mask_array, hidden_states_array, position_ids_array
+from ._arrays import attention_mask_array, cached_mask_planes, hidden_states_array, position_ids_array
+from ._kv_cache import KVCache
 from ._layer import Layer
 from ._library import lib
 from ._weights import CheckpointWeights, StateDictWeights, SyntheticWeights, expected_tensors
@@ -401,7 +402,15 @@ class LLMConfig:
                 layer = self._layer
         return layer
 
-    def forward_mha(self, hidden_states: Any, attention_mask: Any = None, position_ids: Any = None) -> np.ndarray:
+    def kv_cache(self, batch: int = 1, *, max_tokens: int, page_size: int = 16, num_layers: int = 1) -> KVCache:
+        """A paged KV cache for this layer's shape (sneppx_kv_cache_create): `batch` empty rows,
+        each holding up to max_tokens tokens (the page pool is sized for every row full, plus
+        one page per row for copy-on-write after fork()); page_size a power of two;
+        num_layers: layers of this shape that share it (forward_mha's layer_idx)."""
+        return KVCache(self._config, batch, max_tokens, page_size, num_layers)
+
+    def forward_mha(self, hidden_states: Any, attention_mask: Any = None, position_ids: Any = None,
+                    past_key_value: Optional[KVCache] = None, layer_idx: int = 0) -> np.ndarray:
         """The attention module's forward, HF semantics: [batch, seq_len, hidden_size] -> same shape.
 
         hidden_states: any real array-like; float64, other dtypes and non-contiguous arrays
@@ -411,11 +420,19 @@ class LLMConfig:
             [batch or 1, 1, seq_len, seq_len]: float = additive (<= -1e30 or -inf masks;
             taken as final, nothing added on top), bool = True where attention is allowed.
         position_ids: None (0..seq_len-1) or integers [batch or 1, seq_len].
+        past_key_value: a KVCache of `batch` rows (kv_cache()): the seq_len new tokens of each
+            row are appended to it at layer_idx and attend to everything the row cached
+            before. position_ids then default to each row's cached length + 0..seq_len-1, and
+            attention_mask may be [batch or 1, 1, seq_len, cached + seq_len] (HF's 4-D mask
+            with a past; every row must then have the same cached length) or HF's 2-D padding
+            mask [batch, cached + seq_len] of 1 / 0.
 
         Returns a new float32 ndarray. Wrong shapes raise ValueError, wrong dtypes TypeError,
         naming the argument and the expected shape. NaN inputs propagate to the output."""
         x = hidden_states_array(hidden_states, self._config.hidden_size)
         batch, seq_len = x.shape[0], x.shape[1]
+        if past_key_value is not None:
+            return self._forward_cached(x, attention_mask, position_ids, past_key_value, layer_idx)
         mask = attention_mask_array(attention_mask, batch, seq_len)
         positions = position_ids_array(position_ids, batch, seq_len)
         out = np.empty_like(x)
@@ -424,6 +441,71 @@ class LLMConfig:
         layer = self._current_layer()
         layer.forward(x, mask, positions, out)
         return out
+
+    def _forward_cached(self, x: np.ndarray, attention_mask: Any, position_ids: Any, cache: KVCache,
+                        layer_idx: int) -> np.ndarray:
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"past_key_value: expected a sneppx KVCache (LLMConfig.kv_cache()), got "
+                            f"{type(cache).__name__}")
+        batch, seq_len = x.shape[0], x.shape[1]
+        if seq_len == 0:
+            raise ValueError("hidden_states: seq_len is 0; a cached forward appends at least one token per row")
+        with cache._lock:
+            if batch != cache.batch:
+                raise ValueError(f"hidden_states: batch {batch} does not match the cache's {cache.batch} rows")
+            masks = None
+            if attention_mask is not None:
+                lengths = cache.layer_lengths(layer_idx)
+                if len(set(lengths)) != 1:
+                    raise ValueError(f"attention_mask: the cache's rows hold {lengths} tokens at layer {layer_idx}; "
+                                     "a mask needs one cached length for every row (use forward_ragged)")
+                masks = cached_mask_planes(attention_mask, batch, seq_len, lengths[0], self._config.sliding_window)
+            positions = position_ids_array(position_ids, batch, seq_len)
+            out = np.empty_like(x)
+            layer = self._current_layer()
+            layer.forward_cached(cache._handle, layer_idx, cache._rows, [seq_len] * batch,
+                                 x.reshape(batch * seq_len, -1), positions, masks, out.reshape(batch * seq_len, -1))
+        return out
+
+    def forward_ragged(self, cache: KVCache, rows: Any, hidden_states: Any, position_ids: Any = None,
+                       layer_idx: int = 0) -> List[np.ndarray]:
+        """One call for a server's mixed batch: row rows[i] of the cache gets the tokens
+        hidden_states[i] ([q_len_i, hidden_size], q_len_i >= 1: a prompt chunk, or one token
+        to decode), appended at layer_idx; they attend causally (and within the window) to
+        what the row holds. position_ids: None (each row's cached length + 0..q_len_i-1) or a
+        list of integer arrays [q_len_i]. Returns the outputs, [q_len_i, hidden_size] each.
+        The projections run once over all the rows' tokens."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache: expected a sneppx KVCache (LLMConfig.kv_cache()), got {type(cache).__name__}")
+        rows = list(rows)
+        chunks = list(hidden_states)
+        if len(chunks) != len(rows):
+            raise ValueError(f"hidden_states: {len(chunks)} arrays for {len(rows)} rows")
+        if not rows:
+            return []
+        hidden_size = self._config.hidden_size
+        packed = []
+        for i, chunk in enumerate(chunks):
+            array = hidden_states_array(np.asarray(chunk)[None] if np.ndim(chunk) == 2 else chunk, hidden_size)
+            if array.shape[0] != 1 or array.shape[1] == 0:
+                raise ValueError(f"hidden_states[{i}]: expected shape [q_len >= 1, {hidden_size}], got "
+                                 f"{list(np.shape(chunk))}")
+            packed.append(array[0])
+        q_lens = [chunk.shape[0] for chunk in packed]
+        positions = None
+        if position_ids is not None:
+            position_list = list(position_ids)
+            if len(position_list) != len(rows):
+                raise ValueError(f"position_ids: {len(position_list)} arrays for {len(rows)} rows")
+            positions = np.concatenate([position_ids_array(np.reshape(p, (1, -1)) if np.ndim(p) == 1 else p, 1,
+                                                           q_lens[i])[0]
+                                        for i, p in enumerate(position_list)])
+        x = np.ascontiguousarray(np.concatenate(packed))
+        out = np.empty_like(x)
+        with cache._lock:
+            seq_ids = [cache._rows[cache._row(row)] for row in rows]
+            self._current_layer().forward_cached(cache._handle, layer_idx, seq_ids, q_lens, x, positions, None, out)
+        return list(np.split(out, np.cumsum(q_lens)[:-1]))
 
 
 def _field_property(field: Any) -> property:

@@ -1,6 +1,8 @@
 /* sneppx-run: the main job. For each preset, JIT-compiles (or loads from the
  * disk cache) every kernel of the layer, runs forward passes on synthetic
- * weights and inputs, and prints the keys, compile/cache times and GFLOP/s. */
+ * weights and inputs, and prints the keys, compile/cache times and GFLOP/s.
+ * With --decode, generation instead: a prefill of --context tokens, then
+ * decode steps through a KV cache (run/decode.c). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -8,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "run/run.h"
 #include "sneppx/sneppx.h"
 
 static double now_ms(void)
@@ -56,8 +59,12 @@ static int parse_count(const char *name, const char *text, long long min, long l
 static void usage(FILE *to)
 {
     fprintf(to, "usage: sneppx-run [--arch NAME]... [--seq T] [--batch B] [--threads N] [--repeat R] [--sdpa]\n"
+                "       sneppx-run [--arch NAME]... --context C --decode N [--batch B] [--threads N] [--sdpa]\n"
                 "  Runs one attention layer forward per preset (default: llama3-8B mistral-7B qwen2-7B\n"
-                "  deepseek-v2-lite) on synthetic weights; --list-archs prints the preset names.\n");
+                "  deepseek-v2-lite) on synthetic weights; --list-archs prints the preset names.\n"
+                "  --decode: prefill C tokens in each of B sequences, then N decode steps through a\n"
+                "  paged KV cache: ms per step, tokens/s, and the bytes a step reads against the\n"
+                "  measured read bandwidth.\n");
 }
 
 static int run_arch(const char *arch, int64_t batch, int64_t seq_len, int threads, int repeat, int flash)
@@ -144,11 +151,12 @@ int main(int argc, char **argv)
 {
     const char *archs[64];
     int arch_count = 0, flash = 1;
-    long long seq_len = 128, batch = 1, threads = 0, repeat = 5;
+    long long seq_len = 128, batch = 1, threads = 0, repeat = 5, context = 0, decode = 0;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         const int takes_value = !strcmp(arg, "--arch") || !strcmp(arg, "--seq") || !strcmp(arg, "--batch") ||
-                                !strcmp(arg, "--threads") || !strcmp(arg, "--repeat");
+                                !strcmp(arg, "--threads") || !strcmp(arg, "--repeat") ||
+                                !strcmp(arg, "--context") || !strcmp(arg, "--decode");
         const char *value = takes_value && i + 1 < argc ? argv[++i] : NULL;
         if (takes_value && !value) {
             fprintf(stderr, "sneppx-run: %s needs a value\n", arg);
@@ -173,6 +181,12 @@ int main(int argc, char **argv)
         } else if (!strcmp(arg, "--repeat")) {
             if (parse_count("--repeat", value, 1, MAX_REPEAT, &repeat) != 0)
                 return 2;
+        } else if (!strcmp(arg, "--context")) {
+            if (parse_count("--context", value, 0, SNEPPX_MAX_SEQ_LEN, &context) != 0)
+                return 2;
+        } else if (!strcmp(arg, "--decode")) {
+            if (parse_count("--decode", value, 1, MAX_REPEAT, &decode) != 0)
+                return 2;
         } else if (!strcmp(arg, "--sdpa")) {
             flash = 0;
         } else if (!strcmp(arg, "--list-archs")) {
@@ -188,6 +202,15 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (context && !decode) {
+        fprintf(stderr, "sneppx-run: --context needs --decode N (the decode steps after the prefill)\n");
+        return 2;
+    }
+    if (decode && batch * (context + decode + 1) > SNEPPX_KV_MAX_CAPACITY_TOKENS) {
+        fprintf(stderr, "sneppx-run: --batch %lld x (--context %lld + --decode %lld) tokens exceed a KV cache's "
+                        "%lld\n", batch, context, decode, (long long)SNEPPX_KV_MAX_CAPACITY_TOKENS);
+        return 2;
+    }
     if (seq_len * batch > SNEPPX_MAX_TOKENS) {
         fprintf(stderr, "sneppx-run: --batch %lld x --seq %lld = %lld tokens; at most %lld (2^26) per forward\n",
                 batch, seq_len, batch * seq_len, (long long)SNEPPX_MAX_TOKENS);
@@ -202,7 +225,8 @@ int main(int argc, char **argv)
     printf("sneppx-run: kernel cache %s\n", sneppx_cache_dir()[0] ? sneppx_cache_dir() : "(memory only)");
     int failures = 0;
     for (int a = 0; a < arch_count; a++)
-        failures += run_arch(archs[a], batch, seq_len, (int)threads, (int)repeat, flash);
+        failures += decode ? run_decode(archs[a], batch, context, decode, (int)threads, flash)
+                           : run_arch(archs[a], batch, seq_len, (int)threads, (int)repeat, flash);
     sneppx_jit_stats stats;
     sneppx_jit_stats_get(&stats);
     printf("JIT: %llu compiled (%.1f ms), %llu loaded from the disk cache, %llu memory hits\n",

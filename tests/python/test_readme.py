@@ -1,11 +1,12 @@
 """README.md's examples work as written, so they cannot drift from the code.
 
-Its one Python block runs as a script under this interpreter, with
-PYTHONPATH and SNEPPX_LIBRARY set, as the README's command line sets them, to
-the package and library these tests use. Its one C block is
-examples/quickstart.c verbatim; the ctest example_quickstart builds and runs
-that file against libsneppx, and the README's own `cc` command line compiles
-it against the source tree and the build's rendered headers.
+Each Python block runs as a script under this interpreter, with PYTHONPATH
+and SNEPPX_LIBRARY set, as the README's command line sets them, to the package
+and library these tests use. Its C blocks are examples/quickstart.c and
+examples/generate.c verbatim, in that order; the ctests example_quickstart and
+example_generate build and run those files against libsneppx, and the README's
+own `cc` command line compiles quickstart.c against the source tree and the
+build's rendered headers.
 """
 import os
 import re
@@ -15,11 +16,13 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
+import pytest
+
 import sneppx
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-C_EXAMPLE = ROOT / "examples" / "quickstart.c"
+C_EXAMPLES = [ROOT / "examples" / "quickstart.c", ROOT / "examples" / "generate.c"]
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 
@@ -37,26 +40,35 @@ def test_code_blocks_finds_tagged_fences():
     assert code_blocks(text) == {"python": ["print(1)\n"], "c": ["int x;\n"], "": ["plain\n"]}
 
 
-def test_readme_python_example_runs(tmp_path):
-    blocks = code_blocks(README.read_text())
-    assert len(blocks.get("python", [])) == 1, "README.md should hold exactly one ```python block"
+def python_blocks():
+    return code_blocks(README.read_text()).get("python", [])
+
+
+def test_readme_has_two_python_examples():
+    assert len(python_blocks()) == 2, "README.md should hold two ```python blocks: the forward and generation"
+
+
+@pytest.mark.parametrize("index, expected", [(0, "gemm-k4096-n6144-bias0-v"), (1, "cached tokens [14, 22]")])
+def test_readme_python_example_runs(tmp_path, index, expected):
     script = tmp_path / "readme_example.py"
-    script.write_text(blocks["python"][0])
+    script.write_text(python_blocks()[index])
     env = dict(os.environ, SNEPPX_LIBRARY=str(sneppx.library_path().resolve()))
     package_parent = str(Path(sneppx.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([package_parent] + [p for p in [env.get("PYTHONPATH")] if p])
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path,
                             env=env, timeout=600)
     assert result.returncode == 0, f"README.md's Python example failed:\n{result.stdout}\n{result.stderr}"
-    # It prints the layer's kernel keys: llama3-8B's fused QKV projection is one of them.
-    assert "gemm-k4096-n6144-bias0-v" in result.stdout, result.stdout
+    # The first prints the layer's kernel keys (llama3-8B's fused QKV projection is one of
+    # them), the second the rows' cached lengths.
+    assert expected in result.stdout, result.stdout
 
 
-def test_readme_c_example_is_examples_quickstart():
-    blocks = code_blocks(README.read_text())
-    assert len(blocks.get("c", [])) == 1, "README.md should hold exactly one ```c block"
-    assert blocks["c"][0] == C_EXAMPLE.read_text(), \
-        "README.md's C example differs from examples/quickstart.c: copy the file into the README"
+def test_readme_c_examples_are_the_example_files():
+    blocks = code_blocks(README.read_text()).get("c", [])
+    assert len(blocks) == len(C_EXAMPLES), f"README.md should hold {len(C_EXAMPLES)} ```c blocks"
+    for block, path in zip(blocks, C_EXAMPLES):
+        assert block == path.read_text(), \
+            f"README.md's C example differs from examples/{path.name}: copy the file into the README"
 
 
 def readme_cc_arguments() -> List[str]:

@@ -1,0 +1,390 @@
+/* Generation through the paged KV cache: llama3-8B's layer on every core.
+ *
+ * Decode steps at each context, batch 1 and a ragged batch, rated against the
+ * decode roofline: a step must read the packed weights once and every cached
+ * K/V row its queries see, so (weight bytes + cache bytes) / the read
+ * bandwidth measured by the peak stage bounds it from below. Beside it, the
+ * same attention in llama.cpp (a one-block GGUF, flash attention, f32 weights
+ * and KV) and in HF transformers' LlamaAttention with a DynamicCache (torch
+ * SDPA), from the virtual environment scripts/venv.sh makes ($SNEPPX_BENCH_VENV;
+ * bench/run.sh sets it). Then chunked prefill (512-token chunks through the
+ * cache) against the one-shot cache-free forward of the same tokens. */
+#include <malloc.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "child.h"
+#include "report.h"
+#include "sneppx/sneppx.h"
+
+#define MODEL "llama3-8B"
+#define CHUNK 512
+#define MAX_CONTEXTS 3
+#define MAX_BATCHES 2
+/* Batches of up to this many sequences get a prefill each; a longer context
+ * forks one prefilled sequence and truncates the forks (its K/V, 268 MB per
+ * sequence at 32768, is far beyond any cache, so sharing pages flatters nothing). */
+#define DISTINCT_PREFILL_MAX_CONTEXT 4096
+
+static const int64_t full_contexts[] = {512, 4096, 32768};
+static const int64_t quick_contexts[] = {64};
+static const int64_t full_batches[] = {1, 16};
+static const int64_t quick_batches[] = {1, 2};
+
+struct baseline_times {
+    struct bench_stats seconds[MAX_CONTEXTS][MAX_BATCHES];
+    char version[96];
+    char skipped[256];
+};
+
+/* Runs one baseline script for every (context, batch) and collects "result" lines. */
+static void run_baseline(const struct bench_context *ctx, const char *script, const sneppx_config *config,
+                         const int64_t *contexts, int context_count, const int64_t *batches, int batch_count,
+                         int threads, int steps, struct baseline_times *times)
+{
+    const char *venv = getenv("SNEPPX_BENCH_VENV");
+    if (!venv || !venv[0]) {
+        snprintf(times->skipped, sizeof times->skipped, "no virtual environment (bench/run.sh makes one with "
+                                                        "scripts/venv.sh; or set SNEPPX_BENCH_VENV)");
+        return;
+    }
+    char python[512], path[512], hidden[32], heads[32], kv_heads[32], head_dim[32], theta[48], contexts_arg[128],
+        batch_arg[16], threads_arg[16], steps_arg[16], omp_threads[48];
+    snprintf(python, sizeof python, "%s/bin/python", venv);
+    snprintf(path, sizeof path, "%s/baselines/%s", SNEPPX_BENCH_SOURCE_DIR, script);
+    snprintf(hidden, sizeof hidden, "%lld", (long long)config->hidden_size);
+    snprintf(heads, sizeof heads, "%lld", (long long)config->num_attention_heads);
+    snprintf(kv_heads, sizeof kv_heads, "%lld", (long long)config->num_key_value_heads);
+    snprintf(head_dim, sizeof head_dim, "%lld", (long long)(config->hidden_size / config->num_attention_heads));
+    snprintf(theta, sizeof theta, "%.17g", config->rope_theta);
+    snprintf(threads_arg, sizeof threads_arg, "%d", threads);
+    snprintf(steps_arg, sizeof steps_arg, "%d", steps);
+    snprintf(omp_threads, sizeof omp_threads, "OMP_NUM_THREADS=%d", threads);
+    contexts_arg[0] = 0;
+    for (int c = 0; c < context_count; c++) {
+        char number[32];
+        snprintf(number, sizeof number, "%s%lld", c ? "," : "", (long long)contexts[c]);
+        strncat(contexts_arg, number, sizeof contexts_arg - strlen(contexts_arg) - 1);
+    }
+    (void)ctx;
+    for (int b = 0; b < batch_count; b++) {
+        snprintf(batch_arg, sizeof batch_arg, "%lld", (long long)batches[b]);
+        char *const argv[] = {python, path, "--hidden", hidden, "--heads", heads, "--kv-heads", kv_heads,
+                              "--head-dim", head_dim, "--rope-theta", theta, "--contexts", contexts_arg,
+                              "--batch", batch_arg, "--threads", threads_arg, "--steps", steps_arg, NULL};
+        const char *const set_env[] = {
+            "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295",
+            omp_threads, NULL};
+        const char *const unset_env[] = {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", NULL};
+        struct bench_child child;
+        if (bench_child_run(argv, set_env, unset_env, &child) != 0) {
+            snprintf(times->skipped, sizeof times->skipped, "cannot run %.200s", python);
+            return;
+        }
+        const char *unavailable = bench_child_field(child.output, "unavailable");
+        if (unavailable || child.exit_code != 0) {
+            if (unavailable)
+                snprintf(times->skipped, sizeof times->skipped, "%.*s", (int)strcspn(unavailable, "\n"),
+                         unavailable);
+            else
+                snprintf(times->skipped, sizeof times->skipped, "%s exited with status %d", script, child.exit_code);
+            free(child.output);
+            return;
+        }
+        const char *version = strchr(child.output, '\n') ? child.output : "";
+        snprintf(times->version, sizeof times->version, "%.*s", (int)strcspn(version, "\n"), version);
+        for (const char *line = child.output; (line = strstr(line, "result ")) != NULL; line++) {
+            long long context, batch;
+            int thread_count, reps;
+            double median, fastest, slowest;
+            if (sscanf(line, "result %lld %lld %d %lf %lf %lf %d", &context, &batch, &thread_count, &median,
+                       &fastest, &slowest, &reps) != 7)
+                continue;
+            for (int c = 0; c < context_count; c++)
+                if (contexts[c] == context)
+                    times->seconds[c][b] = (struct bench_stats){median, fastest, slowest, reps};
+        }
+        free(child.output);
+    }
+}
+
+struct generation {
+    sneppx_layer *layer;
+    sneppx_kv_cache *cache;
+    int64_t hidden_size;
+    int64_t batch;
+    int64_t seq_ids[16];
+    int64_t q_lens[16];
+    int64_t lengths[16];   /* cached tokens per sequence */
+    float *hidden, *out;   /* CHUNK tokens (decode: up to 16) */
+};
+
+static int forward(struct generation *g, int64_t n_seqs, const int64_t *seq_ids, const int64_t *q_lens)
+{
+    if (sneppx_layer_forward_cached(g->layer, g->cache, 0, n_seqs, seq_ids, q_lens, g->hidden, NULL, NULL, g->out) ==
+        SNEPPX_OK)
+        return 0;
+    fprintf(stderr, "sneppx-bench: generate: %s\n", sneppx_last_error());
+    return 1;
+}
+
+/* Appends `tokens` tokens to seq_id, CHUNK at a time. */
+static int prefill(struct generation *g, int64_t seq_id, int64_t tokens)
+{
+    for (int64_t done = 0; done < tokens; done += CHUNK) {
+        int64_t q_len = tokens - done < CHUNK ? tokens - done : CHUNK;
+        if (forward(g, 1, &seq_id, &q_len) != 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Ragged lengths around `context` (their mean): context x (0.5 .. 1.5) for
+ * prefilled batches, x (0.75 .. 1.25) for forks of one sequence. */
+static int64_t ragged_length(int64_t context, int64_t s, int64_t batch)
+{
+    if (batch == 1)
+        return context;
+    const int forked = context > DISTINCT_PREFILL_MAX_CONTEXT;
+    const double low = forked ? 0.75 : 0.5, span = forked ? 0.5 : 1.0;
+    return (int64_t)((double)context * (low + span * (double)s / (double)(batch - 1)));
+}
+
+static int cache_failed(const char *what)
+{
+    fprintf(stderr, "sneppx-bench: generate: %s: %s\n", what, sneppx_last_error());
+    return 1;
+}
+
+/* g->batch sequences at their ragged lengths around `context`. */
+static int fill_cache(struct generation *g, int64_t context)
+{
+    if (sneppx_kv_cache_reset(g->cache) != SNEPPX_OK)
+        return cache_failed("reset");
+    if (context <= DISTINCT_PREFILL_MAX_CONTEXT || g->batch == 1) {
+        for (int64_t s = 0; s < g->batch; s++) {
+            g->lengths[s] = ragged_length(context, s, g->batch);
+            if (sneppx_kv_cache_add_sequence(g->cache, &g->seq_ids[s]) != SNEPPX_OK)
+                return cache_failed("add");
+            if (prefill(g, g->seq_ids[s], g->lengths[s]) != 0)
+                return 1;
+        }
+        return 0;
+    }
+    int64_t root;
+    if (sneppx_kv_cache_add_sequence(g->cache, &root) != SNEPPX_OK)
+        return cache_failed("add");
+    if (prefill(g, root, ragged_length(context, g->batch - 1, g->batch)) != 0)
+        return 1;
+    for (int64_t s = 0; s < g->batch; s++) {
+        g->lengths[s] = ragged_length(context, s, g->batch);
+        if (sneppx_kv_cache_fork(g->cache, root, &g->seq_ids[s]) != SNEPPX_OK ||
+            sneppx_kv_cache_truncate(g->cache, g->seq_ids[s], g->lengths[s]) != SNEPPX_OK)
+            return cache_failed("fork");
+    }
+    return sneppx_kv_cache_remove_sequence(g->cache, root) == SNEPPX_OK ? 0 : cache_failed("remove");
+}
+
+static int decode_step(void *opaque)
+{
+    struct generation *g = opaque;
+    for (int64_t s = 0; s < g->batch; s++)
+        g->q_lens[s] = 1;
+    if (forward(g, g->batch, g->seq_ids, g->q_lens) != 0)
+        return 1;
+    for (int64_t s = 0; s < g->batch; s++)
+        g->lengths[s]++;
+    return 0;
+}
+
+/* Bytes one decode step reads at the current lengths: the weights once, and
+ * each sequence's cached K/V (no window in llama3-8B). */
+static double step_bytes(const struct generation *g, double token_bytes)
+{
+    double bytes = sneppx_layer_weight_bytes(g->layer);
+    for (int64_t s = 0; s < g->batch; s++)
+        bytes += (double)(g->lengths[s] + 1) * token_bytes;
+    return bytes;
+}
+
+static size_t heap_bytes(void)
+{
+    const struct mallinfo2 info = mallinfo2();
+    return info.uordblks + info.hblkhd;
+}
+
+static void report_decode(struct bench_context *ctx, struct generation *g, int64_t context, int threads,
+                          const struct bench_plan *plan, double token_bytes, const struct bench_stats *llama,
+                          const struct bench_stats *torch)
+{
+    if (fill_cache(g, context) != 0) {
+        ctx->failures++;
+        return;
+    }
+    /* Half the timed steps' growth, so the bytes are those of the median step. */
+    const double bytes = step_bytes(g, token_bytes) + (double)g->batch * plan->max_reps / 2.0 * token_bytes;
+    struct bench_result ours = {.stage = "generate", .impl = "sneppx", .tokens = context, .threads = threads,
+                                .work = bytes, .unit = BENCH_UNIT_BYTES};
+    snprintf(ours.case_name, sizeof ours.case_name, "decode b%lld%s", (long long)g->batch,
+             g->batch > 1 ? " ragged" : "");
+    ours.peak_rate = bench_read_bandwidth(ctx, threads);
+    decode_step(g); /* warm: the workspace for this batch, copy-on-write of forked pages */
+    const size_t heap_before = heap_bytes();
+    if (bench_measure(decode_step, g, plan, &ours.seconds) != 0) {
+        ctx->failures++;
+        return;
+    }
+    const long long heap_growth = (long long)heap_bytes() - (long long)heap_before;
+    char note[96];
+    snprintf(note, sizeof note, "heap %+lld B over %d warm steps", heap_growth, ours.seconds.reps + plan->warmup);
+    const struct bench_stats *baselines[] = {llama, torch};
+    const char *names[] = {"llama.cpp", "pytorch"};
+    int reported = 0;
+    for (int i = 0; i < 2; i++) {
+        if (!baselines[i] || baselines[i]->reps == 0)
+            continue;
+        struct bench_result theirs = ours;
+        snprintf(theirs.impl, sizeof theirs.impl, "%s", names[i]);
+        theirs.seconds = *baselines[i];
+        bench_report_pair(&ours, &theirs, reported ? NULL : note);
+        reported = 1;
+    }
+    if (!reported)
+        bench_report_pair(&ours, NULL, note);
+}
+
+struct one_shot {
+    sneppx_layer *layer;
+    int64_t tokens;
+    const float *hidden;
+    float *out;
+};
+
+static int run_one_shot(void *opaque)
+{
+    const struct one_shot *run = opaque;
+    if (sneppx_layer_forward(run->layer, 1, run->tokens, run->hidden, NULL, NULL, NULL, run->out) == SNEPPX_OK)
+        return 0;
+    fprintf(stderr, "sneppx-bench: generate: one-shot: %s\n", sneppx_last_error());
+    return 1;
+}
+
+struct chunked {
+    struct generation *g;
+    int64_t tokens;
+};
+
+static int run_chunked(void *opaque)
+{
+    struct chunked *run = opaque;
+    struct generation *g = run->g;
+    if (sneppx_kv_cache_reset(g->cache) != SNEPPX_OK || sneppx_kv_cache_add_sequence(g->cache, &g->seq_ids[0]))
+        return cache_failed("reset");
+    return prefill(g, g->seq_ids[0], run->tokens);
+}
+
+/* Chunked prefill (CHUNK tokens a call, through the cache) against one
+ * forward of all the tokens without a cache: the same flops. */
+static void report_chunked(struct bench_context *ctx, struct generation *g, int64_t tokens, int threads,
+                           const struct bench_plan *plan)
+{
+    float *hidden = bench_alloc_floats((size_t)(tokens * g->hidden_size));
+    float *out = bench_alloc_floats((size_t)(tokens * g->hidden_size));
+    if (!hidden || !out) {
+        fprintf(stderr, "sneppx-bench: generate: out of memory for %lld tokens\n", (long long)tokens);
+        ctx->failures++;
+    } else {
+        bench_fill_uniform(hidden, tokens * g->hidden_size, 41, 1.0f);
+        struct one_shot shot = {.layer = g->layer, .tokens = tokens, .hidden = hidden, .out = out};
+        struct chunked chunks = {.g = g, .tokens = tokens};
+        struct bench_result ours = {.stage = "generate", .impl = "chunked", .tokens = tokens, .threads = threads,
+                                    .unit = BENCH_UNIT_FLOPS};
+        snprintf(ours.case_name, sizeof ours.case_name, "prefill %d-token chunks", CHUNK);
+        ours.work = sneppx_layer_flops(g->layer, 1, tokens);
+        ours.peak_rate = bench_fma_peak(ctx, threads);
+        struct bench_result theirs = ours;
+        snprintf(theirs.impl, sizeof theirs.impl, "one-shot");
+        if (bench_measure(run_chunked, &chunks, plan, &ours.seconds) != 0 ||
+            bench_measure(run_one_shot, &shot, plan, &theirs.seconds) != 0)
+            ctx->failures++;
+        else
+            bench_report_pair(&ours, &theirs, "(baseline: sneppx_layer_forward of all tokens at once)");
+    }
+    free(hidden);
+    free(out);
+}
+
+void bench_stage_generate(struct bench_context *ctx)
+{
+    bench_report_section("generation: " MODEL " layer through the paged KV cache, every core",
+                         "decode: ms per step, GB/s and % of the measured read bandwidth on the bytes a step "
+                         "must read (weights + visible cache, float32); speedup = baseline time / sneppx "
+                         "time; ragged batches: lengths 0.5-1.5x the context (forks of one prefill, "
+                         "0.75-1.25x, past 4096), the baselines' rows all at the context");
+    const int threads = ctx->thread_counts[ctx->thread_count_n - 1];
+    const int64_t *contexts = ctx->quick ? quick_contexts : full_contexts;
+    const int context_count = ctx->quick ? 1 : MAX_CONTEXTS;
+    const int64_t *batches = ctx->quick ? quick_batches : full_batches;
+    const struct bench_plan plan = bench_plan_for(ctx, 8, 32, 2.0);
+    sneppx_config config;
+    if (sneppx_config_from_name(MODEL, NULL, &config) != SNEPPX_OK) {
+        fprintf(stderr, "sneppx-bench: %s\n", sneppx_last_error());
+        ctx->failures++;
+        return;
+    }
+    struct baseline_times llama, torch;
+    memset(&llama, 0, sizeof llama);
+    memset(&torch, 0, sizeof torch);
+    run_baseline(ctx, "decode_llama_cpp.py", &config, contexts, context_count, batches, MAX_BATCHES, threads,
+                 plan.max_reps, &llama);
+    run_baseline(ctx, "decode_torch.py", &config, contexts, context_count, batches, MAX_BATCHES, threads,
+                 plan.max_reps, &torch);
+    printf("  (llama.cpp: %s)\n  (PyTorch: %s)\n", llama.skipped[0] ? llama.skipped : llama.version,
+           torch.skipped[0] ? torch.skipped : torch.version);
+    bench_settle();
+
+    config.num_threads = threads;
+    config.use_flash_attn = 1;
+    struct generation g = {.hidden_size = config.hidden_size};
+    sneppx_kv_cache_options options;
+    sneppx_kv_cache_options_init(&options);
+    const int64_t most = batches[MAX_BATCHES - 1];
+    const int64_t longest = contexts[context_count - 1] * 3 / 2 + plan.warmup + plan.max_reps + 8;
+    const int64_t prefill_tokens = ctx->quick ? 2 * CHUNK : 8 * CHUNK;
+    options.capacity_tokens = most * (longest + 2 * SNEPPX_KV_DEFAULT_PAGE_SIZE);
+    if (options.capacity_tokens < prefill_tokens + SNEPPX_KV_DEFAULT_PAGE_SIZE)
+        options.capacity_tokens = prefill_tokens + SNEPPX_KV_DEFAULT_PAGE_SIZE;
+    if (sneppx_layer_create(&config, NULL, &g.layer) != SNEPPX_OK ||
+        sneppx_kv_cache_create(&config, &options, &g.cache) != SNEPPX_OK) {
+        fprintf(stderr, "sneppx-bench: generate: %s\n", sneppx_last_error());
+        ctx->failures++;
+        goto done;
+    }
+    g.hidden = bench_alloc_floats((size_t)(CHUNK * config.hidden_size));
+    g.out = bench_alloc_floats((size_t)(CHUNK * config.hidden_size));
+    if (!g.hidden || !g.out) {
+        ctx->failures++;
+        goto done;
+    }
+    bench_fill_uniform(g.hidden, CHUNK * config.hidden_size, 43, 1.0f);
+    sneppx_kv_cache_stats stats;
+    sneppx_kv_cache_stats_get(g.cache, &stats);
+    const double token_bytes = (double)stats.page_bytes / (double)stats.page_size;
+    for (int c = 0; c < context_count; c++)
+        for (int b = 0; b < MAX_BATCHES; b++) {
+            g.batch = batches[b];
+            report_decode(ctx, &g, contexts[c], threads, &plan, token_bytes, &llama.seconds[c][b],
+                          &torch.seconds[c][b]);
+        }
+    g.batch = 1;
+    const struct bench_plan prefill_plan = bench_plan_for(ctx, 3, 5, 4.0);
+    report_chunked(ctx, &g, prefill_tokens, threads, &prefill_plan);
+done:
+    free(g.hidden);
+    free(g.out);
+    sneppx_kv_cache_destroy(g.cache);
+    sneppx_layer_destroy(g.layer);
+}

@@ -1,0 +1,165 @@
+/* sneppx — a paged KV cache and the forward pass that uses it (generation).
+ *
+ * A cache is made for one layer shape (a config) and holds that shape's keys
+ * and values for `num_layers` layers: a model's layers share one page table
+ * per sequence, so adding, forking or truncating a sequence happens once for
+ * all of them. The caller owns the cache; layers never hold one.
+ *
+ * What a page holds, per layer: standard attention, each token's K (after
+ * RoPE) and V for every K/V head; multi-head latent attention (DeepSeek V2),
+ * one latent row per token: kv_lora_rank floats after kv_a_layernorm, then
+ * qk_rope_head_dim floats of k_pe after RoPE. Pages come from a pool of fixed
+ * size made at create; nothing grows it.
+ *
+ * Lengths. Each layer of a sequence has its own length: the tokens
+ * sneppx_layer_forward_cached appended to it at that layer_index. Between two
+ * decode steps every layer has the same length; during a step the layers run
+ * one after another. sneppx_kv_cache_length gives the largest, and
+ * sneppx_kv_cache_layer_length one layer's.
+ *
+ * Sliding window (config.sliding_window = W > 0). A query at token index p
+ * sees keys p - W + 1 .. p, so the pages of tokens no later query can see (every
+ * index <= L - W, L the smallest layer length of the sequence) go back to the
+ * pool after each call: between calls a sequence holds the pages of its last
+ * W - 1 tokens, at most (W - 2) / page_size + 2 pages (fewer than W + 2 *
+ * page_size tokens; during a call, plus its new tokens), however long it runs.
+ *
+ * Threads. The pool and the sequence table are guarded by a mutex. Calls on
+ * different sequences may overlap: forwards of any layers, add, remove, fork,
+ * truncate and the queries. Two calls that name the same sequence may not
+ * (sneppx_layer_forward_cached refuses a sequence another call is using, and
+ * so do remove, fork and truncate). reset and destroy may not overlap any
+ * other call on the cache.
+ *
+ * Errors leave the cache as it was: a call first checks its arguments and
+ * reserves every page it needs, and only then writes. */
+#ifndef SNEPPX_KV_CACHE_H
+#define SNEPPX_KV_CACHE_H
+
+#include <stdint.h>
+#include "sneppx/config.h"
+#include "sneppx/export.h"
+#include "sneppx/layer.h"
+#include "sneppx/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* How the cache stores an element. Sizes are computed from the element size,
+ * so other types can join without changing the layout rules. */
+typedef enum sneppx_kv_dtype {
+    SNEPPX_KV_FLOAT32 = 0,
+    SNEPPX_KV_DTYPE_COUNT   /* how many there are (not a type) */
+} sneppx_kv_dtype;
+
+#define SNEPPX_KV_DEFAULT_PAGE_SIZE 16
+/* capacity_tokens is at most this (attention kernels index keys with int32). */
+#define SNEPPX_KV_MAX_CAPACITY_TOKENS (((int64_t)1 << 31) - 1)
+#define SNEPPX_KV_MAX_PAGE_SIZE 65536
+#define SNEPPX_KV_MAX_LAYERS 4096
+
+typedef struct sneppx_kv_cache_options {
+    uint32_t struct_size;      /* sizeof(sneppx_kv_cache_options) of the caller; fields past it
+                                  take sneppx_kv_cache_options_init's values */
+    int64_t capacity_tokens;   /* the pool, in tokens of one layer, rounded up to whole pages;
+                                  in [1, SNEPPX_KV_MAX_CAPACITY_TOKENS] */
+    int64_t page_size;         /* tokens per page: a power of two up to SNEPPX_KV_MAX_PAGE_SIZE;
+                                  0 = SNEPPX_KV_DEFAULT_PAGE_SIZE */
+    int64_t num_layers;        /* layers of this shape sharing the page tables, in
+                                  [1, SNEPPX_KV_MAX_LAYERS] */
+    sneppx_kv_dtype dtype;     /* SNEPPX_KV_FLOAT32 (the only one today) */
+} sneppx_kv_cache_options;
+
+/* struct_size = sizeof, capacity_tokens 0 (must be set), page_size 0 (16),
+ * num_layers 1, dtype float32. */
+SNEPPX_API void sneppx_kv_cache_options_init(sneppx_kv_cache_options *options);
+
+typedef struct sneppx_kv_cache sneppx_kv_cache;
+
+/* Makes a cache for layers of config's shape (validated as sneppx_layer_create
+ * validates it): standard: num_key_value_heads, head_dim and the sliding
+ * window; MLA: kv_lora_rank + qk_rope_head_dim. The pool is allocated here.
+ * Errors name the option (options.page_size, options.capacity_tokens, ...). */
+SNEPPX_API sneppx_status sneppx_kv_cache_create(const sneppx_config *config, const sneppx_kv_cache_options *options,
+                                               sneppx_kv_cache **cache);
+
+/* Frees the cache and every page; NULL does nothing. */
+SNEPPX_API void sneppx_kv_cache_destroy(sneppx_kv_cache *cache);
+
+/* A new empty sequence; *seq_id is never reused by this cache. */
+SNEPPX_API sneppx_status sneppx_kv_cache_add_sequence(sneppx_kv_cache *cache, int64_t *seq_id);
+
+/* Removes a sequence; its pages go back to the pool (a page a fork still
+ * shares stays with the fork). */
+SNEPPX_API sneppx_status sneppx_kv_cache_remove_sequence(sneppx_kv_cache *cache, int64_t seq_id);
+
+/* A new sequence that continues from seq_id as it is now (every layer's
+ * length): it shares all of the parent's pages; the first append into a
+ * shared page copies that page for the one appending (copy-on-write). */
+SNEPPX_API sneppx_status sneppx_kv_cache_fork(sneppx_kv_cache *cache, int64_t seq_id, int64_t *child_id);
+
+/* Drops the tokens from index `length` on, in every layer (a layer already
+ * shorter keeps its length): speculative decoding's rollback. Refused when
+ * length exceeds sneppx_kv_cache_length, and under a sliding window when a
+ * token the next query would see (index >= length - W + 1) was already
+ * released. Pages past the new length go back to the pool. */
+SNEPPX_API sneppx_status sneppx_kv_cache_truncate(sneppx_kv_cache *cache, int64_t seq_id, int64_t length);
+
+/* The largest of the sequence's layer lengths (tokens appended so far,
+ * released ones included). */
+SNEPPX_API sneppx_status sneppx_kv_cache_length(sneppx_kv_cache *cache, int64_t seq_id, int64_t *length);
+
+/* One layer's length. */
+SNEPPX_API sneppx_status sneppx_kv_cache_layer_length(sneppx_kv_cache *cache, int64_t seq_id, int64_t layer_index,
+                                                      int64_t *length);
+
+/* Removes every sequence; every page goes back to the pool. Sequence ids
+ * handed out before stay unknown. */
+SNEPPX_API sneppx_status sneppx_kv_cache_reset(sneppx_kv_cache *cache);
+
+typedef struct sneppx_kv_cache_stats {
+    int64_t page_size;         /* tokens per page */
+    int64_t num_layers;
+    int64_t total_pages;       /* of the pool */
+    int64_t free_pages;        /* in the pool now */
+    int64_t sequences;         /* live sequences */
+    int64_t page_bytes;        /* bytes of one page, every layer */
+    int64_t token_elements;    /* elements one token takes in one layer */
+} sneppx_kv_cache_stats;
+
+SNEPPX_API sneppx_status sneppx_kv_cache_stats_get(sneppx_kv_cache *cache, sneppx_kv_cache_stats *stats);
+
+/* One layer's forward over a batch of sequences that continue from the cache:
+ * prefill, chunked prefill, decode and ragged mixes of them, in one call.
+ *
+ *   n_seqs         sequences in the call, each at most once
+ *   seq_ids        [n_seqs] live sequences of cache
+ *   q_lens         [n_seqs] new tokens per sequence, each >= 1; their sum at most
+ *                  SNEPPX_MAX_TOKENS
+ *   hidden_states  [sum(q_lens), hidden_size], the sequences' tokens one after another
+ *   position_ids   [sum(q_lens)], the same order; NULL = each sequence's layer
+ *                  length + 0, 1, ... (the checks of sneppx_layer_forward apply)
+ *   masks          NULL (causal + sliding window for all), or [n_seqs] planes: NULL
+ *                  (causal) or an additive [q_len, L + q_len] plane (row-major, L
+ *                  the sequence's layer length before the call), taken as final as
+ *                  in sneppx_layer_forward. Under a sliding window the columns of
+ *                  released tokens must be masked (<= -1e30).
+ *   out            [sum(q_lens), hidden_size]
+ *
+ * For each sequence the new tokens' K/V (MLA: latent rows) are appended at
+ * layer_index, then its queries attend over cached + new tokens: every row
+ * equals the row sneppx_layer_forward gives for the whole sequence. Projections
+ * run once over all the call's tokens. A layer made with mla_naive is refused
+ * (SNEPPX_ERR_UNSUPPORTED): the cache holds the absorbed form's latent rows.
+ * The cache must have been made for the layer's shape. On error nothing is
+ * written to out or to the cache. */
+SNEPPX_API sneppx_status sneppx_layer_forward_cached(sneppx_layer *layer, sneppx_kv_cache *cache, int64_t layer_index,
+                                                     int64_t n_seqs, const int64_t *seq_ids, const int64_t *q_lens,
+                                                     const float *hidden_states, const int64_t *position_ids,
+                                                     const float *const *masks, float *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,161 @@
+"""KVCache: a paged KV cache (include/sneppx/kv_cache.h) for LLMConfig.forward_mha.
+
+Rows are HF's batch rows: the cache is made with `batch` of them, each a
+sequence of the C cache; fork() adds one. The C cache is made for one layer
+shape and `num_layers` layers of it, so one KVCache serves a whole model whose
+layers each run through their own LLMConfig (forward_mha(..., layer_idx=i)).
+"""
+import ctypes
+import threading
+from typing import Any, List
+
+from ._library import lib
+from .errors import check
+
+# Mirrors of the public structs. Each call passes struct_size = sizeof the
+# mirror, so fields the C header adds later take their defaults there.
+
+
+class KVCacheOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("capacity_tokens", ctypes.c_int64),
+        ("page_size", ctypes.c_int64),
+        ("num_layers", ctypes.c_int64),
+        ("dtype", ctypes.c_int),
+    ]
+
+
+class KVCacheStats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "page_size", "num_layers", "total_pages", "free_pages", "sequences", "page_bytes", "token_elements")]
+
+
+def _count(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) and not hasattr(value, "__index__"):
+        raise TypeError(f"{name}: expected an integer, got {value!r}")
+    value = int(value.__index__())
+    if value < low:
+        raise ValueError(f"{name}: {value} must be at least {low}")
+    return value
+
+
+class KVCache:
+    """A paged KV cache of `batch` rows for one layer shape; see LLMConfig.kv_cache().
+
+    len(cache): tokens cached in its longest row (HF's get_seq_length());
+    cache.lengths: per row. fork(row) adds a row that continues from `row`
+    (pages shared, copied on write); truncate(row, n) drops tokens n..;
+    reset() empties every row. Rows are 0..len(cache.lengths)-1.
+    Calls on one KVCache are serialized by a lock; a forward holds it."""
+
+    __slots__ = ("_handle", "_destroy", "_rows", "_lock", "_config", "num_layers", "page_size",
+                 "max_tokens", "__weakref__")
+
+    def __init__(self, config: Any, batch: int, max_tokens: int, page_size: int, num_layers: int):
+        batch = _count("batch", batch, 1)
+        max_tokens = _count("max_tokens", max_tokens, 1)
+        page_size = _count("page_size", page_size, 1)
+        num_layers = _count("num_layers", num_layers, 1)
+        self._handle = None
+        self._destroy = lib.sneppx_kv_cache_destroy
+        options = KVCacheOptions()
+        lib.sneppx_kv_cache_options_init(ctypes.byref(options))
+        options.struct_size = ctypes.sizeof(KVCacheOptions)
+        pages_per_row = -(-max_tokens // page_size)
+        # The pool: every row at max_tokens, and one page per row for a fork's
+        # copy-on-write of its last page.
+        options.capacity_tokens = batch * (pages_per_row + 1) * page_size
+        options.page_size = page_size
+        options.num_layers = num_layers
+        handle = ctypes.c_void_p()
+        check(lib.sneppx_kv_cache_create(ctypes.byref(config), ctypes.byref(options), ctypes.byref(handle)))
+        self._handle = handle.value
+        self._config = config
+        self._lock = threading.RLock()
+        self._rows: List[int] = []
+        self.num_layers, self.page_size, self.max_tokens = num_layers, page_size, max_tokens
+        for _ in range(batch):
+            self._rows.append(self._add())
+
+    def __del__(self):
+        if getattr(self, "_handle", None):   # None when __init__ raised
+            self._destroy(self._handle)
+            self._handle = None
+
+    def _add(self) -> int:
+        seq_id = ctypes.c_int64()
+        check(lib.sneppx_kv_cache_add_sequence(self._handle, ctypes.byref(seq_id)))
+        return seq_id.value
+
+    def _row(self, row: Any) -> int:
+        if isinstance(row, bool) or not hasattr(row, "__index__"):
+            raise TypeError(f"row: expected an integer, got {row!r}")
+        index = row.__index__()
+        if not 0 <= index < len(self._rows):
+            raise IndexError(f"row: {index} is not a row of this cache (0..{len(self._rows) - 1})")
+        return index
+
+    @property
+    def batch(self) -> int:
+        return len(self._rows)
+
+    @property
+    def lengths(self) -> List[int]:
+        """Tokens cached per row (the largest over the layers, as sneppx_kv_cache_length)."""
+        with self._lock:
+            result = []
+            for seq_id in self._rows:
+                length = ctypes.c_int64()
+                check(lib.sneppx_kv_cache_length(self._handle, seq_id, ctypes.byref(length)))
+                result.append(length.value)
+            return result
+
+    def layer_lengths(self, layer_idx: int) -> List[int]:
+        """Tokens cached per row at one layer."""
+        with self._lock:
+            result = []
+            for seq_id in self._rows:
+                length = ctypes.c_int64()
+                check(lib.sneppx_kv_cache_layer_length(self._handle, seq_id, layer_idx, ctypes.byref(length)))
+                result.append(length.value)
+            return result
+
+    def __len__(self) -> int:
+        lengths = self.lengths
+        return max(lengths) if lengths else 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """HF's name: tokens cached at layer_idx in the longest row."""
+        lengths = self.layer_lengths(layer_idx)
+        return max(lengths) if lengths else 0
+
+    def fork(self, row: int) -> int:
+        """A new row continuing from `row` as it is now; returns its index."""
+        with self._lock:
+            child = ctypes.c_int64()
+            check(lib.sneppx_kv_cache_fork(self._handle, self._rows[self._row(row)], ctypes.byref(child)))
+            self._rows.append(child.value)
+            return len(self._rows) - 1
+
+    def truncate(self, row: int, length: int) -> None:
+        """Keeps the first `length` tokens of `row` (speculative decoding's rollback)."""
+        with self._lock:
+            seq_id = self._rows[self._row(row)]
+            check(lib.sneppx_kv_cache_truncate(self._handle, seq_id, _count("length", length, 0)))
+
+    def reset(self) -> None:
+        """Empties every row (the rows stay, with length 0)."""
+        with self._lock:
+            check(lib.sneppx_kv_cache_reset(self._handle))
+            self._rows = [self._add() for _ in self._rows]
+
+    def stats(self) -> dict:
+        """Pool figures: page_size, num_layers, total_pages, free_pages, sequences, page_bytes, token_elements."""
+        stats = KVCacheStats()
+        check(lib.sneppx_kv_cache_stats_get(self._handle, ctypes.byref(stats)))
+        return {name: getattr(stats, name) for name, _ in KVCacheStats._fields_}
+
+    def __repr__(self) -> str:
+        return (f"KVCache(batch={self.batch}, lengths={self.lengths}, page_size={self.page_size}, "
+                f"num_layers={self.num_layers})")

@@ -1,0 +1,422 @@
+/* One layer's forward over sequences that continue from a paged KV cache
+ * (include/sneppx/kv_cache.h): the projections of every new token at once
+ * (one GEMM stream per step), their K/V (MLA: latent rows) appended to the
+ * pages, then attention per (sequence, K/V head, query tile) over the keys
+ * gathered from the pages, with the layer's own flash or SDPA kernel. The
+ * kernels take queries as the last q_len of kv_len positions, so a tile is
+ * one kernel call over its gathered keys, in the same key coordinates as the
+ * cache-free forward. */
+#include <omp.h>
+#include <string.h>
+
+#include "error.h"
+#include "forward.h"
+#include "kv_cache_internal.h"
+#include "rope_tables.h"
+#include "sneppx_abi.h"
+#include "threads.h"
+#include "workspace.h"
+
+/* One sequence of the call. */
+struct cached_sequence {
+    struct sneppx_kv_sequence *seq;
+    int64_t token0;       /* its first row in hidden_states / out */
+    int64_t q_len;
+    int64_t past;         /* its layer length before the call */
+    int64_t first_held;   /* the first token its pages still hold */
+    int64_t tile0;        /* its first attention tile */
+    const float *mask;    /* [q_len, past + q_len] or NULL (causal) */
+};
+
+/* Where the call's bookkeeping lives in ws->plan. */
+struct cached_plan {
+    struct cached_sequence *sequences;  /* [n_seqs] */
+    struct sneppx_kv_sequence **seqs;   /* [n_seqs], for kv_cache.c */
+    int64_t *positions;                 /* [tokens] */
+};
+
+static int64_t plan_bytes(int64_t n_seqs, int64_t tokens)
+{
+    return n_seqs * (int64_t)(sizeof(struct cached_sequence) + sizeof(struct sneppx_kv_sequence *)) +
+           tokens * (int64_t)sizeof(int64_t);
+}
+
+static struct cached_plan plan_in(void *memory, int64_t n_seqs)
+{
+    struct cached_plan plan;
+    plan.sequences = memory;
+    plan.seqs = (struct sneppx_kv_sequence **)(plan.sequences + n_seqs);
+    plan.positions = (int64_t *)(plan.seqs + n_seqs);
+    return plan;
+}
+
+static int64_t next_power_of_two(int64_t value)
+{
+    int64_t power = 64;
+    while (power < value)
+        power *= 2;
+    return power;
+}
+
+/* Floats one gathered key takes (K and V; MLA: one latent row, K and V at once). */
+static int64_t gathered_key_floats(const sneppx_kv_cache *cache)
+{
+    const struct sneppx_kv_shape *shape = &cache->shape;
+    return shape->is_mla ? shape->kv_lora_rank + shape->rope_dim : shape->head_dim + shape->v_head_dim;
+}
+
+/* ---- element conversion: the cache's dtype <-> float ---- */
+
+static void store_elements(const sneppx_kv_cache *cache, unsigned char *dst, const float *src, int64_t count)
+{
+    switch (cache->dtype) {
+    case SNEPPX_KV_FLOAT32:
+    case SNEPPX_KV_DTYPE_COUNT:
+        memcpy(dst, src, (size_t)count * sizeof(float));
+        break;
+    }
+}
+
+static void load_elements(const sneppx_kv_cache *cache, float *dst, const unsigned char *src, int64_t count)
+{
+    switch (cache->dtype) {
+    case SNEPPX_KV_FLOAT32:
+    case SNEPPX_KV_DTYPE_COUNT:
+        memcpy(dst, src, (size_t)count * sizeof(float));
+        break;
+    }
+}
+
+/* Keys [lo, hi) of K/V head kv_head of seq at `layer`, copied from its pages to
+ * k [hi - lo][head_dim] and v [hi - lo][v_head_dim] (MLA: latent rows to k, v
+ * unused). The only place attention reads the pages: a kernel that reads them
+ * in place (decode) replaces this copy. */
+static void gather_sequence_kv(const sneppx_kv_cache *cache, const struct sneppx_kv_sequence *seq, int64_t layer,
+                               int64_t kv_head, int64_t lo, int64_t hi, float *k, float *v)
+{
+    const int64_t elem = cache->elem_size, page_size = cache->page_size;
+    const struct sneppx_kv_shape *shape = &cache->shape;
+    for (int64_t token = lo; token < hi;) {
+        const int64_t slot = token & (page_size - 1);
+        const int64_t run = page_size - slot < hi - token ? page_size - slot : hi - token;
+        const unsigned char *block = sneppx_kv_block(cache, sneppx_kv_page_of(cache, seq, token), layer);
+        if (shape->is_mla) {
+            const int64_t latent = shape->kv_lora_rank + shape->rope_dim;
+            load_elements(cache, k + (token - lo) * latent, block + sneppx_kv_latent_offset(cache, slot) * elem,
+                          run * latent);
+        } else {
+            load_elements(cache, k + (token - lo) * shape->head_dim,
+                          block + sneppx_kv_k_offset(cache, kv_head, slot) * elem, run * shape->head_dim);
+            load_elements(cache, v + (token - lo) * shape->v_head_dim,
+                          block + sneppx_kv_v_offset(cache, kv_head, slot) * elem, run * shape->v_head_dim);
+        }
+        token += run;
+    }
+}
+
+/* The call's sequence that token row t belongs to (sequences sorted by token0). */
+static const struct cached_sequence *sequence_of_token(const struct cached_sequence *sequences, int64_t n_seqs,
+                                                       int64_t t)
+{
+    int64_t lo = 0, hi = n_seqs - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (sequences[mid].token0 <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return &sequences[lo];
+}
+
+/* Appends every new token's K and V (MLA: latent row) to its sequence's pages. */
+static void append_tokens(const sneppx_layer *layer, const sneppx_kv_cache *cache, int64_t layer_index,
+                          const struct sneppx_workspace *ws, const struct cached_sequence *sequences, int64_t n_seqs,
+                          int64_t tokens)
+{
+    const struct sneppx_kv_shape *shape = &cache->shape;
+    const int64_t elem = cache->elem_size;
+#pragma omp parallel for schedule(static) num_threads(sneppx_thread_count(layer))
+    for (int64_t t = 0; t < tokens; t++) {
+        const struct cached_sequence *s = sequence_of_token(sequences, n_seqs, t);
+        const int64_t token = s->past + (t - s->token0), slot = token & (cache->page_size - 1);
+        unsigned char *block = sneppx_kv_block(cache, sneppx_kv_page_of(cache, s->seq, token), layer_index);
+        if (shape->is_mla) {
+            const int64_t latent = layer->latent_dim;
+            store_elements(cache, block + sneppx_kv_latent_offset(cache, slot) * elem, ws->latent + t * latent, latent);
+            continue;
+        }
+        const float *row = ws->qkv + t * layer->qkv_dim;
+        for (int64_t h = 0; h < shape->kv_heads; h++) {
+            store_elements(cache, block + sneppx_kv_k_offset(cache, h, slot) * elem,
+                           row + layer->q_dim + h * shape->head_dim, shape->head_dim);
+            store_elements(cache, block + sneppx_kv_v_offset(cache, h, slot) * elem,
+                           row + layer->q_dim + layer->kv_dim + h * shape->v_head_dim, shape->v_head_dim);
+        }
+    }
+}
+
+/* Attention of every query tile of every sequence, per K/V head. */
+static void attend(const sneppx_layer *layer, const sneppx_kv_cache *cache, int64_t layer_index,
+                   const struct sneppx_workspace *ws, const sneppx_kernel *const kernels[2],
+                   const struct cached_sequence *sequences, int64_t n_seqs, int64_t tile_rows)
+{
+    const int threads = sneppx_thread_count(layer);
+    const int64_t kv_heads = layer->kv_heads, group = layer->attn_group;
+    const int64_t dq = layer->attn_head_dim, dv = layer->attn_v_head_dim;
+    const int64_t tiles = sequences[n_seqs - 1].tile0 +
+                          (sequences[n_seqs - 1].q_len + tile_rows - 1) / tile_rows;
+    /* Where the queries are and where the output goes, as forward.c lays them out. */
+    const float *q_base = layer->is_mla ? ws->q_absorbed : ws->qkv;
+    const int64_t q_stride = layer->is_mla ? layer->config.num_attention_heads * layer->latent_dim : layer->qkv_dim;
+    const int64_t o_stride = group * kv_heads * dv;
+    const int64_t window = cache->shape.window;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t task = 0; task < tiles * kv_heads; task++) {
+        const int64_t kv_head = task % kv_heads, tile = task / kv_heads;
+        /* The sequence of this tile: the last tile0 <= tile. */
+        int64_t lo_s = 0, hi_s = n_seqs - 1;
+        while (lo_s < hi_s) {
+            const int64_t mid = (lo_s + hi_s + 1) / 2;
+            if (sequences[mid].tile0 <= tile)
+                lo_s = mid;
+            else
+                hi_s = mid - 1;
+        }
+        const struct cached_sequence *s = &sequences[lo_s];
+        /* Within a sequence the last tiles (most keys) go first. */
+        const int64_t own_tiles = (s->q_len + tile_rows - 1) / tile_rows;
+        const int64_t row_begin = (own_tiles - 1 - (tile - s->tile0)) * tile_rows;
+        const int64_t row_end = row_begin + tile_rows < s->q_len ? row_begin + tile_rows : s->q_len;
+        const int64_t first = s->past + row_begin, last = s->past + row_end - 1;
+        int64_t key_lo = s->first_held, key_hi = s->past + s->q_len;
+        if (!s->mask) {
+            key_hi = last + 1;
+            if (window > 0 && first - window + 1 > key_lo)
+                key_lo = first - window + 1;
+        }
+        float *scratch = ws->thread_scratch + omp_get_thread_num() * ws->thread_scratch_floats;
+        float *k = scratch + ws->thread_gather_offset;
+        float *v = layer->is_mla ? k : k + (key_hi - key_lo) * dq;
+        gather_sequence_kv(cache, s->seq, layer_index, kv_head, key_lo, key_hi, k, v);
+
+        struct sneppx_args args;
+        memset(&args, 0, sizeof args);
+        args.struct_size = sizeof args;
+        args.abi_version = SNEPPX_ABI_VERSION;
+        args.row_begin = 0;
+        args.row_end = row_end - row_begin;
+        args.q = q_base + (s->token0 + row_begin) * q_stride + kv_head * group * dq;
+        args.q_stride = q_stride;
+        args.k = k;
+        args.k_stride = layer->is_mla ? layer->latent_dim : dq;
+        args.v = v;
+        args.v_stride = layer->is_mla ? layer->latent_dim : dv;
+        args.o = ws->attn_out + (s->token0 + row_begin) * o_stride + kv_head * group * dv;
+        args.o_stride = o_stride;
+        /* The tile's queries are the last of the gathered keys' positions: its
+         * first query sits at key index first - key_lo. */
+        args.kv_len = key_hi - key_lo;
+        args.q_len = args.kv_len - (first - key_lo);
+        if (s->mask) {
+            args.mask = s->mask + row_begin * (s->past + s->q_len) + key_lo;
+            args.mask_stride = s->past + s->q_len;
+        }
+        args.softmax_scale = layer->softmax_scale;
+        args.scratch = scratch;
+        kernels[s->mask != NULL]->entry[SNEPPX_ENTRY_RUN](&args);
+    }
+}
+
+static sneppx_status check_shape(const sneppx_layer *layer, const sneppx_kv_cache *cache)
+{
+    const struct sneppx_kv_shape *shape = &cache->shape;
+    const sneppx_config *c = &layer->config;
+    if (layer->is_mla && c->mla_naive)
+        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED,
+                           "layer: made with mla_naive; the cache holds the absorbed form's latent rows "
+                           "(create the layer with mla_naive 0)");
+    if (layer->is_mla != shape->is_mla)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "cache: made for %s layers, this layer is %s",
+                           shape->is_mla ? "MLA" : "standard", layer->is_mla ? "MLA" : "standard");
+    if (layer->is_mla && (shape->kv_lora_rank != c->kv_lora_rank || shape->rope_dim != c->qk_rope_head_dim))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "cache: made for latent rows of kv_lora_rank %lld + qk_rope_head_dim %lld, this layer "
+                           "has %lld + %lld",
+                           (long long)shape->kv_lora_rank, (long long)shape->rope_dim, (long long)c->kv_lora_rank,
+                           (long long)c->qk_rope_head_dim);
+    if (!layer->is_mla && (shape->kv_heads != layer->kv_heads || shape->head_dim != layer->head_dim ||
+                           shape->v_head_dim != layer->v_head_dim || shape->window != layer->attn_window))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "cache: made for %lld K/V heads of head_dim %lld, sliding_window %lld; this layer has "
+                           "%lld of %lld, sliding_window %lld",
+                           (long long)shape->kv_heads, (long long)shape->head_dim, (long long)shape->window,
+                           (long long)layer->kv_heads, (long long)layer->head_dim, (long long)layer->attn_window);
+    return SNEPPX_OK;
+}
+
+/* Arguments that need no cache lookup; *tokens = sum(q_lens). */
+static sneppx_status check_arguments(const sneppx_layer *layer, const sneppx_kv_cache *cache, int64_t layer_index,
+                                     int64_t n_seqs, const int64_t *seq_ids, const int64_t *q_lens,
+                                     const float *hidden_states, const float *out, int64_t *tokens)
+{
+    if (!layer)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer: must not be NULL");
+    if (!cache)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "cache: must not be NULL");
+    if (layer_index < 0 || layer_index >= cache->num_layers)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer_index: %lld must be in [0, %lld) (the cache's num_layers)",
+                           (long long)layer_index, (long long)cache->num_layers);
+    sneppx_status status = check_shape(layer, cache);
+    if (status != SNEPPX_OK)
+        return status;
+    if (n_seqs < 1 || n_seqs > SNEPPX_FORWARD_MAX_TOKENS)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "n_seqs: %lld must be in [1, 2^26]", (long long)n_seqs);
+    if (!seq_ids)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "seq_ids: must not be NULL");
+    if (!q_lens)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "q_lens: must not be NULL");
+    if (!hidden_states)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "hidden_states: must not be NULL");
+    if (!out)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "out: must not be NULL");
+    int64_t total = 0;
+    for (int64_t i = 0; i < n_seqs; i++) {
+        if (q_lens[i] < 1)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "q_lens[%lld]: %lld must be at least 1", (long long)i,
+                               (long long)q_lens[i]);
+        if (q_lens[i] > SNEPPX_FORWARD_MAX_TOKENS - total)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "q_lens: the call's tokens (sum of q_lens) exceed SNEPPX_MAX_TOKENS (2^26) at q_lens[%lld]",
+                               (long long)i);
+        total += q_lens[i];
+    }
+    const int64_t per_token =
+        sneppx_forward_floats_per_token(layer->qkv_dim, layer->attn_dim, layer->config.hidden_size);
+    if (total * per_token > SNEPPX_FORWARD_MAX_FLOATS)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "q_lens: %lld tokens of %lld activation floats each exceed 2^40 floats", (long long)total,
+                           (long long)per_token);
+    *tokens = total;
+    return SNEPPX_OK;
+}
+
+/* Under a sliding window the pages of old tokens are gone: a mask may not let a query see them. */
+static sneppx_status check_masks(const struct cached_sequence *sequences, int64_t n_seqs)
+{
+    for (int64_t i = 0; i < n_seqs; i++) {
+        const struct cached_sequence *s = &sequences[i];
+        if (!s->mask)
+            continue;
+        for (int64_t row = 0; row < s->q_len; row++)
+            for (int64_t key = 0; key < s->first_held; key++)
+                if (s->mask[row * (s->past + s->q_len) + key] > SNEPPX_MASKED_BELOW)
+                    return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                                       "masks[%lld]: row %lld lets the query see token %lld, which the sliding "
+                                       "window already released (tokens before %lld are gone; mask them)",
+                                       (long long)i, (long long)row, (long long)key, (long long)s->first_held);
+    }
+    return SNEPPX_OK;
+}
+
+sneppx_status sneppx_layer_forward_cached(sneppx_layer *layer, sneppx_kv_cache *cache, int64_t layer_index,
+                                          int64_t n_seqs, const int64_t *seq_ids, const int64_t *q_lens,
+                                          const float *hidden_states, const int64_t *position_ids,
+                                          const float *const *masks, float *out)
+{
+    sneppx_clear_error();
+    int64_t tokens = 0;
+    sneppx_status status =
+        check_arguments(layer, cache, layer_index, n_seqs, seq_ids, q_lens, hidden_states, out, &tokens);
+    if (status != SNEPPX_OK)
+        return status;
+
+    /* The attention kernels the call's mask modes use (compiled at first use). */
+    int any_causal = !masks, any_explicit = 0;
+    for (int64_t i = 0; masks && i < n_seqs; i++) {
+        any_causal |= masks[i] == NULL;
+        any_explicit |= masks[i] != NULL;
+    }
+    const int flash = atomic_load(&layer->use_flash);
+    const sneppx_kernel *kernels[2] = {NULL, NULL};
+    if (any_causal && (status = sneppx_layer_attention_kernel(layer, flash, 0, &kernels[0])) != SNEPPX_OK)
+        return status;
+    if (any_explicit && (status = sneppx_layer_attention_kernel(layer, flash, 1, &kernels[1])) != SNEPPX_OK)
+        return status;
+
+    /* Scratch sized by powers of two of the keys, so that a sequence growing by
+     * a token per decode step reuses its workspace. */
+    int64_t max_keys;
+    if ((status = sneppx_kv_call_measure(cache, layer_index, n_seqs, seq_ids, q_lens, &max_keys)) != SNEPPX_OK)
+        return status;
+    const int64_t key_capacity = next_power_of_two(max_keys);
+    const struct sneppx_workspace_needs needs = {key_capacity, key_capacity * gathered_key_floats(cache),
+                                                 plan_bytes(n_seqs, tokens)};
+    struct sneppx_workspace *ws;
+    if ((status = sneppx_workspace_acquire_needs(layer, tokens, &needs, &ws)) != SNEPPX_OK)
+        return status;
+    const struct cached_plan plan = plan_in(ws->plan, n_seqs);
+    const char call = 0; /* its address marks the sequences this call holds */
+    if ((status = sneppx_kv_call_begin(cache, &call, n_seqs, seq_ids, plan.seqs)) != SNEPPX_OK) {
+        sneppx_workspace_release(layer, ws);
+        return status;
+    }
+
+    /* The sequences are ours now: read them once. */
+    int64_t max_q_len = 0, token0 = 0;
+    for (int64_t i = 0; i < n_seqs; i++) {
+        struct cached_sequence *s = &plan.sequences[i];
+        s->seq = plan.seqs[i];
+        s->token0 = token0;
+        s->q_len = q_lens[i];
+        s->past = s->seq->lengths[layer_index];
+        s->first_held = sneppx_kv_first_held(cache, s->seq);
+        s->mask = masks ? masks[i] : NULL;
+        token0 += s->q_len;
+        max_q_len = s->q_len > max_q_len ? s->q_len : max_q_len;
+        if (s->past + s->q_len - s->first_held > key_capacity)
+            status = sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                                 "seq_ids[%lld]: sequence %lld changed during the call (another call used it at the "
+                                 "same time)",
+                                 (long long)i, (long long)seq_ids[i]);
+        for (int64_t j = 0; j < s->q_len; j++)
+            plan.positions[s->token0 + j] = position_ids ? position_ids[s->token0 + j] : s->past + j;
+    }
+    const int64_t tile_rows =
+        sneppx_attention_tile_rows(max_q_len, n_seqs, layer->kv_heads, sneppx_thread_count(layer));
+    for (int64_t i = 0, tile0 = 0; i < n_seqs; i++) {
+        plan.sequences[i].tile0 = tile0;
+        tile0 += (plan.sequences[i].q_len + tile_rows - 1) / tile_rows;
+    }
+    const sneppx_config *config = &layer->config;
+    char message[256];
+    int64_t max_position = 0;
+    if (status == SNEPPX_OK &&
+        sneppx_forward_check_positions(plan.positions, tokens, tokens, config->max_position_embeddings,
+                                       config->rope_scaling.type == SNEPPX_ROPE_DYNAMIC,
+                                       position_ids ? " (extend_context() raises it)"
+                                                    : " (position_ids NULL: the sequence's length + i; "
+                                                      "extend_context() raises it)",
+                                       &max_position, message, sizeof message))
+        status = sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s", message);
+    if (status == SNEPPX_OK)
+        status = check_masks(plan.sequences, n_seqs);
+    if (status == SNEPPX_OK)
+        status = sneppx_rope_tables(layer, tokens, tokens, plan.positions, max_position, ws->cos, ws->sin);
+    if (status == SNEPPX_OK)
+        status = sneppx_kv_call_reserve(cache, layer_index, n_seqs, plan.seqs, q_lens);
+    if (status != SNEPPX_OK) {
+        sneppx_kv_call_end(cache, layer_index, n_seqs, plan.seqs, q_lens, 0);
+        sneppx_workspace_release(layer, ws);
+        return status;
+    }
+
+    /* Every page is reserved: nothing fails from here. */
+    sneppx_forward_project(layer, ws, tokens, hidden_states);
+    append_tokens(layer, cache, layer_index, ws, plan.sequences, n_seqs, tokens);
+    attend(layer, cache, layer_index, ws, kernels, plan.sequences, n_seqs, tile_rows);
+    sneppx_forward_output(layer, ws, tokens, out);
+    sneppx_kv_call_end(cache, layer_index, n_seqs, plan.seqs, q_lens, 1);
+    sneppx_workspace_release(layer, ws);
+    return SNEPPX_OK;
+}
