@@ -29,6 +29,7 @@ static const struct {
 } stage_names[] = {
     {"peak", BENCH_STAGE_PEAK},     {"gemm", BENCH_STAGE_GEMM}, {"attention", BENCH_STAGE_ATTENTION},
     {"layer", BENCH_STAGE_LAYER},   {"jit", BENCH_STAGE_JIT},   {"memory", BENCH_STAGE_MEMORY},
+    {"decode", BENCH_STAGE_DECODE},
 };
 
 static void usage(FILE *to)
@@ -37,9 +38,10 @@ static void usage(FILE *to)
             "usage: sneppx-bench [--quick] [--stages LIST] [--csv FILE] [--plot FILE.png] [--gemm-tile RxC]\n"
             "  Measures the machine's FMA peak and read bandwidth, then sneppx's projections (vs OpenBLAS),\n"
             "  attention (flash vs SDPA), whole layers (vs PyTorch when /usr/bin/python3 has torch),\n"
-            "  JIT compile and cache times, and the peak memory of a long flash forward.\n"
+            "  JIT compile and cache times, the peak memory of a long flash forward, and decode\n"
+            "  attention over a paged K/V cache (vs the read bandwidth).\n"
             "  --quick        tiny sizes, one repeat: checks that the bench runs (no timing meaning)\n"
-            "  --stages LIST  comma-separated subset of peak,gemm,attention,layer,jit,memory\n"
+            "  --stages LIST  comma-separated subset of peak,gemm,attention,layer,jit,memory,decode\n"
             "                 (the peak stage always runs: every fraction of peak needs it)\n"
             "  --csv FILE     one row per measurement\n"
             "  --plot FILE    PNG chart of GFLOP/s against T per stage (bench/plot.py; writes FILE.csv\n"
@@ -243,6 +245,7 @@ int main(int argc, char **argv)
         {BENCH_STAGE_LAYER, "layer", bench_stage_layer},
         {BENCH_STAGE_JIT, "jit", bench_stage_jit},
         {BENCH_STAGE_MEMORY, "memory", bench_stage_memory},
+        {BENCH_STAGE_DECODE, "decode", bench_stage_decode},
     };
     for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++) {
         if (!(ctx.stages & stages[i].bit))
