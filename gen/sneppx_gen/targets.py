@@ -58,8 +58,11 @@ Why each value:
   rows x decode_nj keys of Q.K partial sums (plus a key vector each and one q
   vector), decode_rows rows x decode_ne value vectors for P.V (plus decode_ne
   value loads; the probability is a broadcast operand). v16: 4 x 4 = 16
-  accumulators + 5 of 32 zmm; v8: 2 x 4 = 8 + 5 of 16 ymm. decode_nj divides
-  the 64-key tile; a last partial row or key group repeats its last one.
+  accumulators + 5 of 32 zmm; v8: 2 x 4 = 8 + 5 of 16 ymm. The rows x keys
+  partial sums are one vector's lanes once summed (a shuffle tree, 15 adds for
+  16 sums where 16 horizontal sums took ~3x the instructions), so
+  decode_rows x decode_nj is the vector width; decode_nj divides the 64-key
+  tile; a last partial row or key group repeats its last one.
 """
 from dataclasses import dataclass
 from typing import Tuple
@@ -106,8 +109,10 @@ class Target:
         require(HEAD_DIM_MULTIPLE % self.flash_ne == 0,
                 f"flash_ne {self.flash_ne} does not divide the head dim step {HEAD_DIM_MULTIPLE}")
         require(64 % self.decode_nj == 0, f"decode_nj {self.decode_nj} does not divide the 64-key tile")
-        require(self.decode_rows >= 1 and self.decode_ne >= 1,
-                f"decode_rows {self.decode_rows} and decode_ne {self.decode_ne} must be at least 1")
+        require(self.decode_ne >= 1, f"decode_ne {self.decode_ne} is not at least 1")
+        # attn_decode sums its decode_rows x decode_nj dot products into one vector's lanes.
+        require(self.decode_rows * self.decode_nj == vw,
+                f"decode_rows {self.decode_rows} x decode_nj {self.decode_nj} is not the vector width {vw}")
 
 
 TARGETS: Tuple[Target, ...] = (
