@@ -17,8 +17,9 @@ enum bench_stage {
     BENCH_STAGE_LAYER = 1 << 3,
     BENCH_STAGE_JIT = 1 << 4,
     BENCH_STAGE_MEMORY = 1 << 5,
-    BENCH_STAGE_GENERATE = 1 << 6,
-    BENCH_STAGE_ALL = (1 << 7) - 1
+    BENCH_STAGE_DECODE = 1 << 6,
+    BENCH_STAGE_GENERATE = 1 << 7,
+    BENCH_STAGE_ALL = (1 << 8) - 1
 };
 
 struct bench_context {
@@ -48,6 +49,7 @@ void bench_stage_attention(struct bench_context *ctx);
 void bench_stage_layer(struct bench_context *ctx);
 void bench_stage_jit(struct bench_context *ctx);
 void bench_stage_memory(struct bench_context *ctx);
+void bench_stage_decode(struct bench_context *ctx);
 void bench_stage_generate(struct bench_context *ctx);
 
 /* The performance targets (docs/PERFORMANCE.md) against the rows recorded so far: met or MISS, and by how much. */

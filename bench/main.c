@@ -29,7 +29,7 @@ static const struct {
 } stage_names[] = {
     {"peak", BENCH_STAGE_PEAK},     {"gemm", BENCH_STAGE_GEMM}, {"attention", BENCH_STAGE_ATTENTION},
     {"layer", BENCH_STAGE_LAYER},   {"jit", BENCH_STAGE_JIT},   {"memory", BENCH_STAGE_MEMORY},
-    {"generate", BENCH_STAGE_GENERATE},
+    {"decode", BENCH_STAGE_DECODE}, {"generate", BENCH_STAGE_GENERATE},
 };
 
 static void usage(FILE *to)
@@ -38,11 +38,12 @@ static void usage(FILE *to)
             "usage: sneppx-bench [--quick] [--stages LIST] [--csv FILE] [--plot FILE.png] [--gemm-tile RxC]\n"
             "  Measures the machine's FMA peak and read bandwidth, then sneppx's projections (vs OpenBLAS),\n"
             "  attention (flash vs SDPA), whole layers (vs PyTorch when /usr/bin/python3 has torch),\n"
-            "  JIT compile and cache times, the peak memory of a long flash forward, and generation\n"
-            "  through the KV cache (decode vs llama.cpp and PyTorch from $SNEPPX_BENCH_VENV).\n"
+            "  JIT compile and cache times, the peak memory of a long flash forward, decode attention\n"
+            "  over a paged K/V cache (vs the read bandwidth), and generation through the KV cache\n"
+            "  (decode vs llama.cpp and PyTorch from $SNEPPX_BENCH_VENV).\n"
             "  --quick        tiny sizes, one repeat: checks that the bench runs (no timing meaning)\n"
-            "  --stages LIST  comma-separated subset of peak,gemm,attention,layer,jit,memory,generate\n"
-            "                 (the peak stage always runs: every fraction of peak needs it)\n"
+            "  --stages LIST  comma-separated subset of peak,gemm,attention,layer,jit,memory,decode,\n"
+            "                 generate\n"            "                 (the peak stage always runs: every fraction of peak needs it)\n"
             "  --csv FILE     one row per measurement\n"
             "  --plot FILE    PNG chart of GFLOP/s against T per stage (bench/plot.py; writes FILE.csv\n"
             "                 too unless --csv is given)\n"
@@ -247,6 +248,7 @@ int main(int argc, char **argv)
         {BENCH_STAGE_LAYER, "layer", bench_stage_layer},
         {BENCH_STAGE_JIT, "jit", bench_stage_jit},
         {BENCH_STAGE_MEMORY, "memory", bench_stage_memory},
+        {BENCH_STAGE_DECODE, "decode", bench_stage_decode},
         {BENCH_STAGE_GENERATE, "generate", bench_stage_generate},
     };
     for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++) {

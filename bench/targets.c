@@ -74,6 +74,25 @@ static void check_flash(int threads)
     verdict(0, 0, "flash attention causal T = 2048, d 128: >= 50% of FMA peak", "");
 }
 
+/* Decode attention, llama3-8B's shape at 4096 keys, batch 1: K/V streamed at >= 85% of read bandwidth. */
+static void check_decode(int threads)
+{
+    static const char target[] = "decode d128 g4 b1, 4096 keys: >= 85% of read bandwidth";
+    for (size_t i = 0; i < bench_row_count(); i++) {
+        struct bench_row_view row;
+        bench_row_at(i, &row);
+        const struct bench_result *r = row.result;
+        if (is(&row, "decode", "decode") && r->threads == threads && r->tokens == 4096 &&
+            strcmp(r->case_name, "llama3-8B b1") == 0) {
+            char detail[96];
+            snprintf(detail, sizeof detail, "%.0f%% of read bandwidth", 100 * bench_peak_fraction(r));
+            verdict(1, bench_peak_fraction(r) >= 0.85, target, detail);
+            return;
+        }
+    }
+    verdict(0, 0, target, "");
+}
+
 static void check_layer(int threads)
 {
     int found = 0, compared = 0, all_faster = 1;
@@ -208,6 +227,7 @@ void bench_report_targets(const struct bench_context *ctx)
     bench_report_section(title, NULL);
     check_projections(threads);
     check_flash(threads);
+    check_decode(threads);
     check_memory();
     check_layer(threads);
     check_scaling(threads);

@@ -50,6 +50,9 @@ static void test_formats(test_tally *tally)
     check_key(tally, "rope", rope_inter, V8, "rope-r64-inter-v8");
     const int64_t rmsnorm[] = {512};
     check_key(tally, "rmsnorm", rmsnorm, V16, "rmsnorm-n512-v16");
+    const int64_t decode[] = {128, 128, 4, 0, 1}, decode_mla[] = {576, 512, 16, 0, 2};
+    check_key(tally, "attn_decode", decode, V16, "attn_decode-d128-dv128-g4-w0-causal-v16");
+    check_key(tally, "attn_decode", decode_mla, V8, "attn_decode-d576-dv512-g16-w0-mask-v8");
 }
 
 static void test_errors(test_tally *tally)
@@ -101,6 +104,13 @@ static void test_errors(test_tally *tally)
                           flash_family->field_multiple[0] == SNEPPX_HEAD_DIM_MULTIPLE &&
                           flash_family->field_max[2] == SNEPPX_MAX_HEADS,
                "attn_flash's ranges are not the config bounds of sneppx/limits.h");
+    /* attn_decode takes the attention fields' ranges. */
+    const struct sneppx_kernel_family *decode_family = sneppx_kernel_family_find("attn_decode");
+    TEST_CHECK(tally, decode_family && flash_family && decode_family->field_count == flash_family->field_count &&
+                          memcmp(decode_family->field_max, flash_family->field_max,
+                                 sizeof(int64_t) * (size_t)flash_family->field_count) == 0,
+               "attn_decode's ranges are not attn_flash's");
+    check_rejected(tally, "attn_decode", odd_head, V16, SNEPPX_KEY_MAX, "(head_dim of attn_decode) = 72 is not a multiple of 16");
     /* "attn_flash-d128-dv128-g4-w0-causal-v16" is 38 characters: 38 bytes cannot hold it. */
     check_rejected(tally, "attn_flash", flash, V16, 38, "key_size");
     check_key(tally, "attn_flash", flash, V16, "attn_flash-d128-dv128-g4-w0-causal-v16");

@@ -13,10 +13,14 @@
     build targets                     the names of the targets kernels are built for
                                       (targets.py, a CMake list)
     build jit-source --family F --target NAME -o FILE
+    build aot-source --family F --target NAME --value NAME=V ... -o FILE
+                                      one key's kernel alone, values as literals (a choice
+                                      field takes its name: mask_mode=causal)
     build kernel-table --bitcode FAMILY:TARGET:PATH ... -o FILE
 """
 import argparse
-from typing import List
+import sys
+from typing import Dict, List
 
 from . import archs, python_fields, render, tables
 from .kernels import KERNELS
@@ -37,10 +41,34 @@ def _parser() -> argparse.ArgumentParser:
     jit.add_argument("--family", required=True, choices=sorted(KERNELS))
     jit.add_argument("--target", required=True, choices=TARGET_NAMES)
     jit.add_argument("-o", "--output", required=True)
+    aot = sub.add_parser("aot-source")
+    aot.add_argument("--family", required=True, choices=sorted(KERNELS))
+    aot.add_argument("--target", required=True, choices=TARGET_NAMES)
+    aot.add_argument("--value", action="append", default=[], metavar="NAME=V")
+    aot.add_argument("-o", "--output", required=True)
     table = sub.add_parser("kernel-table")
     table.add_argument("--bitcode", action="append", default=[], metavar="FAMILY:TARGET:PATH")
     table.add_argument("-o", "--output", required=True)
     return parser
+
+
+def _key_values(family: str, pairs: List[str]) -> Dict[str, int]:
+    """--value NAME=V pairs as a key's values; ValueError naming the pair at fault."""
+    fields = {f.name: f for f in KERNELS[family].fields}
+    values: Dict[str, int] = {}
+    for pair in pairs:
+        name, _, text = pair.partition("=")
+        if name not in fields:
+            raise ValueError(f"--value {pair}: {family} has no field {name!r} ({', '.join(fields)})")
+        if name in values:
+            raise ValueError(f"--value {pair}: {name} is given twice")
+        choices = fields[name].choices
+        try:
+            values[name] = choices.index(text) if choices and text in choices else int(text)
+        except ValueError:
+            raise ValueError(f"--value {pair}: {text!r} is not an integer"
+                             + (f" or one of {', '.join(choices)}" if choices else "")) from None
+    return values
 
 
 def main(argv: List[str]) -> int:
@@ -71,6 +99,13 @@ def main(argv: List[str]) -> int:
         text = tables.model_types_c()
     elif args.what == "jit-source":
         text = render.render_kernel(args.family, target_named(args.target), "jit")
+    elif args.what == "aot-source":
+        try:
+            values = _key_values(args.family, args.value)
+            text = render.render_kernel(args.family, target_named(args.target), "aot", values)
+        except ValueError as error:
+            print(f"sneppx-gen build aot-source: {error}", file=sys.stderr)
+            return 1
     else:
         bitcodes = []
         for spec in args.bitcode:

@@ -75,6 +75,8 @@ KERNELS: Dict[str, Kernel] = {k.family: k for k in (
     Kernel("rmsnorm", "rmsnorm.c.j2", (Field("n", "n", 1, MAX_DIM),)),
     Kernel("attn_flash", "attn_flash.c.j2", ATTN_FIELDS),
     Kernel("attn_sdpa", "attn_sdpa.c.j2", ATTN_FIELDS),
+    # Decode over a paged K/V cache, few queries (q_len is run time), split-KV ready.
+    Kernel("attn_decode", "attn_decode.c.j2", ATTN_FIELDS),
 )}
 
 

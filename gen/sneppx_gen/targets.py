@@ -55,6 +55,16 @@ Why each value:
   accumulators + 2 loads of 32 zmm; at v8 2 x 8 would not fit 16 ymm, and
   both must divide what they step over (a 64-key tile, 16-dim head steps),
   so 4. One NJ-key score tile: a last partial group repeats its last key.
+- decode_rows, decode_nj, decode_ne: attn_decode's register tiles when the
+  group is narrower than a vector (head dims are the lanes): decode_rows query
+  rows x decode_nj keys of Q.K partial sums (plus a key vector each and one q
+  vector), decode_rows rows x decode_ne value vectors for P.V (plus decode_ne
+  value loads; the probability is a broadcast operand). v16: 4 x 4 = 16
+  accumulators + 5 of 32 zmm; v8: 2 x 4 = 8 + 5 of 16 ymm. The rows x keys
+  partial sums are one vector's lanes once summed (a shuffle tree, 15 adds for
+  16 sums where 16 horizontal sums took ~3x the instructions), so
+  decode_rows x decode_nj is the vector width; decode_nj divides the 64-key
+  tile; a last partial row or key group repeats its last one.
 """
 from dataclasses import dataclass
 from typing import Tuple
@@ -77,6 +87,9 @@ class Target:
     gemm_decode_sums: int
     flash_nj: int
     flash_ne: int
+    decode_rows: int
+    decode_nj: int
+    decode_ne: int
 
     def __post_init__(self) -> None:
         """Refuses tiles the templates are not written for, naming the value."""
@@ -97,13 +110,20 @@ class Target:
                 f"gemm_decode_sums {self.gemm_decode_sums} is not a multiple of gemm_decode_panels")
         require(HEAD_DIM_MULTIPLE % self.flash_ne == 0,
                 f"flash_ne {self.flash_ne} does not divide the head dim step {HEAD_DIM_MULTIPLE}")
+        require(64 % self.decode_nj == 0, f"decode_nj {self.decode_nj} does not divide the 64-key tile")
+        require(self.decode_ne >= 1, f"decode_ne {self.decode_ne} is not at least 1")
+        # attn_decode sums its decode_rows x decode_nj dot products into one vector's lanes.
+        require(self.decode_rows * self.decode_nj == vw,
+                f"decode_rows {self.decode_rows} x decode_nj {self.decode_nj} is not the vector width {vw}")
 
 
 TARGETS: Tuple[Target, ...] = (
     Target("v16", 16, ("+avx512f",), ("avx512f",), gemm_mr=14, gemm_nr=32, gemm_small_mr=4, gemm_kc=512,
-           gemm_mc=56, gemm_decode_panels=4, gemm_decode_sums=4, flash_nj=8, flash_ne=8),
+           gemm_mc=56, gemm_decode_panels=4, gemm_decode_sums=4, flash_nj=8, flash_ne=8,
+           decode_rows=4, decode_nj=4, decode_ne=4),
     Target("v8", 8, (), (), gemm_mr=6, gemm_nr=16, gemm_small_mr=4, gemm_kc=512,
-           gemm_mc=24, gemm_decode_panels=4, gemm_decode_sums=4, flash_nj=4, flash_ne=4),
+           gemm_mc=24, gemm_decode_panels=4, gemm_decode_sums=4, flash_nj=4, flash_ne=4,
+           decode_rows=2, decode_nj=4, decode_ne=4),
 )
 
 # The widths there are, each once, in the order of their first target.

@@ -1,0 +1,233 @@
+/* Decode attention (attn_decode) over a paged K/V cache: one query token per
+ * sequence against its whole context, rated in GB/s of K/V streamed against
+ * the read bandwidth the peak stage measured. llama3-8B's shape (8 K/V heads,
+ * group 4, d 128) and deepseek-v2-lite's absorbed MLA (one 576-float latent
+ * row per token shared by K and V, 16 query heads, v 512), batch 1 and 16,
+ * contexts 512 / 4096 / 32768, pages of 16 tokens in shuffled order. A batch
+ * with fewer (sequence, K/V head) pairs than 2 per thread splits each
+ * sequence's keys (split-KV) and merges the splits with
+ * sneppx_attn_decode_merge(), inside the timed run. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "kernels.h"
+#include "report.h"
+#include "tiles.h"
+
+#define PAGE_SIZE 16
+/* Cases whose cache would exceed this are left out (llama3-8B at batch 16 x 32768: 4 GiB). */
+#define POOL_BUDGET_BYTES ((int64_t)3 << 29)
+
+struct decode_shape {
+    const char *name;
+    int64_t kv_heads, group, head_dim, v_head_dim;
+    int mla; /* one latent row per token: k = v, row stride head_dim */
+};
+
+static const struct decode_shape shapes[] = {
+    {"llama3-8B", 8, 4, 128, 128, 0},
+    {"deepseek-v2-lite", 1, 16, 576, 512, 1},
+};
+static const int64_t full_contexts[] = {512, 4096, 32768}, quick_contexts[] = {64, 200};
+static const int64_t full_batches[] = {1, 16}, quick_batches[] = {1, 2};
+
+struct decode_run {
+    const sneppx_kernel *kernel;
+    const struct decode_shape *shape;
+    int threads;
+    int64_t batch, context, splits, pages_per_seq;
+    const float *q, *pool;
+    const int32_t *table; /* [batch][pages_per_seq] */
+    int64_t page_stride;
+    float *o, *split, *scratch;
+    int64_t scratch_floats;
+};
+
+/* Bytes of K/V one run reads: every key and value row of every (sequence, K/V head) once. */
+static double kv_bytes(const struct decode_shape *s, int64_t batch, int64_t context)
+{
+    const int64_t row = s->mla ? s->head_dim : s->head_dim + s->v_head_dim;
+    return 4.0 * (double)(batch * s->kv_heads * context * row);
+}
+
+static int64_t pool_floats(const struct decode_shape *s, int64_t batch, int64_t context, int64_t *page_stride)
+{
+    const int64_t pages = batch * ((context + PAGE_SIZE - 1) / PAGE_SIZE);
+    *page_stride = s->mla ? PAGE_SIZE * s->head_dim : s->kv_heads * PAGE_SIZE * (s->head_dim + s->v_head_dim);
+    return pages * *page_stride;
+}
+
+static int run_decode(void *opaque)
+{
+    const struct decode_run *run = opaque;
+    const struct decode_shape *s = run->shape;
+    const int64_t heads = s->kv_heads * s->group, splits = run->splits;
+    const int64_t split_floats = sneppx_attn_decode_split_floats(splits, 1, s->group, s->v_head_dim);
+    const int64_t tasks = run->batch * s->kv_heads * splits;
+#pragma omp parallel for schedule(static) num_threads(run->threads)
+    for (int64_t task = 0; task < tasks; task++) {
+        const int64_t sp = task % splits, h = task / splits % s->kv_heads, b = task / splits / s->kv_heads;
+        struct sneppx_args args = bench_new_args();
+        args.row_begin = 0;
+        args.row_end = 1;
+        args.q = run->q + (b * heads + h * s->group) * s->head_dim;
+        args.q_stride = heads * s->head_dim;
+        if (s->mla) {
+            args.k = args.v = run->pool;
+            args.k_stride = args.v_stride = s->head_dim;
+        } else {
+            args.k = run->pool + h * PAGE_SIZE * s->head_dim;
+            args.v = run->pool + s->kv_heads * PAGE_SIZE * s->head_dim + h * PAGE_SIZE * s->v_head_dim;
+            args.k_stride = s->head_dim;
+            args.v_stride = s->v_head_dim;
+        }
+        args.q_len = 1;
+        args.kv_len = run->context;
+        args.softmax_scale = 1.0f / sqrtf((float)s->head_dim);
+        args.scratch = run->scratch + omp_get_thread_num() * run->scratch_floats;
+        args.pages = run->table + b * run->pages_per_seq;
+        args.page_size = PAGE_SIZE;
+        args.page_stride = run->page_stride;
+        args.kv_begin = run->context * sp / splits;
+        args.kv_end = run->context * (sp + 1) / splits;
+        float *o = run->o + (b * heads + h * s->group) * s->v_head_dim;
+        if (splits == 1) {
+            args.o = o;
+            args.o_stride = heads * s->v_head_dim;
+        } else {
+            float *split = run->split + (b * s->kv_heads + h) * split_floats;
+            args.o = split + sp * s->group * s->v_head_dim;
+            args.o_stride = s->group * s->v_head_dim;
+            args.lse = split + (splits * s->v_head_dim + sp) * s->group;
+        }
+        run->kernel->entry[SNEPPX_ENTRY_RUN](&args);
+    }
+    if (splits > 1) {
+#pragma omp parallel for schedule(static) num_threads(run->threads)
+        for (int64_t pair = 0; pair < run->batch * s->kv_heads; pair++) {
+            const int64_t h = pair % s->kv_heads, b = pair / s->kv_heads;
+            sneppx_attn_decode_merge(run->split + pair * split_floats, splits, 1, s->group, s->v_head_dim,
+                                     run->o + (b * heads + h * s->group) * s->v_head_dim, heads * s->v_head_dim,
+                                     NULL);
+        }
+    }
+    return 0;
+}
+
+/* Splits per sequence so that every thread has at least 2 tasks, each of at least 256 keys. */
+static int64_t splits_for(const struct decode_shape *s, int64_t batch, int64_t context, int threads)
+{
+    int64_t splits = 1;
+    while (batch * s->kv_heads * splits < 2 * threads && context / (2 * splits) >= 256)
+        splits *= 2;
+    return splits;
+}
+
+static void measure(struct bench_context *ctx, const struct decode_shape *s,
+                    int64_t batch, int64_t context, int threads, struct decode_run *run)
+{
+    run->threads = threads;
+    run->splits = splits_for(s, batch, context, threads);
+    struct bench_result result = {.stage = "decode", .tokens = context, .threads = threads,
+                                  .unit = BENCH_UNIT_BYTES};
+    snprintf(result.impl, sizeof result.impl, "decode");
+    snprintf(result.case_name, sizeof result.case_name, "%s b%lld", s->name, (long long)batch);
+    result.work = kv_bytes(s, batch, context);
+    result.peak_rate = bench_read_bandwidth(ctx, threads);
+    const struct bench_plan plan = bench_plan_for(ctx, 5, 41, 1.5);
+    bench_measure(run_decode, run, &plan, &result.seconds);
+    /* Q.K and P.V: 2 * (d + dv) flops per key and query head. */
+    const double flops = 2.0 * (double)(s->head_dim + s->v_head_dim) * (double)(batch * s->kv_heads * s->group) *
+                         (double)context;
+    const double fma_peak = bench_fma_peak(ctx, threads);
+    char note[96];
+    snprintf(note, sizeof note, "split %lld, %.0f GFLOP/s (%.0f%% of FMA peak)", (long long)run->splits,
+             flops / result.seconds.median * 1e-9,
+             fma_peak > 0 ? 100 * flops / result.seconds.median * 1e-9 / fma_peak : 0.0);
+    bench_report_pair(&result, NULL, note);
+}
+
+static void bench_shape(struct bench_context *ctx, const struct decode_shape *s)
+{
+    const int64_t values[] = {s->head_dim, s->v_head_dim, s->group, 0, SNEPPX_MASK_CAUSAL};
+    const sneppx_kernel *kernel;
+    if (sneppx_kernel_resolve("attn_decode", values, ctx->target, &kernel) != SNEPPX_OK) {
+        fprintf(stderr, "sneppx-bench: attn_decode %s: %s\n", s->name, sneppx_last_error());
+        ctx->failures++;
+        return;
+    }
+    const int64_t *contexts = ctx->quick ? quick_contexts : full_contexts;
+    const int64_t *batches = ctx->quick ? quick_batches : full_batches;
+    const int counts = 2 + !ctx->quick;
+    const int max_threads = ctx->thread_counts[ctx->thread_count_n - 1];
+    for (int bi = 0; bi < 2; bi++)
+        for (int ci = 0; ci < counts; ci++) {
+            const int64_t batch = batches[bi], context = ci < 3 ? contexts[ci] : 0;
+            struct decode_run run = {.kernel = kernel, .shape = s, .batch = batch, .context = context};
+            const int64_t floats = pool_floats(s, batch, context, &run.page_stride);
+            if (floats * 4 > POOL_BUDGET_BYTES) {
+                printf("  %-30s %6lld | left out: its cache is %.1f GiB (> %.1f)\n", s->name, (long long)context,
+                       floats * 4.0 / (1 << 30), POOL_BUDGET_BYTES / (double)(1 << 30));
+                continue;
+            }
+            const int64_t heads = s->kv_heads * s->group;
+            run.pages_per_seq = (context + PAGE_SIZE - 1) / PAGE_SIZE;
+            run.scratch_floats = (sneppx_attn_decode_scratch_floats(1, s->group, s->head_dim, s->v_head_dim) + 15) /
+                                 16 * 16;
+            const int64_t max_splits = splits_for(s, batch, context, max_threads);
+            float *pool = bench_alloc_floats((size_t)floats);
+            float *q = bench_alloc_floats((size_t)(batch * heads * s->head_dim));
+            float *o = bench_alloc_floats((size_t)(batch * heads * s->v_head_dim));
+            float *split = bench_alloc_floats((size_t)(batch * s->kv_heads *
+                                                       sneppx_attn_decode_split_floats(max_splits, 1, s->group,
+                                                                                       s->v_head_dim)));
+            float *scratch = bench_alloc_floats((size_t)(max_threads * run.scratch_floats));
+            int32_t *table = malloc((size_t)(batch * run.pages_per_seq) * sizeof(int32_t));
+            if (pool && q && o && split && scratch && table) {
+                bench_fill_uniform(pool, floats, 31, 1.0f);
+                bench_fill_uniform(q, batch * heads * s->head_dim, 32, 1.0f);
+                /* Every page once, in a shuffled order (a cache that has run a while). */
+                const int64_t pages = batch * run.pages_per_seq;
+                uint64_t state = 0x9e3779b97f4a7c15u;
+                for (int64_t i = 0; i < pages; i++)
+                    table[i] = (int32_t)i;
+                for (int64_t i = pages - 1; i > 0; i--) {
+                    state = state * 6364136223846793005u + 1442695040888963407u;
+                    const int64_t j = (int64_t)((state >> 33) % (uint64_t)(i + 1));
+                    const int32_t t = table[i];
+                    table[i] = table[j];
+                    table[j] = t;
+                }
+                run.pool = pool;
+                run.q = q;
+                run.o = o;
+                run.split = split;
+                run.scratch = scratch;
+                run.table = table;
+                for (int t = 0; t < ctx->thread_count_n; t++)
+                    measure(ctx, s, batch, context, ctx->thread_counts[t], &run);
+            } else {
+                fprintf(stderr, "sneppx-bench: decode: out of memory\n");
+                ctx->failures++;
+            }
+            free(pool);
+            free(q);
+            free(o);
+            free(split);
+            free(scratch);
+            free(table);
+        }
+}
+
+void bench_stage_decode(struct bench_context *ctx)
+{
+    bench_report_section("decode attention: one token against a paged K/V cache (pages of 16, shuffled)",
+                         "GB/s of K/V read (every key and value once; MLA's latent row once for both); "
+                         "% = of the measured read bandwidth; split = key ranges per sequence, merged");
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        bench_shape(ctx, &shapes[i]);
+}
