@@ -11,6 +11,8 @@
  *   - position_ids with an offset; an explicit mask per sequence;
  *   - flash and SDPA; two layers sharing one cache;
  *   - under a window the pool does not grow with the sequence;
+ *   - two threads decoding their own sequences of one cache and one layer at
+ *     once, while a third adds, forks, appends to, truncates and removes others;
  *   - a warm decode step takes the workspace it released the step before.
  * Tolerances (max |got - want| / max |want| over the compared rows):
  *   vs the cache-free forward: CACHE_FREE_MAX; the same fp32 projections, the
@@ -18,6 +20,7 @@
  *     roundings apart;
  *   vs the float64 reference: REFERENCE_MAX, as the cache-free forward's own
  *     tests (test_forward_case.h explains the fp32 error budget). */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -500,6 +503,97 @@ done:
     sneppx_kv_cache_destroy(cache);
 }
 
+/* ---- calls on different sequences at once ---- */
+
+struct decoder {
+    const model *m;
+    sneppx_kv_cache *cache;
+    int64_t id, T;
+    const float *x;
+    float *got;
+    int ok;
+};
+
+static void *decode_thread(void *arg)
+{
+    struct decoder *d = arg;
+    const int64_t prefill = 10;
+    d->ok = sneppx_layer_forward_cached(d->m->layer, d->cache, 0, 1, &d->id, &prefill, d->x, NULL, NULL, d->got) ==
+            SNEPPX_OK;
+    for (int64_t t = prefill; t < d->T && d->ok; t++) {
+        const int64_t one = 1;
+        d->ok = sneppx_layer_forward_cached(d->m->layer, d->cache, 0, 1, &d->id, &one, d->x + t * HIDDEN, NULL, NULL,
+                                            d->got + t * HIDDEN) == SNEPPX_OK;
+    }
+    return NULL;
+}
+
+struct churner {
+    const model *m;
+    sneppx_kv_cache *cache;
+    int rounds, ok;
+};
+
+static void *churn_thread(void *arg)
+{
+    struct churner *c = arg;
+    float x[9 * HIDDEN], y[9 * HIDDEN];
+    test_rng rng = test_rng_seeded(3);
+    test_fill_uniform(&rng, x, 9 * HIDDEN, 1.0f);
+    c->ok = 1;
+    for (int r = 0; r < c->rounds && c->ok; r++) {
+        int64_t id = -1, child = -1;
+        const int64_t q = 9;
+        c->ok = sneppx_kv_cache_add_sequence(c->cache, &id) == SNEPPX_OK &&
+                sneppx_layer_forward_cached(c->m->layer, c->cache, 0, 1, &id, &q, x, NULL, NULL, y) == SNEPPX_OK &&
+                sneppx_kv_cache_fork(c->cache, id, &child) == SNEPPX_OK &&
+                sneppx_layer_forward_cached(c->m->layer, c->cache, 0, 1, &child, &q, x, NULL, NULL, y) == SNEPPX_OK &&
+                sneppx_kv_cache_truncate(c->cache, child, 3) == SNEPPX_OK &&
+                sneppx_kv_cache_remove_sequence(c->cache, id) == SNEPPX_OK &&
+                sneppx_kv_cache_remove_sequence(c->cache, child) == SNEPPX_OK;
+    }
+    return NULL;
+}
+
+static void test_concurrent(const model *m, uint64_t seed)
+{
+    enum { DECODERS = 2 };
+    const int64_t T = 40;
+    sneppx_kv_cache *cache = cache_make(m, 4 * MAX_T, 4, 1);
+    struct decoder d[DECODERS];
+    float *want[DECODERS] = {NULL};
+    struct churner churner = {m, cache, 20, 0};
+    memset(d, 0, sizeof d);
+    int ok = cache != NULL;
+    for (int i = 0; i < DECODERS && ok; i++) {
+        d[i] = (struct decoder){m, cache, add_sequence(cache), T, random_floats(T * HIDDEN, seed + (uint64_t)i),
+                                malloc((size_t)(T * HIDDEN) * sizeof(float)), 0};
+        want[i] = malloc((size_t)(T * HIDDEN) * sizeof(float));
+        ok = TEST_CHECK(&tally, d[i].x && d[i].got && want[i], "out of memory");
+        if (ok)
+            full_forward(m, T, d[i].x, NULL, NULL, want[i]);
+    }
+    pthread_t threads[DECODERS + 1];
+    for (int i = 0; i < DECODERS && ok; i++)
+        pthread_create(&threads[i], NULL, decode_thread, &d[i]);
+    if (ok)
+        pthread_create(&threads[DECODERS], NULL, churn_thread, &churner);
+    for (int i = 0; i <= DECODERS && ok; i++)
+        pthread_join(threads[i], NULL);
+    TEST_CHECK(&tally, !ok || churner.ok, "%s: the churning thread's calls failed", m->name);
+    for (int i = 0; i < DECODERS && ok; i++) {
+        TEST_CHECK(&tally, d[i].ok, "%s: decoder %d failed: a concurrent call broke it", m->name, i);
+        const double error = max_normalized(d[i].got, want[i], T * HIDDEN);
+        TEST_CHECK(&tally, error <= CACHE_FREE_MAX, "%s concurrent decoder %d: max normalized %.3e", m->name, i, error);
+    }
+    for (int i = 0; i < DECODERS && cache; i++) {
+        free((void *)d[i].x);
+        free(d[i].got);
+        free(want[i]);
+    }
+    sneppx_kv_cache_destroy(cache);
+}
+
 int main(void)
 {
     struct {
@@ -528,6 +622,8 @@ int main(void)
             }
             if (configs[i].config.sliding_window > 0)
                 test_window_pool(&m, 60);
+            if (i == 2)
+                test_concurrent(&m, 80);
             if (i == 5) {
                 model second;
                 if (model_make(&second, "qwen2 bias (second layer)", configs[i].config, 77)) {
