@@ -1,12 +1,16 @@
 /* One layer's forward over sequences that continue from a paged KV cache
  * (include/sneppx/kv_cache.h): the projections of every new token at once
  * (one GEMM stream per step), their K/V (MLA: latent rows) appended to the
- * pages, then attention per (sequence, K/V head, query tile) over the keys
- * gathered from the pages, with the layer's own flash or SDPA kernel. The
- * kernels take queries as the last q_len of kv_len positions, so a tile is
- * one kernel call over its gathered keys, in the same key coordinates as the
- * cache-free forward. */
+ * pages, then attention. A sequence with few new queries (decode) runs the
+ * attn_decode kernel over its pages in place, per (sequence, K/V head) and,
+ * when there are fewer such tasks than threads, per key range (split-KV,
+ * merged by log-sum-exp). Longer runs (prefill chunks) go per (sequence, K/V
+ * head, query tile) over keys gathered from the pages, with the layer's own
+ * flash or SDPA kernel. The kernels take queries as the last q_len of kv_len
+ * positions, so either is one kernel call in the same key coordinates as the
+ * cache-free forward, counted from the first token the pages still hold. */
 #include <omp.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "error.h"
@@ -24,7 +28,11 @@ struct cached_sequence {
     int64_t q_len;
     int64_t past;         /* its layer length before the call */
     int64_t first_held;   /* the first token its pages still hold */
-    int64_t tile0;        /* its first attention tile */
+    int64_t tile0;        /* its first attention tile (gathered path) */
+    int decode;           /* attends with attn_decode over the pages in place */
+    int64_t splits;       /* decode: key ranges per K/V head */
+    int64_t task0;        /* decode: its first task (kv_heads x splits of them) */
+    float *split;         /* decode with splits > 1: kv_heads regions of the splits' results */
     const float *mask;    /* [q_len, past + q_len] or NULL (causal) */
 };
 
@@ -33,21 +41,42 @@ struct cached_plan {
     struct cached_sequence *sequences;  /* [n_seqs] */
     struct sneppx_kv_sequence **seqs;   /* [n_seqs], for kv_cache.c */
     int64_t *positions;                 /* [tokens] */
+    float *splits;                      /* split-KV results, 64-byte aligned */
 };
 
-static int64_t plan_bytes(int64_t n_seqs, int64_t tokens)
+static int64_t plan_head_bytes(int64_t n_seqs, int64_t tokens)
 {
-    return n_seqs * (int64_t)(sizeof(struct cached_sequence) + sizeof(struct sneppx_kv_sequence *)) +
-           tokens * (int64_t)sizeof(int64_t);
+    const int64_t bytes = n_seqs * (int64_t)(sizeof(struct cached_sequence) + sizeof(struct sneppx_kv_sequence *)) +
+                          tokens * (int64_t)sizeof(int64_t);
+    return (bytes + 63) / 64 * 64;
 }
 
-static struct cached_plan plan_in(void *memory, int64_t n_seqs)
+static struct cached_plan plan_in(void *memory, int64_t n_seqs, int64_t tokens)
 {
     struct cached_plan plan;
     plan.sequences = memory;
     plan.seqs = (struct sneppx_kv_sequence **)(plan.sequences + n_seqs);
     plan.positions = (int64_t *)(plan.seqs + n_seqs);
+    plan.splits = (float *)((char *)memory + plan_head_bytes(n_seqs, tokens));
     return plan;
+}
+
+/* Split-KV results the call may need, from q_lens alone (before the sequences
+ * are read): the most splits any decode sequence can get, for each. */
+static int64_t split_floats_bound(const sneppx_layer *layer, int64_t n_seqs, const int64_t *q_lens)
+{
+    int64_t decode_tasks = 0;
+    for (int64_t i = 0; i < n_seqs; i++)
+        decode_tasks += q_lens[i] <= SNEPPX_DECODE_MAX_QUERIES ? layer->kv_heads : 0;
+    const int64_t splits = sneppx_decode_splits(INT64_MAX, decode_tasks, sneppx_thread_count(layer));
+    if (splits == 1)
+        return 0;
+    int64_t floats = 0;
+    for (int64_t i = 0; i < n_seqs; i++)
+        if (q_lens[i] <= SNEPPX_DECODE_MAX_QUERIES)
+            floats += layer->kv_heads * sneppx_attn_decode_split_floats(splits, q_lens[i], layer->attn_group,
+                                                                        layer->attn_v_head_dim);
+    return floats;
 }
 
 static int64_t next_power_of_two(int64_t value)
@@ -156,6 +185,109 @@ static void append_tokens(const sneppx_layer *layer, const sneppx_kv_cache *cach
     }
 }
 
+/* The sequence a task belongs to: the last one whose first task (at `offset`
+ * bytes into struct cached_sequence) is <= task. */
+static const struct cached_sequence *sequence_of_task(const struct cached_sequence *sequences, int64_t n_seqs,
+                                                      size_t offset, int64_t task)
+{
+    int64_t lo = 0, hi = n_seqs - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (*(const int64_t *)((const char *)&sequences[mid] + offset) <= task)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return &sequences[lo];
+}
+
+/* Decode attention: attn_decode over each decode sequence's pages in place,
+ * one task per (sequence, K/V head, key range); then the ranges merged. */
+static void attend_decode(const sneppx_layer *layer, const sneppx_kv_cache *cache, int64_t layer_index,
+                          const struct sneppx_workspace *ws, const sneppx_kernel *const kernels[2],
+                          const struct cached_sequence *sequences, int64_t n_seqs, int64_t tasks)
+{
+    const int threads = sneppx_thread_count(layer);
+    const int64_t kv_heads = layer->kv_heads, group = layer->attn_group;
+    const int64_t dq = layer->attn_head_dim, dv = layer->attn_v_head_dim;
+    const float *q_base = layer->is_mla ? ws->q_absorbed : ws->qkv;
+    const int64_t q_stride = layer->is_mla ? layer->config.num_attention_heads * layer->latent_dim : layer->qkv_dim;
+    const int64_t o_stride = group * kv_heads * dv;
+    /* The layer's block in page 0; attn_decode adds pages[j / page_size] * page_stride.
+     * The cache stores float32 (the only sneppx_kv_dtype the kernel reads). */
+    const float *layer_base = (const float *)sneppx_kv_block(cache, 0, layer_index);
+    const int64_t page_stride = cache->page_bytes / (int64_t)sizeof(float);
+    const int64_t window = cache->shape.window;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t task = 0; task < tasks; task++) {
+        const struct cached_sequence *s =
+            sequence_of_task(sequences, n_seqs, offsetof(struct cached_sequence, task0), task);
+        const int64_t kv_head = (task - s->task0) / s->splits, split = (task - s->task0) % s->splits;
+        /* Keys from the first held token: queries are the last q_len of kv_len. */
+        const int64_t kv_len = s->past + s->q_len - s->first_held;
+        int64_t visible_from = 0;
+        if (!s->mask && window > 0 && s->past - s->first_held - window + 1 > 0)
+            visible_from = s->past - s->first_held - window + 1;
+        const int64_t span = kv_len - visible_from;
+        struct sneppx_args args;
+        memset(&args, 0, sizeof args);
+        args.struct_size = sizeof args;
+        args.abi_version = SNEPPX_ABI_VERSION;
+        args.row_begin = 0;
+        args.row_end = s->q_len;
+        args.q = q_base + s->token0 * q_stride + kv_head * group * dq;
+        args.q_stride = q_stride;
+        if (layer->is_mla) {
+            args.k = args.v = layer_base;
+            args.k_stride = args.v_stride = layer->latent_dim;
+        } else {
+            args.k = layer_base + sneppx_kv_k_offset(cache, kv_head, 0);
+            args.v = layer_base + sneppx_kv_v_offset(cache, kv_head, 0);
+            args.k_stride = dq;
+            args.v_stride = dv;
+        }
+        args.pages = s->seq->pages;
+        args.page_size = cache->page_size;
+        args.page_stride = page_stride;
+        args.q_len = s->q_len;
+        args.kv_len = kv_len;
+        args.kv_begin = visible_from + span * split / s->splits;
+        args.kv_end = visible_from + span * (split + 1) / s->splits;
+        if (s->splits == 1) {
+            args.o = ws->attn_out + s->token0 * o_stride + kv_head * group * dv;
+            args.o_stride = o_stride;
+        } else {
+            const int64_t rows = s->q_len * group;
+            float *region = s->split + kv_head * sneppx_attn_decode_split_floats(s->splits, s->q_len, group, dv);
+            args.o = region + split * rows * dv;
+            args.o_stride = group * dv;
+            args.lse = region + (s->splits * dv + split) * rows;
+        }
+        if (s->mask) {
+            args.mask = s->mask + s->first_held;
+            args.mask_stride = s->past + s->q_len;
+        }
+        args.softmax_scale = layer->softmax_scale;
+        args.scratch = ws->thread_scratch + omp_get_thread_num() * ws->thread_scratch_floats;
+        kernels[s->mask != NULL]->entry[SNEPPX_ENTRY_RUN](&args);
+    }
+    int64_t merges = 0;
+    for (int64_t i = 0; i < n_seqs; i++)
+        merges += sequences[i].decode && sequences[i].splits > 1 ? kv_heads : 0;
+    if (merges == 0)
+        return;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t i = 0; i < n_seqs; i++) {
+        const struct cached_sequence *s = &sequences[i];
+        if (!s->decode || s->splits == 1)
+            continue;
+        for (int64_t kv_head = 0; kv_head < kv_heads; kv_head++)
+            sneppx_attn_decode_merge(s->split + kv_head * sneppx_attn_decode_split_floats(s->splits, s->q_len, group, dv),
+                                     s->splits, s->q_len, group, dv,
+                                     ws->attn_out + s->token0 * o_stride + kv_head * group * dv, o_stride, NULL);
+    }
+}
+
 /* Attention of every query tile of every sequence, per K/V head. */
 static void attend(const sneppx_layer *layer, const sneppx_kv_cache *cache, int64_t layer_index,
                    const struct sneppx_workspace *ws, const sneppx_kernel *const kernels[2],
@@ -164,8 +296,8 @@ static void attend(const sneppx_layer *layer, const sneppx_kv_cache *cache, int6
     const int threads = sneppx_thread_count(layer);
     const int64_t kv_heads = layer->kv_heads, group = layer->attn_group;
     const int64_t dq = layer->attn_head_dim, dv = layer->attn_v_head_dim;
-    const int64_t tiles = sequences[n_seqs - 1].tile0 +
-                          (sequences[n_seqs - 1].q_len + tile_rows - 1) / tile_rows;
+    const struct cached_sequence *last = &sequences[n_seqs - 1];
+    const int64_t tiles = last->tile0 + (last->decode ? 0 : (last->q_len + tile_rows - 1) / tile_rows);
     /* Where the queries are and where the output goes, as forward.c lays them out. */
     const float *q_base = layer->is_mla ? ws->q_absorbed : ws->qkv;
     const int64_t q_stride = layer->is_mla ? layer->config.num_attention_heads * layer->latent_dim : layer->qkv_dim;
@@ -174,16 +306,9 @@ static void attend(const sneppx_layer *layer, const sneppx_kv_cache *cache, int6
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t task = 0; task < tiles * kv_heads; task++) {
         const int64_t kv_head = task % kv_heads, tile = task / kv_heads;
-        /* The sequence of this tile: the last tile0 <= tile. */
-        int64_t lo_s = 0, hi_s = n_seqs - 1;
-        while (lo_s < hi_s) {
-            const int64_t mid = (lo_s + hi_s + 1) / 2;
-            if (sequences[mid].tile0 <= tile)
-                lo_s = mid;
-            else
-                hi_s = mid - 1;
-        }
-        const struct cached_sequence *s = &sequences[lo_s];
+        /* Decode sequences have no tiles: the tile's sequence is the last whose tile0 <= tile. */
+        const struct cached_sequence *s =
+            sequence_of_task(sequences, n_seqs, offsetof(struct cached_sequence, tile0), tile);
         /* Within a sequence the last tiles (most keys) go first. */
         const int64_t own_tiles = (s->q_len + tile_rows - 1) / tile_rows;
         const int64_t row_begin = (own_tiles - 1 - (tile - s->tile0)) * tile_rows;
@@ -331,18 +456,19 @@ sneppx_status sneppx_layer_forward_cached(sneppx_layer *layer, sneppx_kv_cache *
     if (status != SNEPPX_OK)
         return status;
 
-    /* The attention kernels the call's mask modes use (compiled at first use). */
-    int any_causal = !masks, any_explicit = 0;
-    for (int64_t i = 0; masks && i < n_seqs; i++) {
-        any_causal |= masks[i] == NULL;
-        any_explicit |= masks[i] != NULL;
-    }
-    const int flash = atomic_load(&layer->use_flash);
-    const sneppx_kernel *kernels[2] = {NULL, NULL};
-    if (any_causal && (status = sneppx_layer_attention_kernel(layer, flash, 0, &kernels[0])) != SNEPPX_OK)
-        return status;
-    if (any_explicit && (status = sneppx_layer_attention_kernel(layer, flash, 1, &kernels[1])) != SNEPPX_OK)
-        return status;
+    /* The attention kernels the call uses, by path (gathered: the layer's flash
+     * or SDPA; decode) and mask mode, compiled at first use. */
+    int uses[2][2] = {{0, 0}, {0, 0}}; /* [decode][explicit mask] */
+    for (int64_t i = 0; i < n_seqs; i++)
+        uses[q_lens[i] <= SNEPPX_DECODE_MAX_QUERIES][masks && masks[i]] = 1;
+    const int gathered_kind = atomic_load(&layer->use_flash) ? SNEPPX_ATTN_FLASH : SNEPPX_ATTN_SDPA;
+    const sneppx_kernel *kernels[2][2] = {{NULL, NULL}, {NULL, NULL}};
+    for (int decode = 0; decode < 2; decode++)
+        for (int explicit_mask = 0; explicit_mask < 2; explicit_mask++)
+            if (uses[decode][explicit_mask] &&
+                (status = sneppx_layer_attention_kernel(layer, decode ? SNEPPX_ATTN_DECODE : gathered_kind,
+                                                        explicit_mask, &kernels[decode][explicit_mask])) != SNEPPX_OK)
+                return status;
 
     /* Scratch sized by powers of two of the keys, so that a sequence growing by
      * a token per decode step reuses its workspace. */
@@ -350,12 +476,14 @@ sneppx_status sneppx_layer_forward_cached(sneppx_layer *layer, sneppx_kv_cache *
     if ((status = sneppx_kv_call_measure(cache, layer_index, n_seqs, seq_ids, q_lens, &max_keys)) != SNEPPX_OK)
         return status;
     const int64_t key_capacity = next_power_of_two(max_keys);
-    const struct sneppx_workspace_needs needs = {key_capacity, key_capacity * gathered_key_floats(cache),
-                                                 plan_bytes(n_seqs, tokens)};
+    const int64_t split_floats = split_floats_bound(layer, n_seqs, q_lens);
+    const struct sneppx_workspace_needs needs = {
+        key_capacity, key_capacity * gathered_key_floats(cache),
+        plan_head_bytes(n_seqs, tokens) + split_floats * (int64_t)sizeof(float)};
     struct sneppx_workspace *ws;
     if ((status = sneppx_workspace_acquire_needs(layer, tokens, &needs, &ws)) != SNEPPX_OK)
         return status;
-    const struct cached_plan plan = plan_in(ws->plan, n_seqs);
+    const struct cached_plan plan = plan_in(ws->plan, n_seqs, tokens);
     const char call = 0; /* its address marks the sequences this call holds */
     if ((status = sneppx_kv_call_begin(cache, &call, n_seqs, seq_ids, plan.seqs)) != SNEPPX_OK) {
         sneppx_workspace_release(layer, ws);
@@ -363,7 +491,7 @@ sneppx_status sneppx_layer_forward_cached(sneppx_layer *layer, sneppx_kv_cache *
     }
 
     /* The sequences are ours now: read them once. */
-    int64_t max_q_len = 0, token0 = 0;
+    int64_t token0 = 0;
     for (int64_t i = 0; i < n_seqs; i++) {
         struct cached_sequence *s = &plan.sequences[i];
         s->seq = plan.seqs[i];
@@ -373,7 +501,6 @@ sneppx_status sneppx_layer_forward_cached(sneppx_layer *layer, sneppx_kv_cache *
         s->first_held = sneppx_kv_first_held(cache, s->seq);
         s->mask = masks ? masks[i] : NULL;
         token0 += s->q_len;
-        max_q_len = s->q_len > max_q_len ? s->q_len : max_q_len;
         if (s->past + s->q_len - s->first_held > key_capacity)
             status = sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                                  "seq_ids[%lld]: sequence %lld changed during the call (another call used it at the "
@@ -382,11 +509,37 @@ sneppx_status sneppx_layer_forward_cached(sneppx_layer *layer, sneppx_kv_cache *
         for (int64_t j = 0; j < s->q_len; j++)
             plan.positions[s->token0 + j] = position_ids ? position_ids[s->token0 + j] : s->past + j;
     }
-    const int64_t tile_rows =
-        sneppx_attention_tile_rows(max_q_len, n_seqs, layer->kv_heads, sneppx_thread_count(layer));
+    /* Decode sequences: tasks of kv_heads x splits each, split results in plan.splits. */
+    int64_t decode_tasks = 0, gathered_seqs = 0;
+    for (int64_t i = 0; i < n_seqs; i++) {
+        plan.sequences[i].decode = plan.sequences[i].q_len <= SNEPPX_DECODE_MAX_QUERIES;
+        decode_tasks += plan.sequences[i].decode ? layer->kv_heads : 0;
+        gathered_seqs += !plan.sequences[i].decode;
+    }
+    float *split = plan.splits;
+    int64_t task0 = 0, gathered_max_q_len = 0;
+    for (int64_t i = 0; i < n_seqs; i++) {
+        struct cached_sequence *s = &plan.sequences[i];
+        s->task0 = task0;
+        s->splits = 1;
+        s->split = NULL;
+        if (!s->decode) {
+            gathered_max_q_len = s->q_len > gathered_max_q_len ? s->q_len : gathered_max_q_len;
+            continue;
+        }
+        s->splits = sneppx_decode_splits(s->past + s->q_len - s->first_held, decode_tasks, sneppx_thread_count(layer));
+        if (s->splits > 1) {
+            s->split = split;
+            split += layer->kv_heads * sneppx_attn_decode_split_floats(s->splits, s->q_len, layer->attn_group,
+                                                                       layer->attn_v_head_dim);
+        }
+        task0 += layer->kv_heads * s->splits;
+    }
+    const int64_t tile_rows = sneppx_attention_tile_rows(gathered_max_q_len, gathered_seqs, layer->kv_heads,
+                                                         sneppx_thread_count(layer));
     for (int64_t i = 0, tile0 = 0; i < n_seqs; i++) {
         plan.sequences[i].tile0 = tile0;
-        tile0 += (plan.sequences[i].q_len + tile_rows - 1) / tile_rows;
+        tile0 += plan.sequences[i].decode ? 0 : (plan.sequences[i].q_len + tile_rows - 1) / tile_rows;
     }
     const sneppx_config *config = &layer->config;
     char message[256];
@@ -414,7 +567,10 @@ sneppx_status sneppx_layer_forward_cached(sneppx_layer *layer, sneppx_kv_cache *
     /* Every page is reserved: nothing fails from here. */
     sneppx_forward_project(layer, ws, tokens, hidden_states);
     append_tokens(layer, cache, layer_index, ws, plan.sequences, n_seqs, tokens);
-    attend(layer, cache, layer_index, ws, kernels, plan.sequences, n_seqs, tile_rows);
+    if (task0 > 0)
+        attend_decode(layer, cache, layer_index, ws, kernels[1], plan.sequences, n_seqs, task0);
+    if (gathered_seqs > 0)
+        attend(layer, cache, layer_index, ws, kernels[0], plan.sequences, n_seqs, tile_rows);
     sneppx_forward_output(layer, ws, tokens, out);
     sneppx_kv_call_end(cache, layer_index, n_seqs, plan.seqs, q_lens, 1);
     sneppx_workspace_release(layer, ws);

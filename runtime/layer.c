@@ -83,14 +83,15 @@ static void request_rmsnorm(struct kernel_requests *requests, int64_t n, const s
     request(requests, "rmsnorm", values, 1, kernel);
 }
 
-static void request_attention(struct kernel_requests *requests, const sneppx_layer *layer, int flash,
+static void request_attention(struct kernel_requests *requests, const sneppx_layer *layer, int kind,
                               int explicit_mask, const sneppx_kernel **kernel)
 {
+    static const char *const families[SNEPPX_ATTN_KINDS] = {"attn_sdpa", "attn_flash", "attn_decode"};
     /* An explicit mask is final (HF semantics): no causal or window on top. */
     const int64_t values[] = {layer->attn_head_dim, layer->attn_v_head_dim, layer->attn_group,
                               explicit_mask ? 0 : layer->attn_window,
                               explicit_mask ? SNEPPX_MASK_EXPLICIT : SNEPPX_MASK_CAUSAL};
-    request(requests, flash ? "attn_flash" : "attn_sdpa", values, 5, kernel);
+    request(requests, families[kind], values, 5, kernel);
 }
 
 /* Resolves every request, on up to the layer's threads at once: a cold layer
@@ -134,20 +135,20 @@ static sneppx_status resolve_requests(sneppx_layer *layer, struct kernel_request
     return SNEPPX_OK;
 }
 
-sneppx_status sneppx_layer_attention_kernel(sneppx_layer *layer, int flash, int explicit_mask,
+sneppx_status sneppx_layer_attention_kernel(sneppx_layer *layer, int kind, int explicit_mask,
                                             const sneppx_kernel **kernel)
 {
-    const sneppx_kernel *cached = atomic_load_explicit(&layer->attention[flash][explicit_mask],
+    const sneppx_kernel *cached = atomic_load_explicit(&layer->attention[kind][explicit_mask],
                                                        memory_order_acquire);
     if (cached) {
         *kernel = cached;
         return SNEPPX_OK;
     }
     struct kernel_requests requests = {.count = 0};
-    request_attention(&requests, layer, flash, explicit_mask, kernel);
+    request_attention(&requests, layer, kind, explicit_mask, kernel);
     sneppx_status status = resolve_requests(layer, &requests);
     if (status == SNEPPX_OK)
-        atomic_store_explicit(&layer->attention[flash][explicit_mask], *kernel, memory_order_release);
+        atomic_store_explicit(&layer->attention[kind][explicit_mask], *kernel, memory_order_release);
     return status;
 }
 
@@ -225,18 +226,18 @@ static sneppx_status layer_init(const sneppx_config *config, int all_attention, 
 
     const int64_t rope_values[] = {layer->rotary_dim, config->rope_interleaved ? 1 : 0};
     request(&requests, "rope", rope_values, 2, &layer->rope);
-    const sneppx_kernel *attention[2][2] = {{NULL, NULL}, {NULL, NULL}};
+    const sneppx_kernel *attention[SNEPPX_ATTN_KINDS][2] = {{NULL, NULL}, {NULL, NULL}, {NULL, NULL}};
     const int use_flash = atomic_load(&layer->use_flash);
-    for (int flash = 0; flash < 2; flash++)
+    for (int kind = 0; kind < SNEPPX_ATTN_KINDS; kind++)
         for (int explicit_mask = 0; explicit_mask < 2; explicit_mask++)
-            if (all_attention || (flash == use_flash && !explicit_mask))
-                request_attention(&requests, layer, flash, explicit_mask, &attention[flash][explicit_mask]);
+            if (all_attention || (kind == use_flash && !explicit_mask))
+                request_attention(&requests, layer, kind, explicit_mask, &attention[kind][explicit_mask]);
     if ((status = resolve_requests(layer, &requests)) != SNEPPX_OK)
         return status;
-    for (int flash = 0; flash < 2; flash++)
+    for (int kind = 0; kind < SNEPPX_ATTN_KINDS; kind++)
         for (int explicit_mask = 0; explicit_mask < 2; explicit_mask++)
-            if (attention[flash][explicit_mask])
-                atomic_store_explicit(&layer->attention[flash][explicit_mask], attention[flash][explicit_mask],
+            if (attention[kind][explicit_mask])
+                atomic_store_explicit(&layer->attention[kind][explicit_mask], attention[kind][explicit_mask],
                                       memory_order_release);
 
     layer->inv_freq = malloc(sizeof(double) * (size_t)(layer->rotary_dim / 2));

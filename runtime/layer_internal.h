@@ -45,7 +45,12 @@ struct sneppx_workspace {
     void *plan;
 };
 
-/* Kernels one layer can resolve: MLA absorbed with q LoRA has 9 plus 4 attention variants. */
+/* The attention kernels of a layer, by family: index 0/1 is the use_flash_attn
+ * switch; decode (paged K/V read in place) serves the cached forward's short
+ * query runs. */
+enum sneppx_attention_kind { SNEPPX_ATTN_SDPA = 0, SNEPPX_ATTN_FLASH = 1, SNEPPX_ATTN_DECODE = 2, SNEPPX_ATTN_KINDS = 3 };
+
+/* Kernels one layer can resolve: MLA absorbed with q LoRA has 9 plus 6 attention variants. */
 #define SNEPPX_LAYER_MAX_KERNELS 16
 
 struct sneppx_layer {
@@ -69,8 +74,8 @@ struct sneppx_layer {
     int64_t latent_dim;      /* kv_lora_rank + qk_rope_head_dim */
 
     const sneppx_kernel *rope;
-    /* attention kernels, resolved on first use: [sdpa|flash][implicit|explicit mask] */
-    _Atomic(const sneppx_kernel *) attention[2][2];
+    /* attention kernels, resolved on first use: [enum sneppx_attention_kind][implicit|explicit mask] */
+    _Atomic(const sneppx_kernel *) attention[SNEPPX_ATTN_KINDS][2];
     int64_t attn_head_dim, attn_v_head_dim, attn_group, attn_window; /* attention key values */
     atomic_int use_flash;
 
@@ -95,10 +100,11 @@ struct sneppx_layer {
  * stages and tasks (tests/test_vendored_agreement.c) at a preset's size
  * without its weights. Its forward must not run the real kernels. */
 sneppx_status sneppx_layer_create_unpacked(const sneppx_config *config, sneppx_layer **layer);
-/* The layer's attention kernel for (flash, explicit mask), resolved on first
- * use (a layer made with flash resolves SDPA when switched, and the
- * explicit-mask variant at its first masked call). Thread-safe. */
-sneppx_status sneppx_layer_attention_kernel(sneppx_layer *layer, int flash, int explicit_mask,
+/* The layer's attention kernel of a kind (enum sneppx_attention_kind; the
+ * use_flash_attn switch's value is its kind) and mask mode, resolved on first
+ * use (a layer made with flash resolves SDPA when switched, the explicit-mask
+ * variant at its first masked call, decode at its first cached decode). Thread-safe. */
+sneppx_status sneppx_layer_attention_kernel(sneppx_layer *layer, int kind, int explicit_mask,
                                             const sneppx_kernel **kernel);
 
 #endif

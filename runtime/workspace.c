@@ -17,7 +17,10 @@ static sneppx_status workspace_create(sneppx_layer *layer, int64_t tokens, const
     const int64_t threads = sneppx_thread_count(layer);
     const int64_t flash = sneppx_attn_flash_scratch_floats(layer->attn_group, layer->attn_head_dim, layer->attn_v_head_dim);
     const int64_t sdpa = sneppx_attn_sdpa_scratch_floats(layer->attn_group, seq_len);
-    const int64_t attention_floats = round_up(flash > sdpa ? flash : sdpa, 16);
+    const int64_t decode = sneppx_attn_decode_scratch_floats(SNEPPX_DECODE_MAX_QUERIES, layer->attn_group,
+                                                             layer->attn_head_dim, layer->attn_v_head_dim);
+    int64_t attention_floats = flash > sdpa ? flash : sdpa;
+    attention_floats = round_up(attention_floats > decode ? attention_floats : decode, 16);
     int64_t per_thread = attention_floats + round_up(needs->gather_floats, 16);
 
     struct sneppx_workspace *ws = calloc(1, sizeof *ws);

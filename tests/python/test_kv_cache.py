@@ -169,3 +169,24 @@ def test_errors_name_the_argument_and_leave_the_cache(rng):
     with pytest.raises(sneppx.Error, match="cache: made for 2 K/V heads of head_dim 32"):
         other.forward_mha(np.zeros((2, 1, other.hidden_size), np.float32), past_key_value=cache)
     assert (cache.lengths, cache.stats()) == before
+
+
+@pytest.mark.parametrize("family", ["qwen2", "deepseek-v2", "mistral"])
+def test_long_decode_splits_keys_across_threads(family, rng):
+    """Decode over 1100 cached tokens with one K/V head (qwen2's stand-in; MLA's latent) on
+    two threads: the keys are cut into ranges merged by log-sum-exp (split-KV), and
+    under mistral's window the visible range is; every row still equals the reference."""
+    hf_config, cfg, weights = _layer(family, rng)
+    if family == "deepseek-v2":
+        hf_config = dict(hf_config, max_position_embeddings=4096)
+        cfg = sneppx.LLMConfig(**hf_config)
+        cfg.load_state_dict(weights)
+    seq_len = 1104
+    x = rng.uniform(-1, 1, (1, seq_len, cfg.hidden_size)).astype(np.float32)
+    cache = cfg.kv_cache(batch=1, max_tokens=seq_len, page_size=16)
+    outputs = [cfg.forward_mha(x[:, :1100], past_key_value=cache)]
+    outputs += [cfg.forward_mha(x[:, t:t + 1], past_key_value=cache) for t in range(1100, 1102)]
+    outputs.append(cfg.forward_mha(x[:, 1102:], past_key_value=cache))   # 2 queries at once
+    got = np.concatenate(outputs, axis=1)[:, 1100:]
+    want = ref.mha_forward(hf_config, weights, x)[:, 1100:]
+    _assert_close(got, want, f"{family} long decode")
