@@ -33,11 +33,9 @@ I64 = ctypes.c_int64
 class CachedLayer:
     """A vendored layer's _forward_cached, and caller-side caches and lengths."""
 
-    def __init__(self, family, tmp_path, rng):
+    def __init__(self, family, built, rng):
         self.hf_config = FAMILIES[family]
-        config_file = tmp_path / f"{family}.json"
-        config_file.write_text(json.dumps(dict(self.hf_config, name=family)))
-        self.aot = _generate(["--config", str(config_file)], tmp_path / "out")
+        self.aot = built(family)
         self.jit = sneppx.LLMConfig(**self.hf_config)
         self.weights = ref.random_state_dict(self.hf_config, rng, qkv_bias=self.jit.qkv_bias, o_bias=self.jit.o_bias)
         self.aot.load(self.weights)
@@ -88,6 +86,21 @@ class CachedLayer:
         return status, out
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """family -> its vendored layer, generated and compiled once for the module."""
+    layers = {}
+
+    def get(family):
+        if family not in layers:
+            directory = tmp_path_factory.mktemp(family)
+            config_file = directory / f"{family}.json"
+            config_file.write_text(json.dumps(dict(FAMILIES[family], name=family)))
+            layers[family] = _generate(["--config", str(config_file)], directory / "out")
+        return layers[family]
+    return get
+
+
 class Generation:
     """The caller's side: each sequence's caches and length."""
 
@@ -118,12 +131,12 @@ def _chunks(total, rng):
 
 @pytest.mark.parametrize("positions_kind", ["default", "irregular"])
 @pytest.mark.parametrize("family", CACHED_FAMILIES)
-def test_chunks_then_decode_equal_the_whole_sequence(family, positions_kind, tmp_path, rng):
+def test_chunks_then_decode_equal_the_whole_sequence(family, positions_kind, built, rng):
     """Two sequences, prefilled in random chunks then decoded token by token (past
     mistral's window of 16), caches of exactly the sequence's length: every row ==
     the float64 reference of the whole sequence, == the runtime's cached forward on
     the same calls, == the vendored cache-free forward."""
-    layer = CachedLayer(family, tmp_path, rng)
+    layer = CachedLayer(family, built, rng)
     seq_len = 45
     x = rng.uniform(-1, 1, (2, seq_len, layer.hidden)).astype(np.float32)
     positions = irregular_positions(2, seq_len, rng) if positions_kind == "irregular" else None
@@ -148,11 +161,11 @@ def test_chunks_then_decode_equal_the_whole_sequence(family, positions_kind, tmp
 
 
 @pytest.mark.parametrize("family", CACHED_FAMILIES)
-def test_ragged_calls_of_three_sequences(family, tmp_path, rng):
+def test_ragged_calls_of_three_sequences(family, built, rng):
     """A prompt chunk beside short prefills and decodes in one call, then ragged
     decode steps: each sequence's rows == the reference of that sequence alone, and
     == the runtime's forward_ragged on the same calls."""
-    layer = CachedLayer(family, tmp_path, rng)
+    layer = CachedLayer(family, built, rng)
     lengths = [37, 5, 21]
     steps = 3
     xs = [rng.uniform(-1, 1, (n + steps, layer.hidden)).astype(np.float32) for n in lengths]
@@ -179,11 +192,11 @@ def test_ragged_calls_of_three_sequences(family, tmp_path, rng):
 
 
 @pytest.mark.parametrize("family", ["llama3", "deepseek-v2"])
-def test_cache_rows_are_the_documented_layout(family, tmp_path, rng):
+def test_cache_rows_are_the_documented_layout(family, built, rng):
     """After a prefill, row j of a K cache is token j's K after RoPE, head after head
     (MLA: the latent cache's row is kv_a_layernorm(c) | rope(k_pe)), V's is v_proj's,
     and the rows past the sequence are untouched."""
-    layer = CachedLayer(family, tmp_path, rng)
+    layer = CachedLayer(family, built, rng)
     cfg, w = layer.hf_config, layer.weights
     n, capacity = 11, 16
     x = rng.uniform(-1, 1, (n, layer.hidden)).astype(np.float32)
@@ -210,10 +223,10 @@ def test_cache_rows_are_the_documented_layout(family, tmp_path, rng):
         assert np.isnan(cache[n:]).all(), f"{family} {name} cache: rows past the sequence were written"
 
 
-def test_window_never_reads_rows_before_it(tmp_path, rng):
+def test_window_never_reads_rows_before_it(built, rng):
     """mistral (window 16): after a prefill of 30, the rows no later query can see
     (0 .. 14) are poisoned with NaN; decoding on still equals the reference."""
-    layer = CachedLayer("mistral", tmp_path, rng)
+    layer = CachedLayer("mistral", built, rng)
     seq_len, window = 40, FAMILIES["mistral"]["sliding_window"]
     x = rng.uniform(-1, 1, (seq_len, layer.hidden)).astype(np.float32)
     gen = Generation(layer, 1, seq_len)
@@ -227,8 +240,8 @@ def test_window_never_reads_rows_before_it(tmp_path, rng):
 
 
 @pytest.mark.parametrize("family", ["llama3", "deepseek-v2-lite-like"])
-def test_bad_arguments_are_named_and_change_nothing(family, tmp_path, rng):
-    layer = CachedLayer(family, tmp_path, rng)
+def test_bad_arguments_are_named_and_change_nothing(family, built, rng):
+    layer = CachedLayer(family, built, rng)
     mla = layer.v_row == 0
     capacity = 16
     k, v = layer.caches(2, capacity)
