@@ -395,8 +395,9 @@ static sneppx_status check_arguments(const sneppx_layer *layer, const sneppx_kv_
     sneppx_status status = check_shape(layer, cache);
     if (status != SNEPPX_OK)
         return status;
-    if (n_seqs < 1 || n_seqs > SNEPPX_FORWARD_MAX_TOKENS)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "n_seqs: %lld must be in [1, 2^26]", (long long)n_seqs);
+    char message[256];
+    if (sneppx_forward_check_n_seqs(n_seqs, message, sizeof message))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s", message);
     if (!seq_ids)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "seq_ids: must not be NULL");
     if (!q_lens)
@@ -405,24 +406,10 @@ static sneppx_status check_arguments(const sneppx_layer *layer, const sneppx_kv_
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "hidden_states: must not be NULL");
     if (!out)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "out: must not be NULL");
-    int64_t total = 0;
-    for (int64_t i = 0; i < n_seqs; i++) {
-        if (q_lens[i] < 1)
-            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "q_lens[%lld]: %lld must be at least 1", (long long)i,
-                               (long long)q_lens[i]);
-        if (q_lens[i] > SNEPPX_FORWARD_MAX_TOKENS - total)
-            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                               "q_lens: the call's tokens (sum of q_lens) exceed SNEPPX_MAX_TOKENS (2^26) at q_lens[%lld]",
-                               (long long)i);
-        total += q_lens[i];
-    }
     const int64_t per_token =
         sneppx_forward_floats_per_token(layer->qkv_dim, layer->attn_dim, layer->config.hidden_size);
-    if (total * per_token > SNEPPX_FORWARD_MAX_FLOATS)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                           "q_lens: %lld tokens of %lld activation floats each exceed 2^40 floats", (long long)total,
-                           (long long)per_token);
-    *tokens = total;
+    if (sneppx_forward_check_q_lens(n_seqs, q_lens, per_token, tokens, message, sizeof message))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s", message);
     return SNEPPX_OK;
 }
 

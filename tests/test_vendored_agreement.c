@@ -9,7 +9,14 @@
  *              runtime/forward.c and templates/layer*.c.j2);
  *   arguments  both accept and refuse the same batch / seq_len (up to and past
  *              2^24, 2^26 tokens and the 2^40-float activation bound), mask
- *              shapes and positions, refusing in the same words.
+ *              shapes and positions, refusing in the same words;
+ *   cached     sneppx_layer_forward_cached over a paged cache and the vendored
+ *              _forward_cached over caller-owned caches make the same calls
+ *              (ragged prefill, mixed and decode steps of 3 sequences, 1 and 2
+ *              threads) but for the attention's K/V strides (the runtime
+ *              gathers a tile's keys from its pages, the vendored layer reads
+ *              the caches in place), and refuse n_seqs, q_lens and positions
+ *              in the same words.
  *
  * Each preset's vendored file is generated here (gen/sneppx-gen under
  * $SNEPPX_PYTHON) and built with cc into a shared library whose kernel calls
@@ -190,6 +197,9 @@ struct vendored {
     int64_t (*scratch_floats)(int64_t, int64_t, int);
     int (*forward)(const float *, int64_t, int64_t, const float *, const float *, const int64_t *, const int64_t *,
                    float *, float *, int);
+    int64_t (*cached_scratch_floats)(int64_t, int64_t, int);
+    int (*forward_cached)(const float *, int64_t, const int64_t *, const int64_t *, float *const *, float *const *,
+                          int64_t, const float *, const int64_t *, float *, float *, int);
     const char *(*last_error)(void);
     char keys[SLOTS][SNEPPX_KEY_MAX];
     void *symbols[SLOTS];
@@ -285,6 +295,8 @@ static int vendored_open(const char *name, const char *target, struct vendored *
     FIND(scratch_floats, "_scratch_floats")
     FIND(forward, "_forward")
     FIND(last_error, "_last_error")
+    FIND(cached_scratch_floats, "_cached_scratch_floats")
+    FIND(forward_cached, "_forward_cached")
 #undef FIND
     void (**hook)(void (*)(void), const void *) = dlsym(v->library, "sneppx_trace_hook");
     if (!TEST_CHECK(&tally, hook != NULL, "%s: no sneppx_trace_hook", path))
@@ -492,6 +504,146 @@ static void check_masks_and_positions(sneppx_layer *layer, struct vendored *v, c
     }
 }
 
+/* ---- the cached forward: the runtime's paged cache vs the caller's caches ------- */
+
+#define CACHED_SEQS 3
+#define CACHED_CAPACITY 256
+
+/* The vendored side's caller: each sequence's caches and length. */
+struct caller_caches {
+    float *k[CACHED_SEQS], *v[CACHED_SEQS];
+    int64_t lengths[CACHED_SEQS];
+};
+
+/* The runtime gathers a tile's keys from its pages (strides of one head), the
+ * vendored layer reads the caller's caches in place (strides of a cache row):
+ * the only fields in which their attention calls differ. */
+static void drop_kv_strides(struct trace *t)
+{
+    for (int64_t i = 0; i < t->count; i++)
+        if (strncmp(t->calls[i].key, "attn_", 5) == 0)
+            t->calls[i].k_stride = t->calls[i].v_stride = 0;
+}
+
+/* One cached call on both sides, sequences 0..n_seqs-1 of each; a side that
+ * accepts it advances its lengths. */
+static void run_both_cached(sneppx_layer *layer, sneppx_kv_cache *cache, const int64_t *seq_ids, struct vendored *v,
+                            struct caller_caches *caller, int64_t n_seqs, const int64_t *q_lens,
+                            const int64_t *positions, int threads, struct trace *rt, struct trace *vt,
+                            struct verdict *runtime, struct verdict *vendored)
+{
+    int64_t tokens = 0;
+    for (int64_t i = 0; i < n_seqs && i < CACHED_SEQS; i++)
+        tokens += q_lens[i] > 0 && q_lens[i] <= CACHED_CAPACITY ? q_lens[i] : 0;
+    tokens = tokens > 0 ? tokens : 1; /* the buffers of refused calls are never read */
+    const int64_t hidden = layer->config.hidden_size;
+    float *x = calloc((size_t)(tokens * hidden), sizeof(float));
+    float *out = calloc((size_t)(tokens * hidden), sizeof(float));
+    layer->config.num_threads = threads;
+    mask_base = NULL;
+    recording = rt;
+    sneppx_status status = sneppx_layer_forward_cached(layer, cache, 0, n_seqs, seq_ids, q_lens, x, positions, NULL, out);
+    runtime->accepted = status == SNEPPX_OK;
+    snprintf(runtime->message, sizeof runtime->message, "%s", status == SNEPPX_OK ? "" : sneppx_last_error());
+
+    const int64_t floats = v->cached_scratch_floats(tokens, CACHED_CAPACITY, threads);
+    float *scratch = floats > 0 ? aligned_alloc(64, ((size_t)floats * sizeof(float) + 63) / 64 * 64) : NULL;
+    recording = vt;
+    current = v;
+    const int code = scratch ? v->forward_cached(v->packed, n_seqs, q_lens, caller->lengths, caller->k,
+                                                 layer->is_mla ? NULL : caller->v, CACHED_CAPACITY, x, positions, out,
+                                                 scratch, threads)
+                             : -1;
+    vendored->accepted = code == VENDORED_OK;
+    snprintf(vendored->message, sizeof vendored->message, "%s", code == VENDORED_OK ? "" : v->last_error());
+    for (int64_t i = 0; vendored->accepted && i < n_seqs; i++)
+        caller->lengths[i] += q_lens[i];
+    free(scratch);
+    free(x);
+    free(out);
+}
+
+/* The runtime's hint for default positions names its cache and extend_context();
+ * the vendored one stops at the cache. */
+static void drop_cached_hint(struct verdict *runtime)
+{
+    static const char hint[] = "; extend_context() raises it)";
+    char *at = strstr(runtime->message, hint);
+    if (at)
+        strcpy(at, ")");
+}
+
+static void check_cached(sneppx_layer *layer, struct vendored *v, const char *name)
+{
+    static const int64_t steps[][CACHED_SEQS] = {{130, 1, 20}, {1, 9, 70}, {1, 1, 1}};
+    for (int threads = 1; threads <= 2; threads++) {
+        sneppx_kv_cache_options options;
+        sneppx_kv_cache_options_init(&options);
+        options.capacity_tokens = CACHED_SEQS * (CACHED_CAPACITY + 16);
+        sneppx_kv_cache *cache = NULL;
+        if (!TEST_CHECK(&tally, sneppx_kv_cache_create(&layer->config, &options, &cache) == SNEPPX_OK, "%s: %s",
+                        name, sneppx_last_error()))
+            return;
+        int64_t seq_ids[CACHED_SEQS];
+        struct caller_caches caller;
+        memset(&caller, 0, sizeof caller);
+        const int64_t k_row = layer->is_mla ? layer->latent_dim : layer->kv_dim;
+        for (int i = 0; i < CACHED_SEQS; i++) {
+            TEST_CHECK(&tally, sneppx_kv_cache_add_sequence(cache, &seq_ids[i]) == SNEPPX_OK, "%s", sneppx_last_error());
+            caller.k[i] = calloc((size_t)(CACHED_CAPACITY * k_row), sizeof(float));
+            caller.v[i] = calloc((size_t)(CACHED_CAPACITY * k_row), sizeof(float));
+        }
+        for (size_t step = 0; step < sizeof steps / sizeof steps[0]; step++) {
+            struct trace rt = {0}, vt = {0};
+            struct verdict a, b;
+            run_both_cached(layer, cache, seq_ids, v, &caller, CACHED_SEQS, steps[step], NULL, threads, &rt, &vt, &a,
+                            &b);
+            char what[200];
+            snprintf(what, sizeof what, "%s cached step %zu (q_lens %lld %lld %lld) threads %d", name, step,
+                     (long long)steps[step][0], (long long)steps[step][1], (long long)steps[step][2], threads);
+            check_verdicts(&a, &b, what);
+            drop_kv_strides(&rt);
+            drop_kv_strides(&vt);
+            if (a.accepted && b.accepted)
+                check_same_calls(&rt, &vt, what);
+            free(rt.calls);
+            free(vt.calls);
+        }
+        /* Refused calls, on live sequences: the runtime's words. */
+        const int64_t mpe = layer->config.max_position_embeddings;
+        const struct {
+            int64_t n_seqs, q_lens[2], positions[3];
+        } refused[] = {{0, {1, 1}, {0}},
+                       {((int64_t)1 << 26) + 1, {1, 1}, {0}},
+                       {2, {2, 0}, {0}},
+                       {2, {-4, 1}, {0}},
+                       {2, {2, (int64_t)1 << 26}, {0}},
+                       {2, {2, 1}, {200, -1, 201}},
+                       {2, {1, 2}, {200, 201, mpe}},
+                       {2, {1, 2}, {-1, -1, -1}}};
+        for (size_t r = 0; r < sizeof refused / sizeof refused[0]; r++) {
+            struct trace rt = {0}, vt = {0};
+            struct verdict a, b;
+            const int given = refused[r].positions[0] >= 0;
+            run_both_cached(layer, cache, seq_ids, v, &caller, refused[r].n_seqs, refused[r].q_lens,
+                            given ? refused[r].positions : NULL, threads, &rt, &vt, &a, &b);
+            char what[200];
+            snprintf(what, sizeof what, "%s cached n_seqs %lld q_lens %lld %lld positions %s", name,
+                     (long long)refused[r].n_seqs, (long long)refused[r].q_lens[0], (long long)refused[r].q_lens[1],
+                     given ? "given" : "NULL");
+            drop_cached_hint(&a);
+            check_verdicts(&a, &b, what);
+            free(rt.calls);
+            free(vt.calls);
+        }
+        for (int i = 0; i < CACHED_SEQS; i++) {
+            free(caller.k[i]);
+            free(caller.v[i]);
+        }
+        sneppx_kv_cache_destroy(cache);
+    }
+}
+
 int main(void)
 {
     for (int p = 0; p < sneppx_preset_count(); p++) {
@@ -511,10 +663,11 @@ int main(void)
             check_tasks(layer, &v, name);
             check_sizes(layer, &v, name);
             check_masks_and_positions(layer, &v, name);
+            check_cached(layer, &v, name);
         }
         vendored_close(&v);
         sneppx_layer_destroy(layer);
-        printf("[%s] %s\n", name, tally.failed == failed_before ? "same keys, tasks and verdicts" : "FAILED");
+        printf("[%s] %s\n", name, tally.failed == failed_before ? "same keys, tasks and verdicts, cached too" : "FAILED");
         fflush(stdout);
     }
     return test_finish(&tally);

@@ -93,12 +93,14 @@ def _plan_standard(arch: Arch, target: Target, attention: str) -> Tuple[Dict[str
     dims = {"head_dim": head_dim, "v_head_dim": head_dim, "rotary_dim": arch.resolved_rotary_dim,
             "q_dim": q_dim, "kv_dim": kv_dim, "qkv_dim": q_dim + 2 * kv_dim, "attn_dim": q_dim,
             "attn_head_dim": head_dim, "attn_v_head_dim": head_dim, "attn_group": arch.group,
-            "attn_kv_heads": arch.num_key_value_heads}
+            "attn_kv_heads": arch.num_key_value_heads,
+            # A token's row in the caller's K and V caches (the cached forward).
+            "cache_k_dim": kv_dim, "cache_v_dim": kv_dim, "attn_window": arch.sliding_window}
     kernels = {
         "qkv": _kernel("gemm", {"k": hidden, "n": dims["qkv_dim"], "bias": arch.qkv_bias}, target),
         "rope": _kernel("rope", {"rotary_dim": dims["rotary_dim"], "interleaved": arch.rope_interleaved},
                         target),
-        **_attention_kernels(attention, head_dim, head_dim, arch.group, arch.sliding_window, target),
+        **_attention_kernels(attention, head_dim, head_dim, arch.group, dims["attn_window"], target),
         "o": _kernel("gemm", {"k": q_dim, "n": hidden, "bias": arch.o_bias}, target),
     }
     fields = _weight_fields((
@@ -119,7 +121,9 @@ def _plan_mla(arch: Arch, target: Target, attention: str) -> Tuple[Dict[str, Ker
     latent = rank + rope
     dims = {"head_dim": dq, "v_head_dim": v_dim, "rotary_dim": rope, "q_dim": heads * dq, "latent_dim": latent,
             "attn_dim": heads * v_dim, "attn_head_dim": latent, "attn_v_head_dim": rank, "attn_group": heads,
-            "attn_kv_heads": 1}
+            "attn_kv_heads": 1,
+            # One latent cache (K and V at once), no V cache.
+            "cache_k_dim": latent, "cache_v_dim": 0, "attn_window": 0}
     kernels = {}
     if q_lora:
         kernels["q_a"] = _kernel("gemm", {"k": hidden, "n": q_lora, "bias": arch.qkv_bias}, target)
@@ -129,7 +133,7 @@ def _plan_mla(arch: Arch, target: Target, attention: str) -> Tuple[Dict[str, Ker
     kernels["kv_a_norm"] = _kernel("rmsnorm", {"n": rank}, target)
     kernels["rope"] = _kernel("rope", {"rotary_dim": rope, "interleaved": arch.rope_interleaved}, target)
     kernels["absorb_uk"] = _kernel("gemm", {"k": nope, "n": rank, "bias": 0}, target)
-    kernels.update(_attention_kernels(attention, latent, rank, heads, 0, target))
+    kernels.update(_attention_kernels(attention, latent, rank, heads, dims["attn_window"], target))
     kernels["absorb_uv"] = _kernel("gemm", {"k": rank, "n": v_dim, "bias": 0}, target)
     kernels["o"] = _kernel("gemm", {"k": dims["attn_dim"], "n": hidden, "bias": arch.o_bias}, target)
     fields = _weight_fields((

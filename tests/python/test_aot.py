@@ -75,6 +75,7 @@ class AotLayer:
                         str(out_dir / manifest["source"]), "-o", str(self.library_path), "-lm"],
                        check=True, capture_output=True, text=True)
         lib = ctypes.CDLL(str(self.library_path))
+        self.lib, self.prefix, self.header = lib, prefix, header
         self.Weights = type("Weights", (ctypes.Structure,),
                             {"_fields_": [(name, ctypes.c_void_p) for name in self.fields]})
         self._packed_floats = getattr(lib, prefix + "_packed_floats")
