@@ -12,11 +12,15 @@
  *              shapes and positions, refusing in the same words;
  *   cached     sneppx_layer_forward_cached over a paged cache and the vendored
  *              _forward_cached over caller-owned caches make the same calls
- *              (ragged prefill, mixed and decode steps of 3 sequences, 1 and 2
+ *              (ragged prefill and chunk steps of 3 sequences, 1 and 2
  *              threads) but for the attention's K/V strides (the runtime
  *              gathers a tile's keys from its pages, the vendored layer reads
  *              the caches in place), and refuse n_seqs, q_lens and positions
- *              in the same words.
+ *              in the same words. Every step gives each sequence more than
+ *              SNEPPX_DECODE_MAX_QUERIES tokens: shorter runs take attn_decode
+ *              over the pages in the runtime and flash over the contiguous
+ *              caches in the vendored layer, by design not call for call;
+ *              tests/python/test_aot_cached.py compares their numbers.
  *
  * Each preset's vendored file is generated here (gen/sneppx-gen under
  * $SNEPPX_PYTHON) and built with cc into a shared library whose kernel calls
@@ -575,7 +579,8 @@ static void drop_cached_hint(struct verdict *runtime)
 
 static void check_cached(sneppx_layer *layer, struct vendored *v, const char *name)
 {
-    static const int64_t steps[][CACHED_SEQS] = {{130, 1, 20}, {1, 9, 70}, {1, 1, 1}};
+    static const int64_t steps[][CACHED_SEQS] = {{130, 17, 20}, {17, 29, 70}, {40, 17, 18}};
+    _Static_assert(17 > SNEPPX_DECODE_MAX_QUERIES, "the steps' runs take the gathered (flash) path");
     for (int threads = 1; threads <= 2; threads++) {
         sneppx_kv_cache_options options;
         sneppx_kv_cache_options_init(&options);
