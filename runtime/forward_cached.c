@@ -143,14 +143,17 @@ static void gather_sequence_kv(const sneppx_kv_cache *cache, const struct sneppx
     }
 }
 
-/* The call's sequence that token row t belongs to (sequences sorted by token0). */
-static const struct cached_sequence *sequence_of_token(const struct cached_sequence *sequences, int64_t n_seqs,
-                                                       int64_t t)
+/* The call's sequence that index `at` falls in: the last whose first index of a
+ * kind (token0, task0 or tile0: `offset` bytes into struct cached_sequence,
+ * non-decreasing over the sequences) is <= at. A sequence with none of that
+ * kind shares its first index with the next, which is then the one returned. */
+static const struct cached_sequence *sequence_at(const struct cached_sequence *sequences, int64_t n_seqs,
+                                                 size_t offset, int64_t at)
 {
     int64_t lo = 0, hi = n_seqs - 1;
     while (lo < hi) {
         const int64_t mid = (lo + hi + 1) / 2;
-        if (sequences[mid].token0 <= t)
+        if (*(const int64_t *)((const char *)&sequences[mid] + offset) <= at)
             lo = mid;
         else
             hi = mid - 1;
@@ -167,7 +170,7 @@ static void append_tokens(const sneppx_layer *layer, const sneppx_kv_cache *cach
     const int64_t elem = cache->elem_size;
 #pragma omp parallel for schedule(static) num_threads(sneppx_thread_count(layer))
     for (int64_t t = 0; t < tokens; t++) {
-        const struct cached_sequence *s = sequence_of_token(sequences, n_seqs, t);
+        const struct cached_sequence *s = sequence_at(sequences, n_seqs, offsetof(struct cached_sequence, token0), t);
         const int64_t token = s->past + (t - s->token0), slot = token & (cache->page_size - 1);
         unsigned char *block = sneppx_kv_block(cache, sneppx_kv_page_of(cache, s->seq, token), layer_index);
         if (shape->is_mla) {
@@ -183,22 +186,6 @@ static void append_tokens(const sneppx_layer *layer, const sneppx_kv_cache *cach
                            row + layer->q_dim + layer->kv_dim + h * shape->v_head_dim, shape->v_head_dim);
         }
     }
-}
-
-/* The sequence a task belongs to: the last one whose first task (at `offset`
- * bytes into struct cached_sequence) is <= task. */
-static const struct cached_sequence *sequence_of_task(const struct cached_sequence *sequences, int64_t n_seqs,
-                                                      size_t offset, int64_t task)
-{
-    int64_t lo = 0, hi = n_seqs - 1;
-    while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) / 2;
-        if (*(const int64_t *)((const char *)&sequences[mid] + offset) <= task)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return &sequences[lo];
 }
 
 /* Decode attention: attn_decode over each decode sequence's pages in place,
@@ -221,7 +208,7 @@ static void attend_decode(const sneppx_layer *layer, const sneppx_kv_cache *cach
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t task = 0; task < tasks; task++) {
         const struct cached_sequence *s =
-            sequence_of_task(sequences, n_seqs, offsetof(struct cached_sequence, task0), task);
+            sequence_at(sequences, n_seqs, offsetof(struct cached_sequence, task0), task);
         const int64_t kv_head = (task - s->task0) / s->splits, split = (task - s->task0) % s->splits;
         /* Keys from the first held token: queries are the last q_len of kv_len. */
         const int64_t kv_len = s->past + s->q_len - s->first_held;
@@ -308,7 +295,7 @@ static void attend(const sneppx_layer *layer, const sneppx_kv_cache *cache, int6
         const int64_t kv_head = task % kv_heads, tile = task / kv_heads;
         /* Decode sequences have no tiles: the tile's sequence is the last whose tile0 <= tile. */
         const struct cached_sequence *s =
-            sequence_of_task(sequences, n_seqs, offsetof(struct cached_sequence, tile0), tile);
+            sequence_at(sequences, n_seqs, offsetof(struct cached_sequence, tile0), tile);
         /* Within a sequence the last tiles (most keys) go first. */
         const int64_t own_tiles = (s->q_len + tile_rows - 1) / tile_rows;
         const int64_t row_begin = (own_tiles - 1 - (tile - s->tile0)) * tile_rows;
