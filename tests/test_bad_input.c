@@ -27,27 +27,8 @@
 #define BATCH 2
 #define SEQ 24
 #define TOKENS (BATCH * SEQ)
-#define SENTINEL_BITS 0x7fa5a5a5u /* a quiet NaN no computation produces */
 
 static float out[TOKENS * HIDDEN];
-
-static void fill_sentinel(float *data, size_t count)
-{
-    const uint32_t bits = SENTINEL_BITS;
-    for (size_t i = 0; i < count; i++)
-        memcpy(&data[i], &bits, sizeof bits);
-}
-
-static int all_sentinel(const float *data, size_t count)
-{
-    for (size_t i = 0; i < count; i++) {
-        uint32_t bits;
-        memcpy(&bits, &data[i], sizeof bits);
-        if (bits != SENTINEL_BITS)
-            return 0;
-    }
-    return 1;
-}
 
 /* The status is want and the message contains needle. */
 #define EXPECT_ERROR(tally, call, want, needle)                                                              \
@@ -61,10 +42,10 @@ static int all_sentinel(const float *data, size_t count)
 /* A forward that must fail naming needle and leave out untouched. */
 #define EXPECT_FORWARD_ERROR(tally, layer, batch, seq, hidden, mask, shape, positions, needle)                  \
     do {                                                                                                        \
-        fill_sentinel(out, TOKENS * HIDDEN);                                                                    \
+        test_fill_sentinel(out, TOKENS * HIDDEN);                                                               \
         EXPECT_ERROR(tally, sneppx_layer_forward(layer, batch, seq, hidden, mask, shape, positions, out),       \
                      SNEPPX_ERR_INVALID_ARGUMENT, needle);                                                      \
-        TEST_CHECK(tally, all_sentinel(out, TOKENS * HIDDEN), "%s: out was written", needle);                  \
+        TEST_CHECK(tally, test_all_sentinel(out, TOKENS * HIDDEN), "%s: out was written", needle);             \
     } while (0)
 
 /* GQA 4/2, head_dim 16, q/k/v/o bias: small enough to compile in a blink. */
@@ -182,7 +163,7 @@ static void test_masks(test_tally *tally, sneppx_layer *layer, const float *hidd
                          "attention_mask: shape [2, 1, 24, 25], expected [2, 1, 24, 24] (or [1, 1, 24, 24] for every "
                          "sequence)");
     const int64_t one[4] = {1, 1, 5, 5};
-    fill_sentinel(out, TOKENS * HIDDEN);
+    test_fill_sentinel(out, TOKENS * HIDDEN);
     sneppx_status status = sneppx_layer_forward(layer, 1, 6, hidden, mask, one, NULL, out);
     TEST_CHECK(tally, status == SNEPPX_ERR_INVALID_ARGUMENT &&
                           strcmp(sneppx_last_error(), "attention_mask: shape [1, 1, 5, 5], expected [1, 1, 6, 6]") == 0,
@@ -214,7 +195,7 @@ static void test_positions(test_tally *tally, sneppx_layer *layer, const float *
         return;
     positions[SEQ + 3] = MAX_POSITIONS;
     positions[SEQ + 4] = 2 * MAX_POSITIONS - 1;
-    fill_sentinel(out, TOKENS * HIDDEN);
+    test_fill_sentinel(out, TOKENS * HIDDEN);
     sneppx_status status = sneppx_layer_forward(extended, BATCH, SEQ, hidden, NULL, NULL, positions, out);
     int finite = 1;
     for (int64_t i = 0; i < TOKENS * HIDDEN; i++)
@@ -415,7 +396,7 @@ static void test_non_finite(test_tally *tally, sneppx_layer *layer, const float 
     for (int v = 0; v < 3; v++) {
         memcpy(poisoned, hidden, sizeof poisoned);
         poisoned[(SEQ + 5) * HIDDEN + 7] = bad_values[v];
-        fill_sentinel(out, TOKENS * HIDDEN);
+        test_fill_sentinel(out, TOKENS * HIDDEN);
         sneppx_status status = sneppx_layer_forward(layer, BATCH, SEQ, poisoned, NULL, NULL, NULL, out);
         int64_t non_finite_rows = 0;
         for (int64_t row = SEQ; row < TOKENS; row++) {

@@ -17,7 +17,6 @@
 
 #define HIDDEN 64
 #define MAX_POSITIONS 64
-#define SENTINEL_BITS 0x7fa5a5a5u
 
 static test_tally tally;
 
@@ -86,24 +85,6 @@ static snapshot take(sneppx_kv_cache *cache, const int64_t *ids, int count)
                    (long long)(before).sequences, (long long)after_.sequences, (long long)(before).lengths[0][0], \
                    (long long)after_.lengths[0][0]);                                                           \
     } while (0)
-
-static void fill_sentinel(float *data, size_t count)
-{
-    const uint32_t bits = SENTINEL_BITS;
-    for (size_t i = 0; i < count; i++)
-        memcpy(&data[i], &bits, sizeof bits);
-}
-
-static int all_sentinel(const float *data, size_t count)
-{
-    for (size_t i = 0; i < count; i++) {
-        uint32_t bits;
-        memcpy(&bits, &data[i], sizeof bits);
-        if (bits != SENTINEL_BITS)
-            return 0;
-    }
-    return 1;
-}
 
 static float hidden[64 * HIDDEN], out[64 * HIDDEN];
 
@@ -282,12 +263,12 @@ static void test_forward_errors(sneppx_layer *layer)
     const int64_t pair[] = {a, b}, twice[] = {a, a}, unknown[] = {a, 4242}, gone[] = {a, removed};
     const int64_t q11[] = {1, 1}, q10[] = {1, 0}, qneg[] = {1, -3}, qbig[] = {1, SNEPPX_MAX_TOKENS};
     const int64_t far[] = {0, 1000}, negative[] = {0, -1};
-    fill_sentinel(out, sizeof out / sizeof out[0]);
+    test_fill_sentinel(out, sizeof out / sizeof out[0]);
 #define REFUSED(call, want, needle)                                                                           \
     do {                                                                                                      \
         EXPECT_ERROR(call, want, needle);                                                                     \
         EXPECT_UNCHANGED(cache, ids, 2, before, #call);                                                       \
-        TEST_CHECK(&tally, all_sentinel(out, sizeof out / sizeof out[0]), "%s wrote to out", #call);          \
+        TEST_CHECK(&tally, test_all_sentinel(out, sizeof out / sizeof out[0]), "%s wrote to out", #call);     \
     } while (0)
     REFUSED(sneppx_layer_forward_cached(NULL, cache, 0, 2, pair, q11, hidden, NULL, NULL, out),
             SNEPPX_ERR_INVALID_ARGUMENT, "layer");
@@ -363,7 +344,7 @@ static void test_forward_errors(sneppx_layer *layer)
                          SNEPPX_ERR_INVALID_ARGUMENT, "cache: made for");
             int64_t length = -1;
             sneppx_kv_cache_length(other, id, &length);
-            TEST_CHECK(&tally, length == 0 && all_sentinel(out, sizeof out / sizeof out[0]),
+            TEST_CHECK(&tally, length == 0 && test_all_sentinel(out, sizeof out / sizeof out[0]),
                        "a refused call on another shape's cache appended %lld tokens", (long long)length);
         }
         sneppx_kv_cache_destroy(other);
@@ -430,11 +411,11 @@ static void test_window_errors(void)
     mask[0 * 22 + 20] = mask[1 * 22 + 20] = mask[1 * 22 + 21] = 0.0f;
     mask[1 * 22 + 3] = 0.0f; /* row 1 sees token 3: released */
     const float *masks[1] = {mask};
-    fill_sentinel(out, sizeof out / sizeof out[0]);
+    test_fill_sentinel(out, sizeof out / sizeof out[0]);
     EXPECT_ERROR(sneppx_layer_forward_cached(layer, cache, 0, 1, &id, &q, hidden, NULL, masks, out),
                  SNEPPX_ERR_INVALID_ARGUMENT, "masks[0]: row 1 lets the query see token 3");
     EXPECT_UNCHANGED(cache, &id, 1, before, "a mask showing a released token");
-    TEST_CHECK(&tally, all_sentinel(out, sizeof out / sizeof out[0]), "a refused masked call wrote to out");
+    TEST_CHECK(&tally, test_all_sentinel(out, sizeof out / sizeof out[0]), "a refused masked call wrote to out");
     mask[1 * 22 + 3] = -INFINITY;
     EXPECT_OK(sneppx_layer_forward_cached(layer, cache, 0, 1, &id, &q, hidden, NULL, masks, out));
     EXPECT_OK(sneppx_kv_cache_truncate(cache, id, 21)); /* the next query sees 14..21: held */

@@ -145,3 +145,21 @@ int test_env_flag(const char *name)
     const char *value = getenv(name);
     return value && *value && strcmp(value, "0") != 0;
 }
+
+void test_fill_sentinel(float *data, size_t count)
+{
+    const uint32_t bits = TEST_SENTINEL_BITS;
+    for (size_t i = 0; i < count; i++)
+        memcpy(&data[i], &bits, sizeof bits);
+}
+
+int test_all_sentinel(const float *data, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        uint32_t bits;
+        memcpy(&bits, &data[i], sizeof bits);
+        if (bits != TEST_SENTINEL_BITS)
+            return 0;
+    }
+    return 1;
+}

@@ -70,6 +70,12 @@ int test_finish(const test_tally *tally);
  * (head_dim and rotary dim resolved as the reference resolves them). */
 void test_describe_config(const sneppx_config *config, char *text, size_t size);
 
+/* A quiet NaN no computation produces: buffers a refused call must leave
+ * untouched are filled with it first, and checked bit for bit after. */
+#define TEST_SENTINEL_BITS 0x7fa5a5a5u
+void test_fill_sentinel(float *data, size_t count);
+int test_all_sentinel(const float *data, size_t count);
+
 /* True when the environment variable is set to something other than "" or "0". */
 int test_env_flag(const char *name);
 
