@@ -7,6 +7,7 @@
 
 #include "config_internal.h"
 #include "error.h"
+#include "big_alloc.h"
 #include "kv_cache_internal.h"
 
 /* The options of the first version of the struct: a caller's struct_size may not be smaller. */
@@ -57,6 +58,10 @@ static sneppx_status read_options(const sneppx_kv_cache_options *given, sneppx_k
     if (options->num_layers < 1 || options->num_layers > SNEPPX_KV_MAX_LAYERS)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "options.num_layers: %lld must be in [1, %d]",
                            (long long)options->num_layers, SNEPPX_KV_MAX_LAYERS);
+    if (options->max_sequence_tokens < 0 || options->max_sequence_tokens > SNEPPX_KV_MAX_CAPACITY_TOKENS)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "options.max_sequence_tokens: %lld must be in [0, 2^31 - 1] (0 = the whole pool)",
+                           (long long)options->max_sequence_tokens);
     if (element_size(options->dtype) == 0)
         return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "options.dtype: %d is not a sneppx_kv_dtype this build stores",
                            (int)options->dtype);
@@ -64,6 +69,20 @@ static sneppx_status read_options(const sneppx_kv_cache_options *given, sneppx_k
 }
 
 static int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+/* Entries of a new sequence's page table: the most pages it can hold (the pool;
+ * under a window, the window and the page it grows into, plus one more when the
+ * window does not start on a page; max_sequence_tokens when given), so that
+ * appending never grows the table. */
+static int64_t table_pages(const sneppx_kv_cache_options *options, const struct sneppx_kv_shape *shape, int64_t pages)
+{
+    int64_t most = pages;
+    if (options->max_sequence_tokens > 0)
+        most = (options->max_sequence_tokens + options->page_size - 1) / options->page_size + 1;
+    if (shape->window > 0)
+        most = most < shape->window / options->page_size + 3 ? most : shape->window / options->page_size + 3;
+    return most < pages ? most : pages;
+}
 
 sneppx_status sneppx_kv_cache_create(const sneppx_config *config, const sneppx_kv_cache_options *given,
                                      sneppx_kv_cache **out)
@@ -120,12 +139,10 @@ sneppx_status sneppx_kv_cache_create(const sneppx_config *config, const sneppx_k
     cache->layer_block_bytes = layer_block_bytes;
     cache->page_bytes = page_bytes;
     cache->page_count = (int32_t)pages;
+    cache->table_pages = table_pages(&options, &shape, pages);
     pthread_mutex_init(&cache->lock, NULL);
-    void *pool = NULL;
     /* Untouched pages cost no memory until first written. */
-    if (posix_memalign(&pool, 64, (size_t)(pages * page_bytes)) != 0)
-        pool = NULL;
-    cache->pool = pool;
+    cache->pool = sneppx_alloc_big((size_t)(pages * page_bytes));
     cache->refcount = calloc((size_t)pages, sizeof *cache->refcount);
     cache->free_pages = malloc((size_t)pages * sizeof *cache->free_pages);
     if (!cache->pool || !cache->refcount || !cache->free_pages) {
@@ -213,7 +230,7 @@ static struct sneppx_kv_sequence *sequence_new(const sneppx_kv_cache *cache, int
     if (!seq)
         return NULL;
     seq->lengths = calloc((size_t)cache->num_layers, sizeof *seq->lengths);
-    seq->capacity = capacity > 4 ? capacity : 4;
+    seq->capacity = capacity > 1 ? capacity : 1;
     seq->pages = malloc((size_t)seq->capacity * sizeof *seq->pages);
     if (!seq->lengths || !seq->pages) {
         sequence_free(seq);
@@ -272,7 +289,7 @@ sneppx_status sneppx_kv_cache_add_sequence(sneppx_kv_cache *cache, int64_t *seq_
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "cache: must not be NULL");
     if (!seq_id)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "seq_id: must not be NULL");
-    struct sneppx_kv_sequence *seq = sequence_new(cache, 0);
+    struct sneppx_kv_sequence *seq = sequence_new(cache, cache->table_pages);
     if (!seq)
         return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "cache: out of memory for a sequence");
     pthread_mutex_lock(&cache->lock);
@@ -310,7 +327,7 @@ sneppx_status sneppx_kv_cache_fork(sneppx_kv_cache *cache, int64_t seq_id, int64
     sneppx_status status = SNEPPX_ERR_INVALID_ARGUMENT;
     struct sneppx_kv_sequence *parent = find_idle_sequence(cache, seq_id, "seq_id"), *child = NULL;
     if (parent) {
-        child = sequence_new(cache, parent->capacity);
+        child = sequence_new(cache, parent->capacity > cache->table_pages ? parent->capacity : cache->table_pages);
         status = child ? sequence_insert(cache, child, "seq_id")
                        : sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "seq_id: out of memory for the fork of sequence %lld",
                                      (long long)seq_id);

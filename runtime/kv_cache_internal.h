@@ -52,6 +52,7 @@ struct sneppx_kv_cache {
     int64_t layer_block_bytes, page_bytes;
     unsigned char *pool;
     int32_t page_count;
+    int64_t table_pages;        /* a new sequence's page table entries */
     int32_t *refcount;          /* [page_count], 0 = free */
     int32_t *free_pages;        /* stack of free page indices */
     int32_t free_count;

@@ -4,6 +4,6 @@
 #include "layer_internal.h"
 
 int sneppx_thread_count(const sneppx_layer *layer);
-void *sneppx_alloc_floats(size_t count);   /* 64-byte aligned, huge pages advised */
+void *sneppx_alloc_floats(size_t count);   /* sneppx_alloc_big of count floats */
 
 #endif

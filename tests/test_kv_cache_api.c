@@ -127,6 +127,13 @@ static void test_create_options(void)
     options.dtype = (sneppx_kv_dtype)7;
     EXPECT_ERROR(sneppx_kv_cache_create(&config, &options, &cache), SNEPPX_ERR_UNSUPPORTED, "options.dtype");
     options.dtype = SNEPPX_KV_FLOAT32;
+    static const int64_t bad_max_sequence[] = {-1, SNEPPX_KV_MAX_CAPACITY_TOKENS + 1};
+    for (size_t i = 0; i < sizeof bad_max_sequence / sizeof bad_max_sequence[0]; i++) {
+        options.max_sequence_tokens = bad_max_sequence[i];
+        EXPECT_ERROR(sneppx_kv_cache_create(&config, &options, &cache), SNEPPX_ERR_INVALID_ARGUMENT,
+                     "options.max_sequence_tokens");
+    }
+    options.max_sequence_tokens = 0;
     options.struct_size = 4;
     EXPECT_ERROR(sneppx_kv_cache_create(&config, &options, &cache), SNEPPX_ERR_INVALID_ARGUMENT,
                  "options.struct_size");

@@ -13,13 +13,16 @@
  *   - under a window the pool does not grow with the sequence;
  *   - two threads decoding their own sequences of one cache and one layer at
  *     once, while a third adds, forks, appends to, truncates and removes others;
- *   - a warm decode step takes the workspace it released the step before.
+ *   - a warm decode step takes the workspace it released the step before, and
+ *     30 warm steps of 3 sequences across page boundaries allocate nothing;
+ *   - a sequence that outgrows max_sequence_tokens keeps working.
  * Tolerances (max |got - want| / max |want| over the compared rows):
  *   vs the cache-free forward: CACHE_FREE_MAX; the same fp32 projections, the
  *     attention summed in other tiles of keys (online softmax), so a few fp32
  *     roundings apart;
  *   vs the float64 reference: REFERENCE_MAX, as the cache-free forward's own
  *     tests (test_forward_case.h explains the fp32 error budget). */
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,17 +100,24 @@ static void model_free(model *m)
     test_weights_free(&m->weights);
 }
 
-static sneppx_kv_cache *cache_make(const model *m, int64_t capacity, int64_t page_size, int64_t layers)
+static sneppx_kv_cache *cache_make_limited(const model *m, int64_t capacity, int64_t page_size, int64_t layers,
+                                           int64_t max_sequence_tokens)
 {
     sneppx_kv_cache_options options;
     sneppx_kv_cache_options_init(&options);
     options.capacity_tokens = capacity;
+    options.max_sequence_tokens = max_sequence_tokens;
     options.page_size = page_size;
     options.num_layers = layers;
     sneppx_kv_cache *cache = NULL;
     sneppx_status status = sneppx_kv_cache_create(&m->config, &options, &cache);
     TEST_CHECK(&tally, status == SNEPPX_OK, "%s: sneppx_kv_cache_create: %s", m->name, sneppx_last_error());
     return cache;
+}
+
+static sneppx_kv_cache *cache_make(const model *m, int64_t capacity, int64_t page_size, int64_t layers)
+{
+    return cache_make_limited(m, capacity, page_size, layers, 0);
 }
 
 static int64_t add_sequence(sneppx_kv_cache *cache)
@@ -259,6 +269,62 @@ done:
     free(x);
     free(want);
     free(positions);
+}
+
+/* Bytes malloc has handed out and not had back. */
+static size_t heap_in_use(void) { return mallinfo2().uordblks; }
+
+/* Warm decode steps allocate nothing: 3 sequences, pages of 4 tokens, 30 steps
+ * after 2 warm ones (every page table sized at add). Then a cache whose
+ * max_sequence_tokens (6) a sequence outgrows: its table grows, and prefill +
+ * decode still equals the cache-free forward. */
+static void test_decode_heap(const model *m, uint64_t seed)
+{
+    enum { N = 3, PROMPT = 9, WARM = 2, STEPS = 30, T = PROMPT + WARM + STEPS };
+    sneppx_kv_cache *cache = cache_make(m, N * MAX_T, 4, 1);
+    float *x = random_floats(N * T * HIDDEN, seed);
+    float *out = malloc((size_t)(N * T * HIDDEN) * sizeof *out);
+    float *step_x = malloc((size_t)(2 * N * HIDDEN) * sizeof *step_x), *step_out = step_x + N * HIDDEN;
+    int ok = cache && x && out && step_x;
+    int64_t ids[N];
+    for (int s = 0; s < N && ok; s++)
+        ok = (ids[s] = add_sequence(cache)) >= 0 &&
+             feed(m, cache, 0, ids[s], x + s * T * HIDDEN, NULL, NULL, T, 0, PROMPT, out + s * T * HIDDEN);
+    size_t heap_before = 0;
+    const int64_t ones[N] = {1, 1, 1};
+    for (int64_t t = PROMPT; t < T && ok; t++) {
+        if (t == PROMPT + WARM)
+            heap_before = heap_in_use();
+        for (int s = 0; s < N; s++)
+            memcpy(step_x + s * HIDDEN, x + (s * T + t) * HIDDEN, HIDDEN * sizeof(float));
+        sneppx_status status =
+            sneppx_layer_forward_cached(m->layer, cache, 0, N, ids, ones, step_x, NULL, NULL, step_out);
+        ok = TEST_CHECK(&tally, status == SNEPPX_OK, "%s decode heap step %lld: %s", m->name, (long long)t,
+                        sneppx_last_error());
+    }
+    if (ok) {
+        const long long growth = (long long)heap_in_use() - (long long)heap_before;
+        TEST_CHECK(&tally, growth == 0, "%s: %d warm decode steps of %d sequences allocated %lld bytes (want 0)",
+                   m->name, STEPS, N, growth);
+    }
+    sneppx_kv_cache_destroy(cache);
+
+    sneppx_kv_cache *small = cache_make_limited(m, MAX_T, 4, 1, 6);
+    float *want = malloc((size_t)(T * HIDDEN) * sizeof *want);
+    if (small && want && ok) {
+        full_forward(m, T, x, NULL, NULL, want);
+        const int64_t id = add_sequence(small);
+        ok = feed(m, small, 0, id, x, NULL, NULL, T, 0, 5, out);
+        for (int64_t t = 5; t < T && ok; t++)
+            ok = feed(m, small, 0, id, x, NULL, NULL, T, t, t + 1, out);
+        if (ok)
+            expect_rows(m, "past max_sequence_tokens", out, want, T, x, NULL, NULL);
+    }
+    sneppx_kv_cache_destroy(small);
+    free(want);
+    free(x);
+    free(out);
+    free(step_x);
 }
 
 /* Explicit masks: causal rows with a random bias and a few extra masked keys;
@@ -622,8 +688,10 @@ int main(void)
             }
             if (configs[i].config.sliding_window > 0)
                 test_window_pool(&m, 60);
-            if (i == 2)
+            if (i == 2) {
                 test_concurrent(&m, 80);
+                test_decode_heap(&m, 90);
+            }
             if (i == 5) {
                 model second;
                 if (model_make(&second, "qwen2 bias (second layer)", configs[i].config, 77)) {

@@ -69,10 +69,16 @@ typedef struct sneppx_kv_cache_options {
     int64_t num_layers;        /* layers of this shape sharing the page tables, in
                                   [1, SNEPPX_KV_MAX_LAYERS] */
     sneppx_kv_dtype dtype;     /* SNEPPX_KV_FLOAT32 (the only one today) */
+    int64_t max_sequence_tokens; /* tokens one sequence holds at most, which sizes every
+                                  sequence's page table once, at add and fork, so that no
+                                  forward call allocates; 0 = the whole pool (4 bytes per
+                                  page of the pool per sequence). A sequence that outgrows it
+                                  still works: its table grows once per doubling. In
+                                  [0, SNEPPX_KV_MAX_CAPACITY_TOKENS] */
 } sneppx_kv_cache_options;
 
 /* struct_size = sizeof, capacity_tokens 0 (must be set), page_size 0 (16),
- * num_layers 1, dtype float32. */
+ * num_layers 1, dtype float32, max_sequence_tokens 0 (the pool). */
 SNEPPX_API void sneppx_kv_cache_options_init(sneppx_kv_cache_options *options);
 
 typedef struct sneppx_kv_cache sneppx_kv_cache;

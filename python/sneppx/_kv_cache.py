@@ -23,6 +23,7 @@ class KVCacheOptions(ctypes.Structure):
         ("page_size", ctypes.c_int64),
         ("num_layers", ctypes.c_int64),
         ("dtype", ctypes.c_int),
+        ("max_sequence_tokens", ctypes.c_int64),
     ]
 
 
@@ -68,6 +69,7 @@ class KVCache:
         options.capacity_tokens = batch * (pages_per_row + 1) * page_size
         options.page_size = page_size
         options.num_layers = num_layers
+        options.max_sequence_tokens = max_tokens
         handle = ctypes.c_void_p()
         check(lib.sneppx_kv_cache_create(ctypes.byref(config), ctypes.byref(options), ctypes.byref(handle)))
         self._handle = handle.value
