@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "probe/read_probe.h"
 #include "timing.h"
 
 #define BENCH_MAX_THREAD_COUNTS 2
@@ -31,12 +32,19 @@ struct bench_context {
     /* Measured by the peak stage, in the same run as everything they divide. */
     double fma_gflops[BENCH_MAX_THREAD_COUNTS];
     double read_gbs[BENCH_MAX_THREAD_COUNTS];
+    read_probe beside;         /* the buffer of bench_read_bandwidth_beside, made at first use */
     int failures;              /* stages or cases that could not run */
 };
 
 /* The measured limit for a thread count of ctx->thread_counts (0 if unmeasured). */
 double bench_fma_peak(const struct bench_context *ctx, int threads);
 double bench_read_bandwidth(const struct bench_context *ctx, int threads);
+
+/* The read bandwidth now, best of 3 passes over 512 MiB (64 MiB with --quick):
+ * what decode rates are divided by, probed just before and just after the case
+ * so that both see the same host (a shared one, whose bandwidth wanders by 2x
+ * within a run). 0 when the buffer cannot be allocated. */
+double bench_read_bandwidth_beside(struct bench_context *ctx, int threads);
 
 /* How a stage times its work: the full plan, or one run of each for --quick. */
 struct bench_plan bench_plan_for(const struct bench_context *ctx, int min_reps, int max_reps,

@@ -11,12 +11,9 @@
 /* Independent accumulator chains: 2 FMA pipes x 4 cycles of latency keep 8 in
  * flight; 12 leaves slack and still fits the 16 registers of AVX2. */
 #define FMA_CHAINS 12
-#define BANDWIDTH_ACCUMULATORS 4
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
-typedef float v16f_mem __attribute__((vector_size(64), aligned(64), may_alias));
-typedef float v8f_mem __attribute__((vector_size(32), aligned(64), may_alias));
 
 #if defined(__x86_64__) || defined(__i386__)
 #define TARGET_WIDE __attribute__((target("avx512f,fma"), noinline))
@@ -53,28 +50,6 @@ typedef float v8f_mem __attribute__((vector_size(32), aligned(64), may_alias));
 DEFINE_FMA_LOOP(fma_loop_wide, v16f, TARGET_WIDE)
 DEFINE_FMA_LOOP(fma_loop_narrow, v8f, TARGET_NARROW)
 
-#define DEFINE_READ_LOOP(name, vtype, vmem, target)                                 \
-    target static float name(const float *data, int64_t count)                     \
-    {                                                                               \
-        const int64_t lanes = (int64_t)(sizeof(vtype) / sizeof(float));             \
-        const int64_t step = lanes * BANDWIDTH_ACCUMULATORS;                        \
-        vtype s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};                               \
-        for (int64_t i = 0; i + step <= count; i += step) {                         \
-            s0 += *(const vmem *)(data + i);                                        \
-            s1 += *(const vmem *)(data + i + lanes);                                \
-            s2 += *(const vmem *)(data + i + 2 * lanes);                            \
-            s3 += *(const vmem *)(data + i + 3 * lanes);                            \
-        }                                                                           \
-        const vtype total = (s0 + s1) + (s2 + s3);                                  \
-        float sum = 0;                                                              \
-        for (int64_t lane = 0; lane < lanes; lane++)                                \
-            sum += total[lane];                                                     \
-        return sum;                                                                 \
-    }
-
-DEFINE_READ_LOOP(read_loop_wide, v16f, v16f_mem, TARGET_WIDE)
-DEFINE_READ_LOOP(read_loop_narrow, v8f, v8f_mem, TARGET_NARROW)
-
 static int host_has_avx512(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -104,24 +79,14 @@ static int run_fma(void *opaque)
 
 struct read_state {
     int threads;
-    int wide;
-    const float *data;
-    int64_t count;
+    const read_probe *probe;
     volatile float sink;
 };
 
 static int run_read(void *opaque)
 {
     struct read_state *state = opaque;
-    float total = 0;
-#pragma omp parallel num_threads(state->threads) reduction(+ : total)
-    {
-        /* Each thread streams its own contiguous share. */
-        const int64_t share = state->count / omp_get_num_threads() / 64 * 64;
-        const float *mine = state->data + share * omp_get_thread_num();
-        total += state->wide ? read_loop_wide(mine, share) : read_loop_narrow(mine, share);
-    }
-    state->sink = total;
+    state->sink = read_probe_pass(state->probe, state->threads);
     return 0;
 }
 
@@ -145,6 +110,13 @@ double bench_read_bandwidth(const struct bench_context *ctx, int threads)
     return slot < 0 ? 0 : ctx->read_gbs[slot];
 }
 
+double bench_read_bandwidth_beside(struct bench_context *ctx, int threads)
+{
+    if (!ctx->beside.buffer && read_probe_init(&ctx->beside, ctx->quick ? (size_t)64 << 20 : (size_t)512 << 20) != 0)
+        return 0;
+    return read_probe_best_gbs(&ctx->beside, threads, 3);
+}
+
 void bench_stage_peak(struct bench_context *ctx)
 {
     const int wide = host_has_avx512();
@@ -154,15 +126,13 @@ void bench_stage_peak(struct bench_context *ctx)
                          "than the caches (pages touched before timing)");
     /* ~0.2 s per run at 200 GFLOP/s per core; a buffer of 1 GiB (64 MiB for --quick). */
     const int64_t iterations = ctx->quick ? 2000000 : 100000000;
-    const int64_t read_floats = ctx->quick ? ((int64_t)16 << 20) : ((int64_t)256 << 20);
-    float *buffer = bench_alloc_floats((size_t)read_floats);
-    if (!buffer) {
-        fprintf(stderr, "sneppx-bench: no memory for the %lld MiB bandwidth buffer\n",
-                (long long)(read_floats >> 18));
+    const size_t read_bytes = ctx->quick ? (size_t)64 << 20 : (size_t)1 << 30;
+    read_probe probe;
+    if (read_probe_init(&probe, read_bytes) != 0) {
+        fprintf(stderr, "sneppx-bench: no memory for the %zu MiB bandwidth buffer\n", read_bytes >> 20);
         ctx->failures++;
         return;
     }
-    bench_fill_uniform(buffer, read_floats, 1, 1.0f);
     const struct bench_plan plan = bench_plan_for(ctx, 5, 9, 2.0);
 
     for (int t = 0; t < ctx->thread_count_n; t++) {
@@ -179,14 +149,14 @@ void bench_stage_peak(struct bench_context *ctx)
     }
     for (int t = 0; t < ctx->thread_count_n; t++) {
         const int threads = ctx->thread_counts[t];
-        struct read_state read = {.threads = threads, .wide = wide, .data = buffer, .count = read_floats};
+        struct read_state read = {.threads = threads, .probe = &probe};
         struct bench_result result = {.stage = "peak", .impl = "read", .threads = threads,
                                       .unit = BENCH_UNIT_BYTES};
-        snprintf(result.case_name, sizeof result.case_name, "read %lld MiB", (long long)(read_floats >> 18));
-        result.work = (double)(read_floats / threads / 64 * 64 * threads) * sizeof(float);
+        snprintf(result.case_name, sizeof result.case_name, "read %zu MiB", read_bytes >> 20);
+        result.work = read_probe_pass_bytes(&probe, threads);
         bench_measure(run_read, &read, &plan, &result.seconds);
         ctx->read_gbs[t] = bench_rate(&result, result.seconds.min);
         bench_report_pair(&result, NULL, "(bandwidth = best run)");
     }
-    free(buffer);
+    read_probe_free(&probe);
 }

@@ -262,6 +262,7 @@ int main(int argc, char **argv)
     }
 
     bench_report_targets(&ctx);
+    read_probe_free(&ctx.beside);
     printf("\n");
     print_load("at end");
     if (csv_path) {

@@ -234,14 +234,17 @@ static void report_decode(struct bench_context *ctx, struct generation *g, int64
                                 .work = bytes, .unit = BENCH_UNIT_BYTES};
     snprintf(ours.case_name, sizeof ours.case_name, "decode b%lld%s", (long long)g->batch,
              g->batch > 1 ? " ragged" : "");
-    ours.peak_rate = bench_read_bandwidth(ctx, threads);
     decode_step(g); /* warm: the workspace for this batch, copy-on-write of forked pages */
+    const double before = bench_read_bandwidth_beside(ctx, threads);
     const size_t heap_before = heap_bytes();
     if (bench_measure(decode_step, g, plan, &ours.seconds) != 0) {
         ctx->failures++;
         return;
     }
-    const long long heap_growth = (long long)heap_bytes() - (long long)heap_before;
+    const size_t heap_after = heap_bytes();
+    const double after = bench_read_bandwidth_beside(ctx, threads);
+    ours.peak_rate = before > after ? before : after;
+    const long long heap_growth = (long long)heap_after - (long long)heap_before;
     char note[96];
     snprintf(note, sizeof note, "heap %+lld B over %d warm steps", heap_growth, ours.seconds.reps + plan->warmup);
     const struct bench_stats *baselines[] = {llama, torch};
@@ -324,7 +327,8 @@ static void report_chunked(struct bench_context *ctx, struct generation *g, int6
 void bench_stage_generate(struct bench_context *ctx)
 {
     bench_report_section("generation: " MODEL " layer through the paged KV cache, every core",
-                         "decode: ms per step, GB/s and % of the measured read bandwidth on the bytes a step "
+                         "decode: ms per step, GB/s and % of the read bandwidth (probed just before and after each "
+                         "case, best of both) on the bytes a step "
                          "must read (weights + visible cache, float32); speedup = baseline time / sneppx "
                          "time; ragged batches: lengths 0.5-1.5x the context (forks of one prefill, "
                          "0.75-1.25x, past 4096), the baselines' rows all at the context");

@@ -7,8 +7,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "probe/read_probe.h"
 #include "run.h"
 #include "sneppx/sneppx.h"
+
+#define PROBE_BYTES ((size_t)512 << 20)
+#define PROBE_RUNS 3
 
 #define PREFILL_CHUNK 512
 
@@ -94,7 +98,7 @@ static double cache_bytes_per_step(const struct decode_run *run, int64_t window,
     return total / (double)run->steps;
 }
 
-static int report(struct decode_run *run, const sneppx_config *config, int threads, double prefill_ms)
+static int report(struct decode_run *run, const sneppx_config *config, double bandwidth, double prefill_ms)
 {
     sneppx_kv_cache_stats stats;
     if (sneppx_kv_cache_stats_get(run->cache, &stats) != SNEPPX_OK)
@@ -109,13 +113,12 @@ static int report(struct decode_run *run, const sneppx_config *config, int threa
     const double weights = sneppx_layer_weight_bytes(run->layer);
     const double cache = cache_bytes_per_step(run, config->sliding_window, token_bytes);
     const double gbs = (weights + cache) / (median * 1e-3) * 1e-9;
-    const double bandwidth = run_read_bandwidth_gbs(threads);
     printf("   decode: median %.3f ms per step (min %.3f, max %.3f) over %lld steps = %.1f tokens/s\n", median,
            run->step_ms[0], run->step_ms[run->steps - 1], (long long)run->steps,
            (double)run->batch / (median * 1e-3));
     printf("   a step reads %.1f MB of weights + %.1f MB of cache = %.1f GB/s", weights * 1e-6, cache * 1e-6, gbs);
     if (bandwidth > 0)
-        printf(", %.0f%% of the measured read bandwidth (%.1f GB/s): roofline %.3f ms per step\n",
+        printf(", %.0f%% of the read bandwidth measured beside the steps (%.1f GB/s): roofline %.3f ms per step\n",
                100 * gbs / bandwidth, bandwidth, (weights + cache) / (bandwidth * 1e9) * 1e3);
     else
         printf(" (no memory to measure the read bandwidth)\n");
@@ -166,9 +169,24 @@ int run_decode(const char *arch, int64_t batch, int64_t context, int64_t steps, 
     if (prefill(&run, &state, config.hidden_size) != 0)
         goto done;
     const double prefill_ms = now_ms() - start;
-    if (decode_steps(&run, &state, config.hidden_size) != 0)
+    /* The host is shared: the bandwidth is the best of the probes just before
+     * and just after the steps, in the same conditions as they ran. */
+    read_probe probe;
+    double bandwidth = 0;
+    const int probed = read_probe_init(&probe, PROBE_BYTES) == 0;
+    if (probed)
+        bandwidth = read_probe_best_gbs(&probe, threads, PROBE_RUNS);
+    if (decode_steps(&run, &state, config.hidden_size) != 0) {
+        if (probed)
+            read_probe_free(&probe);
         goto done;
-    failed = report(&run, &config, threads, prefill_ms);
+    }
+    if (probed) {
+        const double after = read_probe_best_gbs(&probe, threads, PROBE_RUNS);
+        bandwidth = after > bandwidth ? after : bandwidth;
+        read_probe_free(&probe);
+    }
+    failed = report(&run, &config, bandwidth, prefill_ms);
 done:
     sneppx_kv_cache_destroy(run.cache);
     sneppx_layer_destroy(run.layer);

@@ -3,15 +3,11 @@
 #define SNEPPX_TOOLS_RUN_H
 #include <stdint.h>
 
-/* Best-of-3 read bandwidth of `threads` threads (0: OpenMP's default) over a
- * 512 MiB buffer, in GB/s; 0 when the buffer cannot be allocated. */
-double run_read_bandwidth_gbs(int threads);
-
 /* Generation on preset `arch` with synthetic weights: `batch` sequences
  * prefilled with `context` tokens each (chunks of 512), then `steps` decode
  * steps of one token per sequence through a paged KV cache. Prints the prefill
- * time, ms per step, tokens/s and the bytes a step reads against the measured
- * read bandwidth. 0 on success. */
+ * time, ms per step, tokens/s and the bytes a step reads against the read
+ * bandwidth measured just before and after the steps. 0 on success. */
 int run_decode(const char *arch, int64_t batch, int64_t context, int64_t steps, int threads, int flash);
 
 #endif
