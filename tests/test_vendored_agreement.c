@@ -206,7 +206,7 @@ struct vendored {
                           int64_t, const float *, const int64_t *, float *, float *, int);
     const char *(*last_error)(void);
     char keys[SLOTS][SNEPPX_KEY_MAX];
-    void *symbols[SLOTS];
+    void (*symbols[SLOTS])(void); /* the entry point of keys[i] */
     int key_count;
     float *packed; /* PROT_NONE: the traced forward must never read it */
     size_t packed_bytes;
@@ -219,7 +219,7 @@ static struct vendored *current;
 static void vendored_hook(void (*kernel)(void), const void *args)
 {
     for (int i = 0; i < current->key_count; i++)
-        if (current->symbols[i] == (void *)kernel) {
+        if (current->symbols[i] == kernel) {
             record(current->keys[i], args);
             return;
         }
@@ -269,6 +269,25 @@ static int vendored_open(const char *name, const char *target, struct vendored *
     free(manifest);
     if (!TEST_CHECK(&tally, prefix[0], "%s: no prefix in the manifest", path))
         return 0;
+    /* The kernels' keys; their entry points are the layer file's own (static),
+     * so the wrapper, in the same translation unit, lists them in key order. */
+    snprintf(path, sizeof path, "%s/manifest.txt", dir);
+    char *keys = read_text(path);
+    if (!TEST_CHECK(&tally, keys != NULL, "cannot read %s", path))
+        return 0;
+    char entry_list[SLOTS * (SNEPPX_KEY_MAX + 48)] = "";
+    for (char *line = strtok(keys, "\n"); line && v->key_count < SLOTS; line = strtok(NULL, "\n")) {
+        snprintf(v->keys[v->key_count], SNEPPX_KEY_MAX, "%s", line);
+        /* The entry point of a key: sneppx_ + the key with '-' and '.' as '_' (kernels.symbol_of_key). */
+        char symbol[SNEPPX_KEY_MAX + 16];
+        snprintf(symbol, sizeof symbol, "sneppx_%s", line);
+        for (char *c = symbol; *c; c++)
+            *c = *c == '-' || *c == '.' ? '_' : *c;
+        const size_t used = strlen(entry_list);
+        snprintf(entry_list + used, sizeof entry_list - used, "    (void (*)(void))%s,\n", symbol);
+        v->key_count++;
+    }
+    free(keys);
     snprintf(path, sizeof path, "%s/trace.c", dir);
     FILE *wrapper = fopen(path, "w");
     if (!TEST_CHECK(&tally, wrapper != NULL, "cannot write %s", path))
@@ -277,8 +296,9 @@ static int vendored_open(const char *name, const char *target, struct vendored *
             "/* The vendored layer with every kernel call sent to a hook (tests/test_vendored_agreement.c). */\n"
             "void (*sneppx_trace_hook)(void (*)(void), const void *);\n"
             "#define SNEPPX_AOT_KERNEL_CALL(kernel, args) sneppx_trace_hook((void (*)(void))(kernel), (args))\n"
-            "#include \"%s.c\"\n",
-            prefix);
+            "#include \"%s.c\"\n"
+            "void (*const sneppx_trace_entries[])(void) = {\n%s};\n",
+            prefix, entry_list);
     fclose(wrapper);
     snprintf(command, sizeof command,
              "cc -std=c11 -O0 -fPIC -shared -fopenmp -Wall -Wextra -Werror -I '%s' '%s/trace.c' -o '%s/libtrace.so' -lm",
@@ -307,21 +327,11 @@ static int vendored_open(const char *name, const char *target, struct vendored *
         return 0;
     *hook = vendored_hook;
 
-    snprintf(path, sizeof path, "%s/manifest.txt", dir);
-    char *keys = read_text(path);
-    if (!TEST_CHECK(&tally, keys != NULL, "cannot read %s", path))
+    void (*const *entries)(void) = dlsym(v->library, "sneppx_trace_entries");
+    if (!TEST_CHECK(&tally, entries != NULL, "%s: no sneppx_trace_entries", path))
         return 0;
-    for (char *line = strtok(keys, "\n"); line && v->key_count < SLOTS; line = strtok(NULL, "\n")) {
-        snprintf(v->keys[v->key_count], SNEPPX_KEY_MAX, "%s", line);
-        /* The entry point of a key: sneppx_ + the key with '-' and '.' as '_' (kernels.symbol_of_key). */
-        snprintf(symbol, sizeof symbol, "sneppx_%s", line);
-        for (char *c = symbol; *c; c++)
-            *c = *c == '-' || *c == '.' ? '_' : *c;
-        v->symbols[v->key_count] = dlsym(v->library, symbol);
-        TEST_CHECK(&tally, v->symbols[v->key_count] != NULL, "%s: no entry point %s", name, symbol);
-        v->key_count++;
-    }
-    free(keys);
+    for (int i = 0; i < v->key_count; i++)
+        v->symbols[i] = entries[i];
     v->packed_bytes = (size_t)v->packed_floats() * sizeof(float);
     v->packed = mmap(NULL, v->packed_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     return TEST_CHECK(&tally, v->packed != MAP_FAILED, "mmap of %zu bytes failed", v->packed_bytes);
