@@ -64,7 +64,7 @@ static void usage(FILE *to)
                 "  deepseek-v2-lite) on synthetic weights; --list-archs prints the preset names.\n"
                 "  --decode: prefill C tokens in each of B sequences, then N decode steps through a\n"
                 "  paged KV cache: ms per step, tokens/s, and the bytes a step reads against the\n"
-                "  measured read bandwidth.\n");
+                "  read bandwidth measured just before and after the steps.\n");
 }
 
 static int run_arch(const char *arch, int64_t batch, int64_t seq_len, int threads, int repeat, int flash)
