@@ -163,3 +163,21 @@ def test_sneppx_gen_refuses_other_types(tmp_path):
     result = subprocess.run([sys.executable, str(SNEPPX_GEN), "--arch", "qwen2-0.5B", "--weight-dtype", "int8",
                              "-o", str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 2 and "--weight-dtype: invalid choice: 'int8'" in result.stderr
+
+
+def test_sneppx_gen_hand_config_weight_dtype(tmp_path):
+    """The hand form (LLMConfig's keywords) takes weight_dtype by name; --weight-dtype wins."""
+    config_file = tmp_path / "hand.json"
+    config_file.write_text(json.dumps(dict(hidden_size=64, num_attention_heads=2, weight_dtype="float16")))
+    for extra, want in (([], "float16"), (["--weight-dtype", "bfloat16"], "bfloat16")):
+        out = tmp_path / want
+        result = subprocess.run([sys.executable, str(SNEPPX_GEN), "--config", str(config_file), *extra,
+                                 "-o", str(out)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["weight_dtype"] == want
+        assert all(f"-{want}-" in key for key in manifest["keys"] if key.startswith("gemm-"))
+    config_file.write_text(json.dumps(dict(hidden_size=64, num_attention_heads=2, weight_dtype="fp8")))
+    result = subprocess.run([sys.executable, str(SNEPPX_GEN), "--config", str(config_file), "-o",
+                             str(tmp_path / "bad")], capture_output=True, text=True)
+    assert result.returncode != 0 and "weight_dtype: 'fp8' is not one of float32, bfloat16, float16" in result.stderr
