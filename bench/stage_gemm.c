@@ -116,7 +116,7 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
                        int tokens_count)
 {
     const int64_t max_tokens = tokens_list[tokens_count - 1];
-    const int64_t values[] = {shape->k, shape->n, 0};
+    const int64_t values[] = {shape->k, shape->n, 0, 0}; /* no bias, float32 weights */
     const sneppx_kernel *kernel;
     if (sneppx_kernel_resolve("gemm", values, ctx->target, &kernel) != SNEPPX_OK) {
         fprintf(stderr, "sneppx-bench: gemm %s: %s\n", shape->name, sneppx_last_error());

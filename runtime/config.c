@@ -17,6 +17,11 @@ void sneppx_config_init(sneppx_config *config)
         *config = sneppx_config_defaults;
 }
 
+const char *sneppx_dtype_name(int dtype)
+{
+    return dtype >= 0 && dtype < SNEPPX_DTYPE_COUNT ? sneppx_dtype_names[dtype] : NULL;
+}
+
 int sneppx_preset_count(void) { return sneppx_presets_count; }
 
 const char *sneppx_preset_name(int index)
@@ -240,6 +245,9 @@ sneppx_status sneppx_config_validate(const sneppx_config *config)
     CHECK_FLAG(o_bias);
     CHECK_FLAG(mla_naive);
     CHECK_FLAG(use_flash_attn);
+    if ((int)config->weight_dtype < 0 || (int)config->weight_dtype >= SNEPPX_DTYPE_COUNT)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.weight_dtype: %d is not a sneppx_dtype (%s)",
+                           (int)config->weight_dtype, sneppx_dtype_list);
     sneppx_status status = check_ranges(config);
     if (status != SNEPPX_OK)
         return status;

@@ -15,6 +15,12 @@ extern const char *const sneppx_rope_type_names[];
 extern const int sneppx_rope_type_count;
 extern const char sneppx_rope_type_list[];
 
+/* config_fields.DTYPES, rendered beside it: names and element sizes by
+ * sneppx_dtype value, and "float32, bfloat16, float16" for messages. */
+extern const char *const sneppx_dtype_names[];
+extern const int sneppx_dtype_bytes[];
+extern const char sneppx_dtype_list[];
+
 /* config_fields.ROPE_PARAMETERS (sneppx_rope_scaling's fields but type), rendered
  * beside them: how a rope_scaling dict gives each (runtime/config_json.c reads the
  * table), which sneppx_config_validate requires finite, and their copy into struct

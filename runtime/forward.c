@@ -44,7 +44,7 @@ static void run_gemm(const sneppx_layer *layer, const struct sneppx_packed_gemm 
         args.col_end = args.col_begin + tile.cols < gemm->n ? args.col_begin + tile.cols : gemm->n;
         args.src = src + instance * src_step;
         args.src_stride = src_stride;
-        args.weight = gemm->panels + instance * gemm->panel_floats;
+        args.weight = (const char *)gemm->panels + instance * gemm->panel_bytes;
         args.bias = gemm->bias;
         args.dst = dst + instance * dst_step;
         args.dst_stride = dst_stride;

@@ -14,10 +14,11 @@
 
 /* A packed GEMM operand: weights in the kernel's panel layout (+ bias). */
 struct sneppx_packed_gemm {
-    const sneppx_kernel *kernel;   /* gemm-k<K>-n<N>-bias<0|1>-v<vw> */
+    const sneppx_kernel *kernel;   /* gemm-k<K>-n<N>-bias<0|1>-<weight type>-v<vw> */
     int64_t k, n;
-    float *panels;                 /* sneppx_gemm_packed_floats(k, n, gemm_nr) per instance */
-    int64_t panel_floats;          /* floats of one instance (MLA packs one per head) */
+    int element_bytes;             /* of the weight type (config.weight_dtype) */
+    void *panels;                  /* sneppx_gemm_packed_bytes(k, n, gemm_nr, element_bytes) per instance */
+    int64_t panel_bytes;           /* bytes of one instance (MLA packs one per head) */
     int64_t instances;             /* packed matrices: 1, or heads for MLA's absorption */
     float *bias;                   /* [n] or NULL */
     int threads;                   /* the layer's, for packing */

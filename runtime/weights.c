@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "big_alloc.h"
 #include "error.h"
 #include "weights.h"
 #include "threads.h"
@@ -12,13 +13,13 @@
 sneppx_status sneppx_pack_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *gemm, int64_t instances,
                                int has_bias)
 {
-    gemm->panel_floats = sneppx_gemm_packed_floats(gemm->k, gemm->n, layer->target->gemm_nr);
+    gemm->panel_bytes = sneppx_gemm_packed_bytes(gemm->k, gemm->n, layer->target->gemm_nr, gemm->element_bytes);
     gemm->threads = sneppx_thread_count(layer);
     gemm->instances = instances;
-    gemm->panels = sneppx_alloc_floats((size_t)(gemm->panel_floats * instances));
+    gemm->panels = sneppx_alloc_big((size_t)(gemm->panel_bytes * instances));
     if (!gemm->panels)
-        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "weights: cannot allocate %lld packed floats for %s",
-                           (long long)(gemm->panel_floats * instances), gemm->kernel->key);
+        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "weights: cannot allocate %lld packed bytes for %s",
+                           (long long)(gemm->panel_bytes * instances), gemm->kernel->key);
     if (has_bias) {
         gemm->bias = calloc((size_t)gemm->n, sizeof(float));
         if (!gemm->bias)
@@ -32,7 +33,8 @@ void sneppx_pack_gemm_instance(struct sneppx_packed_gemm *gemm, int64_t instance
 {
     const int64_t panel_columns = 64; /* columns per pack task: a multiple of every NR */
     const int64_t tasks = (gemm->n + panel_columns - 1) / panel_columns;
-    float *dst = gemm->panels + instance * gemm->panel_floats;
+    /* The _pack entry rounds the float32 rows to the key's weight type. */
+    float *dst = (float *)((char *)gemm->panels + instance * gemm->panel_bytes);
 #pragma omp parallel for schedule(static) num_threads(gemm->threads)
     for (int64_t task = 0; task < tasks; task++) {
         struct sneppx_args args = {0};
@@ -159,7 +161,8 @@ static sneppx_status load_mla(sneppx_layer *layer, const sneppx_weights *w)
             return status;
     } else {
         /* Absorption, once at load: per head, q_lat = q_nope W_UK needs W_UK^T as
-         * the [out=rank, in=nope] operand; o = o_lat W_UV^T uses W_UV [vdim, rank] as is. */
+         * the [out=rank, in=nope] operand; o = o_lat W_UV^T uses W_UV [vdim, rank] as is.
+         * Both are float32 here; packing rounds them to the weight type. */
         if ((status = sneppx_pack_gemm(layer, &layer->absorb_uk, heads, 0)) != SNEPPX_OK ||
             (status = sneppx_pack_gemm(layer, &layer->absorb_uv, heads, 0)) != SNEPPX_OK)
             return status;

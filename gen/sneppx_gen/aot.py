@@ -67,6 +67,11 @@ def _kernel(family: str, values: Dict[str, int], target: Target) -> Kernel:
     return Kernel(family, tuple(values.items()), key, symbol_of_key(key))
 
 
+def _gemm(arch: Arch, values: Dict[str, int], target: Target) -> Kernel:
+    """A projection's GEMM, its panels of the arch's weight type."""
+    return _kernel("gemm", dict(values, weight_type=arch.weight_dtype), target)
+
+
 def _attention_kernels(attention: str, head_dim: int, v_head_dim: int, group: int, window: int,
                        target: Target) -> Dict[str, Kernel]:
     values = {"head_dim": head_dim, "v_head_dim": v_head_dim, "group": group}
@@ -97,11 +102,11 @@ def _plan_standard(arch: Arch, target: Target, attention: str) -> Tuple[Dict[str
             # A token's row in the caller's K and V caches (the cached forward).
             "cache_k_dim": kv_dim, "cache_v_dim": kv_dim, "attn_window": arch.sliding_window}
     kernels = {
-        "qkv": _kernel("gemm", {"k": hidden, "n": dims["qkv_dim"], "bias": arch.qkv_bias}, target),
+        "qkv": _gemm(arch, {"k": hidden, "n": dims["qkv_dim"], "bias": arch.qkv_bias}, target),
         "rope": _kernel("rope", {"rotary_dim": dims["rotary_dim"], "interleaved": arch.rope_interleaved},
                         target),
         **_attention_kernels(attention, head_dim, head_dim, arch.group, dims["attn_window"], target),
-        "o": _kernel("gemm", {"k": q_dim, "n": hidden, "bias": arch.o_bias}, target),
+        "o": _gemm(arch, {"k": q_dim, "n": hidden, "bias": arch.o_bias}, target),
     }
     fields = _weight_fields((
         ("q_proj_weight", q_dim, hidden, True), ("q_proj_bias", q_dim, 0, arch.qkv_bias),
@@ -126,16 +131,16 @@ def _plan_mla(arch: Arch, target: Target, attention: str) -> Tuple[Dict[str, Ker
             "cache_k_dim": latent, "cache_v_dim": 0, "attn_window": 0}
     kernels = {}
     if q_lora:
-        kernels["q_a"] = _kernel("gemm", {"k": hidden, "n": q_lora, "bias": arch.qkv_bias}, target)
+        kernels["q_a"] = _gemm(arch, {"k": hidden, "n": q_lora, "bias": arch.qkv_bias}, target)
         kernels["q_a_norm"] = _kernel("rmsnorm", {"n": q_lora}, target)
-    kernels["q"] = _kernel("gemm", {"k": q_lora or hidden, "n": dims["q_dim"], "bias": 0}, target)
-    kernels["kv_a"] = _kernel("gemm", {"k": hidden, "n": latent, "bias": arch.qkv_bias}, target)
+    kernels["q"] = _gemm(arch, {"k": q_lora or hidden, "n": dims["q_dim"], "bias": 0}, target)
+    kernels["kv_a"] = _gemm(arch, {"k": hidden, "n": latent, "bias": arch.qkv_bias}, target)
     kernels["kv_a_norm"] = _kernel("rmsnorm", {"n": rank}, target)
     kernels["rope"] = _kernel("rope", {"rotary_dim": rope, "interleaved": arch.rope_interleaved}, target)
-    kernels["absorb_uk"] = _kernel("gemm", {"k": nope, "n": rank, "bias": 0}, target)
+    kernels["absorb_uk"] = _gemm(arch, {"k": nope, "n": rank, "bias": 0}, target)
     kernels.update(_attention_kernels(attention, latent, rank, heads, dims["attn_window"], target))
-    kernels["absorb_uv"] = _kernel("gemm", {"k": rank, "n": v_dim, "bias": 0}, target)
-    kernels["o"] = _kernel("gemm", {"k": dims["attn_dim"], "n": hidden, "bias": arch.o_bias}, target)
+    kernels["absorb_uv"] = _gemm(arch, {"k": rank, "n": v_dim, "bias": 0}, target)
+    kernels["o"] = _gemm(arch, {"k": dims["attn_dim"], "n": hidden, "bias": arch.o_bias}, target)
     fields = _weight_fields((
         ("q_a_proj_weight", q_lora, hidden, bool(q_lora)),
         ("q_a_proj_bias", q_lora, 0, bool(q_lora) and arch.qkv_bias),
@@ -192,6 +197,8 @@ def render_layer(p: Plan) -> Tuple[str, str]:
         kernels=kernels,
         weight_fields=p.weight_fields,
         rope_type=ROPE_TYPE_NAMES[p.arch.rope_scaling.type],
+        weight_dtype=config_fields.DTYPES[p.arch.weight_dtype],
+        weight_bytes=config_fields.DTYPE_BYTES[p.arch.weight_dtype],
         rope_initializer=_rope_initializer(p.arch, p.dims["rotary_dim"]),
         rope_freqs=render.render_template("rope_freqs.c.j2", mode="aot"),
         softmax_scale=_float_literal(p.arch.softmax_scale()),
@@ -208,6 +215,7 @@ def manifest(p: Plan) -> dict:
         "target": p.target.name,
         "vector_width": p.target.vector_width,
         "attention": "flash" if p.flash else "sdpa",
+        "weight_dtype": config_fields.DTYPES[p.arch.weight_dtype],
         "source": f"{p.name}.c",
         "header": f"{p.name}.h",
         "prefix": p.name,

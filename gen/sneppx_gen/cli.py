@@ -13,10 +13,11 @@ Exit status: 0 on success, 2 on a usage error or an unknown architecture,
 field, in the runtime's words).
 """
 import argparse
+import dataclasses
 import sys
 from typing import List
 
-from . import archs, build
+from . import archs, build, config_fields
 from .targets import TARGET_NAMES, TARGETS, VECTOR_WIDTHS, Target, host_target, target_named, target_of_width
 
 EXIT_USAGE = 2
@@ -73,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--config", metavar="FILE.json", action=_Once, help="an HF config.json (with model_type), read as libsneppx reads it; without "
                       "model_type, a hand config (sneppx.LLMConfig's keywords, + rotary_dim)")
     parser.add_argument("-o", "--output", metavar="DIR", action=_Once, help="output directory")
+    parser.add_argument("--weight-dtype", choices=config_fields.DTYPES, default=None, action=_Once,
+                        help="storage type of the projections' packed weights (default: the config's, float32); "
+                             "bfloat16 / float16 halve them, products accumulate in float32")
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--target", choices=TARGET_NAMES, default=None, action=_Once,
                         help="the instruction-set target (default: the host's, the first of "
@@ -125,6 +129,8 @@ def main(argv: List[str]) -> int:
         return EXIT_FAILED
     from . import aot
     flash = bool(arch.use_flash_attn) if args.flash is None else args.flash
+    if args.weight_dtype is not None:
+        arch = dataclasses.replace(arch, weight_dtype=config_fields.DTYPES.index(args.weight_dtype))
     if args.target:
         target = target_named(args.target)
     elif args.vector_width:

@@ -17,7 +17,8 @@ tests/python/test_config_fields.py compares the two lists name by name.
 A field says how HF config.json gives it (`hf`): as a key of the same name
 ("key"), or derived (the text says from what); "-" for execution fields that
 no config.json holds. `python` says how sneppx.LLMConfig shows it: "value",
-"none_if_0" (0 means unset: None), "flag" (a 0 / 1 int shown as a bool), or
+"none_if_0" (0 means unset: None), "flag" (a 0 / 1 int shown as a bool), "dtype" (a
+sneppx_dtype shown by its name in DTYPES), or
 "own" (the class computes it); a setter, where there is one, is the class's.
 """
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ INT64 = CType("int64_t", 8, 8, "ctypes.c_int64", int)
 INT = CType("int", 4, 4, "ctypes.c_int", int)
 DOUBLE = CType("double", 8, 8, "ctypes.c_double", float)
 ROPE_TYPE = CType("sneppx_rope_type", 4, 4, "ctypes.c_int", int)
+DTYPE = CType("sneppx_dtype", 4, 4, "ctypes.c_int", int)
 NAME_MAX = 64   # SNEPPX_NAME_MAX
 NAME = CType("char[SNEPPX_NAME_MAX]", NAME_MAX, 1, "ctypes.c_char * NAME_MAX", str)
 
@@ -59,6 +61,12 @@ class Field:
     required: bool = False  # a config.json, a hand config and LLMConfig must give it
     default_from: str = ""  # absent from them: this other field's value
 
+
+# sneppx_dtype's values, by name (numpy's and torch's): the storage types of GEMM
+# weights (weight_dtype). GEMM keys carry it too (kernels.py), in this order.
+DTYPES = ("float32", "bfloat16", "float16")
+# Bytes of one element of each.
+DTYPE_BYTES = (4, 2, 2)
 
 # sneppx_rope_type's values, by HF name.
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
@@ -140,6 +148,8 @@ CONFIG_FIELDS: Tuple[Field, ...] = (
           python="flag"),
     Field("use_flash_attn", INT, 1, "1 = flash, 0 = materialized SDPA", hf="-", python="flag"),
     Field("num_threads", INT, 0, "0 = OpenMP default", hf="-"),
+    Field("weight_dtype", DTYPE, 0, "storage type of the projections' weights (float32, bfloat16, float16); "
+          "biases and norm weights stay float32, products accumulate in float32", hf="-", python="dtype"),
 )
 
 

@@ -440,6 +440,12 @@ def read_hand(root: JsonObject) -> CConfig:
     c.o_bias = top.switch("o_bias", both)
     c.rope_interleaved = top.switch("rope_interleaved", int(c.kv_lora_rank > 0))
     c.use_flash_attn = top.switch("use_flash_attn", 1)
+    weight_dtype = top.string("weight_dtype")
+    if weight_dtype is not None:
+        if weight_dtype not in config_fields.DTYPES:
+            raise ConfigError(f"weight_dtype: {_c_prefix(weight_dtype, 64)!r} is not one of "
+                              f"{', '.join(config_fields.DTYPES)}")
+        c.weight_dtype = config_fields.DTYPES.index(weight_dtype)
     return c
 
 

@@ -25,6 +25,16 @@ typedef enum sneppx_rope_type {
     SNEPPX_ROPE_TYPE_COUNT   /* how many there are (not a type) */
 } sneppx_rope_type;
 
+/* How the projections' weights are stored once packed (sneppx_config.weight_dtype).
+ * Products accumulate in float32 whatever the type; biases and RMSNorm weights
+ * stay float32. Values are fixed: a later type (int8) takes the next value. */
+typedef enum sneppx_dtype {
+    SNEPPX_DTYPE_FLOAT32 = 0,  /* as given (the default) */
+    SNEPPX_DTYPE_BFLOAT16 = 1, /* rounded to nearest even at packing, NaN stays NaN: half the bytes */
+    SNEPPX_DTYPE_FLOAT16 = 2,  /* IEEE binary16, rounded to nearest even, overflow to inf: half the bytes */
+    SNEPPX_DTYPE_COUNT         /* how many there are (not a type) */
+} sneppx_dtype;
+
 typedef struct sneppx_rope_scaling {
     sneppx_rope_type type;
     double factor;                          /* linear, dynamic, llama3, yarn */
@@ -66,6 +76,8 @@ typedef struct sneppx_config {
     int num_threads;                /* 0 = OpenMP default; at most SNEPPX_MAX_THREADS; every
                                        parallel region of the layer (creation, packing,
                                        RoPE tables, forwards) runs on this many */
+    sneppx_dtype weight_dtype;      /* how the projections' weights are stored (default float32);
+                                       a decode step reads half the bytes in bfloat16 / float16 */
 } sneppx_config;
 
 /* A hand config with sneppx's defaults: bias on, flash on, default RoPE
@@ -111,6 +123,10 @@ SNEPPX_API sneppx_status sneppx_rope_scaling_from_json(const char *json_text, si
 /* Number of presets and the CLI name of the i-th ("llama2-7B"). */
 SNEPPX_API int sneppx_preset_count(void);
 SNEPPX_API const char *sneppx_preset_name(int index);
+
+/* A sneppx_dtype's name ("float32", "bfloat16", "float16"), or NULL for a value
+ * that is not one. */
+SNEPPX_API const char *sneppx_dtype_name(int dtype);
 
 /* Checks every field; the error message names the first bad one. */
 SNEPPX_API sneppx_status sneppx_config_validate(const sneppx_config *config);

@@ -107,6 +107,8 @@ def constructor_kwargs(config: S.Config) -> Dict[str, Any]:
             value = rope_scaling_dict(value)
         elif field.python == "flag":
             value = bool(value)
+        elif field.python == "dtype":
+            value = S.DTYPES[value]
         if field.name != "rotary_dim":
             kwargs[field.name] = value
     if c.rotary_dim and not c.kv_lora_rank:

@@ -24,6 +24,8 @@ SYNTHETIC_SEED = 0x5EED5EED  # SNEPPX_SYNTHETIC_SEED
 # sneppx_rope_type by value, and its HF names.
 ROPE_TYPE_NAMES = dict(enumerate(_fields.ROPE_TYPES))
 ROPE_DEFAULT = _fields.ROPE_TYPES.index("default")
+# sneppx_dtype's names, by value (LLMConfig.weight_dtype).
+DTYPES = _fields.DTYPES
 
 
 _float_p = ctypes.POINTER(ctypes.c_float)

@@ -42,6 +42,19 @@ def _partial_rotary_dim(config: S.Config, partial_rotary_factor: Any) -> int:
     return rotary_dim
 
 
+def _dtype(name: str, value: Any) -> int:
+    """A sneppx_dtype by its name (S.DTYPES: "float32", "bfloat16", "float16")."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected one of {', '.join(S.DTYPES)} (a string), got {value!r}")
+    if value not in S.DTYPES:
+        raise ValueError(f"{name}: {value!r} is not one of {', '.join(S.DTYPES)}")
+    return S.DTYPES.index(value)
+
+
+def _dtype_name(value: int) -> str:
+    return S.DTYPES[value] if 0 <= value < len(S.DTYPES) else str(value)
+
+
 def _flag(name: str, value: Any) -> int:
     if not isinstance(value, (bool, np.bool_, int)) or value not in (0, 1):
         raise TypeError(f"{name}: expected a bool, got {value!r}")
@@ -96,6 +109,7 @@ class LLMConfig:
                  o_bias: Optional[bool] = None, partial_rotary_factor: Optional[float] = None,
                  rope_interleaved: Optional[bool] = None, use_flash_attn: Optional[bool] = None,
                  mla_naive: Optional[bool] = None, num_threads: Optional[int] = None,
+                 weight_dtype: Optional[str] = None,
                  num_heads: Optional[int] = None, num_kv_heads: Optional[int] = None, name: Optional[str] = None):
         """Keyword arguments are HF config.json's names (the fields of sneppx_config,
         S.CONFIG_FIELDS), plus the ones below. None (or leaving one out) means
@@ -117,6 +131,10 @@ class LLMConfig:
             from_config_json assumes), False otherwise.
         q_lora_rank ... v_head_dim: DeepSeek V2 MLA (kv_lora_rank turns it on).
         num_threads: 0 = the OpenMP default.
+        weight_dtype: how the projections' weights are stored once packed: "float32" (the
+            default), "bfloat16" or "float16" (half the bytes a decode step reads; rounded to
+            nearest even at load, products still accumulate in float32; biases and norm
+            weights stay float32). Another value raises ValueError naming weight_dtype.
         name: at most 63 of A-Z a-z 0-9 . _ - (it reaches logs and generated code).
         """
         args = dict(locals())   # every argument by name (no other local exists yet)
@@ -155,8 +173,10 @@ class LLMConfig:
     # ---------------------------------------------------------------- constructors
 
     @classmethod
-    def from_name(cls, family: str, size: Optional[str] = None) -> "LLMConfig":
+    def from_name(cls, family: str, size: Optional[str] = None, *,
+                  weight_dtype: Optional[str] = None) -> "LLMConfig":
         """A preset: ("llama3", "8B"), ("mistral", "7B") or a full name ("mistral-7B"), case-insensitive.
+        weight_dtype: as for the constructor (default "float32").
 
         Raises sneppx.UnknownPresetError (a ValueError) listing the valid names."""
         if not isinstance(family, str) or not (size is None or isinstance(size, str)):
@@ -164,6 +184,8 @@ class LLMConfig:
         config = S.Config()
         check(lib.sneppx_config_from_name(_c_text(family), _c_text(size) if size is not None else None,
                                           ctypes.byref(config)))
+        if weight_dtype is not None:
+            config.weight_dtype = _dtype("weight_dtype", weight_dtype)
         self = cls.__new__(cls)
         self._init(config)
         return self
@@ -349,6 +371,8 @@ class LLMConfig:
                   f"qkv_bias={self.qkv_bias}", f"o_bias={self.o_bias}", f"use_flash_attn={self.use_flash_attn}"]
         if self.is_mla:
             parts.append(f"mla_naive={self.mla_naive}")
+        if c.weight_dtype:
+            parts.append(f"weight_dtype={self.weight_dtype!r}")
         parts.append(f"weights={self.weights_source!r}")
         return f"LLMConfig({', '.join(parts)})"
 
@@ -515,6 +539,8 @@ def _field_property(field: Any) -> property:
         return property(lambda self: bool(getattr(self._config, name)), doc=field.doc)
     if field.python == "none_if_0":
         return property(lambda self: getattr(self._config, name) or None, doc=field.doc)
+    if field.python == "dtype":
+        return property(lambda self: _dtype_name(getattr(self._config, name)), doc=field.doc)
     return property(lambda self: getattr(self._config, name), doc=field.doc)
 
 
@@ -536,6 +562,8 @@ def _set_field(config: S.Config, field: Any, value: Any) -> None:
         setattr(config, field.name, _hf._real(field.name, value))
     elif field.python == "flag":
         setattr(config, field.name, _flag(field.name, value))
+    elif field.python == "dtype":
+        setattr(config, field.name, _dtype(field.name, value))
     else:   # sizes: int64_t, or int (num_threads)
         setattr(config, field.name, _size(field.name, value, c_type="int" if field.c_type == "int" else "int64"))
 

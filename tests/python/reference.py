@@ -330,6 +330,32 @@ def random_state_dict(config: Any, rng: np.random.Generator, qkv_bias: bool = Tr
     return out
 
 
+def round_to(array: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values rounded to dtype ("float32", "bfloat16", "float16") and back, exactly
+    as float32: bfloat16 to nearest even on the float32 bits (a NaN stays NaN), float16 by
+    numpy's IEEE conversion (nearest even, overflow to inf)."""
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    if dtype == "float32":
+        return array.copy()
+    if dtype == "float16":
+        with np.errstate(over="ignore"):
+            return array.astype(np.float16).astype(np.float32)
+    if dtype != "bfloat16":
+        raise ValueError(f"dtype: {dtype!r}")
+    bits = array.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16).astype(np.uint32)
+    return np.where(np.isnan(array), array, rounded.view(np.float32))
+
+
+def round_weights(weights: Mapping[str, np.ndarray], dtype: str) -> Dict[str, np.ndarray]:
+    """The weights a layer of weight_dtype dtype computes with: every projection matrix
+    rounded to dtype (round_to), biases and RMSNorm weights as given. MLA's absorbed
+    W_UK^T and W_UV are a transpose and a slice of kv_b_proj, so rounding kv_b_proj
+    rounds them exactly as the layer does after absorbing."""
+    return {name: round_to(value, dtype) if name.endswith(".weight") and "layernorm" not in name
+            else np.asarray(value) for name, value in weights.items()}
+
+
 def causal_additive_mask(batch: int, seq_len: int, window: int = 0,
                          rng: Optional[np.random.Generator] = None) -> np.ndarray:
     """HF's 4-D additive mask [batch, 1, seq, seq]: visible (j <= i, and i - j <= W - 1

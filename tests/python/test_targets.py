@@ -179,9 +179,9 @@ def test_second_target_of_a_width_has_its_own_sources_and_keys(second_v16, tmp_p
     assert "sneppx_gemm_micro12(" in twin_source and "sneppx_gemm_micro14(" not in twin_source
     assert "sneppx_gemm_micro14(" in (tmp_path / "gemm.v16.c").read_text()
 
-    values = {"k": 4096, "n": 6144, "bias": 0}
-    assert kernels.kernel_key("gemm", values, second_v16) == "gemm-k4096-n6144-bias0-v16bf"
-    assert kernels.kernel_key("gemm", values, targets.target_named("v16")) == "gemm-k4096-n6144-bias0-v16"
+    values = {"k": 4096, "n": 6144, "bias": 0, "weight_type": 0}
+    assert kernels.kernel_key("gemm", values, second_v16) == "gemm-k4096-n6144-bias0-float32-v16bf"
+    assert kernels.kernel_key("gemm", values, targets.target_named("v16")) == "gemm-k4096-n6144-bias0-float32-v16"
     plan = aot.plan(archs.find_preset("llama3-8B"), second_v16, True)
     assert plan.unique_kernels() and all(k.key.endswith("-v16bf") for k in plan.unique_kernels())
     assert aot.manifest(plan)["vector_width"] == 16
