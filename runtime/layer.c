@@ -168,6 +168,7 @@ static sneppx_status layer_init(const sneppx_config *config, int all_attention, 
     layer->target = sneppx_host_target();
     atomic_store(&layer->use_flash, config->use_flash_attn ? 1 : 0);
     const int64_t heads = config->num_attention_heads;
+    const sneppx_dtype wt = config->weight_dtype; /* every projection's */
     layer->rotary_dim = sneppx_config_rotary_dim(config);
     layer->softmax_scale = (float)sneppx_config_softmax_scale(config);
     layer->is_mla = config->kv_lora_rank > 0;
@@ -182,20 +183,21 @@ static sneppx_status layer_init(const sneppx_config *config, int all_attention, 
         layer->q_dim = heads * layer->head_dim;
         layer->attn_dim = heads * layer->v_head_dim;
         if (config->q_lora_rank > 0) {
-            request_gemm(&requests, config->weight_dtype, &layer->q_a_proj, config->hidden_size, config->q_lora_rank, config->qkv_bias);
+            request_gemm(&requests, wt, &layer->q_a_proj, config->hidden_size, config->q_lora_rank,
+                         config->qkv_bias);
             request_rmsnorm(&requests, config->q_lora_rank, &layer->q_a_norm);
-            request_gemm(&requests, config->weight_dtype, &layer->qkv_proj, config->q_lora_rank, layer->q_dim, 0);
+            request_gemm(&requests, wt, &layer->qkv_proj, config->q_lora_rank, layer->q_dim, 0);
         } else {
-            request_gemm(&requests, config->weight_dtype, &layer->qkv_proj, config->hidden_size, layer->q_dim, 0);
+            request_gemm(&requests, wt, &layer->qkv_proj, config->hidden_size, layer->q_dim, 0);
         }
-        request_gemm(&requests, config->weight_dtype, &layer->kv_a_proj, config->hidden_size, layer->latent_dim, config->qkv_bias);
+        request_gemm(&requests, wt, &layer->kv_a_proj, config->hidden_size, layer->latent_dim, config->qkv_bias);
         request_rmsnorm(&requests, config->kv_lora_rank, &layer->kv_a_norm);
         if (config->mla_naive) {
             layer->kv_heads = heads;
             layer->attn_head_dim = layer->head_dim;
             layer->attn_v_head_dim = layer->v_head_dim;
             layer->attn_group = 1;
-            request_gemm(&requests, config->weight_dtype, &layer->kv_b_proj, config->kv_lora_rank,
+            request_gemm(&requests, wt, &layer->kv_b_proj, config->kv_lora_rank,
                          heads * (config->qk_nope_head_dim + config->v_head_dim), 0);
         } else {
             /* Absorbed: one shared latent "kv head" of q/k dim kv_lora+rope and v dim kv_lora. */
@@ -203,10 +205,10 @@ static sneppx_status layer_init(const sneppx_config *config, int all_attention, 
             layer->attn_head_dim = layer->latent_dim;
             layer->attn_v_head_dim = config->kv_lora_rank;
             layer->attn_group = heads;
-            request_gemm(&requests, config->weight_dtype, &layer->absorb_uk, config->qk_nope_head_dim, config->kv_lora_rank, 0);
-            request_gemm(&requests, config->weight_dtype, &layer->absorb_uv, config->kv_lora_rank, config->v_head_dim, 0);
+            request_gemm(&requests, wt, &layer->absorb_uk, config->qk_nope_head_dim, config->kv_lora_rank, 0);
+            request_gemm(&requests, wt, &layer->absorb_uv, config->kv_lora_rank, config->v_head_dim, 0);
         }
-        request_gemm(&requests, config->weight_dtype, &layer->o_proj, layer->attn_dim, config->hidden_size, config->o_bias);
+        request_gemm(&requests, wt, &layer->o_proj, layer->attn_dim, config->hidden_size, config->o_bias);
     } else {
         layer->head_dim = sneppx_config_head_dim(config);
         layer->v_head_dim = layer->head_dim;
@@ -220,8 +222,8 @@ static sneppx_status layer_init(const sneppx_config *config, int all_attention, 
         layer->attn_v_head_dim = layer->head_dim;
         layer->attn_group = layer->group;
         layer->attn_window = config->sliding_window;
-        request_gemm(&requests, config->weight_dtype, &layer->qkv_proj, config->hidden_size, layer->qkv_dim, config->qkv_bias);
-        request_gemm(&requests, config->weight_dtype, &layer->o_proj, layer->attn_dim, config->hidden_size, config->o_bias);
+        request_gemm(&requests, wt, &layer->qkv_proj, config->hidden_size, layer->qkv_dim, config->qkv_bias);
+        request_gemm(&requests, wt, &layer->o_proj, layer->attn_dim, config->hidden_size, config->o_bias);
     }
     layer->group = layer->attn_group;
 
@@ -375,7 +377,8 @@ static double gemm_bytes(const struct sneppx_packed_gemm *gemm)
 {
     if (!gemm->panels)
         return 0;
-    return (double)gemm->panel_bytes * (double)gemm->instances + (gemm->bias ? (double)sizeof(float) * (double)gemm->n : 0);
+    const double bias_bytes = gemm->bias ? (double)sizeof(float) * (double)gemm->n : 0;
+    return (double)gemm->panel_bytes * (double)gemm->instances + bias_bytes;
 }
 
 double sneppx_layer_weight_bytes(const sneppx_layer *layer)
