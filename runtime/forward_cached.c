@@ -99,8 +99,7 @@ static int64_t gathered_key_floats(const sneppx_kv_cache *cache)
 static void store_elements(const sneppx_kv_cache *cache, unsigned char *dst, const float *src, int64_t count)
 {
     switch (cache->dtype) {
-    case SNEPPX_KV_FLOAT32:
-    case SNEPPX_KV_DTYPE_COUNT:
+    default: /* float32: the only type kv_cache.c makes */
         memcpy(dst, src, (size_t)count * sizeof(float));
         break;
     }
@@ -109,8 +108,7 @@ static void store_elements(const sneppx_kv_cache *cache, unsigned char *dst, con
 static void load_elements(const sneppx_kv_cache *cache, float *dst, const unsigned char *src, int64_t count)
 {
     switch (cache->dtype) {
-    case SNEPPX_KV_FLOAT32:
-    case SNEPPX_KV_DTYPE_COUNT:
+    default: /* float32: the only type kv_cache.c makes */
         memcpy(dst, src, (size_t)count * sizeof(float));
         break;
     }
@@ -201,7 +199,7 @@ static void attend_decode(const sneppx_layer *layer, const sneppx_kv_cache *cach
     const int64_t q_stride = layer->is_mla ? layer->config.num_attention_heads * layer->latent_dim : layer->qkv_dim;
     const int64_t o_stride = group * kv_heads * dv;
     /* The layer's block in page 0; attn_decode adds pages[j / page_size] * page_stride.
-     * The cache stores float32 (the only sneppx_kv_dtype the kernel reads). */
+     * The cache stores float32 (the only type the kernel reads). */
     const float *layer_base = (const float *)sneppx_kv_block(cache, 0, layer_index);
     const int64_t page_stride = cache->page_bytes / (int64_t)sizeof(float);
     const int64_t window = cache->shape.window;

@@ -11,16 +11,10 @@
 #include "kv_cache_internal.h"
 
 /* The options of the first version of the struct: a caller's struct_size may not be smaller. */
-#define OPTIONS_V1_SIZE (offsetof(sneppx_kv_cache_options, dtype) + sizeof(sneppx_kv_dtype))
+#define OPTIONS_V1_SIZE (offsetof(sneppx_kv_cache_options, dtype) + sizeof(sneppx_dtype))
 
-static int64_t element_size(sneppx_kv_dtype dtype)
-{
-    switch (dtype) {
-    case SNEPPX_KV_FLOAT32: return 4;
-    case SNEPPX_KV_DTYPE_COUNT: break;
-    }
-    return 0;
-}
+/* Bytes of an element of a type the cache stores; 0 for any other. */
+static int64_t element_size(sneppx_dtype dtype) { return dtype == SNEPPX_DTYPE_FLOAT32 ? 4 : 0; }
 
 void sneppx_kv_cache_options_init(sneppx_kv_cache_options *options)
 {
@@ -29,7 +23,7 @@ void sneppx_kv_cache_options_init(sneppx_kv_cache_options *options)
     memset(options, 0, sizeof *options);
     options->struct_size = sizeof *options;
     options->num_layers = 1;
-    options->dtype = SNEPPX_KV_FLOAT32;
+    options->dtype = SNEPPX_DTYPE_FLOAT32;
 }
 
 /* The options as this library reads them: the caller's first struct_size bytes over the defaults. */
@@ -62,9 +56,11 @@ static sneppx_status read_options(const sneppx_kv_cache_options *given, sneppx_k
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                            "options.max_sequence_tokens: %lld must be in [0, 2^31 - 1] (0 = the whole pool)",
                            (long long)options->max_sequence_tokens);
+    if (!sneppx_dtype_name(options->dtype))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "options.dtype: %d is not a sneppx_dtype", (int)options->dtype);
     if (element_size(options->dtype) == 0)
-        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "options.dtype: %d is not a sneppx_kv_dtype this build stores",
-                           (int)options->dtype);
+        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "options.dtype: the cache stores float32 only, not %s",
+                           sneppx_dtype_name(options->dtype));
     return SNEPPX_OK;
 }
 

@@ -4,7 +4,7 @@
  * Pool: page_count pages of page_bytes each, one allocation. A page holds
  * page_size consecutive tokens of one sequence for every layer: layer l's block
  * starts at byte l * layer_block_bytes (a multiple of 64). Inside a block,
- * offsets are in elements of elem_size bytes (sneppx_kv_dtype), slot s = token
+ * offsets are in elements of elem_size bytes (sneppx_dtype), slot s = token
  * index % page_size:
  *   standard: K [kv_heads][page_size][head_dim], then V [kv_heads][page_size][v_head_dim]
  *             (one K/V head's keys in a page are consecutive rows); K after RoPE;
@@ -45,7 +45,7 @@ struct sneppx_kv_shape {
 struct sneppx_kv_cache {
     struct sneppx_kv_shape shape;
     int64_t page_size, page_shift, num_layers;
-    sneppx_kv_dtype dtype;
+    sneppx_dtype dtype;
     int64_t elem_size;
     int64_t token_elems;        /* elements of one token in one layer */
     int64_t k_block_elems;      /* standard: kv_heads * page_size * head_dim (V follows) */

@@ -124,9 +124,13 @@ static void test_create_options(void)
     options.num_layers = SNEPPX_KV_MAX_LAYERS + 1;
     EXPECT_ERROR(sneppx_kv_cache_create(&config, &options, &cache), SNEPPX_ERR_INVALID_ARGUMENT, "options.num_layers");
     options.num_layers = 1;
-    options.dtype = (sneppx_kv_dtype)7;
-    EXPECT_ERROR(sneppx_kv_cache_create(&config, &options, &cache), SNEPPX_ERR_UNSUPPORTED, "options.dtype");
-    options.dtype = SNEPPX_KV_FLOAT32;
+    options.dtype = (sneppx_dtype)7;
+    EXPECT_ERROR(sneppx_kv_cache_create(&config, &options, &cache), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "options.dtype: 7 is not a sneppx_dtype");
+    options.dtype = SNEPPX_DTYPE_BFLOAT16;
+    EXPECT_ERROR(sneppx_kv_cache_create(&config, &options, &cache), SNEPPX_ERR_UNSUPPORTED,
+                 "options.dtype: the cache stores float32 only, not bfloat16");
+    options.dtype = SNEPPX_DTYPE_FLOAT32;
     static const int64_t bad_max_sequence[] = {-1, SNEPPX_KV_MAX_CAPACITY_TOKENS + 1};
     for (size_t i = 0; i < sizeof bad_max_sequence / sizeof bad_max_sequence[0]; i++) {
         options.max_sequence_tokens = bad_max_sequence[i];
@@ -167,7 +171,7 @@ static void test_create_options(void)
                (long long)stats.total_pages, (long long)stats.token_elements);
     sneppx_kv_cache_destroy(cache);
     /* A caller whose struct ends at dtype (the first version) gets the defaults past it. */
-    options.struct_size = (uint32_t)(offsetof(sneppx_kv_cache_options, dtype) + sizeof(sneppx_kv_dtype));
+    options.struct_size = (uint32_t)(offsetof(sneppx_kv_cache_options, dtype) + sizeof(sneppx_dtype));
     EXPECT_OK(sneppx_kv_cache_create(&config, &options, &cache));
     sneppx_kv_cache_destroy(cache);
     sneppx_kv_cache_destroy(NULL);

@@ -46,13 +46,6 @@
 extern "C" {
 #endif
 
-/* How the cache stores an element. Sizes are computed from the element size,
- * so other types can join without changing the layout rules. */
-typedef enum sneppx_kv_dtype {
-    SNEPPX_KV_FLOAT32 = 0,
-    SNEPPX_KV_DTYPE_COUNT   /* how many there are (not a type) */
-} sneppx_kv_dtype;
-
 #define SNEPPX_KV_DEFAULT_PAGE_SIZE 16
 /* capacity_tokens is at most this (attention kernels index keys with int32). */
 #define SNEPPX_KV_MAX_CAPACITY_TOKENS (((int64_t)1 << 31) - 1)
@@ -68,7 +61,9 @@ typedef struct sneppx_kv_cache_options {
                                   0 = SNEPPX_KV_DEFAULT_PAGE_SIZE */
     int64_t num_layers;        /* layers of this shape sharing the page tables, in
                                   [1, SNEPPX_KV_MAX_LAYERS] */
-    sneppx_kv_dtype dtype;     /* SNEPPX_KV_FLOAT32 (the only one today) */
+    sneppx_dtype dtype;        /* how an element is stored (config.h's types): SNEPPX_DTYPE_FLOAT32,
+                                  the only one the cache stores today; sizes follow the
+                                  element size, so narrower types keep the layout rules */
     int64_t max_sequence_tokens; /* tokens one sequence holds at most, which sizes every
                                   sequence's page table once, at add and fork, so that no
                                   forward call allocates; 0 = the whole pool (4 bytes per
