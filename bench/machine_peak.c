@@ -50,15 +50,6 @@ typedef float v8f __attribute__((vector_size(32)));
 DEFINE_FMA_LOOP(fma_loop_wide, v16f, TARGET_WIDE)
 DEFINE_FMA_LOOP(fma_loop_narrow, v8f, TARGET_NARROW)
 
-static int host_has_avx512(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    return __builtin_cpu_supports("avx512f");
-#else
-    return 1;
-#endif
-}
-
 struct fma_state {
     int threads;
     int wide;
@@ -119,7 +110,7 @@ double bench_read_bandwidth_beside(struct bench_context *ctx, int threads)
 
 void bench_stage_peak(struct bench_context *ctx)
 {
-    const int wide = host_has_avx512();
+    const int wide = read_probe_host_is_wide();
     const int lanes = wide ? 16 : 8;
     bench_report_section("machine: FMA peak and read bandwidth",
                          "FMA: register-resident vector FMA chains; read: vector sum over a buffer far larger "

@@ -94,24 +94,18 @@ static int64_t gathered_key_floats(const sneppx_kv_cache *cache)
     return shape->is_mla ? shape->kv_lora_rank + shape->rope_dim : shape->head_dim + shape->v_head_dim;
 }
 
-/* ---- element conversion: the cache's dtype <-> float ---- */
+/* ---- element conversion: the cache's dtype <-> float (where a narrow type converts) ---- */
 
 static void store_elements(const sneppx_kv_cache *cache, unsigned char *dst, const float *src, int64_t count)
 {
-    switch (cache->dtype) {
-    default: /* float32: the only type kv_cache.c makes */
-        memcpy(dst, src, (size_t)count * sizeof(float));
-        break;
-    }
+    (void)cache; /* float32: the only type kv_cache.c makes */
+    memcpy(dst, src, (size_t)count * sizeof(float));
 }
 
 static void load_elements(const sneppx_kv_cache *cache, float *dst, const unsigned char *src, int64_t count)
 {
-    switch (cache->dtype) {
-    default: /* float32: the only type kv_cache.c makes */
-        memcpy(dst, src, (size_t)count * sizeof(float));
-        break;
-    }
+    (void)cache; /* float32: the only type kv_cache.c makes */
+    memcpy(dst, src, (size_t)count * sizeof(float));
 }
 
 /* Keys [lo, hi) of K/V head kv_head of seq at `layer`, copied from its pages to

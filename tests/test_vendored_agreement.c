@@ -371,12 +371,31 @@ static void check_keys(const sneppx_layer *layer, const struct vendored *v, cons
     free(copy);
 }
 
-/* One forward on both sides; returns whether each accepted it, and the messages. */
+/* Whether one side accepted a call, and its message. */
 struct verdict {
     int accepted;
     char message[256];
 };
 
+static void runtime_verdict(struct verdict *runtime, sneppx_status status)
+{
+    runtime->accepted = status == SNEPPX_OK;
+    snprintf(runtime->message, sizeof runtime->message, "%s", status == SNEPPX_OK ? "" : sneppx_last_error());
+}
+
+static void vendored_verdict(struct verdict *vendored, const struct vendored *v, int code)
+{
+    vendored->accepted = code == VENDORED_OK;
+    snprintf(vendored->message, sizeof vendored->message, "%s", code == VENDORED_OK ? "" : v->last_error());
+}
+
+/* The vendored forward's scratch, 64-byte aligned; NULL when it needs none (the call is then refused). */
+static float *vendored_scratch(int64_t floats)
+{
+    return floats > 0 ? aligned_alloc(64, ((size_t)floats * sizeof(float) + 63) / 64 * 64) : NULL;
+}
+
+/* One forward on both sides; returns whether each accepted it, and the messages. */
 static void run_both(sneppx_layer *layer, struct vendored *v, int64_t batch, int64_t seq_len, const float *mask,
                      const int64_t *shape, const int64_t *positions, int threads, struct trace *rt,
                      struct trace *vt, struct verdict *runtime, struct verdict *vendored)
@@ -388,17 +407,15 @@ static void run_both(sneppx_layer *layer, struct vendored *v, int64_t batch, int
     mask_base = mask;
     recording = rt;
     sneppx_status status = sneppx_layer_forward(layer, batch, seq_len, x, mask, shape, positions, out);
-    runtime->accepted = status == SNEPPX_OK;
-    snprintf(runtime->message, sizeof runtime->message, "%s", status == SNEPPX_OK ? "" : sneppx_last_error());
+    runtime_verdict(runtime, status);
 
     const int64_t floats = v->scratch_floats(batch, seq_len, threads);
-    float *scratch = floats > 0 ? aligned_alloc(64, ((size_t)floats * sizeof(float) + 63) / 64 * 64) : NULL;
+    float *scratch = vendored_scratch(floats);
     recording = vt;
     current = v;
     const int code = scratch ? v->forward(v->packed, batch, seq_len, x, mask, shape, positions, out, scratch, threads)
                              : -1;
-    vendored->accepted = code == VENDORED_OK;
-    snprintf(vendored->message, sizeof vendored->message, "%s", code == VENDORED_OK ? "" : v->last_error());
+    vendored_verdict(vendored, v, code);
     free(scratch);
     free(x);
     free(out);
@@ -557,19 +574,17 @@ static void run_both_cached(sneppx_layer *layer, sneppx_kv_cache *cache, const i
     mask_base = NULL;
     recording = rt;
     sneppx_status status = sneppx_layer_forward_cached(layer, cache, 0, n_seqs, seq_ids, q_lens, x, positions, NULL, out);
-    runtime->accepted = status == SNEPPX_OK;
-    snprintf(runtime->message, sizeof runtime->message, "%s", status == SNEPPX_OK ? "" : sneppx_last_error());
+    runtime_verdict(runtime, status);
 
     const int64_t floats = v->cached_scratch_floats(tokens, CACHED_CAPACITY, threads);
-    float *scratch = floats > 0 ? aligned_alloc(64, ((size_t)floats * sizeof(float) + 63) / 64 * 64) : NULL;
+    float *scratch = vendored_scratch(floats);
     recording = vt;
     current = v;
     const int code = scratch ? v->forward_cached(v->packed, n_seqs, q_lens, caller->lengths, caller->k,
                                                  layer->is_mla ? NULL : caller->v, CACHED_CAPACITY, x, positions, out,
                                                  scratch, threads)
                              : -1;
-    vendored->accepted = code == VENDORED_OK;
-    snprintf(vendored->message, sizeof vendored->message, "%s", code == VENDORED_OK ? "" : v->last_error());
+    vendored_verdict(vendored, v, code);
     for (int64_t i = 0; vendored->accepted && i < n_seqs; i++)
         caller->lengths[i] += q_lens[i];
     free(scratch);

@@ -96,28 +96,31 @@ def config_fields_c() -> str:
     out += _field_checks("sneppx_rope_scaling", config_fields.ROPE_SCALING_FIELDS)
     out += _field_checks("sneppx_config", config_fields.CONFIG_FIELDS)
     out.append("\n/* The RoPE types of the list, by the value config.h's enum gives each. */\n")
-    for value, name in enumerate(ROPE_TYPE_NAMES):
-        out.append(f"_Static_assert({name} == {value}, \"{name} is RoPE type {value} of config_fields.ROPE_TYPES\");\n")
-    out.append(f"_Static_assert(SNEPPX_ROPE_TYPE_COUNT == {len(ROPE_TYPE_NAMES)}, "
-               "\"sneppx_rope_type has exactly the types of config_fields.ROPE_TYPES\");\n")
-    names = ", ".join(c_string(name) for name in config_fields.ROPE_TYPES)
-    out.append(f"const char *const sneppx_rope_type_names[] = {{{names}}};\n"
-               f"const int sneppx_rope_type_count = {len(ROPE_TYPE_NAMES)};\n"
-               f"const char sneppx_rope_type_list[] = {c_string(', '.join(config_fields.ROPE_TYPES))};\n")
+    out += _enum_table("RoPE type", "sneppx_rope_type", "ROPE_TYPES", ROPE_TYPE_NAMES, config_fields.ROPE_TYPES)
+    out.append(f"const int sneppx_rope_type_count = {len(ROPE_TYPE_NAMES)};\n")
     out.append("\n/* The weight types of the list, by the value config.h's enum gives each. */\n")
-    for value, name in enumerate(DTYPE_NAMES):
-        out.append(f"_Static_assert({name} == {value}, \"{name} is dtype {value} of config_fields.DTYPES\");\n")
-    out.append(f"_Static_assert(SNEPPX_DTYPE_COUNT == {len(DTYPE_NAMES)}, "
-               "\"sneppx_dtype has exactly the types of config_fields.DTYPES\");\n")
-    names = ", ".join(c_string(name) for name in config_fields.DTYPES)
+    out += _enum_table("dtype", "sneppx_dtype", "DTYPES", DTYPE_NAMES, config_fields.DTYPES)
     sizes = ", ".join(str(size) for size in config_fields.DTYPE_BYTES)
-    out.append(f"const char *const sneppx_dtype_names[] = {{{names}}};\n"
-               f"const int sneppx_dtype_bytes[] = {{{sizes}}};\n"
-               f"const char sneppx_dtype_list[] = {c_string(', '.join(config_fields.DTYPES))};\n")
+    out.append(f"const int sneppx_dtype_bytes[] = {{{sizes}}};\n")
     out.append(_rope_fields_c())
     out.append("\nconst sneppx_config sneppx_config_defaults =\n    "
                f"{c_initializer(config_fields.CONFIG_FIELDS, defaults, chr(10) + '     ')};\n")
     return "".join(out)
+
+
+def _enum_table(what: str, c_type: str, list_name: str, enum_names, names) -> list:
+    """An enum of config.h pinned to a list of config_fields (each enumerator's value and
+    the count), and its names as C: <c_type>_names[] by value and <c_type>_list, for
+    messages."""
+    out = [f"_Static_assert({name} == {value}, \"{name} is {what} {value} of config_fields.{list_name}\");\n"
+           for value, name in enumerate(enum_names)]
+    count = c_type.upper() + "_COUNT"
+    out.append(f"_Static_assert({count} == {len(enum_names)}, "
+               f"\"{c_type} has exactly the types of config_fields.{list_name}\");\n")
+    quoted = ", ".join(c_string(name) for name in names)
+    out.append(f"const char *const {c_type}_names[] = {{{quoted}}};\n"
+               f"const char {c_type}_list[] = {c_string(', '.join(names))};\n")
+    return out
 
 
 def _rope_fields_c() -> str:

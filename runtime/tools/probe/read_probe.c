@@ -46,7 +46,7 @@ typedef float v8f_mem __attribute__((vector_size(32), aligned(64), may_alias));
 DEFINE_READ_LOOP(read_wide, v16f, v16f_mem, TARGET_WIDE)
 DEFINE_READ_LOOP(read_narrow, v8f, v8f_mem, TARGET_NARROW)
 
-static int host_is_wide(void)
+int read_probe_host_is_wide(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
     return __builtin_cpu_supports("avx512f");
@@ -70,7 +70,7 @@ int read_probe_init(read_probe *probe, size_t bytes)
     memset(memory, 0, bytes); /* first touch outside any timing */
     probe->buffer = memory;
     probe->floats = (int64_t)(bytes / sizeof(float));
-    probe->wide = host_is_wide();
+    probe->wide = read_probe_host_is_wide();
     return 0;
 }
 

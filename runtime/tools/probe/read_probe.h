@@ -14,6 +14,10 @@ typedef struct read_probe {
     int wide; /* 16-float vectors (AVX-512), else 8 */
 } read_probe;
 
+/* 1 when the host runs 16-float vectors (AVX-512F), the width the probe and the
+ * bench's FMA peak use; else 0 (8-float AVX2 vectors). */
+int read_probe_host_is_wide(void);
+
 /* A buffer of `bytes` (rounded to huge pages), touched before any timing. 0 on success. */
 int read_probe_init(read_probe *probe, size_t bytes);
 void read_probe_free(read_probe *probe);
