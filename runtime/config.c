@@ -296,6 +296,29 @@ sneppx_status sneppx_config_validate(const sneppx_config *config)
     return validate_rope(config, rotary_dim);
 }
 
+const char *sneppx_config_beyond_positions_hint(const sneppx_config *config, int implicit_positions)
+{
+    /* HF computes cos/sin for any position; the frequencies read max_position_embeddings
+     * only in llama3 and yarn without original_max_position_embeddings. */
+    const sneppx_rope_type type = config->rope_scaling.type;
+    const int frequencies_fixed = type == SNEPPX_ROPE_DEFAULT || type == SNEPPX_ROPE_LINEAR ||
+                                  config->rope_scaling.original_max_position_embeddings > 0;
+    if (frequencies_fixed)
+        return implicit_positions
+                   ? " (position_ids NULL: the sequence's length + i; HF runs on past it with the same "
+                     "frequencies: raising max_position_embeddings does the same; extend_context() instead "
+                     "rescales theta for a longer context)"
+                   : " (HF runs on past it with the same frequencies: raising max_position_embeddings does "
+                     "the same; extend_context() instead rescales theta for a longer context)";
+    return implicit_positions
+               ? " (position_ids NULL: the sequence's length + i; this RoPE's frequencies depend on "
+                 "max_position_embeddings, in HF too: raise it, or set original_max_position_embeddings "
+                 "to keep them; extend_context() rescales theta instead)"
+               : " (this RoPE's frequencies depend on max_position_embeddings, in HF too: raise it, or "
+                 "set original_max_position_embeddings to keep them; extend_context() rescales theta "
+                 "instead)";
+}
+
 sneppx_status sneppx_config_extend_context(sneppx_config *config, int64_t new_max_positions)
 {
     sneppx_clear_error();

@@ -45,4 +45,9 @@ int64_t sneppx_config_head_dim(const sneppx_config *config);
 int64_t sneppx_config_rotary_dim(const sneppx_config *config);
 void sneppx_config_rope_params(const sneppx_config *config, struct sneppx_rope_params *params);
 
+/* What follows "position_ids: position P is beyond max_position_embeddings M":
+ * the two ways past it and which one is HF's. implicit_positions: the cached
+ * forward made the positions (position_ids NULL). */
+const char *sneppx_config_beyond_positions_hint(const sneppx_config *config, int implicit_positions);
+
 #endif

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "config_internal.h"
 #include "error.h"
 #include "forward.h"
 #include "kv_cache_internal.h"
@@ -513,9 +514,7 @@ sneppx_status sneppx_layer_forward_cached(sneppx_layer *layer, sneppx_kv_cache *
     if (status == SNEPPX_OK &&
         sneppx_forward_check_positions(plan.positions, tokens, tokens, config->max_position_embeddings,
                                        config->rope_scaling.type == SNEPPX_ROPE_DYNAMIC,
-                                       position_ids ? " (extend_context() raises it)"
-                                                    : " (position_ids NULL: the sequence's length + i; "
-                                                      "extend_context() raises it)",
+                                       sneppx_config_beyond_positions_hint(config, position_ids == NULL),
                                        &max_position, message, sizeof message))
         status = sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s", message);
     if (status == SNEPPX_OK)

@@ -455,7 +455,8 @@ sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t s
     int64_t max_position;
     if (sneppx_forward_check_positions(position_ids, tokens, seq_len, config->max_position_embeddings,
                                        config->rope_scaling.type == SNEPPX_ROPE_DYNAMIC,
-                                       " (extend_context() raises it)", &max_position, message, sizeof message))
+                                       sneppx_config_beyond_positions_hint(config, 0), &max_position, message,
+                                       sizeof message))
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s", message);
 
     const sneppx_kernel *attention;

@@ -421,13 +421,27 @@ static void run_both(sneppx_layer *layer, struct vendored *v, int64_t batch, int
     free(out);
 }
 
-/* The runtime's words, less the hint only it has (a vendored layer's context is fixed). */
+/* Where the runtime's hint past max_position_embeddings begins (its config can be
+ * changed; a vendored layer's is fixed), after `lead`: " (" or "; ". NULL: none. */
+static char *runtime_hint(char *message, const char *lead)
+{
+    static const char *const hints[] = {"HF runs on past it", "this RoPE's frequencies depend"};
+    for (size_t i = 0; i < sizeof hints / sizeof hints[0]; i++) {
+        char start[64];
+        snprintf(start, sizeof start, "%s%s", lead, hints[i]);
+        char *at = strstr(message, start);
+        if (at)
+            return at;
+    }
+    return NULL;
+}
+
+/* The runtime's words, less the hint only it has. */
 static void drop_runtime_hint(struct verdict *runtime)
 {
-    static const char hint[] = " (extend_context() raises it)";
-    const size_t len = strlen(runtime->message);
-    if (len >= sizeof hint - 1 && strcmp(runtime->message + len - (sizeof hint - 1), hint) == 0)
-        runtime->message[len - (sizeof hint - 1)] = '\0';
+    char *at = runtime_hint(runtime->message, " (");
+    if (at)
+        *at = '\0';
 }
 
 static void check_verdicts(struct verdict *runtime, const struct verdict *vendored, const char *what)
@@ -592,12 +606,11 @@ static void run_both_cached(sneppx_layer *layer, sneppx_kv_cache *cache, const i
     free(out);
 }
 
-/* The runtime's hint for default positions names its cache and extend_context();
- * the vendored one stops at the cache. */
+/* The runtime's hint for default positions names its cache, then the ways past
+ * max_position_embeddings; the vendored one stops at the cache. */
 static void drop_cached_hint(struct verdict *runtime)
 {
-    static const char hint[] = "; extend_context() raises it)";
-    char *at = strstr(runtime->message, hint);
+    char *at = runtime_hint(runtime->message, "; ");
     if (at)
         strcpy(at, ")");
 }

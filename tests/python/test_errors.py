@@ -167,6 +167,11 @@ def test_bad_position_ids(cfg, x):
         cfg.forward_mha(x, position_ids=np.array([[0, 1, 2, -3, 4]] * 2))
     with pytest.raises(ValueError, match="position_ids: position 4096 is beyond max_position_embeddings 4096"):
         cfg.forward_mha(x, position_ids=np.array([[0, 1, 2, 3, 4096]]))
+    with pytest.raises(ValueError) as beyond:
+        cfg.forward_mha(x, position_ids=np.array([[0, 1, 2, 3, 4096]]))
+    assert str(beyond.value).endswith(
+        "(HF runs on past it with the same frequencies: raising max_position_embeddings does the same; "
+        "extend_context() instead rescales theta for a longer context)")
     with pytest.raises(ValueError, match="does not fit in int64"):
         cfg.forward_mha(x, position_ids=np.full((1, 5), 2 ** 63, np.uint64))
     # A [1, seq] row of positions applies to every batch row; unsigned ints are fine.
@@ -409,3 +414,19 @@ def test_pickle_is_refused_with_a_reason(cfg):
     import pickle
     with pytest.raises(TypeError, match="LLMConfig cannot be pickled.*copy.deepcopy"):
         pickle.dumps(cfg)
+
+
+def test_beyond_max_positions_names_both_ways_and_which_is_hf(x):
+    # YaRN without original_max_position_embeddings reads max_position_embeddings in its
+    # frequencies (as HF does), so raising it changes the numbers: the hint says so.
+    scaled = sneppx.LLMConfig(**SMALL, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(ValueError) as beyond:
+        scaled.forward_mha(x, position_ids=np.array([[0, 1, 2, 3, 4096]]))
+    assert str(beyond.value).endswith(
+        "(this RoPE's frequencies depend on max_position_embeddings, in HF too: raise it, or set "
+        "original_max_position_embeddings to keep them; extend_context() rescales theta instead)")
+    # The default RoPE's frequencies do not: with max_position_embeddings raised, position
+    # 4096 gets the rotation every position below it already had the formula for.
+    raised = sneppx.LLMConfig(**{**SMALL, "max_position_embeddings": 8192})
+    out = raised.forward_mha(x, position_ids=np.array([[0, 1, 2, 3, 4096]]))
+    assert np.all(np.isfinite(out))
