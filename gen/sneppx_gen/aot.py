@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
-from . import config_fields, render
+from . import config_fields, render, runtime_names
 from .archs import Arch
 from .kernels import MASK_MODES, check_values, kernel_key, symbol_of_key
 from .output import write_if_changed
@@ -226,7 +226,12 @@ def manifest(p: Plan) -> dict:
 
 def generate(arch: Arch, out_dir: str, target: Target, flash: bool) -> List[str]:
     """Writes the layer files into out_dir (created if needed); returns their paths.
-    Raises ValueError for an arch the vendored layer does not cover, OSError on I/O."""
+    Raises ValueError for an arch the vendored layer does not cover or whose name would
+    take the runtime's C names, OSError on I/O."""
+    taken = runtime_names.collision(arch.sanitized_name)
+    if taken:
+        raise ValueError(f"the layer's C names would be sneppx_{arch.sanitized_name}_*, as the runtime's "
+                         f"{taken} is: choose another name (--name)")
     p = plan(arch, target, flash)
     source, header = render_layer(p)
     os.makedirs(out_dir, exist_ok=True)

@@ -104,14 +104,26 @@ def find_preset(name: str, presets: Optional[List[Arch]] = None) -> Optional[Arc
     return None
 
 
-def load_config_file(path: str) -> Arch:
-    """The Arch of a config file (an HF config.json, or sneppx's hand form); refuses what the
-    runtime refuses (config_json), with ConfigError / OSError naming the file and the field."""
-    root, c = config_json.read_file(path)
+def load_config_file(path: str, name: Optional[str] = None) -> Arch:
+    """The Arch of a config file (an HF config.json, or sneppx's hand form) or of a checkpoint
+    directory (its config.json); refuses what the runtime refuses (config_json), with
+    ConfigError / OSError naming the file and the field. The Arch's name is `name`, else the
+    file's "name", else the checkpoint directory's name (a file called config.json is named
+    after its directory, never "config"), else the file's stem."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / "config.json"
+    root, c = config_json.read_file(str(file))
+    if name is not None:
+        problem = config_json.name_problem(name) if name else "empty"
+        if problem:
+            raise ConfigError(f"--name: {problem}")
+        return arch_from_config(c, name)
+    fallback = file.resolve().parent.name if file.name == "config.json" else file.stem
     try:
-        name = config_json.read_name(root, Path(path).stem)
+        name = config_json.read_name(root, fallback)
     except ConfigError as error:
-        raise ConfigError(f"{path}: {error}") from None
+        raise ConfigError(f"{file}: {error}") from None
     return arch_from_config(c, name)
 
 

@@ -2,7 +2,7 @@
 
     sneppx-gen --list
     sneppx-gen --arch NAME -o DIR [--target NAME|--vector-width W] [--flash|--sdpa]
-    sneppx-gen --config FILE.json -o DIR [--target NAME|--vector-width W] [--flash|--sdpa]
+    sneppx-gen --config PATH [--name NAME] -o DIR [--target NAME|--vector-width W] [--flash|--sdpa]
                                      (W: a target's vector width, targets.py)
                                      (an HF config.json, read as the runtime reads it,
                                      or a hand config: see config_json.py)
@@ -71,8 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--list", action="store_true", help="list the architecture presets")
     what.add_argument("--arch", metavar="NAME", action=_Once, help='preset name, case-insensitive ("llama3-8B", "mistral-7B")')
-    what.add_argument("--config", metavar="FILE.json", action=_Once, help="an HF config.json (with model_type), read as libsneppx reads it; without "
-                      "model_type, a hand config (sneppx.LLMConfig's keywords, + rotary_dim)")
+    what.add_argument("--config", metavar="PATH", action=_Once, help="an HF config.json (with model_type), or the checkpoint directory "
+                      "holding it, read as libsneppx reads it; without model_type, a hand config (sneppx.LLMConfig's "
+                      "keywords, + rotary_dim)")
+    parser.add_argument("--name", metavar="NAME", action=_Once, help="with --config: the layer's name (its files are "
+                        "sneppx_<name>.c/.h); default: the config's \"name\", else the checkpoint directory's name")
     parser.add_argument("-o", "--output", metavar="DIR", action=_Once, help="output directory")
     parser.add_argument("--weight-dtype", choices=config_fields.DTYPES, default=None, action=_Once,
                         help="storage type of the projections' packed weights (default: the config's, float32); "
@@ -114,6 +117,8 @@ def main(argv: List[str]) -> int:
         return _list_presets()
     if not args.output:
         parser.error("-o DIR is required with --arch and --config")
+    if args.name is not None and not args.config:
+        parser.error("--name goes with --config (a preset keeps its own name)")
     try:
         if args.arch:
             presets = archs.load_presets()
@@ -123,7 +128,7 @@ def main(argv: List[str]) -> int:
                       + ", ".join(a.name for a in presets), file=sys.stderr)
                 return EXIT_USAGE
         else:
-            arch = archs.load_config_file(args.config)
+            arch = archs.load_config_file(args.config, args.name)
     except (OSError, ValueError) as error:
         print(f"sneppx-gen: {error}", file=sys.stderr)
         return EXIT_FAILED

@@ -12,3 +12,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 GEN_DIR = PACKAGE_DIR.parent
 ARCHS_JSON = GEN_DIR / "archs.json"
 TEMPLATE_DIR = Path(os.environ.get("SNEPPX_TEMPLATE_DIR") or GEN_DIR.parent / "templates")
+# The runtime's public headers: include/sneppx in the source tree, PREFIX/include/sneppx
+# installed (GEN_DIR is PREFIX/share/sneppx/gen); None when neither is there.
+RUNTIME_HEADER_DIR = next((d for d in (GEN_DIR.parent / "include" / "sneppx",
+                                       GEN_DIR.parent.parent.parent / "include" / "sneppx") if d.is_dir()), None)

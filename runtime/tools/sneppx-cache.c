@@ -4,7 +4,8 @@
  *   sneppx-cache list                   one line per entry: key, bytes, last use, verdict
  *   sneppx-cache clear                  removes every entry
  *   sneppx-cache warmup --arch NAME...  compiles (or loads) every kernel of the
- *                                       presets' layers; --all for every preset
+ *                                       presets' layers; --all for every preset;
+ *                      --config PATH    a checkpoint's config.json (or its directory)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,11 +24,12 @@
 
 static void usage(FILE *out)
 {
-    fputs("usage: sneppx-cache show | list | clear | warmup (--arch NAME)... | warmup --all\n"
+    fputs("usage: sneppx-cache show | list | clear | warmup (--arch NAME | --config PATH)... | warmup --all\n"
           "  show    the cache directory, its size and bound, and the host it compiles for\n"
           "  list    every entry: key, bytes, last use, and whether this build would load it\n"
           "  clear   remove every entry\n"
-          "  warmup  compile (or verify) every kernel of the named presets' layers\n"
+          "  warmup  compile (or verify) every kernel of the named presets' layers, or of the layer a\n"
+          "          checkpoint's config.json (PATH: the file or its directory) describes\n"
           "Environment: SNEPPX_CACHE_DIR, SNEPPX_CACHE_MAX_MB, SNEPPX_CACHE_LOCK_TIMEOUT, SNEPPX_VERBOSE\n"
           "(see sneppx/cache.h).\n",
           out);
@@ -120,12 +122,35 @@ static int list(void)
     return 0;
 }
 
-static int warmup_one(const char *name)
+/* How a checkpoint's line is labelled: its directory's name (the last component
+ * of PATH, or of PATH less a final config.json). */
+static void checkpoint_label(const char *path, char *label, size_t size)
 {
+    size_t end = strlen(path);
+    while (end > 1 && path[end - 1] == '/')
+        end--;
+    static const char file[] = "/config.json";
+    if (end >= sizeof file - 1 && strncmp(path + end - (sizeof file - 1), file, sizeof file - 1) == 0)
+        end -= sizeof file - 1;
+    size_t start = end;
+    while (start > 0 && path[start - 1] != '/')
+        start--;
+    snprintf(label, size, "%.*s", (int)(end - start), path + start);
+}
+
+/* name: a preset's, or with from_file a config.json or checkpoint directory. */
+static int warmup_one(const char *name, int from_file)
+{
+    char label[256];
+    if (from_file)
+        checkpoint_label(name, label, sizeof label);
+    else
+        snprintf(label, sizeof label, "%s", name);
     sneppx_config config;
-    sneppx_status status = sneppx_config_from_name(name, NULL, &config);
+    sneppx_status status =
+        from_file ? sneppx_config_from_json_file(name, &config) : sneppx_config_from_name(name, NULL, &config);
     if (status != SNEPPX_OK)
-        return fail(name, status);
+        return fail(label, status);
     sneppx_jit_stats before, after;
     sneppx_jit_stats_get(&before);
     struct timespec start, end;
@@ -133,10 +158,11 @@ static int warmup_one(const char *name)
     status = sneppx_layer_warmup(&config);
     clock_gettime(CLOCK_MONOTONIC, &end);
     if (status != SNEPPX_OK)
-        return fail(name, status);
+        return fail(label, status);
     sneppx_jit_stats_get(&after);
     double ms = (double)(end.tv_sec - start.tv_sec) * 1e3 + (double)(end.tv_nsec - start.tv_nsec) * 1e-6;
-    printf("%-20s %3llu compiled (%.0f ms), %3llu loaded from disk, %3llu already in memory, %.0f ms\n", name,
+    printf("%-20s %3llu compiled (%.0f ms), %3llu loaded from disk, %3llu already in memory, %.0f ms\n",
+           sneppx_clip(label).text,
            (unsigned long long)(after.compiles - before.compiles), after.compile_ms_total - before.compile_ms_total,
            (unsigned long long)(after.disk_hits - before.disk_hits),
            (unsigned long long)(after.memory_hits - before.memory_hits), ms);
@@ -149,9 +175,12 @@ static int warmup(int argc, char **argv)
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--all") == 0) {
             for (int p = 0; p < sneppx_preset_count(); p++, names++)
-                failures += warmup_one(sneppx_preset_name(p));
+                failures += warmup_one(sneppx_preset_name(p), 0);
         } else if (strcmp(argv[i], "--arch") == 0 && i + 1 < argc) {
-            failures += warmup_one(argv[++i]);
+            failures += warmup_one(argv[++i], 0);
+            names++;
+        } else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
+            failures += warmup_one(argv[++i], 1);
             names++;
         } else {
             fprintf(stderr, "sneppx-cache: warmup: unexpected '%s'\n", sneppx_clip(argv[i]).text);
@@ -160,7 +189,7 @@ static int warmup(int argc, char **argv)
         }
     }
     if (names == 0) {
-        fprintf(stderr, "sneppx-cache: warmup needs --arch NAME or --all; presets:");
+        fprintf(stderr, "sneppx-cache: warmup needs --arch NAME, --config PATH or --all; presets:");
         for (int p = 0; p < sneppx_preset_count(); p++)
             fprintf(stderr, " %s", sneppx_preset_name(p));
         fputc('\n', stderr);
