@@ -4,10 +4,11 @@ This module owns every path and environment override of the package. The
 library is looked up once, at import, in this order:
 
 1. ``$SNEPPX_LIBRARY``: the path of the shared library (nothing else is tried).
-2. The installed layout: ``cmake --install`` puts this package in
+2. Inside the package: ``pip install .`` puts ``libsneppx.so`` in ``sneppx/``.
+3. The installed layout: ``cmake --install`` puts this package in
    ``<prefix>/<libdir>/python3/dist-packages/sneppx`` and the library in
    ``<prefix>/<libdir>/libsneppx.so``.
-3. A build tree: ``<build>/python/sneppx`` (the copy the build makes) next to
+4. A build tree: ``<build>/python/sneppx`` (the copy the build makes) next to
    ``<build>/runtime/libsneppx.so``; or, from a source checkout
    (``<repo>/python/sneppx``), ``<repo>/build/runtime/libsneppx.so`` and then
    the most recently built ``<repo>/build*/runtime/libsneppx.so``.
@@ -33,7 +34,7 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 
 def _candidates() -> List[Path]:
     installed_libdir = _PACKAGE_DIR.parents[2]
-    candidates = [installed_libdir / name for name in _NAMES]
+    candidates = [_PACKAGE_DIR / _NAMES[0]] + [installed_libdir / name for name in _NAMES]
     build_root = _PACKAGE_DIR.parents[1]
     candidates += [build_root / "runtime" / name for name in _NAMES]
     repo_builds = sorted(build_root.glob("build*/runtime/libsneppx.so"),
