@@ -1,3 +1,4 @@
+/* ctest: two cores (threads or processes of its own; ctest -j2 runs it alone) */
 /* The disk cache across processes:
  *
  * 1. Eight processes started at once (released together from a pipe) on a

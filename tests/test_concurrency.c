@@ -1,3 +1,4 @@
+/* ctest: two cores (threads or processes of its own; ctest -j2 runs it alone) */
 /* Concurrency of the public API.
  *
  * 1. Layers of five architectures (GQA, sliding window, Qwen2-style bias with

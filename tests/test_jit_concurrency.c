@@ -1,3 +1,4 @@
+/* ctest: two cores (threads or processes of its own; ctest -j2 runs it alone) */
 /* The in-memory kernel cache under concurrency: 8 threads asking for one cold
  * key at the same moment compile it once and get the same kernel; then 8
  * threads hammering a mix of keys (some cold) compile each key once. */

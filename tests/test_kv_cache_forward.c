@@ -1,3 +1,4 @@
+/* ctest: two cores (threads or processes of its own; ctest -j2 runs it alone) */
 /* sneppx_layer_forward_cached against the cache-free sneppx_layer_forward of
  * the whole sequence and against the float64 reference (tests/support), for
  * LLaMA (GQA ratios 1, 2, 4, 8), Mistral (sliding window 13), Qwen2 (q/k/v

@@ -333,15 +333,13 @@ static void test_harness_sensitivity(void)
     test_inputs_free(&padded);
 }
 
-int main(void)
+/* ctest: 3 shards (tests/CMakeLists.txt): the parts below, dealt round-robin. */
+int main(int argc, char **argv)
 {
     if (test_force_reference())
         printf("SNEPPX_TEST_FORCE_REFERENCE: the reference stands in for the layer (harness check)\n");
-    test_harness_sensitivity();
-    test_presets();
-    test_gqa_ratios();
-    test_sweep();
-    test_long_sequences();
-    test_mla();
-    return test_finish(&tally);
+    /* The presets (16 full-size layers) are most of the time: their shard's other part is the cheapest. */
+    static const test_part parts[] = {test_presets, test_long_sequences, test_sweep,
+                                      test_harness_sensitivity, test_gqa_ratios, test_mla};
+    return test_run_parts(argc, argv, parts, (int)(sizeof parts / sizeof parts[0]), &tally);
 }

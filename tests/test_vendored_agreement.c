@@ -1,3 +1,4 @@
+/* ctest: two cores (threads or processes of its own; ctest -j2 runs it alone) */
 /* The vendored layer and the runtime run one pipeline. For every preset:
  *   keys       sneppx-gen's manifest lists exactly the kernels a layer of the
  *              preset resolves (sneppx_layer_keys, flash with and without a mask);

@@ -11,6 +11,7 @@ the vendored file is the runtime's float.
 Thresholds: reference.FP32_* against float64; AOT vs JIT 5e-5 / 1e-5 (both fp32,
 the same kernels, partitioned differently over threads).
 """
+# ctest: 4 shards (tests/CMakeLists.txt), each under a minute on 2 cores
 import ctypes
 import json
 import re

@@ -18,6 +18,7 @@
 - LLMConfig(weight_dtype=...), from_name(..., weight_dtype=...), from_config_json
   overrides; bad names refused naming weight_dtype; sneppx-gen --weight-dtype refuses others.
 """
+# ctest: 2 shards (tests/CMakeLists.txt), each under a minute on 2 cores
 import json
 import subprocess
 import sys

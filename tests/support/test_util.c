@@ -110,6 +110,24 @@ int test_finish(const test_tally *tally)
     return tally->failed ? 1 : 0;
 }
 
+int test_run_parts(int argc, char **argv, const test_part *parts, int count, test_tally *tally)
+{
+    int shard = 0, shards = 1;
+    if (argc == 3 && strcmp(argv[1], "--shard") == 0) {
+        if (sscanf(argv[2], "%d/%d", &shard, &shards) != 2 || shards < 1 || shard < 0 || shard >= shards) {
+            fprintf(stderr, "%s: --shard %s: expected I/N with 0 <= I < N\n", argv[0], argv[2]);
+            return 2;
+        }
+    } else if (argc != 1) {
+        fprintf(stderr, "usage: %s [--shard I/N]\n", argv[0]);
+        return 2;
+    }
+    for (int i = 0; i < count; i++)
+        if (i % shards == shard)
+            parts[i]();
+    return test_finish(tally);
+}
+
 /* The type's HF name, from the table rendered from gen's ROPE_TYPES. */
 static const char *rope_type_name(sneppx_rope_type type)
 {

@@ -66,6 +66,13 @@ int test_check_at(test_tally *tally, int ok, const char *condition, const char *
 /* Prints "<passed> passed, <failed> failed[, <skipped> skipped]" and returns the exit code. */
 int test_finish(const test_tally *tally);
 
+/* A test of independent parts that ctest splits ("ctest: N shards" in its source,
+ * tests/CMakeLists.txt): runs part i of parts[] when i % N is the shard that
+ * `--shard I/N` on the command line names (every part without it). Returns
+ * test_finish's exit code, or 2 for a bad command line. */
+typedef void (*test_part)(void);
+int test_run_parts(int argc, char **argv, const test_part *parts, int count, test_tally *tally);
+
 /* "custom h80 H8/KV2 d32 r16 half theta=10000 llama3(f=8) mpe=64 w13 bias=1/1 flash"
  * (head_dim and rotary dim resolved as the reference resolves them). */
 void test_describe_config(const sneppx_config *config, char *text, size_t size);
