@@ -50,7 +50,7 @@ def widen_bfloat16(bits: np.ndarray) -> np.ndarray:
     return (np.ascontiguousarray(bits, dtype=np.uint32) << 16).view(np.float32)
 
 
-def _as_array(name: str, value: Any) -> np.ndarray:
+def as_array(name: str, value: Any) -> np.ndarray:
     array, is_bfloat16 = array_or_bfloat16_bits(name, value)
     return widen_bfloat16(array) if is_bfloat16 else array
 
@@ -82,7 +82,7 @@ def _float32_array(name: str, array: np.ndarray, to_minus_inf_ok: bool = False) 
 def hidden_states_array(value: Any, hidden_size: int) -> np.ndarray:
     """[batch, seq_len, hidden_size] as C-contiguous float32 (the same object when it already is)."""
     name = "hidden_states"
-    array = _as_array(name, value)
+    array = as_array(name, value)
     if array.dtype.kind not in _REAL_KINDS:
         raise TypeError(f"{name}: expected real numbers (float32 preferred), got dtype {array.dtype}")
     if array.ndim != 3 or array.shape[2] != hidden_size:
@@ -95,7 +95,7 @@ def attention_mask_array(value: Any, batch: int, seq_len: int) -> Optional[np.nd
     if value is None:
         return None
     name = "attention_mask"
-    array = _as_array(name, value)
+    array = as_array(name, value)
     expected = f"[{batch}, 1, {seq_len}, {seq_len}]"
     if batch != 1:
         expected += f" (or [1, 1, {seq_len}, {seq_len}])"
@@ -116,7 +116,7 @@ def position_ids_array(value: Any, batch: int, seq_len: int) -> Optional[np.ndar
     if value is None:
         return None
     name = "position_ids"
-    array = _as_array(name, value)
+    array = as_array(name, value)
     if array.dtype.kind not in _INTEGER_KINDS:
         raise TypeError(f"{name}: expected integers, got dtype {array.dtype}")
     if array.ndim != 2 or array.shape[0] not in (batch, 1) or array.shape[1] != seq_len:
@@ -138,7 +138,7 @@ def cached_mask_planes(value: Any, batch: int, seq_len: int, cached: int, window
     if value is None:
         return None
     name = "attention_mask"
-    array = _as_array(name, value)
+    array = as_array(name, value)
     keys = cached + seq_len
     if array.ndim == 2:
         if array.shape != (batch, keys):

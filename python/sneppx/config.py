@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _hf
 from . import _structs as S
-from ._arrays import attention_mask_array, cached_mask_planes, hidden_states_array, position_ids_array
+from ._arrays import as_array, attention_mask_array, cached_mask_planes, hidden_states_array, position_ids_array
 from ._kv_cache import KVCache
 from ._layer import Layer
 from ._library import lib
@@ -523,7 +523,8 @@ class LLMConfig:
         hidden_size = self._config.hidden_size
         packed = []
         for i, chunk in enumerate(chunks):
-            array = hidden_states_array(np.asarray(chunk)[None] if np.ndim(chunk) == 2 else chunk, hidden_size)
+            chunk = as_array(f"hidden_states[{i}]", chunk)   # a bfloat16 tensor: through its bits
+            array = hidden_states_array(chunk[None] if chunk.ndim == 2 else chunk, hidden_size)
             if array.shape[0] != 1 or array.shape[1] == 0:
                 raise ValueError(f"hidden_states[{i}]: expected shape [q_len >= 1, {hidden_size}], got "
                                  f"{list(np.shape(chunk))}")

@@ -114,6 +114,14 @@ def test_bfloat16_inputs_are_read_through_their_bits(rng):
     np.testing.assert_array_equal(cfg.forward_mha(transposed, attention_mask=mask), want)
     with pytest.raises(ValueError, match=r"hidden_states: expected shape \[batch, seq_len, 128\], got \[7, 128\]"):
         cfg.forward_mha(bf16_tensor(x[0]))
+    # The cached forwards read them alike: a prefill through forward_mha, a ragged step.
+    got, want = cfg.kv_cache(batch=2, max_tokens=16), cfg.kv_cache(batch=2, max_tokens=16)
+    np.testing.assert_array_equal(cfg.forward_mha(bf16_tensor(x), past_key_value=got),
+                                  cfg.forward_mha(x, past_key_value=want))
+    step = from_bf16_bits(to_bf16_bits(rng.standard_normal((2, 128))))
+    for a, b in zip(cfg.forward_ragged(got, [0, 1], [bf16_tensor(step[:1]), bf16_tensor(step[1:])]),
+                    cfg.forward_ragged(want, [0, 1], [step[:1], step[1:]])):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_ml_dtypes_bfloat16_arrays(rng):
