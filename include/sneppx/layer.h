@@ -68,7 +68,8 @@ typedef struct sneppx_tensor_ref {
 /* sneppx_weights with each tensor's element type: the same fields in the same
  * order (offsetof(sneppx_weights, f) / sizeof(const float *) is field f's
  * position in both), so a checkpoint in bfloat16 or float16 is handed over as
- * it is, without a float32 copy. */
+ * it is, without a float32 copy. A struct and call of their own, so that
+ * sneppx_weights and sneppx_layer_create keep their layout and meaning (ABI). */
 typedef struct sneppx_typed_weights {
     sneppx_tensor_ref q_proj_weight, q_proj_bias;
     sneppx_tensor_ref k_proj_weight, k_proj_bias;
@@ -89,7 +90,8 @@ typedef struct sneppx_typed_weights {
  * bfloat16 layer keeps every bit); biases and norm weights are widened to the
  * float32 the layer keeps them in; MLA's absorption (kv_b_proj) is computed in
  * float32 as with sneppx_layer_create. An unsupported dtype is
- * SNEPPX_ERR_INVALID_ARGUMENT naming the field and the type. */
+ * SNEPPX_ERR_INVALID_ARGUMENT naming the field and the type. Thread-safe, as
+ * sneppx_layer_create. */
 SNEPPX_API sneppx_status sneppx_layer_create_typed(const sneppx_config *config, const sneppx_typed_weights *weights,
                                                    sneppx_layer **layer);
 

@@ -131,7 +131,8 @@ SNEPPX_API void sneppx_attn_weights_free(sneppx_attn_weights *weights);
  * bfloat16 layer keeps every bit. Biases and norm weights become float32; MLA's
  * kv_b_proj is widened whole for the absorption (float32, then packed).
  * F32, F16, BF16 and F64 tensors are read; any other dtype is
- * SNEPPX_ERR_UNSUPPORTED naming the tensor and the dtype, before anything is packed. */
+ * SNEPPX_ERR_UNSUPPORTED naming the tensor and the dtype, before anything is
+ * packed. Thread-safe, as sneppx_layer_create. */
 SNEPPX_API sneppx_status sneppx_layer_create_from_safetensors(const sneppx_config *config, const char *path,
                                                               int64_t layer_index, sneppx_layer **layer);
 
