@@ -14,7 +14,9 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "half.h"
 #include "regular_file.h"
+#include "safetensors_internal.h"
 
 /* The reference implementation (huggingface/safetensors) refuses larger headers. */
 #define HEADER_MAX_BYTES 100000000ull
@@ -366,35 +368,6 @@ int64_t sneppx_safetensors_find(const sneppx_safetensors *file, const char *name
     return -1;
 }
 
-static float f16_to_f32(uint16_t half)
-{
-    uint32_t sign = (uint32_t)(half & 0x8000u) << 16;
-    uint32_t exponent = (half >> 10) & 0x1fu;
-    uint32_t mantissa = half & 0x3ffu;
-    uint32_t bits;
-    if (exponent == 0x1fu) {
-        bits = sign | 0x7f800000u | (mantissa << 13); /* inf, NaN keeps its payload */
-    } else if (exponent != 0) {
-        bits = sign | ((exponent + 112u) << 23) | (mantissa << 13); /* rebias 15 -> 127 */
-    } else {
-        /* zero or subnormal: exactly mantissa * 2^-24, representable in float32 */
-        float magnitude = (float)mantissa * 0x1p-24f;
-        memcpy(&bits, &magnitude, sizeof bits);
-        bits |= sign;
-    }
-    float value;
-    memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
-static float bf16_to_f32(uint16_t bf16)
-{
-    uint32_t bits = (uint32_t)bf16 << 16; /* bfloat16 is the top half of a float32 */
-    float value;
-    memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
 static void convert_to_f32(const char *dtype, const unsigned char *src, int64_t count, float *dst)
 {
     if (strcmp(dtype, "F32") == 0) { /* big-endian hosts: little-endian ones read F32 straight into dst */
@@ -406,11 +379,11 @@ static void convert_to_f32(const char *dtype, const unsigned char *src, int64_t 
     } else if (strcmp(dtype, "F16") == 0) {
 #pragma omp parallel for schedule(static) if (count > (1 << 20))
         for (int64_t i = 0; i < count; i++)
-            dst[i] = f16_to_f32((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
+            dst[i] = sneppx_f16_to_f32((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
     } else if (strcmp(dtype, "BF16") == 0) {
 #pragma omp parallel for schedule(static) if (count > (1 << 20))
         for (int64_t i = 0; i < count; i++)
-            dst[i] = bf16_to_f32((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
+            dst[i] = sneppx_bf16_to_f32((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
     } else { /* F64 */
         for (int64_t i = 0; i < count; i++) {
             uint64_t bits = load_le64(src + 8 * i);
@@ -467,6 +440,23 @@ static sneppx_status read_f32_range(const sneppx_safetensors *file, const struct
     return status;
 }
 
+sneppx_status sneppx_safetensors_check_f32(const sneppx_safetensors *file, int64_t index)
+{
+    const struct tensor_entry *entry = &file->entries[index];
+    if (strcmp(entry->dtype, "F32") != 0 && strcmp(entry->dtype, "F16") != 0 &&
+        strcmp(entry->dtype, "BF16") != 0 && strcmp(entry->dtype, "F64") != 0)
+        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED,
+                           "%s: tensor '%s': dtype %s does not convert to float32 (F32, F16, BF16, F64 do)",
+                           file->path, entry->name, entry->dtype);
+    return SNEPPX_OK;
+}
+
+sneppx_status sneppx_safetensors_read_f32_range(const sneppx_safetensors *file, int64_t index, int64_t first,
+                                                int64_t count, float *out)
+{
+    return read_f32_range(file, &file->entries[index], first, count, out);
+}
+
 sneppx_status sneppx_safetensors_read_f32(const sneppx_safetensors *file, int64_t index, float *out,
                                           int64_t out_count)
 {
@@ -478,11 +468,9 @@ sneppx_status sneppx_safetensors_read_f32(const sneppx_safetensors *file, int64_
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s: tensor index %lld outside [0, %lld)", file->path,
                            (long long)index, (long long)file->count);
     const struct tensor_entry *entry = &file->entries[index];
-    if (strcmp(entry->dtype, "F32") != 0 && strcmp(entry->dtype, "F16") != 0 &&
-        strcmp(entry->dtype, "BF16") != 0 && strcmp(entry->dtype, "F64") != 0)
-        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED,
-                           "%s: tensor '%s': dtype %s does not convert to float32 (F32, F16, BF16, F64 do)",
-                           file->path, entry->name, entry->dtype);
+    sneppx_status status = sneppx_safetensors_check_f32(file, index);
+    if (status != SNEPPX_OK)
+        return status;
     if (out_count != entry->element_count)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                            "%s: tensor '%s' has %lld elements, out_count is %lld", file->path, entry->name,

@@ -1,6 +1,8 @@
 /* One layer's self_attn tensors out of a HF checkpoint: resolves the
  * directory / index / shards, opens only the shards that hold the layer,
- * checks names and shapes against the config and converts to float32. */
+ * checks names and shapes against the config, and either converts them to
+ * float32 copies (sneppx_attn_weights_load) or packs a layer from the files
+ * (sneppx_layer_create_from_safetensors). */
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -13,7 +15,9 @@
 
 #include "error.h"
 #include "regular_file.h"
+#include "safetensors_internal.h"
 #include "sneppx/safetensors.h"
+#include "weights.h"
 
 /* Index files of the largest public checkpoints are a few hundred KiB (one
  * line per tensor; a few MiB for mixtures of experts with tens of thousands).
@@ -444,6 +448,32 @@ static sneppx_status read_found(struct loader *loader, sneppx_attn_weights *weig
     return SNEPPX_OK;
 }
 
+/* Checks the arguments and finds layer `layer`'s tensors (loader->found, their
+ * shards in loader->shards); the caller frees the loader with loader_free. */
+static sneppx_status locate(struct loader *loader, const char *call, const char *path, int64_t layer,
+                            const sneppx_config *config)
+{
+    if (!path || !config)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call, path ? "config" : "path");
+    if (layer < 0)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s: layer %lld is negative", call, (long long)layer);
+    loader->path = path;
+    loader->config = config;
+    loader->layer = layer;
+    snprintf(loader->pattern, sizeof loader->pattern, "layers.%lld.self_attn.", (long long)layer);
+    sneppx_status status = sneppx_attn_tensors(config, loader->specs, &loader->spec_count);
+    if (status == SNEPPX_OK)
+        status = scan_checkpoint(loader);
+    return status;
+}
+
+static void loader_free(struct loader *loader)
+{
+    for (int i = 0; i < loader->spec_count; i++)
+        free(loader->found[i].name);
+    shards_close(&loader->shards);
+}
+
 sneppx_status sneppx_attn_weights_load(const char *path, int64_t layer, const sneppx_config *config,
                                        sneppx_attn_weights **out)
 {
@@ -451,32 +481,49 @@ sneppx_status sneppx_attn_weights_load(const char *path, int64_t layer, const sn
     if (!out)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "sneppx_attn_weights_load: weights is NULL");
     *out = NULL;
-    if (!path || !config)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "sneppx_attn_weights_load: %s is NULL",
-                           path ? "config" : "path");
-    if (layer < 0)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "sneppx_attn_weights_load: layer %lld is negative",
-                           (long long)layer);
-    struct loader loader = {.path = path, .config = config, .layer = layer};
-    snprintf(loader.pattern, sizeof loader.pattern, "layers.%lld.self_attn.", (long long)layer);
-    sneppx_status status = sneppx_attn_tensors(config, loader.specs, &loader.spec_count);
+    struct loader loader = {0};
+    sneppx_status status = locate(&loader, "sneppx_attn_weights_load", path, layer, config);
     sneppx_attn_weights *weights = NULL;
-    if (status == SNEPPX_OK)
-        status = scan_checkpoint(&loader);
     if (status == SNEPPX_OK) {
         weights = calloc(1, sizeof *weights);
         status = weights ? read_found(&loader, weights)
                          : sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
     }
-    for (int i = 0; i < loader.spec_count; i++)
-        free(loader.found[i].name);
-    shards_close(&loader.shards);
+    loader_free(&loader);
     if (status != SNEPPX_OK) {
         sneppx_attn_weights_free(weights);
         return status;
     }
     *out = weights;
     return SNEPPX_OK;
+}
+
+sneppx_status sneppx_layer_create_from_safetensors(const sneppx_config *config, const char *path,
+                                                   int64_t layer_index, sneppx_layer **out)
+{
+    sneppx_clear_error();
+    if (!out)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "sneppx_layer_create_from_safetensors: layer is NULL");
+    *out = NULL;
+    struct loader loader = {0};
+    sneppx_status status = locate(&loader, "sneppx_layer_create_from_safetensors", path, layer_index, config);
+    int64_t offsets[SNEPPX_ATTN_TENSORS_MAX], tensor_index[SNEPPX_ATTN_TENSORS_MAX], total = 0;
+    if (status == SNEPPX_OK)
+        status = check_found(&loader, offsets, tensor_index, &total);
+    /* The tensors stay in their shards (open until packed): each pack task reads its rows. */
+    struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS] = {{0}};
+    for (int i = 0; i < loader.spec_count && status == SNEPPX_OK; i++) {
+        const sneppx_safetensors *file = loader.shards.files[loader.found[i].shard];
+        struct sneppx_weight_source *source = &sources[loader.specs[i].weights_offset / sizeof(const float *)];
+        source->kind = SNEPPX_SOURCE_FILE;
+        source->file = file;
+        source->index = tensor_index[i];
+        status = sneppx_safetensors_check_f32(file, tensor_index[i]);
+    }
+    if (status == SNEPPX_OK)
+        status = sneppx_layer_create_from_sources(config, sources, out);
+    loader_free(&loader);
+    return status;
 }
 
 const sneppx_weights *sneppx_attn_weights_view(const sneppx_attn_weights *weights)

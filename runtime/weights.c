@@ -1,6 +1,10 @@
 /* Weights: checked against the config, packed once into the GEMM kernels'
- * panel layout; deterministic synthetic weights when none are given. */
+ * panel layout from wherever they are (weight_source.h): the caller's float32
+ * or 16-bit tensors, a safetensors file, or the seeded synthetic weights. */
 #include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,213 +32,356 @@ sneppx_status sneppx_pack_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *g
     return SNEPPX_OK;
 }
 
-void sneppx_pack_gemm_instance(struct sneppx_packed_gemm *gemm, int64_t instance, const float *hf_weight,
-                               int64_t hf_row_stride)
+/* Output columns per pack task: a multiple of every target's NR. */
+#define PACK_COLUMNS 64
+
+/* The first failure of a pack loop's tasks: status and message, recorded on
+ * the worker thread that met it (last errors are per thread) and raised again
+ * on the caller's. */
+struct pack_failure {
+    atomic_int failed;
+    sneppx_status status;
+    char message[512];
+};
+
+static void record_failure(struct pack_failure *failure, sneppx_status status)
 {
-    const int64_t panel_columns = 64; /* columns per pack task: a multiple of every NR */
-    const int64_t tasks = (gemm->n + panel_columns - 1) / panel_columns;
-    /* The _pack entry rounds the float32 rows to the key's weight type. */
-    float *dst = (float *)((char *)gemm->panels + instance * gemm->panel_bytes);
-#pragma omp parallel for schedule(static) num_threads(gemm->threads)
-    for (int64_t task = 0; task < tasks; task++) {
-        struct sneppx_args args = {0};
-        args.struct_size = sizeof args;
-        args.abi_version = SNEPPX_ABI_VERSION;
-        args.col_begin = task * panel_columns;
-        args.col_end = args.col_begin + panel_columns < gemm->n ? args.col_begin + panel_columns : gemm->n;
-        args.src = hf_weight;
-        args.src_stride = hf_row_stride;
-        args.dst = dst;
-        gemm->kernel->entry[SNEPPX_ENTRY_PACK](&args);
+    int none = 0; /* the first task to fail writes; the others are read after the loop's barrier */
+    if (atomic_compare_exchange_strong(&failure->failed, &none, 1)) {
+        failure->status = status;
+        snprintf(failure->message, sizeof failure->message, "%s", sneppx_last_error());
     }
 }
 
-/* ---- synthetic weights ------------------------------------------------- */
-
-static uint64_t splitmix64(uint64_t x)
+/* The pack entry indexes src by absolute output column (src + c * stride).
+ * Rows [first, ...) of a buffer starting at base therefore go in as base moved
+ * back by first rows, computed in integers: only the kernel's own indexing
+ * brings the address back into the buffer. */
+static const float *rebased(const float *base, int64_t first, int64_t stride)
 {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
+    return (const float *)((uintptr_t)base - (uintptr_t)(first * stride) * sizeof(float));
 }
 
-/* Tensor ids are the field order of sneppx_weights; elements are counter-based,
- * so the values do not depend on the thread count. */
-static float *synthetic_tensor(int tensor_id, int64_t count, float scale, float offset, int threads)
+/* Rows [c0, c1) of the stacked parts (part 0's rows, then part 1's, ...) as
+ * float32 into scratch, row-major. */
+static sneppx_status gather_rows(const struct sneppx_weight_source *const parts[], int part_count, int64_t c0,
+                                 int64_t c1, int64_t k, float *scratch)
 {
-    float *tensor = malloc(sizeof(float) * (size_t)count);
-    if (!tensor)
-        return NULL;
-    const uint64_t stream = splitmix64(SNEPPX_SYNTHETIC_SEED + (uint64_t)tensor_id);
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t i = 0; i < count; i++) {
-        const double unit = (double)(splitmix64(stream ^ (uint64_t)i) >> 11) * 0x1.0p-53; /* [0, 1) */
-        tensor[i] = offset + scale * (float)(2.0 * unit - 1.0);
+    int64_t part_begin = 0;
+    for (int p = 0; p < part_count && part_begin < c1; part_begin += parts[p]->rows, p++) {
+        const int64_t begin = c0 > part_begin ? c0 : part_begin;
+        const int64_t end = c1 < part_begin + parts[p]->rows ? c1 : part_begin + parts[p]->rows;
+        if (begin >= end)
+            continue;
+        sneppx_status status =
+            sneppx_weight_source_read(parts[p], begin - part_begin, end - begin, scratch + (begin - c0) * k);
+        if (status != SNEPPX_OK)
+            return status;
     }
-    return tensor;
-}
-
-/* The weight pointer a tensor fills, and its synthetic-tensor id (the field's
- * index in sneppx_weights, as layer.h documents). */
-static const float **weight_slot(sneppx_weights *weights, const sneppx_attn_tensor *tensor)
-{
-    return (const float **)((char *)weights + tensor->weights_offset);
-}
-
-static int tensor_id(const sneppx_attn_tensor *tensor)
-{
-    return (int)(tensor->weights_offset / sizeof(const float *));
-}
-
-static sneppx_status pack_projection(sneppx_layer *layer, struct sneppx_packed_gemm *gemm, const float *weight,
-                                     const float *bias)
-{
-    sneppx_status status = sneppx_pack_gemm(layer, gemm, 1, bias != NULL);
-    if (status != SNEPPX_OK)
-        return status;
-    sneppx_pack_gemm_instance(gemm, 0, weight, gemm->k);
-    if (bias)
-        memcpy(gemm->bias, bias, sizeof(float) * (size_t)gemm->n);
     return SNEPPX_OK;
 }
 
-static sneppx_status load_standard(sneppx_layer *layer, const sneppx_weights *w)
+sneppx_status sneppx_pack_gemm_sources(struct sneppx_packed_gemm *gemm, int64_t instance,
+                                       const struct sneppx_weight_source *const parts[], int part_count)
 {
-    const int64_t hidden = layer->config.hidden_size;
-    /* Fuse q|k|v into one [qkv_dim, hidden] matrix: one GEMM reads x once. */
-    float *fused = sneppx_alloc_floats((size_t)(layer->qkv_dim * hidden));
-    float *fused_bias = layer->config.qkv_bias ? malloc(sizeof(float) * (size_t)layer->qkv_dim) : NULL;
-    if (!fused || (layer->config.qkv_bias && !fused_bias)) {
-        free(fused);
-        free(fused_bias);
-        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "weights: cannot allocate the fused QKV matrix");
+    const int64_t k = gemm->k, tasks = (gemm->n + PACK_COLUMNS - 1) / PACK_COLUMNS;
+    float *dst = (float *)((char *)gemm->panels + instance * gemm->panel_bytes);
+    struct pack_failure failure = {.status = SNEPPX_OK};
+#pragma omp parallel num_threads(gemm->threads)
+    {
+        float *scratch = NULL; /* this thread's PACK_COLUMNS rows of float32, made on first need */
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < tasks; task++) {
+            if (atomic_load(&failure.failed))
+                continue;
+            const int64_t c0 = task * PACK_COLUMNS, c1 = c0 + PACK_COLUMNS < gemm->n ? c0 + PACK_COLUMNS : gemm->n;
+            int64_t part_begin = 0;
+            int p = 0;
+            while (p + 1 < part_count && c0 >= part_begin + parts[p]->rows)
+                part_begin += parts[p++]->rows;
+            const struct sneppx_weight_source *part = parts[p];
+            const float *src;
+            if (part->kind == SNEPPX_SOURCE_MEMORY && part->dtype == SNEPPX_DTYPE_FLOAT32 &&
+                c1 <= part_begin + part->rows) {
+                src = rebased(part->data, part_begin, k); /* float32 rows in memory: packed in place */
+            } else {
+                if (!scratch && !(scratch = malloc(sizeof(float) * (size_t)(PACK_COLUMNS * k)))) {
+                    record_failure(&failure, sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY,
+                                                         "weights: no memory for a %lld-float pack buffer (%s)",
+                                                         (long long)(PACK_COLUMNS * k), gemm->kernel->key));
+                    continue;
+                }
+                sneppx_status status = gather_rows(parts, part_count, c0, c1, k, scratch);
+                if (status != SNEPPX_OK) {
+                    record_failure(&failure, status);
+                    continue;
+                }
+                src = rebased(scratch, c0, k);
+            }
+            struct sneppx_args args = {0};
+            args.struct_size = sizeof args;
+            args.abi_version = SNEPPX_ABI_VERSION;
+            args.col_begin = c0;
+            args.col_end = c1;
+            args.src = src;
+            args.src_stride = k;
+            args.dst = dst;
+            /* The _pack entry rounds the float32 rows to the key's weight type. */
+            gemm->kernel->entry[SNEPPX_ENTRY_PACK](&args);
+        }
+        free(scratch);
     }
-    const float *parts[3] = {w->q_proj_weight, w->k_proj_weight, w->v_proj_weight};
-    const float *biases[3] = {w->q_proj_bias, w->k_proj_bias, w->v_proj_bias};
-    const int64_t rows[3] = {layer->q_dim, layer->kv_dim, layer->kv_dim};
+    if (atomic_load(&failure.failed))
+        return sneppx_fail(failure.status, "%s", failure.message);
+    return SNEPPX_OK;
+}
+
+void sneppx_pack_gemm_instance(struct sneppx_packed_gemm *gemm, int64_t instance, const float *hf_weight)
+{
+    /* float32 rows in memory are packed in place: nothing here can fail */
+    const struct sneppx_weight_source source = sneppx_float32_source(hf_weight, gemm->n, gemm->k);
+    const struct sneppx_weight_source *parts[1] = {&source};
+    (void)sneppx_pack_gemm_sources(gemm, instance, parts, 1);
+}
+
+/* ---- loading ------------------------------------------------------------ */
+
+/* Widens a rank-1 source (bias, norm weight) into n floats. */
+static sneppx_status read_vector(const struct sneppx_weight_source *source, float *out)
+{
+    return sneppx_weight_source_read(source, 0, source->rows, out);
+}
+
+/* Packs the stacked parts (rows n in all, cols k each) into gemm, and their biases
+ * (rank-1 sources, or NONE) into its bias. */
+static sneppx_status pack_stacked(sneppx_layer *layer, struct sneppx_packed_gemm *gemm,
+                                  const struct sneppx_weight_source *const parts[],
+                                  const struct sneppx_weight_source *const biases[], int count)
+{
+    const int has_bias = biases && biases[0]->kind != SNEPPX_SOURCE_NONE;
+    sneppx_status status = sneppx_pack_gemm(layer, gemm, 1, has_bias);
+    if (status != SNEPPX_OK || (status = sneppx_pack_gemm_sources(gemm, 0, parts, count)) != SNEPPX_OK)
+        return status;
     int64_t offset = 0;
-    for (int i = 0; i < 3; i++) {
-        memcpy(fused + offset * hidden, parts[i], sizeof(float) * (size_t)(rows[i] * hidden));
-        if (fused_bias)
-            memcpy(fused_bias + offset, biases[i], sizeof(float) * (size_t)rows[i]);
-        offset += rows[i];
-    }
-    sneppx_status status = pack_projection(layer, &layer->qkv_proj, fused, fused_bias);
-    free(fused);
-    free(fused_bias);
+    for (int i = 0; has_bias && i < count && status == SNEPPX_OK; offset += parts[i]->rows, i++)
+        status = sneppx_weight_source_read(biases[i], 0, biases[i]->rows, gemm->bias + offset);
+    return status;
+}
+
+static sneppx_status pack_projection(sneppx_layer *layer, struct sneppx_packed_gemm *gemm,
+                                     const struct sneppx_weight_source *weight, const struct sneppx_weight_source *bias)
+{
+    const struct sneppx_weight_source *parts[1] = {weight};
+    const struct sneppx_weight_source *biases[1] = {bias};
+    return pack_stacked(layer, gemm, parts, bias ? biases : NULL, 1);
+}
+
+#define SOURCE(field) (&sources[offsetof(sneppx_weights, field) / sizeof(const float *)])
+
+static sneppx_status load_standard(sneppx_layer *layer, const struct sneppx_weight_source *sources)
+{
+    /* q|k|v stacked into one [qkv_dim, hidden] operand: one GEMM reads x once.
+     * Each pack task reads its rows from whichever tensor holds them. */
+    const struct sneppx_weight_source *parts[3] = {SOURCE(q_proj_weight), SOURCE(k_proj_weight),
+                                                   SOURCE(v_proj_weight)};
+    const struct sneppx_weight_source *biases[3] = {SOURCE(q_proj_bias), SOURCE(k_proj_bias), SOURCE(v_proj_bias)};
+    sneppx_status status = pack_stacked(layer, &layer->qkv_proj, parts, biases, 3);
     if (status != SNEPPX_OK)
         return status;
-    return pack_projection(layer, &layer->o_proj, w->o_proj_weight, w->o_proj_bias);
+    return pack_projection(layer, &layer->o_proj, SOURCE(o_proj_weight), SOURCE(o_proj_bias));
 }
 
-static float *copy_vector(const float *src, int64_t n)
+static sneppx_status copy_vector(const struct sneppx_weight_source *source, float **out, const char *what)
 {
-    float *copy = malloc(sizeof(float) * (size_t)n);
-    if (copy)
-        memcpy(copy, src, sizeof(float) * (size_t)n);
-    return copy;
+    if (!(*out = malloc(sizeof(float) * (size_t)source->rows)))
+        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "weights: %s", what);
+    return read_vector(source, *out);
 }
 
-static sneppx_status load_mla(sneppx_layer *layer, const sneppx_weights *w)
+/* Absorption, once at load: per head, q_lat = q_nope W_UK needs W_UK^T as the
+ * [out=rank, in=nope] operand; o = o_lat W_UV^T uses W_UV [vdim, rank] as is.
+ * Both are float32 here (kv_b_proj widened whole); packing rounds them to the
+ * weight type. */
+static sneppx_status absorb_kv_b(sneppx_layer *layer, const struct sneppx_weight_source *kv_b)
 {
     const sneppx_config *c = &layer->config;
     const int64_t heads = c->num_attention_heads, nope = c->qk_nope_head_dim, vdim = c->v_head_dim;
     const int64_t rank = c->kv_lora_rank, per_head = nope + vdim;
     sneppx_status status;
-    if (c->q_lora_rank > 0) {
-        if ((status = pack_projection(layer, &layer->q_a_proj, w->q_a_proj_weight, w->q_a_proj_bias)) != SNEPPX_OK ||
-            (status = pack_projection(layer, &layer->qkv_proj, w->q_b_proj_weight, NULL)) != SNEPPX_OK)
-            return status;
-        if (!(layer->q_a_norm_weight = copy_vector(w->q_a_layernorm_weight, c->q_lora_rank)))
-            return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "weights: q_a_layernorm");
-    } else if ((status = pack_projection(layer, &layer->qkv_proj, w->q_proj_weight, NULL)) != SNEPPX_OK) {
+    if ((status = sneppx_pack_gemm(layer, &layer->absorb_uk, heads, 0)) != SNEPPX_OK ||
+        (status = sneppx_pack_gemm(layer, &layer->absorb_uv, heads, 0)) != SNEPPX_OK)
         return status;
+    float *kv_b_proj = malloc(sizeof(float) * (size_t)(kv_b->rows * kv_b->cols));
+    float *uk_transposed = malloc(sizeof(float) * (size_t)(rank * nope));
+    if (!kv_b_proj || !uk_transposed)
+        status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "weights: kv_b_proj absorption");
+    else
+        status = sneppx_weight_source_read(kv_b, 0, kv_b->rows, kv_b_proj);
+    for (int64_t h = 0; h < heads && status == SNEPPX_OK; h++) {
+        const float *w_uk = kv_b_proj + h * per_head * rank;          /* [nope, rank] */
+        const float *w_uv = kv_b_proj + (h * per_head + nope) * rank; /* [vdim, rank] */
+        for (int64_t d = 0; d < nope; d++)
+            for (int64_t r = 0; r < rank; r++)
+                uk_transposed[r * nope + d] = w_uk[d * rank + r];
+        sneppx_pack_gemm_instance(&layer->absorb_uk, h, uk_transposed);
+        sneppx_pack_gemm_instance(&layer->absorb_uv, h, w_uv);
     }
-    if ((status = pack_projection(layer, &layer->kv_a_proj, w->kv_a_proj_with_mqa_weight,
-                                  w->kv_a_proj_with_mqa_bias)) != SNEPPX_OK)
-        return status;
-    if (!(layer->kv_a_norm_weight = copy_vector(w->kv_a_layernorm_weight, rank)))
-        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "weights: kv_a_layernorm");
-    if (c->mla_naive) {
-        if ((status = pack_projection(layer, &layer->kv_b_proj, w->kv_b_proj_weight, NULL)) != SNEPPX_OK)
-            return status;
-    } else {
-        /* Absorption, once at load: per head, q_lat = q_nope W_UK needs W_UK^T as
-         * the [out=rank, in=nope] operand; o = o_lat W_UV^T uses W_UV [vdim, rank] as is.
-         * Both are float32 here; packing rounds them to the weight type. */
-        if ((status = sneppx_pack_gemm(layer, &layer->absorb_uk, heads, 0)) != SNEPPX_OK ||
-            (status = sneppx_pack_gemm(layer, &layer->absorb_uv, heads, 0)) != SNEPPX_OK)
-            return status;
-        float *uk_transposed = malloc(sizeof(float) * (size_t)(rank * nope));
-        if (!uk_transposed)
-            return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "weights: kv_b_proj absorption");
-        for (int64_t h = 0; h < heads; h++) {
-            const float *w_uk = w->kv_b_proj_weight + h * per_head * rank;      /* [nope, rank] */
-            const float *w_uv = w->kv_b_proj_weight + (h * per_head + nope) * rank; /* [vdim, rank] */
-            for (int64_t d = 0; d < nope; d++)
-                for (int64_t r = 0; r < rank; r++)
-                    uk_transposed[r * nope + d] = w_uk[d * rank + r];
-            sneppx_pack_gemm_instance(&layer->absorb_uk, h, uk_transposed, nope);
-            sneppx_pack_gemm_instance(&layer->absorb_uv, h, w_uv, rank);
-        }
-        free(uk_transposed);
-    }
-    return pack_projection(layer, &layer->o_proj, w->o_proj_weight, w->o_proj_bias);
+    free(uk_transposed);
+    free(kv_b_proj);
+    return status;
 }
 
-/* sneppx_weights' fields in declaration order (include/sneppx/layer.h). */
-static const char *const field_names[] = {
-    "q_proj_weight", "q_proj_bias", "k_proj_weight", "k_proj_bias", "v_proj_weight", "v_proj_bias",
-    "o_proj_weight", "o_proj_bias", "q_a_proj_weight", "q_a_proj_bias", "q_a_layernorm_weight",
-    "q_b_proj_weight", "kv_a_proj_with_mqa_weight", "kv_a_proj_with_mqa_bias", "kv_a_layernorm_weight",
-    "kv_b_proj_weight"};
-_Static_assert(sizeof field_names / sizeof field_names[0] == sizeof(sneppx_weights) / sizeof(const float *),
-               "field_names must list every sneppx_weights field");
+static sneppx_status load_mla(sneppx_layer *layer, const struct sneppx_weight_source *sources)
+{
+    const sneppx_config *c = &layer->config;
+    sneppx_status status;
+    if (c->q_lora_rank > 0) {
+        if ((status = pack_projection(layer, &layer->q_a_proj, SOURCE(q_a_proj_weight), SOURCE(q_a_proj_bias))) !=
+                SNEPPX_OK ||
+            (status = pack_projection(layer, &layer->qkv_proj, SOURCE(q_b_proj_weight), NULL)) != SNEPPX_OK ||
+            (status = copy_vector(SOURCE(q_a_layernorm_weight), &layer->q_a_norm_weight, "q_a_layernorm")) !=
+                SNEPPX_OK)
+            return status;
+    } else if ((status = pack_projection(layer, &layer->qkv_proj, SOURCE(q_proj_weight), NULL)) != SNEPPX_OK) {
+        return status;
+    }
+    if ((status = pack_projection(layer, &layer->kv_a_proj, SOURCE(kv_a_proj_with_mqa_weight),
+                                  SOURCE(kv_a_proj_with_mqa_bias))) != SNEPPX_OK ||
+        (status = copy_vector(SOURCE(kv_a_layernorm_weight), &layer->kv_a_norm_weight, "kv_a_layernorm")) !=
+            SNEPPX_OK)
+        return status;
+    if (c->mla_naive)
+        status = pack_projection(layer, &layer->kv_b_proj, SOURCE(kv_b_proj_weight), NULL);
+    else
+        status = absorb_kv_b(layer, SOURCE(kv_b_proj_weight));
+    if (status != SNEPPX_OK)
+        return status;
+    return pack_projection(layer, &layer->o_proj, SOURCE(o_proj_weight), SOURCE(o_proj_bias));
+}
 
-sneppx_status sneppx_layer_load_weights(sneppx_layer *layer, const sneppx_weights *weights)
+sneppx_status sneppx_weight_sources_check(const sneppx_config *config,
+                                          struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS])
 {
     /* The one table of what a config's layer holds (shared with the checkpoint loader). */
     sneppx_attn_tensor tensors[SNEPPX_ATTN_TENSORS_MAX];
     int count = 0;
-    sneppx_status status = sneppx_attn_tensors(&layer->config, tensors, &count);
+    sneppx_status status = sneppx_attn_tensors(config, tensors, &count);
     if (status != SNEPPX_OK)
         return status;
-    if (weights) {
-        /* Every pointer the config needs must be set, and no other. */
-        int needed[sizeof(sneppx_weights) / sizeof(const float *)] = {0};
-        for (int i = 0; i < count; i++) {
-            needed[tensor_id(&tensors[i])] = 1;
-            if (!*weight_slot((sneppx_weights *)weights, &tensors[i]))
-                return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                                   "weights.%s: NULL, but this config needs %s [%lld x %lld]",
-                                   field_names[tensor_id(&tensors[i])], tensors[i].name,
-                                   (long long)tensors[i].shape[0], (long long)(tensors[i].rank == 2 ? tensors[i].shape[1] : 1));
-        }
-        const float *const *given = (const float *const *)weights;
-        for (size_t field = 0; field < sizeof needed / sizeof needed[0]; field++)
-            if (given[field] && !needed[field])
-                return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                                   "weights.%s: given, but this config has no such tensor", field_names[field]);
-        return layer->is_mla ? load_mla(layer, weights) : load_standard(layer, weights);
+    /* Every tensor the config needs must be given, and no other. */
+    int needed[SNEPPX_WEIGHT_FIELDS] = {0};
+    for (int i = 0; i < count; i++) {
+        const int field = (int)(tensors[i].weights_offset / sizeof(const float *));
+        needed[field] = 1;
+        if (sources[field].kind == SNEPPX_SOURCE_NONE)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "weights.%s: NULL, but this config needs %s [%lld x %lld]",
+                               sneppx_weight_field_names[field], tensors[i].name, (long long)tensors[i].shape[0],
+                               (long long)(tensors[i].rank == 2 ? tensors[i].shape[1] : 1));
+        sources[field].rows = tensors[i].shape[0];
+        sources[field].cols = tensors[i].rank == 2 ? tensors[i].shape[1] : 1;
     }
-    sneppx_weights synthetic = {0};
-    float *owned[SNEPPX_ATTN_TENSORS_MAX] = {0};
+    for (int field = 0; field < SNEPPX_WEIGHT_FIELDS; field++)
+        if (sources[field].kind != SNEPPX_SOURCE_NONE && !needed[field])
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "weights.%s: given, but this config has no such tensor",
+                               sneppx_weight_field_names[field]);
+    return SNEPPX_OK;
+}
+
+sneppx_status sneppx_layer_load_sources(sneppx_layer *layer, struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS])
+{
+    sneppx_status status = sneppx_weight_sources_check(&layer->config, sources);
+    if (status != SNEPPX_OK)
+        return status;
+    return layer->is_mla ? load_mla(layer, sources) : load_standard(layer, sources);
+}
+
+/* The seeded weights of layer.h's rule: a source per tensor the config needs. */
+static sneppx_status synthetic_sources(const sneppx_config *config,
+                                       struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS])
+{
+    sneppx_attn_tensor tensors[SNEPPX_ATTN_TENSORS_MAX];
+    int count = 0;
+    sneppx_status status = sneppx_attn_tensors(config, tensors, &count);
     for (int i = 0; i < count && status == SNEPPX_OK; i++) {
         const sneppx_attn_tensor *tensor = &tensors[i];
+        const int field = (int)(tensor->weights_offset / sizeof(const float *));
         const int is_norm = strstr(tensor->name, "layernorm") != NULL;
-        const int64_t in_features = tensor->rank == 2 ? tensor->shape[1] : 1;
-        const float scale = tensor->rank == 2 ? (float)(1.0 / sqrt((double)in_features)) : 0.1f;
-        owned[i] = synthetic_tensor(tensor_id(tensor), tensor->shape[0] * in_features, scale, is_norm ? 1.0f : 0.0f,
-                                    sneppx_thread_count(layer));
-        if (!owned[i])
-            status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "weights: no memory for synthetic %s", tensor->name);
-        else
-            *weight_slot(&synthetic, tensor) = owned[i];
+        struct sneppx_weight_source *source = &sources[field];
+        source->kind = SNEPPX_SOURCE_SYNTHETIC;
+        source->tensor_id = field;
+        source->scale = tensor->rank == 2 ? (float)(1.0 / sqrt((double)tensor->shape[1])) : 0.1f;
+        source->offset = is_norm ? 1.0f : 0.0f;
     }
-    if (status == SNEPPX_OK)
-        status = layer->is_mla ? load_mla(layer, &synthetic) : load_standard(layer, &synthetic);
-    for (int i = 0; i < count; i++)
-        free(owned[i]);
     return status;
+}
+
+sneppx_status sneppx_layer_load_weights(sneppx_layer *layer, const sneppx_weights *weights)
+{
+    struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS] = {{0}};
+    if (!weights) {
+        sneppx_status status = synthetic_sources(&layer->config, sources);
+        if (status != SNEPPX_OK)
+            return status;
+    } else {
+        const float *const *given = (const float *const *)weights;
+        for (int field = 0; field < SNEPPX_WEIGHT_FIELDS; field++)
+            if (given[field])
+                sources[field] = sneppx_float32_source(given[field], 0, 0); /* shapes: from the config */
+    }
+    return sneppx_layer_load_sources(layer, sources);
+}
+
+sneppx_status sneppx_layer_create_from_sources(const sneppx_config *config,
+                                               struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS],
+                                               sneppx_layer **out)
+{
+    /* Weights are checked before any kernel compiles. */
+    sneppx_status status = sneppx_weight_sources_check(config, sources);
+    sneppx_layer *layer = NULL;
+    if (status == SNEPPX_OK)
+        status = sneppx_layer_create_unpacked(config, &layer);
+    if (status == SNEPPX_OK)
+        status = sneppx_layer_load_sources(layer, sources);
+    if (status != SNEPPX_OK) {
+        sneppx_layer_destroy(layer);
+        return status;
+    }
+    *out = layer;
+    return SNEPPX_OK;
+}
+
+sneppx_status sneppx_layer_create_typed(const sneppx_config *config, const sneppx_typed_weights *weights,
+                                        sneppx_layer **out)
+{
+    sneppx_clear_error();
+    if (!out)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer: output pointer must not be NULL");
+    *out = NULL;
+    if (!config)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
+    if (!weights)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "weights: must not be NULL (sneppx_layer_create with NULL gives synthetic weights)");
+    const sneppx_tensor_ref *refs = (const sneppx_tensor_ref *)weights;
+    struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS] = {{0}};
+    for (int field = 0; field < SNEPPX_WEIGHT_FIELDS; field++) {
+        if (!refs[field].data)
+            continue;
+        const int dtype = (int)refs[field].dtype;
+        if (!sneppx_source_dtype_supported(dtype)) {
+            const char *name = sneppx_dtype_name(dtype);
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "weights.%s.dtype: %d%s%s%s is not a type tensors are read in (float32, bfloat16, "
+                               "float16)",
+                               sneppx_weight_field_names[field], dtype, name ? " (" : "", name ? name : "",
+                               name ? ")" : "");
+        }
+        if (dtype != SNEPPX_DTYPE_FLOAT32 && ((uintptr_t)refs[field].data & 1))
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "weights.%s.data: %s elements at an odd address",
+                               sneppx_weight_field_names[field], sneppx_dtype_name(dtype));
+        sources[field].kind = SNEPPX_SOURCE_MEMORY;
+        sources[field].data = refs[field].data;
+        sources[field].dtype = (sneppx_dtype)dtype;
+    }
+    return sneppx_layer_create_from_sources(config, sources, out);
 }

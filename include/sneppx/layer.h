@@ -28,7 +28,8 @@ extern "C" {
 
 /* HF tensors of one self_attn module, row-major [out_features, in_features].
  * Unused entries are NULL. The layer copies (packs) what it needs at create,
- * so the caller may free these afterwards. */
+ * so the caller may free these afterwards. Tensors in bfloat16 or float16:
+ * sneppx_typed_weights below. */
 typedef struct sneppx_weights {
     const float *q_proj_weight, *q_proj_bias;   /* [H*D, hidden], [H*D] */
     const float *k_proj_weight, *k_proj_bias;   /* [KV*D, hidden], [KV*D] */
@@ -54,6 +55,45 @@ typedef struct sneppx_layer sneppx_layer;
 #define SNEPPX_SYNTHETIC_SEED 0x5eed5eedULL
 SNEPPX_API sneppx_status sneppx_layer_create(const sneppx_config *config, const sneppx_weights *weights,
                                              sneppx_layer **layer);
+
+/* One tensor of a checkpoint as it is stored: row-major elements of dtype.
+ * SNEPPX_DTYPE_FLOAT32 (0: a zeroed ref is float32) reads floats; BFLOAT16 and
+ * FLOAT16 read uint16_t bits in host byte order (bfloat16: a float32's high
+ * half; FLOAT16: IEEE binary16), 2-byte aligned. Other types are refused. */
+typedef struct sneppx_tensor_ref {
+    const void *data;   /* NULL: not given */
+    sneppx_dtype dtype;
+} sneppx_tensor_ref;
+
+/* sneppx_weights with each tensor's element type: the same fields in the same
+ * order (offsetof(sneppx_weights, f) / sizeof(const float *) is field f's
+ * position in both), so a checkpoint in bfloat16 or float16 is handed over as
+ * it is, without a float32 copy. A struct and call of their own, so that
+ * sneppx_weights and sneppx_layer_create keep their layout and meaning (ABI). */
+typedef struct sneppx_typed_weights {
+    sneppx_tensor_ref q_proj_weight, q_proj_bias;
+    sneppx_tensor_ref k_proj_weight, k_proj_bias;
+    sneppx_tensor_ref v_proj_weight, v_proj_bias;
+    sneppx_tensor_ref o_proj_weight, o_proj_bias;
+    sneppx_tensor_ref q_a_proj_weight, q_a_proj_bias;
+    sneppx_tensor_ref q_a_layernorm_weight;
+    sneppx_tensor_ref q_b_proj_weight;
+    sneppx_tensor_ref kv_a_proj_with_mqa_weight, kv_a_proj_with_mqa_bias;
+    sneppx_tensor_ref kv_a_layernorm_weight;
+    sneppx_tensor_ref kv_b_proj_weight;
+} sneppx_typed_weights;
+
+/* sneppx_layer_create() from typed tensors (weights must not be NULL). Each
+ * projection is packed into config->weight_dtype straight from the given
+ * elements, 64 output rows at a time through a float32 scratch per thread (a
+ * narrow source rounds exactly as its float32 widening would: bfloat16 into a
+ * bfloat16 layer keeps every bit); biases and norm weights are widened to the
+ * float32 the layer keeps them in; MLA's absorption (kv_b_proj) is computed in
+ * float32 as with sneppx_layer_create. An unsupported dtype is
+ * SNEPPX_ERR_INVALID_ARGUMENT naming the field and the type. Thread-safe, as
+ * sneppx_layer_create. */
+SNEPPX_API sneppx_status sneppx_layer_create_typed(const sneppx_config *config, const sneppx_typed_weights *weights,
+                                                   sneppx_layer **layer);
 
 /* Runs the forward pass. Thread-safe: several threads may call it on one layer
  * at once (each call uses its own scratch). Nothing is written to out on error.

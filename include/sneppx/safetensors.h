@@ -21,7 +21,9 @@
  *     checkpoint's model.safetensors.index.json, opens only the shards that
  *     hold layer L's self_attn tensors, checks their names and shapes against
  *     a config (missing, extra and mis-shaped tensors are errors naming the
- *     tensor and the file) and owns the float32 copies behind a sneppx_weights.
+ *     tensor and the file) and owns the float32 copies behind a sneppx_weights;
+ *     sneppx_layer_create_from_safetensors() packs a layer from it directly,
+ *     a few rows at a time, without those copies.
  *
  * Every error message names the file, and the tensor when there is one. */
 #ifndef SNEPPX_SAFETENSORS_H
@@ -117,6 +119,22 @@ SNEPPX_API sneppx_status sneppx_attn_weights_load(const char *path, int64_t laye
 SNEPPX_API const sneppx_weights *sneppx_attn_weights_view(const sneppx_attn_weights *weights);
 
 SNEPPX_API void sneppx_attn_weights_free(sneppx_attn_weights *weights);
+
+/* sneppx_layer_create() from layer `layer_index` of the checkpoint at path
+ * (found and checked as sneppx_attn_weights_load finds and checks it), packed
+ * straight from the file: each pack task reads its 64 output rows of the
+ * tensor (wherever they are: q, k or v of the fused projection) with pread,
+ * widens them into a float32 scratch of its thread and packs them into
+ * config->weight_dtype. No tensor is ever copied whole, so loading needs the
+ * packed weights plus a scratch of 64 rows (6 bytes per element for a 16-bit
+ * file) per thread, not a float32 copy of the layer; a BF16 file into a
+ * bfloat16 layer keeps every bit. Biases and norm weights become float32; MLA's
+ * kv_b_proj is widened whole for the absorption (float32, then packed).
+ * F32, F16, BF16 and F64 tensors are read; any other dtype is
+ * SNEPPX_ERR_UNSUPPORTED naming the tensor and the dtype, before anything is
+ * packed. Thread-safe, as sneppx_layer_create. */
+SNEPPX_API sneppx_status sneppx_layer_create_from_safetensors(const sneppx_config *config, const char *path,
+                                                              int64_t layer_index, sneppx_layer **layer);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,12 @@
 """Checking and converting forward_mha's arguments into the C-contiguous
 float32 / int64 buffers the runtime reads. Each input is converted at most
-once; errors name the argument and the shape it must have."""
-from typing import Any, Optional
+once; errors name the argument and the shape it must have.
+
+bfloat16, which numpy lacks, is read through its bits: a torch tensor as the
+int16 view its own module offers (no torch import here), a numpy array of
+ml_dtypes' bfloat16 as uint16."""
+import sys
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
@@ -9,14 +14,45 @@ _REAL_KINDS = "fiu"     # float, signed and unsigned integer
 _INTEGER_KINDS = "iu"
 
 
-def _as_array(name: str, value: Any) -> np.ndarray:
+def _torch_bfloat16_bits(name: str, value: Any) -> Optional[np.ndarray]:
+    """The uint16 bits of a torch bfloat16 tensor (a view, no copy when it is on the CPU),
+    or None when value is no such tensor. Works with the tensor's own methods: view(int16)
+    reinterprets the bits (it needs no grad, unlike numpy()), and the int16 dtype comes from
+    the module that defines the tensor's type."""
+    if isinstance(value, np.ndarray) or str(getattr(value, "dtype", "")) != "torch.bfloat16":
+        return None
+    module = sys.modules.get(type(value).__module__.partition(".")[0])
+    try:
+        return np.asarray(value.view(getattr(module, "int16"))).view(np.uint16)
+    except Exception as error:  # a tensor on another device, a torch without view(dtype)
+        raise TypeError(f"{name}: cannot read the bits of a bfloat16 tensor ({error})") from None
+
+
+def array_or_bfloat16_bits(name: str, value: Any) -> Tuple[np.ndarray, bool]:
+    """(value as an array, False), or (its bfloat16 bits as uint16, True) for a bfloat16
+    tensor or array."""
+    bits = _torch_bfloat16_bits(name, value)
+    if bits is not None:
+        return bits, True
     try:
         array = np.asarray(value)
     except Exception as error:  # ragged lists, tensors that need .detach(), ...
         raise TypeError(f"{name}: cannot be read as an array ({error})") from None
+    if array.dtype.name == "bfloat16" and array.dtype.itemsize == 2:   # ml_dtypes
+        return array.view(np.uint16), True
     if array.dtype.kind == "O":
         raise TypeError(f"{name}: cannot be read as a numeric array (got dtype object; ragged input?)")
-    return array
+    return array, False
+
+
+def widen_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bits (uint16) -> C-contiguous float32, exactly: the bits are a float32's high half."""
+    return (np.ascontiguousarray(bits, dtype=np.uint32) << 16).view(np.float32)
+
+
+def as_array(name: str, value: Any) -> np.ndarray:
+    array, is_bfloat16 = array_or_bfloat16_bits(name, value)
+    return widen_bfloat16(array) if is_bfloat16 else array
 
 
 def _shape_text(shape: tuple) -> str:
@@ -46,7 +82,7 @@ def _float32_array(name: str, array: np.ndarray, to_minus_inf_ok: bool = False) 
 def hidden_states_array(value: Any, hidden_size: int) -> np.ndarray:
     """[batch, seq_len, hidden_size] as C-contiguous float32 (the same object when it already is)."""
     name = "hidden_states"
-    array = _as_array(name, value)
+    array = as_array(name, value)
     if array.dtype.kind not in _REAL_KINDS:
         raise TypeError(f"{name}: expected real numbers (float32 preferred), got dtype {array.dtype}")
     if array.ndim != 3 or array.shape[2] != hidden_size:
@@ -59,7 +95,7 @@ def attention_mask_array(value: Any, batch: int, seq_len: int) -> Optional[np.nd
     if value is None:
         return None
     name = "attention_mask"
-    array = _as_array(name, value)
+    array = as_array(name, value)
     expected = f"[{batch}, 1, {seq_len}, {seq_len}]"
     if batch != 1:
         expected += f" (or [1, 1, {seq_len}, {seq_len}])"
@@ -80,7 +116,7 @@ def position_ids_array(value: Any, batch: int, seq_len: int) -> Optional[np.ndar
     if value is None:
         return None
     name = "position_ids"
-    array = _as_array(name, value)
+    array = as_array(name, value)
     if array.dtype.kind not in _INTEGER_KINDS:
         raise TypeError(f"{name}: expected integers, got dtype {array.dtype}")
     if array.ndim != 2 or array.shape[0] not in (batch, 1) or array.shape[1] != seq_len:
@@ -102,7 +138,7 @@ def cached_mask_planes(value: Any, batch: int, seq_len: int, cached: int, window
     if value is None:
         return None
     name = "attention_mask"
-    array = _as_array(name, value)
+    array = as_array(name, value)
     keys = cached + seq_len
     if array.ndim == 2:
         if array.shape != (batch, keys):

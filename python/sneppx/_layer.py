@@ -5,7 +5,7 @@ LLMConfig's layer (extend_context, new weights) while another thread is inside
 forward only destroys the old handle once that call has returned.
 """
 import ctypes
-from typing import List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -17,14 +17,19 @@ from .errors import check
 class Layer:
     __slots__ = ("_handle", "_destroy")
 
-    def __init__(self, config: S.Config, weights: Optional[S.Weights]):
-        """sneppx_layer_create: validates, resolves kernels, packs (copies) the weights."""
+    def __init__(self, config: S.Config, weights: Optional[S.Weights] = None,
+                 create: Optional[Callable[[Any], int]] = None):
+        """sneppx_layer_create: validates, resolves kernels, packs (copies) the weights;
+        or create(&handle), another create call of the C API with its other arguments bound."""
         handle = ctypes.c_void_p()
         self._handle = None
         # Bound now: at interpreter exit module globals may already be gone when __del__ runs.
         self._destroy = lib.sneppx_layer_destroy
-        check(lib.sneppx_layer_create(ctypes.byref(config), ctypes.byref(weights) if weights is not None else None,
-                                      ctypes.byref(handle)))
+        if create is None:
+            check(lib.sneppx_layer_create(ctypes.byref(config), ctypes.byref(weights) if weights is not None else None,
+                                          ctypes.byref(handle)))
+        else:
+            check(create(ctypes.byref(handle)))
         self._handle = handle.value
 
     def __del__(self):

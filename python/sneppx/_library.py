@@ -32,6 +32,8 @@ _PROTOTYPES = {
     "sneppx_config_extend_context": (_status, [_config_p, _i64]),
     "sneppx_config_softmax_scale": (ctypes.c_double, [_config_p]),
     "sneppx_layer_create": (_status, [_config_p, ctypes.POINTER(S.Weights), ctypes.POINTER(_layer_p)]),
+    "sneppx_layer_create_typed": (_status, [_config_p, ctypes.POINTER(S.TypedWeights), ctypes.POINTER(_layer_p)]),
+    "sneppx_layer_create_from_safetensors": (_status, [_config_p, _str, _i64, ctypes.POINTER(_layer_p)]),
     "sneppx_layer_forward": (_status, [_layer_p, _i64, _i64, _float_p, _float_p,
                                        ctypes.POINTER(_i64), _void_p, _float_p]),
     "sneppx_layer_warmup": (_status, [_config_p]),

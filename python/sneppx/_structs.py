@@ -3,7 +3,7 @@
 include/sneppx/config.h  -> RopeScaling, Config: rendered at build time from
     gen/sneppx_gen/config_fields.py (sneppx._config_fields; see sneppx._locate),
     with the field tables CONFIG_FIELDS and ROPE_SCALING_FIELDS
-include/sneppx/layer.h   -> Weights
+include/sneppx/layer.h   -> Weights, TensorRef, TypedWeights
 include/sneppx/safetensors.h -> AttnTensor
 The last two are written here, field for field in declaration order; any change
 to those headers must be repeated here. tests/python/test_api.py pins Weights
@@ -44,6 +44,14 @@ class Weights(ctypes.Structure):
         "kv_a_layernorm_weight",
         "kv_b_proj_weight",
     )]
+
+
+class TensorRef(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int)]   # sneppx_dtype is an enum: an int
+
+
+class TypedWeights(ctypes.Structure):
+    _fields_ = [(name, TensorRef) for name, _ in Weights._fields_]
 
 
 class AttnTensor(ctypes.Structure):

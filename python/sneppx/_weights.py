@@ -2,8 +2,9 @@
 (after extend_context() or a mla_naive change) from what it holds:
 
 SyntheticWeights   the runtime's seeded weights (sneppx_layer_create with NULL)
-StateDictWeights   float32 copies of a state dict, checked against the config's tensor list
-CheckpointWeights  a safetensors checkpoint, read by the C loader at each create
+StateDictWeights   copies of a state dict in their own type (float32, or the bits of bfloat16 /
+                   float16), checked against the config's tensor list
+CheckpointWeights  a safetensors checkpoint, packed from the file by the C loader at each create
 """
 import ctypes
 import os
@@ -13,11 +14,13 @@ import numpy as np
 
 from . import _hf
 from . import _structs as S
+from ._arrays import array_or_bfloat16_bits
 from ._layer import Layer
 from ._library import lib
 from .errors import check
 
 _SELF_ATTN = "self_attn."
+_DTYPE_CODES = {name: S.DTYPES.index(name) for name in ("float32", "bfloat16", "float16")}
 # Field of sneppx_weights at each byte offset (the C side reports offsetof()).
 _FIELD_AT_OFFSET = {getattr(S.Weights, name).offset: name for name, _ in S.Weights._fields_}
 
@@ -47,20 +50,24 @@ def _split_prefix(key: Any) -> Tuple[str, str]:
     return key[:at + len(_SELF_ATTN)], key[at + len(_SELF_ATTN):]
 
 
-def _as_float32(full_name: str, value: Any, shape: Tuple[int, ...]) -> np.ndarray:
-    try:
-        array = np.asarray(value)
-    except Exception as error:  # e.g. a torch tensor that requires grad
-        raise TypeError(f"state_dict: tensor '{full_name}' cannot be read as an array ({error})") from None
-    if array.dtype.kind != "f":
+def _stored_tensor(full_name: str, value: Any, shape: Tuple[int, ...]) -> Tuple[np.ndarray, int]:
+    """value as the layer reads it: (a C-contiguous copy, its sneppx_dtype). bfloat16 (torch,
+    ml_dtypes) and float16 keep their 16 bits (no float32 copy); float32 stays float32;
+    other floats (float64) become float32."""
+    array, is_bfloat16 = array_or_bfloat16_bits(f"state_dict: tensor '{full_name}'", value)
+    if not is_bfloat16 and array.dtype.kind != "f":
         raise TypeError(f"state_dict: tensor '{full_name}' has dtype {array.dtype}; expected floating point")
     if array.shape != shape:
         raise ValueError(f"state_dict: tensor '{full_name}' has shape {list(array.shape)}, "
                          f"expected {list(shape)}")
-    # A copy even when the caller's array is float32 already: it is kept to repack the
-    # weights (extend_context, mla_naive), and a caller reusing the array for the next
+    # A copy even when the caller's array is already what the layer reads: it is kept to repack
+    # the weights (extend_context, mla_naive), and a caller reusing the array for the next
     # layer's tensors must not change this layer's.
-    return np.array(array, dtype=np.float32, order="C", copy=True)
+    if is_bfloat16:
+        return np.array(array, dtype=np.uint16, order="C", copy=True), _DTYPE_CODES["bfloat16"]
+    if array.dtype == np.float16:
+        return np.array(array, dtype=np.float16, order="C", copy=True), _DTYPE_CODES["float16"]
+    return np.array(array, dtype=np.float32, order="C", copy=True), _DTYPE_CODES["float32"]
 
 
 class StateDictWeights:
@@ -74,7 +81,7 @@ class StateDictWeights:
         prefix = prefixes.pop() if prefixes else ""
         expected = {name: (shape, field) for name, shape, field in expected_tensors(config)}
         config_name = config.name.decode()
-        self.arrays: Dict[str, np.ndarray] = {}
+        self.arrays: Dict[str, Tuple[np.ndarray, int]] = {}   # field: (elements, sneppx_dtype)
         for key, value in state_dict.items():
             name = _split_prefix(key)[1]
             if lib.sneppx_attn_tensor_is_ignored(name.encode()):
@@ -83,7 +90,7 @@ class StateDictWeights:
                 raise ValueError(f"state_dict: unexpected tensor '{key}'; config '{config_name}' takes "
                                  f"{', '.join(expected)}")
             shape, field = expected[name]
-            self.arrays[field] = _as_float32(key, value, shape)
+            self.arrays[field] = _stored_tensor(key, value, shape)
         missing = [prefix + name for name, (_, field) in expected.items() if field not in self.arrays]
         if missing:
             raise ValueError(f"state_dict: missing tensor(s) {', '.join(repr(m) for m in missing)} "
@@ -91,10 +98,11 @@ class StateDictWeights:
         self.description = f"state_dict({len(self.arrays)} tensors)"
 
     def create(self, config: S.Config) -> Layer:
-        weights = S.Weights()
-        for field, array in self.arrays.items():
-            setattr(weights, field, array.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
-        return Layer(config, weights)
+        weights = S.TypedWeights()
+        for field, (array, dtype) in self.arrays.items():
+            setattr(weights, field, S.TensorRef(array.ctypes.data, dtype))
+        return Layer(config, create=lambda handle: lib.sneppx_layer_create_typed(
+            ctypes.byref(config), ctypes.byref(weights), handle))
 
 
 class CheckpointWeights:
@@ -110,9 +118,6 @@ class CheckpointWeights:
         self.description = f"safetensors({os.fsdecode(self.path)!r}, layer={self.layer})"
 
     def create(self, config: S.Config) -> Layer:
-        loaded = ctypes.c_void_p()
-        check(lib.sneppx_attn_weights_load(self.path, self.layer, ctypes.byref(config), ctypes.byref(loaded)))
-        try:
-            return Layer(config, lib.sneppx_attn_weights_view(loaded).contents)
-        finally:
-            lib.sneppx_attn_weights_free(loaded)
+        # Packed straight from the file, a few rows per thread at a time: no float32 copy.
+        return Layer(config, create=lambda handle: lib.sneppx_layer_create_from_safetensors(
+            ctypes.byref(config), self.path, self.layer, handle))

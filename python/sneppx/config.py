@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _hf
 from . import _structs as S
-from ._arrays import attention_mask_array, cached_mask_planes, hidden_states_array, position_ids_array
+from ._arrays import as_array, attention_mask_array, cached_mask_planes, hidden_states_array, position_ids_array
 from ._kv_cache import KVCache
 from ._layer import Layer
 from ._library import lib
@@ -383,33 +383,46 @@ class LLMConfig:
         (what load_state_dict() and load_safetensors() expect)."""
         return {name: shape for name, shape, _ in expected_tensors(self._config)}
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any], dtype: Optional[str] = None) -> None:
         """Loads one self_attn module's tensors by HF name ("q_proj.weight", "q_proj.bias", ...;
         DeepSeek: "q_a_proj.weight", "kv_a_proj_with_mqa.weight", ...), with or without a
         prefix ending in "self_attn." (e.g. "model.layers.0.self_attn.").
 
-        Values are any float array-likes of exactly the expected shape, copied once to
-        contiguous float32 and kept (so extend_context() / mla_naive can repack them;
-        changing the caller's arrays afterwards changes nothing here, as in torch).
-        Missing, extra or mis-shaped tensors raise ValueError, a non-float dtype TypeError,
-        each naming the tensor."""
-        source = StateDictWeights(self._config, state_dict)
-        with self._lock:
-            self._layer = source.create(self._config)
-            self._weights = source
+        Values are any float array-likes of exactly the expected shape: numpy arrays, torch
+        tensors (bfloat16 ones too, read through their bits), ml_dtypes bfloat16 arrays.
+        bfloat16 and float16 tensors are copied once as their 16 bits, float32 ones as float32,
+        others converted to float32; the copies are kept (so extend_context() / mla_naive can
+        repack them; changing the caller's arrays afterwards changes nothing here, as in torch).
+        dtype: how the layer stores the projections ("float32", "bfloat16", "float16"; the
+        names of sneppx_dtype), which becomes the config's weight_dtype; None keeps the
+        config's. Missing, extra or mis-shaped tensors raise ValueError, a non-float dtype
+        TypeError, each naming the tensor."""
+        storage = None if dtype is None else _dtype("dtype", dtype)
+        self._load(StateDictWeights(self._config, state_dict), storage)
 
-    def load_safetensors(self, path: "os.PathLike[str] | str", layer: int = 0) -> None:
+    def load_safetensors(self, path: "os.PathLike[str] | str", layer: int = 0, dtype: Optional[str] = None) -> None:
         """Loads layer `layer`'s self_attn tensors from a HF checkpoint: a directory, a
         .safetensors file or a sharded checkpoint's model.safetensors.index.json. Only that
-        layer's tensors are read (a file truncated meanwhile is a FileError, not a crash);
-        F32/F16/BF16 become float32.
+        layer's tensors are read (a file truncated meanwhile is a FileError, not a crash),
+        and packed straight from the file's F32/F16/BF16/F64 bytes, a few rows at a time
+        (no float32 copy of the layer).
 
-        Raises sneppx.FormatError (ValueError) for missing, extra or mis-shaped tensors and
-        malformed files, sneppx.FileError (OSError) for unreadable ones, naming the tensor
-        and the file."""
-        source = CheckpointWeights(path, layer)
+        dtype: how the layer stores the projections, as for load_state_dict (None: the
+        config's weight_dtype). Raises sneppx.FormatError (ValueError) for missing, extra or
+        mis-shaped tensors and malformed files, sneppx.UnsupportedError for a tensor of
+        another dtype, sneppx.FileError (OSError) for unreadable ones, naming the tensor and
+        the file."""
+        storage = None if dtype is None else _dtype("dtype", dtype)
+        self._load(CheckpointWeights(path, layer), storage)
+
+    def _load(self, source: Any, weight_dtype: Optional[int]) -> None:
+        """Creates the layer from source (with weight_dtype, if given), then commits both."""
         with self._lock:
-            self._layer = source.create(self._config)
+            config = S.Config.from_buffer_copy(self._config)
+            if weight_dtype is not None:
+                config.weight_dtype = weight_dtype
+            self._layer = source.create(config)
+            self._config = config
             self._weights = source
 
     def warmup(self) -> None:
@@ -510,7 +523,8 @@ class LLMConfig:
         hidden_size = self._config.hidden_size
         packed = []
         for i, chunk in enumerate(chunks):
-            array = hidden_states_array(np.asarray(chunk)[None] if np.ndim(chunk) == 2 else chunk, hidden_size)
+            chunk = as_array(f"hidden_states[{i}]", chunk)   # a bfloat16 tensor: through its bits
+            array = hidden_states_array(chunk[None] if chunk.ndim == 2 else chunk, hidden_size)
             if array.shape[0] != 1 or array.shape[1] == 0:
                 raise ValueError(f"hidden_states[{i}]: expected shape [q_len >= 1, {hidden_size}], got "
                                  f"{list(np.shape(chunk))}")
