@@ -13,7 +13,7 @@
 sneppx_status sneppx_pack_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *gemm, int64_t instances,
                                int has_bias)
 {
-    gemm->panel_bytes = sneppx_gemm_packed_bytes(gemm->k, gemm->n, layer->target->gemm_nr, gemm->element_bytes);
+    gemm->panel_bytes = sneppx_gemm_packed_bytes(gemm->k, gemm->n, layer->target->gemm_nr, gemm->weight_type);
     gemm->threads = sneppx_thread_count(layer);
     gemm->instances = instances;
     gemm->panels = sneppx_alloc_big((size_t)(gemm->panel_bytes * instances));
@@ -33,7 +33,7 @@ void sneppx_pack_gemm_instance(struct sneppx_packed_gemm *gemm, int64_t instance
 {
     const int64_t panel_columns = 64; /* columns per pack task: a multiple of every NR */
     const int64_t tasks = (gemm->n + panel_columns - 1) / panel_columns;
-    /* The _pack entry rounds the float32 rows to the key's weight type. */
+    /* The _pack entry rounds (or quantizes) the float32 rows to the key's weight type. */
     float *dst = (float *)((char *)gemm->panels + instance * gemm->panel_bytes);
 #pragma omp parallel for schedule(static) num_threads(gemm->threads)
     for (int64_t task = 0; task < tasks; task++) {

@@ -119,7 +119,7 @@ static void check_type(const struct sneppx_target *target, int dtype, const stru
         for (int64_t i = 0; i < k; i++)
             hf[c * k + i] = c == 0 ? from_bits(cases[i].in) : c == 1 ? finite_case(&cases[i], bf16)
                                                                        : 0.25f * (float)(c * k + i); /* exact */
-    const int64_t bytes = sneppx_gemm_packed_bytes(k, n, nr, 2);
+    const int64_t bytes = sneppx_gemm_packed_bytes(k, n, nr, dtype);
     uint16_t *panels = aligned_alloc(64, (size_t)(bytes + 63) / 64 * 64);
     memset(panels, 0xff, (size_t)bytes); /* columns past n must come out zero */
     struct sneppx_args pack = {.struct_size = sizeof pack, .abi_version = SNEPPX_ABI_VERSION, .col_begin = 0,
