@@ -74,7 +74,7 @@ static void request_gemm(struct kernel_requests *requests, sneppx_dtype weight_t
     const int64_t values[] = {k, n, has_bias ? 1 : 0, (int64_t)weight_type};
     gemm->k = k;
     gemm->n = n;
-    gemm->element_bytes = sneppx_dtype_bytes[weight_type];
+    gemm->weight_type = weight_type;
     request(requests, "gemm", values, 4, &gemm->kernel);
 }
 

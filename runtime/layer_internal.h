@@ -16,8 +16,8 @@
 struct sneppx_packed_gemm {
     const sneppx_kernel *kernel;   /* gemm-k<K>-n<N>-bias<0|1>-<weight type>-v<vw> */
     int64_t k, n;
-    int element_bytes;             /* of the weight type (config.weight_dtype) */
-    void *panels;                  /* sneppx_gemm_packed_bytes(k, n, gemm_nr, element_bytes) per instance */
+    sneppx_dtype weight_type;      /* the panels' (config.weight_dtype) */
+    void *panels;                  /* sneppx_gemm_packed_bytes(k, n, gemm_nr, weight_type) per instance */
     int64_t panel_bytes;           /* bytes of one instance (MLA packs one per head) */
     int64_t instances;             /* packed matrices: 1, or heads for MLA's absorption */
     float *bias;                   /* [n] or NULL */

@@ -17,7 +17,7 @@
 sneppx_status sneppx_pack_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *gemm, int64_t instances,
                                int has_bias)
 {
-    gemm->panel_bytes = sneppx_gemm_packed_bytes(gemm->k, gemm->n, layer->target->gemm_nr, gemm->element_bytes);
+    gemm->panel_bytes = sneppx_gemm_packed_bytes(gemm->k, gemm->n, layer->target->gemm_nr, gemm->weight_type);
     gemm->threads = sneppx_thread_count(layer);
     gemm->instances = instances;
     gemm->panels = sneppx_alloc_big((size_t)(gemm->panel_bytes * instances));
@@ -126,7 +126,7 @@ sneppx_status sneppx_pack_gemm_sources(struct sneppx_packed_gemm *gemm, int64_t 
             args.src = src;
             args.src_stride = k;
             args.dst = dst;
-            /* The _pack entry rounds the float32 rows to the key's weight type. */
+            /* The _pack entry rounds (or quantizes) the float32 rows to the key's weight type. */
             gemm->kernel->entry[SNEPPX_ENTRY_PACK](&args);
         }
         free(scratch);

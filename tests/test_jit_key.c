@@ -48,6 +48,8 @@ static void test_formats(test_tally *tally)
     const int64_t gemm_bf16[] = {4096, 6144, 0, 1}, gemm_f16[] = {896, 1152, 1, 2};
     check_key(tally, "gemm", gemm_bf16, V16, "gemm-k4096-n6144-bias0-bfloat16-v16");
     check_key(tally, "gemm", gemm_f16, V8, "gemm-k896-n1152-bias1-float16-v8");
+    const int64_t gemm_int8[] = {1408, 2048, 0, 3};
+    check_key(tally, "gemm", gemm_int8, V16, "gemm-k1408-n2048-bias0-int8-v16");
     const int64_t rope_half[] = {128, 0}, rope_inter[] = {64, 1};
     check_key(tally, "rope", rope_half, V16, "rope-r128-half-v16");
     check_key(tally, "rope", rope_inter, V8, "rope-r64-inter-v8");
@@ -75,8 +77,8 @@ static void test_errors(test_tally *tally)
     check_rejected(tally, "rope", bad_layout, V16, SNEPPX_KEY_MAX, "interleaved");
     /* Values a valid config never makes: refused naming the field, by resolve too. */
     const int64_t zero_k[] = {0, 64, 0, 0}, bias_7[] = {64, 64, 7, 0}, huge_n[] = {64, 3 * (1 << 20) + 1, 0, 0};
-    const int64_t int8_weights[] = {64, 64, 0, 3};
-    check_rejected(tally, "gemm", int8_weights, V16, SNEPPX_KEY_MAX, "(weight_type of gemm) = 3 is outside [0, 2]");
+    const int64_t no_weight_type[] = {64, 64, 0, 4};
+    check_rejected(tally, "gemm", no_weight_type, V16, SNEPPX_KEY_MAX, "(weight_type of gemm) = 4 is outside [0, 3]");
     check_rejected(tally, "gemm", zero_k, V16, SNEPPX_KEY_MAX, "(k of gemm) = 0 is outside [1, 1048576]");
     check_rejected(tally, "gemm", bias_7, V16, SNEPPX_KEY_MAX, "(bias of gemm) = 7 is outside [0, 1]");
     check_rejected(tally, "gemm", huge_n, V16, SNEPPX_KEY_MAX, "(n of gemm) = 3145729");

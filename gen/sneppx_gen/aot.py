@@ -198,7 +198,6 @@ def render_layer(p: Plan) -> Tuple[str, str]:
         weight_fields=p.weight_fields,
         rope_type=ROPE_TYPE_NAMES[p.arch.rope_scaling.type],
         weight_dtype=config_fields.DTYPES[p.arch.weight_dtype],
-        weight_bytes=config_fields.DTYPE_BYTES[p.arch.weight_dtype],
         rope_initializer=_rope_initializer(p.arch, p.dims["rotary_dim"]),
         rope_freqs=render.render_template("rope_freqs.c.j2", mode="aot"),
         softmax_scale=_float_literal(p.arch.softmax_scale()),

@@ -64,9 +64,10 @@ class Field:
 
 # sneppx_dtype's values, by name (numpy's and torch's): the storage types of GEMM
 # weights (weight_dtype). GEMM keys carry it too (kernels.py), in this order.
-DTYPES = ("float32", "bfloat16", "float16")
-# Bytes of one element of each.
-DTYPE_BYTES = (4, 2, 2)
+DTYPES = ("float32", "bfloat16", "float16", "int8")
+# Bytes of one element of each (int8 panels also hold a float32 scale per group
+# of k: templates/abi.h.j2's sneppx_gemm_panel_bytes sizes panels).
+DTYPE_BYTES = (4, 2, 2, 1)
 
 # sneppx_rope_type's values, by HF name.
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
@@ -148,7 +149,7 @@ CONFIG_FIELDS: Tuple[Field, ...] = (
           python="flag"),
     Field("use_flash_attn", INT, 1, "1 = flash, 0 = materialized SDPA", hf="-", python="flag"),
     Field("num_threads", INT, 0, "0 = OpenMP default", hf="-"),
-    Field("weight_dtype", DTYPE, 0, "storage type of the projections' weights (float32, bfloat16, float16); "
+    Field("weight_dtype", DTYPE, 0, "storage type of the projections' weights (float32, bfloat16, float16, int8); "
           "biases and norm weights stay float32, products accumulate in float32", hf="-", python="dtype"),
 )
 

@@ -101,7 +101,8 @@ def render_template(name: str, **context) -> str:
 
 
 def render_abi() -> str:
-    return render_template("abi.h.j2", targets=TARGETS)
+    return render_template("abi.h.j2", targets=TARGETS, dtypes=config_fields.DTYPES,
+                           dtype_bytes=config_fields.DTYPE_BYTES)
 
 
 def render_kernel(family: str, target: Target, mode: str,

@@ -27,11 +27,14 @@ typedef enum sneppx_rope_type {
 
 /* How the projections' weights are stored once packed (sneppx_config.weight_dtype).
  * Products accumulate in float32 whatever the type; biases and RMSNorm weights
- * stay float32. Values are fixed: a later type (int8) takes the next value. */
+ * stay float32. Values are fixed: a later type takes the next value. */
 typedef enum sneppx_dtype {
     SNEPPX_DTYPE_FLOAT32 = 0,  /* as given (the default) */
     SNEPPX_DTYPE_BFLOAT16 = 1, /* rounded to nearest even at packing, NaN stays NaN: half the bytes */
     SNEPPX_DTYPE_FLOAT16 = 2,  /* IEEE binary16, rounded to nearest even, overflow to inf: half the bytes */
+    SNEPPX_DTYPE_INT8 = 3,     /* symmetric int8 per group of 32 input features of an output feature,
+                                  a float32 scale each (max |w| / 127, q = round-to-even(w / scale)
+                                  in [-127, 127]): 9/32 of the bytes */
     SNEPPX_DTYPE_COUNT         /* how many there are (not a type) */
 } sneppx_dtype;
 
@@ -77,7 +80,8 @@ typedef struct sneppx_config {
                                        parallel region of the layer (creation, packing,
                                        RoPE tables, forwards) runs on this many */
     sneppx_dtype weight_dtype;      /* how the projections' weights are stored (default float32);
-                                       a decode step reads half the bytes in bfloat16 / float16 */
+                                       a decode step reads half the bytes in bfloat16 / float16,
+                                       9/32 in int8 */
 } sneppx_config;
 
 /* A hand config with sneppx's defaults: bias on, flash on, default RoPE
@@ -124,7 +128,7 @@ SNEPPX_API sneppx_status sneppx_rope_scaling_from_json(const char *json_text, si
 SNEPPX_API int sneppx_preset_count(void);
 SNEPPX_API const char *sneppx_preset_name(int index);
 
-/* A sneppx_dtype's name ("float32", "bfloat16", "float16"), or NULL for a value
+/* A sneppx_dtype's name ("float32", "bfloat16", "float16", "int8"), or NULL for a value
  * that is not one. */
 SNEPPX_API const char *sneppx_dtype_name(int dtype);
 

@@ -43,7 +43,7 @@ def _partial_rotary_dim(config: S.Config, partial_rotary_factor: Any) -> int:
 
 
 def _dtype(name: str, value: Any) -> int:
-    """A sneppx_dtype by its name (S.DTYPES: "float32", "bfloat16", "float16")."""
+    """A sneppx_dtype by its name (S.DTYPES: "float32", "bfloat16", "float16", "int8")."""
     if not isinstance(value, str):
         raise TypeError(f"{name}: expected one of {', '.join(S.DTYPES)} (a string), got {value!r}")
     if value not in S.DTYPES:
@@ -133,8 +133,10 @@ class LLMConfig:
         num_threads: 0 = the OpenMP default.
         weight_dtype: how the projections' weights are stored once packed: "float32" (the
             default), "bfloat16" or "float16" (half the bytes a decode step reads; rounded to
-            nearest even at load, products still accumulate in float32; biases and norm
-            weights stay float32). Another value raises ValueError naming weight_dtype.
+            nearest even at load), or "int8" (9/32 of the bytes: symmetric per group of 32
+            input features of an output feature, a float32 scale max|w|/127 each);
+            products still accumulate in float32; biases and norm weights stay float32.
+            Another value raises ValueError naming weight_dtype.
         name: at most 63 of A-Z a-z 0-9 . _ - (it reaches logs and generated code).
         """
         args = dict(locals())   # every argument by name (no other local exists yet)

@@ -330,16 +330,50 @@ def random_state_dict(config: Any, rng: np.random.Generator, qkv_bias: bool = Tr
     return out
 
 
+#: Rows of k that share an int8 scale (templates/abi.h.j2's SNEPPX_GEMM_INT8_GROUP).
+INT8_GROUP = 32
+
+
+def quantize_int8(array: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(q, scales) of float32 rows quantized per group of INT8_GROUP along the last axis
+    (a GEMM's k; the last group short when k is not a multiple): scale = max |w| / 127
+    in float32, q = w / scale rounded to nearest even (np.rint) and clipped to
+    [-127, 127] as int8; an all-zero group has scale 0 and q 0, a group holding a
+    non-finite value scale NaN and q 0. scales has ceil(k / INT8_GROUP) per row."""
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    k = array.shape[-1]
+    groups = -(-k // INT8_GROUP)
+    padded = np.zeros(array.shape[:-1] + (groups * INT8_GROUP,), np.float32)
+    padded[..., :k] = array
+    grouped = padded.reshape(array.shape[:-1] + (groups, INT8_GROUP))
+    finite = np.isfinite(grouped)
+    largest = np.abs(np.where(finite, grouped, np.float32(0))).max(axis=-1)
+    scales = np.where(finite.all(axis=-1), largest / np.float32(127), np.float32(np.nan)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.rint(grouped / scales[..., None])
+    q = np.where(scales[..., None] > 0, np.clip(ratio, -127, 127), 0).astype(np.int8)
+    return q.reshape(padded.shape)[..., :k], scales
+
+
+def dequantize_int8(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """q * its group's scale, the float32 product the kernels form."""
+    k = q.shape[-1]
+    return (q.astype(np.float32) * np.repeat(scales, INT8_GROUP, axis=-1)[..., :k]).astype(np.float32)
+
+
 def round_to(array: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 values rounded to dtype ("float32", "bfloat16", "float16") and back, exactly
-    as float32: bfloat16 to nearest even on the float32 bits (a NaN stays NaN), float16 by
-    numpy's IEEE conversion (nearest even, overflow to inf)."""
+    """float32 values rounded to dtype ("float32", "bfloat16", "float16", "int8") and back,
+    exactly as float32: bfloat16 to nearest even on the float32 bits (a NaN stays NaN),
+    float16 by numpy's IEEE conversion (nearest even, overflow to inf), int8 quantized
+    along the last axis (quantize_int8) and dequantized."""
     array = np.ascontiguousarray(array, dtype=np.float32)
     if dtype == "float32":
         return array.copy()
     if dtype == "float16":
         with np.errstate(over="ignore"):
             return array.astype(np.float16).astype(np.float32)
+    if dtype == "int8":
+        return dequantize_int8(*quantize_int8(array))
     if dtype != "bfloat16":
         raise ValueError(f"dtype: {dtype!r}")
     bits = array.view(np.uint32).astype(np.uint64)
@@ -347,13 +381,25 @@ def round_to(array: np.ndarray, dtype: str) -> np.ndarray:
     return np.where(np.isnan(array), array, rounded.view(np.float32))
 
 
-def round_weights(weights: Mapping[str, np.ndarray], dtype: str) -> Dict[str, np.ndarray]:
+def round_weights(weights: Mapping[str, np.ndarray], dtype: str, config: Any = None) -> Dict[str, np.ndarray]:
     """The weights a layer of weight_dtype dtype computes with: every projection matrix
-    rounded to dtype (round_to), biases and RMSNorm weights as given. MLA's absorbed
-    W_UK^T and W_UV are a transpose and a slice of kv_b_proj, so rounding kv_b_proj
-    rounds them exactly as the layer does after absorbing."""
-    return {name: round_to(value, dtype) if name.endswith(".weight") and "layernorm" not in name
-            else np.asarray(value) for name, value in weights.items()}
+    rounded to dtype (round_to, along HF's in_features: the GEMM's k), biases and RMSNorm
+    weights as given. MLA's absorbed W_UK^T and W_UV are a transpose and a slice of
+    kv_b_proj: an element type rounds them as it rounds kv_b_proj, but int8 groups run
+    along each GEMM's own k, and W_UK^T's k is qk_nope_head_dim, not kv_lora_rank; so for
+    an absorbed MLA layer (config given, not mla_naive) int8 rounds each head's W_UK^T
+    and W_UV as the layer packs them."""
+    out = {name: round_to(value, dtype) if name.endswith(".weight") and "layernorm" not in name
+           else np.asarray(value) for name, value in weights.items()}
+    if dtype == "int8" and config is not None and is_mla(config) and not field(config, "mla_naive", 0):
+        heads = int(field(config, "num_attention_heads"))
+        nope, dv = int(field(config, "qk_nope_head_dim")), int(field(config, "v_head_dim"))
+        kv_b = np.asarray(weights["kv_b_proj.weight"], np.float32)
+        per_head = kv_b.reshape(heads, nope + dv, kv_b.shape[-1])
+        uk = round_to(per_head[:, :nope].transpose(0, 2, 1), "int8").transpose(0, 2, 1)
+        uv = round_to(per_head[:, nope:], "int8")
+        out["kv_b_proj.weight"] = np.concatenate([uk, uv], axis=1).reshape(kv_b.shape)
+    return out
 
 
 def causal_additive_mask(batch: int, seq_len: int, window: int = 0,
