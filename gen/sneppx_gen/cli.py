@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--config", metavar="FILE.json", action=_Once, help="an HF config.json (with model_type), read as libsneppx reads it; without "
                       "model_type, a hand config (sneppx.LLMConfig's keywords, + rotary_dim)")
     parser.add_argument("-o", "--output", metavar="DIR", action=_Once, help="output directory")
-    parser.add_argument("--weight-dtype", choices=config_fields.DTYPES, default=None, action=_Once,
+    parser.add_argument("--weight-dtype", choices=config_fields.WEIGHT_DTYPES, default=None, action=_Once,
                         help="storage type of the projections' packed weights (default: the config's, float32); "
                              "bfloat16 / float16 halve them, products accumulate in float32")
     target = parser.add_mutually_exclusive_group()

@@ -63,10 +63,13 @@ class Field:
 
 
 # sneppx_dtype's values, by name (numpy's and torch's): the storage types of GEMM
-# weights (weight_dtype). GEMM keys carry it too (kernels.py), in this order.
-DTYPES = ("float32", "bfloat16", "float16")
+# weights (weight_dtype) and of the KV cache. GEMM and attn_decode keys carry them
+# too (kernels.py), in this order. int8 (one float32 scale per row) is a KV cache
+# type only: GEMM keys take WEIGHT_DTYPES.
+DTYPES = ("float32", "bfloat16", "float16", "int8")
+WEIGHT_DTYPES = DTYPES[:3]
 # Bytes of one element of each.
-DTYPE_BYTES = (4, 2, 2)
+DTYPE_BYTES = (4, 2, 2, 1)
 
 # sneppx_rope_type's values, by HF name.
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")

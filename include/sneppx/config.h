@@ -32,6 +32,8 @@ typedef enum sneppx_dtype {
     SNEPPX_DTYPE_FLOAT32 = 0,  /* as given (the default) */
     SNEPPX_DTYPE_BFLOAT16 = 1, /* rounded to nearest even at packing, NaN stays NaN: half the bytes */
     SNEPPX_DTYPE_FLOAT16 = 2,  /* IEEE binary16, rounded to nearest even, overflow to inf: half the bytes */
+    SNEPPX_DTYPE_INT8 = 3,     /* symmetric int8 with a float32 scale per row: a KV cache type
+                                  (kv_cache.h); weights refuse it (SNEPPX_ERR_UNSUPPORTED) */
     SNEPPX_DTYPE_COUNT         /* how many there are (not a type) */
 } sneppx_dtype;
 
@@ -124,7 +126,7 @@ SNEPPX_API sneppx_status sneppx_rope_scaling_from_json(const char *json_text, si
 SNEPPX_API int sneppx_preset_count(void);
 SNEPPX_API const char *sneppx_preset_name(int index);
 
-/* A sneppx_dtype's name ("float32", "bfloat16", "float16"), or NULL for a value
+/* A sneppx_dtype's name ("float32", "bfloat16", "float16", "int8"), or NULL for a value
  * that is not one. */
 SNEPPX_API const char *sneppx_dtype_name(int dtype);
 
