@@ -9,6 +9,7 @@
 #include "error.h"
 #include "big_alloc.h"
 #include "kv_cache_internal.h"
+#include "kv_elements.h"
 
 /* The options of the first version of the struct: a caller's struct_size may not be smaller. */
 #define OPTIONS_V1_SIZE (offsetof(sneppx_kv_cache_options, dtype) + sizeof(sneppx_dtype))
@@ -440,6 +441,57 @@ sneppx_status sneppx_kv_cache_layer_length(sneppx_kv_cache *cache, int64_t seq_i
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer_index: %lld must not be negative",
                            (long long)layer_index);
     return query_sequence(cache, seq_id, layer_index, length);
+}
+
+/* One stored row widened to float (int8: times its scale). */
+static void read_row(const sneppx_kv_cache *cache, unsigned char *block, int64_t offset, int64_t scale_offset,
+                     float *dst, int64_t n)
+{
+    const float scale = cache->dtype == SNEPPX_DTYPE_INT8 ? sneppx_kv_scales(cache, block)[scale_offset] : 0.0f;
+    sneppx_kv_load_row(cache->dtype, dst, block + offset * cache->elem_size, scale, n);
+}
+
+sneppx_status sneppx_kv_cache_read(sneppx_kv_cache *cache, int64_t seq_id, int64_t layer_index, int64_t begin,
+                                   int64_t end, float *k, float *v)
+{
+    sneppx_clear_error();
+    if (!cache)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "cache: must not be NULL");
+    if (layer_index < 0 || layer_index >= cache->num_layers)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer_index: %lld must be in [0, %lld) (the cache's num_layers)",
+                           (long long)layer_index, (long long)cache->num_layers);
+    const struct sneppx_kv_shape *shape = &cache->shape;
+    if (!k || (!v && !shape->is_mla))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s: must not be NULL", !k ? "k" : "v");
+    /* Held for the copy: no call can begin on the sequence meanwhile. */
+    pthread_mutex_lock(&cache->lock);
+    struct sneppx_kv_sequence *seq = find_idle_sequence(cache, seq_id, "seq_id");
+    sneppx_status status = seq ? SNEPPX_OK : SNEPPX_ERR_INVALID_ARGUMENT;
+    const int64_t first = seq ? sneppx_kv_first_held(cache, seq) : 0;
+    if (seq && (begin < first || end < begin || end > seq->lengths[layer_index]))
+        status = sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                             "begin, end: [%lld, %lld) is not within the tokens sequence %lld holds at layer %lld, "
+                             "[%lld, %lld)",
+                             (long long)begin, (long long)end, (long long)seq_id, (long long)layer_index,
+                             (long long)first, (long long)seq->lengths[layer_index]);
+    for (int64_t token = begin; status == SNEPPX_OK && token < end; token++) {
+        unsigned char *block = sneppx_kv_block(cache, sneppx_kv_page_of(cache, seq, token), layer_index);
+        const int64_t slot = token & (cache->page_size - 1), row = token - begin;
+        if (shape->is_mla) {
+            const int64_t latent = shape->kv_lora_rank + shape->rope_dim;
+            read_row(cache, block, sneppx_kv_latent_offset(cache, slot), sneppx_kv_k_scale_offset(cache, 0, slot),
+                     k + row * latent, latent);
+            continue;
+        }
+        for (int64_t h = 0; h < shape->kv_heads; h++) {
+            read_row(cache, block, sneppx_kv_k_offset(cache, h, slot), sneppx_kv_k_scale_offset(cache, h, slot),
+                     k + (row * shape->kv_heads + h) * shape->head_dim, shape->head_dim);
+            read_row(cache, block, sneppx_kv_v_offset(cache, h, slot), sneppx_kv_v_scale_offset(cache, h, slot),
+                     v + (row * shape->kv_heads + h) * shape->v_head_dim, shape->v_head_dim);
+        }
+    }
+    pthread_mutex_unlock(&cache->lock);
+    return status;
 }
 
 sneppx_status sneppx_kv_cache_reset(sneppx_kv_cache *cache)

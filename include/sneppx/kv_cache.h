@@ -119,6 +119,16 @@ SNEPPX_API sneppx_status sneppx_kv_cache_length(sneppx_kv_cache *cache, int64_t 
 SNEPPX_API sneppx_status sneppx_kv_cache_layer_length(sneppx_kv_cache *cache, int64_t seq_id, int64_t layer_index,
                                                       int64_t *length);
 
+/* Copies what the cache holds for tokens [begin, end) of a sequence at one layer,
+ * widened to float32 (int8: each row times its scale): standard, k [end - begin]
+ * [num_key_value_heads][head_dim] (K after RoPE) and v [end - begin]
+ * [num_key_value_heads][head_dim]; MLA, k [end - begin][kv_lora_rank +
+ * qk_rope_head_dim] (the latent rows), v unused (may be NULL). The tokens must
+ * be held: from the first one a sliding window has not released to the layer's
+ * length. For inspection, export and tests; a forward never needs it. */
+SNEPPX_API sneppx_status sneppx_kv_cache_read(sneppx_kv_cache *cache, int64_t seq_id, int64_t layer_index,
+                                             int64_t begin, int64_t end, float *k, float *v);
+
 /* Removes every sequence; every page goes back to the pool. Sequence ids
  * handed out before stay unknown. */
 SNEPPX_API sneppx_status sneppx_kv_cache_reset(sneppx_kv_cache *cache);
