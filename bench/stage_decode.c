@@ -155,7 +155,7 @@ static void measure(struct bench_context *ctx, const struct decode_shape *s,
 
 static void bench_shape(struct bench_context *ctx, const struct decode_shape *s)
 {
-    const int64_t values[] = {s->head_dim, s->v_head_dim, s->group, 0, SNEPPX_MASK_CAUSAL};
+    const int64_t values[] = {s->head_dim, s->v_head_dim, s->group, 0, SNEPPX_MASK_CAUSAL, 0 /* kv_type float32 */};
     const sneppx_kernel *kernel;
     if (sneppx_kernel_resolve("attn_decode", values, ctx->target, &kernel) != SNEPPX_OK) {
         fprintf(stderr, "sneppx-bench: attn_decode %s: %s\n", s->name, sneppx_last_error());

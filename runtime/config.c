@@ -245,9 +245,9 @@ sneppx_status sneppx_config_validate(const sneppx_config *config)
     CHECK_FLAG(o_bias);
     CHECK_FLAG(mla_naive);
     CHECK_FLAG(use_flash_attn);
-    if ((int)config->weight_dtype < 0 || (int)config->weight_dtype >= SNEPPX_DTYPE_COUNT)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.weight_dtype: %d is not a sneppx_dtype (%s)",
-                           (int)config->weight_dtype, sneppx_dtype_list);
+    if ((int)config->weight_dtype < 0 || (int)config->weight_dtype >= sneppx_weight_dtype_count)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.weight_dtype: %d is not a weight type (%s)",
+                           (int)config->weight_dtype, sneppx_weight_dtype_list);
     sneppx_status status = check_ranges(config);
     if (status != SNEPPX_OK)
         return status;

@@ -20,6 +20,9 @@ extern const char sneppx_rope_type_list[];
 extern const char *const sneppx_dtype_names[];
 extern const int sneppx_dtype_bytes[];
 extern const char sneppx_dtype_list[];
+/* config_fields.WEIGHT_DTYPES: the first sneppx_weight_dtype_count types, which weights take. */
+extern const int sneppx_weight_dtype_count;
+extern const char sneppx_weight_dtype_list[];
 
 /* config_fields.ROPE_PARAMETERS (sneppx_rope_scaling's fields but type), rendered
  * beside them: how a rope_scaling dict gives each (runtime/config_json.c reads the

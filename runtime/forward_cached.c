@@ -17,6 +17,7 @@
 #include "error.h"
 #include "forward.h"
 #include "kv_cache_internal.h"
+#include "kv_elements.h"
 #include "rope_tables.h"
 #include "sneppx_abi.h"
 #include "threads.h"
@@ -95,42 +96,54 @@ static int64_t gathered_key_floats(const sneppx_kv_cache *cache)
     return shape->is_mla ? shape->kv_lora_rank + shape->rope_dim : shape->head_dim + shape->v_head_dim;
 }
 
-/* ---- element conversion: the cache's dtype <-> float (where a narrow type converts) ---- */
+/* ---- rows of the cache's dtype <-> float (kv_elements.h) ---- */
 
-static void store_elements(const sneppx_kv_cache *cache, unsigned char *dst, const float *src, int64_t count)
+/* Stores a row of n floats as row `offset` (elements) of a layer block; int8 puts its
+ * scale at scale_offset of the block's scales. */
+static void store_row(const sneppx_kv_cache *cache, unsigned char *block, int64_t offset, int64_t scale_offset,
+                      const float *src, int64_t n)
 {
-    (void)cache; /* float32: the only type kv_cache.c makes */
-    memcpy(dst, src, (size_t)count * sizeof(float));
+    float *scale = cache->dtype == SNEPPX_DTYPE_INT8 ? sneppx_kv_scales(cache, block) + scale_offset : NULL;
+    sneppx_kv_store_row(cache->dtype, block + offset * cache->elem_size, scale, src, n);
 }
 
-static void load_elements(const sneppx_kv_cache *cache, float *dst, const unsigned char *src, int64_t count)
+/* count consecutive rows of n elements from row `offset` of a block, widened to float;
+ * int8 rows take consecutive scales from scale_offset. */
+static void load_rows(const sneppx_kv_cache *cache, float *dst, unsigned char *block, int64_t offset,
+                      int64_t scale_offset, int64_t count, int64_t n)
 {
-    (void)cache; /* float32: the only type kv_cache.c makes */
-    memcpy(dst, src, (size_t)count * sizeof(float));
+    if (cache->dtype == SNEPPX_DTYPE_FLOAT32) {
+        memcpy(dst, block + offset * cache->elem_size, (size_t)(count * n) * sizeof(float));
+        return;
+    }
+    const float *scales = cache->dtype == SNEPPX_DTYPE_INT8 ? sneppx_kv_scales(cache, block) + scale_offset : NULL;
+    for (int64_t r = 0; r < count; r++)
+        sneppx_kv_load_row(cache->dtype, dst + r * n, block + (offset + r * n) * cache->elem_size,
+                           scales ? scales[r] : 0.0f, n);
 }
 
 /* Keys [lo, hi) of K/V head kv_head of seq at `layer`, copied from its pages to
  * k [hi - lo][head_dim] and v [hi - lo][v_head_dim] (MLA: latent rows to k, v
- * unused). The only place attention reads the pages: a kernel that reads them
- * in place (decode) replaces this copy. */
+ * unused), widened to float32 (int8: dequantized). The only place attention reads
+ * the pages: a kernel that reads them in place (decode) replaces this copy. */
 static void gather_sequence_kv(const sneppx_kv_cache *cache, const struct sneppx_kv_sequence *seq, int64_t layer,
                                int64_t kv_head, int64_t lo, int64_t hi, float *k, float *v)
 {
-    const int64_t elem = cache->elem_size, page_size = cache->page_size;
+    const int64_t page_size = cache->page_size;
     const struct sneppx_kv_shape *shape = &cache->shape;
     for (int64_t token = lo; token < hi;) {
         const int64_t slot = token & (page_size - 1);
         const int64_t run = page_size - slot < hi - token ? page_size - slot : hi - token;
-        const unsigned char *block = sneppx_kv_block(cache, sneppx_kv_page_of(cache, seq, token), layer);
+        unsigned char *block = sneppx_kv_block(cache, sneppx_kv_page_of(cache, seq, token), layer);
         if (shape->is_mla) {
             const int64_t latent = shape->kv_lora_rank + shape->rope_dim;
-            load_elements(cache, k + (token - lo) * latent, block + sneppx_kv_latent_offset(cache, slot) * elem,
-                          run * latent);
+            load_rows(cache, k + (token - lo) * latent, block, sneppx_kv_latent_offset(cache, slot),
+                      sneppx_kv_k_scale_offset(cache, 0, slot), run, latent);
         } else {
-            load_elements(cache, k + (token - lo) * shape->head_dim,
-                          block + sneppx_kv_k_offset(cache, kv_head, slot) * elem, run * shape->head_dim);
-            load_elements(cache, v + (token - lo) * shape->v_head_dim,
-                          block + sneppx_kv_v_offset(cache, kv_head, slot) * elem, run * shape->v_head_dim);
+            load_rows(cache, k + (token - lo) * shape->head_dim, block, sneppx_kv_k_offset(cache, kv_head, slot),
+                      sneppx_kv_k_scale_offset(cache, kv_head, slot), run, shape->head_dim);
+            load_rows(cache, v + (token - lo) * shape->v_head_dim, block, sneppx_kv_v_offset(cache, kv_head, slot),
+                      sneppx_kv_v_scale_offset(cache, kv_head, slot), run, shape->v_head_dim);
         }
         token += run;
     }
@@ -160,7 +173,6 @@ static void append_tokens(const sneppx_layer *layer, const sneppx_kv_cache *cach
                           int64_t tokens)
 {
     const struct sneppx_kv_shape *shape = &cache->shape;
-    const int64_t elem = cache->elem_size;
 #pragma omp parallel for schedule(static) num_threads(sneppx_thread_count(layer))
     for (int64_t t = 0; t < tokens; t++) {
         const struct cached_sequence *s = sequence_at(sequences, n_seqs, offsetof(struct cached_sequence, token0), t);
@@ -168,15 +180,16 @@ static void append_tokens(const sneppx_layer *layer, const sneppx_kv_cache *cach
         unsigned char *block = sneppx_kv_block(cache, sneppx_kv_page_of(cache, s->seq, token), layer_index);
         if (shape->is_mla) {
             const int64_t latent = layer->latent_dim;
-            store_elements(cache, block + sneppx_kv_latent_offset(cache, slot) * elem, ws->latent + t * latent, latent);
+            store_row(cache, block, sneppx_kv_latent_offset(cache, slot), sneppx_kv_k_scale_offset(cache, 0, slot),
+                      ws->latent + t * latent, latent);
             continue;
         }
         const float *row = ws->qkv + t * layer->qkv_dim;
         for (int64_t h = 0; h < shape->kv_heads; h++) {
-            store_elements(cache, block + sneppx_kv_k_offset(cache, h, slot) * elem,
-                           row + layer->q_dim + h * shape->head_dim, shape->head_dim);
-            store_elements(cache, block + sneppx_kv_v_offset(cache, h, slot) * elem,
-                           row + layer->q_dim + layer->kv_dim + h * shape->v_head_dim, shape->v_head_dim);
+            store_row(cache, block, sneppx_kv_k_offset(cache, h, slot), sneppx_kv_k_scale_offset(cache, h, slot),
+                      row + layer->q_dim + h * shape->head_dim, shape->head_dim);
+            store_row(cache, block, sneppx_kv_v_offset(cache, h, slot), sneppx_kv_v_scale_offset(cache, h, slot),
+                      row + layer->q_dim + layer->kv_dim + h * shape->v_head_dim, shape->v_head_dim);
         }
     }
 }
@@ -193,10 +206,11 @@ static void attend_decode(const sneppx_layer *layer, const sneppx_kv_cache *cach
     const float *q_base = layer->is_mla ? ws->q_absorbed : ws->qkv;
     const int64_t q_stride = layer->is_mla ? layer->config.num_attention_heads * layer->latent_dim : layer->qkv_dim;
     const int64_t o_stride = group * kv_heads * dv;
-    /* The layer's block in page 0; attn_decode adds pages[j / page_size] * page_stride.
-     * The cache stores float32 (the only type the kernel reads). */
-    const float *layer_base = (const float *)sneppx_kv_block(cache, 0, layer_index);
-    const int64_t page_stride = cache->page_bytes / (int64_t)sizeof(float);
+    /* The layer's block in page 0; attn_decode adds pages[j / page_size] * page_stride
+     * elements of the cache's type (its key's kv_type). */
+    unsigned char *layer_base = sneppx_kv_block(cache, 0, layer_index);
+    const float *scales = cache->dtype == SNEPPX_DTYPE_INT8 ? sneppx_kv_scales(cache, layer_base) : NULL;
+    const int64_t elem = cache->elem_size, page_stride = cache->page_bytes / elem;
     const int64_t window = cache->shape.window;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t task = 0; task < tasks; task++) {
@@ -218,13 +232,17 @@ static void attend_decode(const sneppx_layer *layer, const sneppx_kv_cache *cach
         args.q = q_base + s->token0 * q_stride + kv_head * group * dq;
         args.q_stride = q_stride;
         if (layer->is_mla) {
-            args.k = args.v = layer_base;
+            args.k = args.v = (const float *)(void *)layer_base;
             args.k_stride = args.v_stride = layer->latent_dim;
         } else {
-            args.k = layer_base + sneppx_kv_k_offset(cache, kv_head, 0);
-            args.v = layer_base + sneppx_kv_v_offset(cache, kv_head, 0);
+            args.k = (const float *)(void *)(layer_base + sneppx_kv_k_offset(cache, kv_head, 0) * elem);
+            args.v = (const float *)(void *)(layer_base + sneppx_kv_v_offset(cache, kv_head, 0) * elem);
             args.k_stride = dq;
             args.v_stride = dv;
+        }
+        if (scales) {
+            args.k_scale = scales + sneppx_kv_k_scale_offset(cache, layer->is_mla ? 0 : kv_head, 0);
+            args.v_scale = layer->is_mla ? args.k_scale : scales + sneppx_kv_v_scale_offset(cache, kv_head, 0);
         }
         args.pages = s->seq->pages;
         args.page_size = cache->page_size;
@@ -433,8 +451,10 @@ sneppx_status sneppx_layer_forward_cached(sneppx_layer *layer, sneppx_kv_cache *
     for (int decode = 0; decode < 2; decode++)
         for (int explicit_mask = 0; explicit_mask < 2; explicit_mask++)
             if (uses[decode][explicit_mask] &&
-                (status = sneppx_layer_attention_kernel(layer, decode ? SNEPPX_ATTN_DECODE : gathered_kind,
-                                                        explicit_mask, &kernels[decode][explicit_mask])) != SNEPPX_OK)
+                (status = decode ? sneppx_layer_decode_kernel(layer, cache->dtype, explicit_mask,
+                                                              &kernels[decode][explicit_mask])
+                                 : sneppx_layer_attention_kernel(layer, gathered_kind, explicit_mask,
+                                                                 &kernels[decode][explicit_mask])) != SNEPPX_OK)
                 return status;
 
     /* Scratch sized by powers of two of the keys, so that a sequence growing by

@@ -9,12 +9,11 @@
 #include "error.h"
 #include "big_alloc.h"
 #include "kv_cache_internal.h"
+#include "kv_elements.h"
 
 /* The options of the first version of the struct: a caller's struct_size may not be smaller. */
 #define OPTIONS_V1_SIZE (offsetof(sneppx_kv_cache_options, dtype) + sizeof(sneppx_dtype))
 
-/* Bytes of an element of a type the cache stores; 0 for any other. */
-static int64_t element_size(sneppx_dtype dtype) { return dtype == SNEPPX_DTYPE_FLOAT32 ? 4 : 0; }
 
 void sneppx_kv_cache_options_init(sneppx_kv_cache_options *options)
 {
@@ -57,10 +56,9 @@ static sneppx_status read_options(const sneppx_kv_cache_options *given, sneppx_k
                            "options.max_sequence_tokens: %lld must be in [0, 2^31 - 1] (0 = the whole pool)",
                            (long long)options->max_sequence_tokens);
     if (!sneppx_dtype_name(options->dtype))
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "options.dtype: %d is not a sneppx_dtype", (int)options->dtype);
-    if (element_size(options->dtype) == 0)
-        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "options.dtype: the cache stores float32 only, not %s",
-                           sneppx_dtype_name(options->dtype));
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "options.dtype: %d is not a sneppx_dtype (float32, bfloat16, float16 or int8)",
+                           (int)options->dtype);
     return SNEPPX_OK;
 }
 
@@ -107,12 +105,18 @@ sneppx_status sneppx_kv_cache_create(const sneppx_config *config, const sneppx_k
         shape.v_head_dim = shape.head_dim;
         shape.window = config->sliding_window;
     }
-    const int64_t page_size = options.page_size, elem = element_size(options.dtype);
+    const int64_t page_size = options.page_size, elem = sneppx_dtype_bytes[options.dtype];
     const int64_t token_elems =
         shape.is_mla ? shape.kv_lora_rank + shape.rope_dim : shape.kv_heads * (shape.head_dim + shape.v_head_dim);
+    /* int8 rows carry a float32 scale each: K and V per K/V head, or one per MLA
+     * latent row (one for its kv_lora_rank and rope parts: the decode kernel then
+     * reads K and V of a key from one row with one scale and one dot product). */
+    const int64_t token_scales = options.dtype != SNEPPX_DTYPE_INT8 ? 0 : shape.is_mla ? 1 : 2 * shape.kv_heads;
     /* Every factor is bounded (config ranges, the option bounds above): no overflow
      * below 2^63 until the pool's total, checked against what memory can hold. */
-    const int64_t layer_block_bytes = round_up(page_size * token_elems * elem, 64);
+    const int64_t scale_offset = token_scales ? round_up(page_size * token_elems * elem, 64) : 0;
+    const int64_t layer_block_bytes =
+        round_up(token_scales ? scale_offset + page_size * token_scales * 4 : page_size * token_elems * elem, 64);
     const int64_t page_bytes = layer_block_bytes * options.num_layers;
     const int64_t pages = (options.capacity_tokens + page_size - 1) / page_size;
     if (page_bytes > (int64_t)1 << 40 || pages > ((int64_t)1 << 62) / page_bytes)
@@ -132,6 +136,8 @@ sneppx_status sneppx_kv_cache_create(const sneppx_config *config, const sneppx_k
     cache->elem_size = elem;
     cache->token_elems = token_elems;
     cache->k_block_elems = shape.kv_heads * page_size * shape.head_dim;
+    cache->scale_offset = scale_offset;
+    cache->token_bytes = token_elems * elem + token_scales * 4;
     cache->layer_block_bytes = layer_block_bytes;
     cache->page_bytes = page_bytes;
     cache->page_count = (int32_t)pages;
@@ -437,6 +443,57 @@ sneppx_status sneppx_kv_cache_layer_length(sneppx_kv_cache *cache, int64_t seq_i
     return query_sequence(cache, seq_id, layer_index, length);
 }
 
+/* One stored row widened to float (int8: times its scale). */
+static void read_row(const sneppx_kv_cache *cache, unsigned char *block, int64_t offset, int64_t scale_offset,
+                     float *dst, int64_t n)
+{
+    const float scale = cache->dtype == SNEPPX_DTYPE_INT8 ? sneppx_kv_scales(cache, block)[scale_offset] : 0.0f;
+    sneppx_kv_load_row(cache->dtype, dst, block + offset * cache->elem_size, scale, n);
+}
+
+sneppx_status sneppx_kv_cache_read(sneppx_kv_cache *cache, int64_t seq_id, int64_t layer_index, int64_t begin,
+                                   int64_t end, float *k, float *v)
+{
+    sneppx_clear_error();
+    if (!cache)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "cache: must not be NULL");
+    if (layer_index < 0 || layer_index >= cache->num_layers)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer_index: %lld must be in [0, %lld) (the cache's num_layers)",
+                           (long long)layer_index, (long long)cache->num_layers);
+    const struct sneppx_kv_shape *shape = &cache->shape;
+    if (!k || (!v && !shape->is_mla))
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s: must not be NULL", !k ? "k" : "v");
+    /* Held for the copy: no call can begin on the sequence meanwhile. */
+    pthread_mutex_lock(&cache->lock);
+    struct sneppx_kv_sequence *seq = find_idle_sequence(cache, seq_id, "seq_id");
+    sneppx_status status = seq ? SNEPPX_OK : SNEPPX_ERR_INVALID_ARGUMENT;
+    const int64_t first = seq ? sneppx_kv_first_held(cache, seq) : 0;
+    if (seq && (begin < first || end < begin || end > seq->lengths[layer_index]))
+        status = sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                             "begin, end: [%lld, %lld) is not within the tokens sequence %lld holds at layer %lld, "
+                             "[%lld, %lld)",
+                             (long long)begin, (long long)end, (long long)seq_id, (long long)layer_index,
+                             (long long)first, (long long)seq->lengths[layer_index]);
+    for (int64_t token = begin; status == SNEPPX_OK && token < end; token++) {
+        unsigned char *block = sneppx_kv_block(cache, sneppx_kv_page_of(cache, seq, token), layer_index);
+        const int64_t slot = token & (cache->page_size - 1), row = token - begin;
+        if (shape->is_mla) {
+            const int64_t latent = shape->kv_lora_rank + shape->rope_dim;
+            read_row(cache, block, sneppx_kv_latent_offset(cache, slot), sneppx_kv_k_scale_offset(cache, 0, slot),
+                     k + row * latent, latent);
+            continue;
+        }
+        for (int64_t h = 0; h < shape->kv_heads; h++) {
+            read_row(cache, block, sneppx_kv_k_offset(cache, h, slot), sneppx_kv_k_scale_offset(cache, h, slot),
+                     k + (row * shape->kv_heads + h) * shape->head_dim, shape->head_dim);
+            read_row(cache, block, sneppx_kv_v_offset(cache, h, slot), sneppx_kv_v_scale_offset(cache, h, slot),
+                     v + (row * shape->kv_heads + h) * shape->v_head_dim, shape->v_head_dim);
+        }
+    }
+    pthread_mutex_unlock(&cache->lock);
+    return status;
+}
+
 sneppx_status sneppx_kv_cache_reset(sneppx_kv_cache *cache)
 {
     sneppx_clear_error();
@@ -465,6 +522,8 @@ sneppx_status sneppx_kv_cache_stats_get(sneppx_kv_cache *cache, sneppx_kv_cache_
     stats->sequences = cache->live;
     stats->page_bytes = cache->page_bytes;
     stats->token_elements = cache->token_elems;
+    stats->token_bytes = cache->token_bytes;
+    stats->dtype = cache->dtype;
     pthread_mutex_unlock(&cache->lock);
     return SNEPPX_OK;
 }

@@ -10,6 +10,11 @@
  *             (one K/V head's keys in a page are consecutive rows); K after RoPE;
  *   MLA:      [page_size][latent_dim], latent = kv_lora_rank (after kv_a_layernorm)
  *             then qk_rope_head_dim (k_pe after RoPE).
+ * int8 (kv_elements.h) adds the rows' float32 scales, from byte scale_offset of
+ * the block (a multiple of 64), in floats:
+ *   standard: K scales [kv_heads][page_size], then V scales [kv_heads][page_size];
+ *   MLA:      [page_size], one per latent row, K and V at once.
+ * Every size and offset is computed in sneppx_kv_cache_create (kv_cache.c).
  *
  * Sequence: pages[0 .. held) hold tokens [released * page_size, ...): the first
  * `released` pages went back to the pool (sliding window). A page shared by
@@ -49,6 +54,8 @@ struct sneppx_kv_cache {
     int64_t elem_size;
     int64_t token_elems;        /* elements of one token in one layer */
     int64_t k_block_elems;      /* standard: kv_heads * page_size * head_dim (V follows) */
+    int64_t scale_offset;       /* int8: bytes from a layer block to its scales; else 0 */
+    int64_t token_bytes;        /* bytes of one token in one layer, scales included */
     int64_t layer_block_bytes, page_bytes;
     unsigned char *pool;
     int32_t page_count;
@@ -83,6 +90,20 @@ static inline int64_t sneppx_kv_v_offset(const sneppx_kv_cache *cache, int64_t k
 static inline int64_t sneppx_kv_latent_offset(const sneppx_kv_cache *cache, int64_t slot)
 {
     return slot * (cache->shape.kv_lora_rank + cache->shape.rope_dim);
+}
+
+/* int8: the scales of a layer block (the block's address), and offsets in them. */
+static inline float *sneppx_kv_scales(const sneppx_kv_cache *cache, unsigned char *block)
+{
+    return (float *)(void *)(block + cache->scale_offset);
+}
+static inline int64_t sneppx_kv_k_scale_offset(const sneppx_kv_cache *cache, int64_t kv_head, int64_t slot)
+{
+    return kv_head * cache->page_size + slot; /* MLA: kv_head 0, the row's one scale */
+}
+static inline int64_t sneppx_kv_v_scale_offset(const sneppx_kv_cache *cache, int64_t kv_head, int64_t slot)
+{
+    return (cache->shape.kv_heads + kv_head) * cache->page_size + slot;
 }
 
 /* The page holding token index `token` of seq (held, not released). */

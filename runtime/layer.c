@@ -84,15 +84,16 @@ static void request_rmsnorm(struct kernel_requests *requests, int64_t n, const s
     request(requests, "rmsnorm", values, 1, kernel);
 }
 
+/* kv_type: decode's sixth key field (the KV cache's element type); the others have five. */
 static void request_attention(struct kernel_requests *requests, const sneppx_layer *layer, int kind,
-                              int explicit_mask, const sneppx_kernel **kernel)
+                              int explicit_mask, sneppx_dtype kv_type, const sneppx_kernel **kernel)
 {
     static const char *const families[SNEPPX_ATTN_KINDS] = {"attn_sdpa", "attn_flash", "attn_decode"};
     /* An explicit mask is final (HF semantics): no causal or window on top. */
     const int64_t values[] = {layer->attn_head_dim, layer->attn_v_head_dim, layer->attn_group,
                               explicit_mask ? 0 : layer->attn_window,
-                              explicit_mask ? SNEPPX_MASK_EXPLICIT : SNEPPX_MASK_CAUSAL};
-    request(requests, families[kind], values, 5, kernel);
+                              explicit_mask ? SNEPPX_MASK_EXPLICIT : SNEPPX_MASK_CAUSAL, (int64_t)kv_type};
+    request(requests, families[kind], values, kind == SNEPPX_ATTN_DECODE ? 6 : 5, kernel);
 }
 
 /* Resolves every request, on up to the layer's threads at once: a cold layer
@@ -136,21 +137,37 @@ static sneppx_status resolve_requests(sneppx_layer *layer, struct kernel_request
     return SNEPPX_OK;
 }
 
-sneppx_status sneppx_layer_attention_kernel(sneppx_layer *layer, int kind, int explicit_mask,
-                                            const sneppx_kernel **kernel)
+/* An attention kernel through its slot: resolved once, then read without a lock. */
+static sneppx_status attention_in_slot(sneppx_layer *layer, _Atomic(const sneppx_kernel *) *slot, int kind,
+                                       int explicit_mask, sneppx_dtype kv_type, const sneppx_kernel **kernel)
 {
-    const sneppx_kernel *cached = atomic_load_explicit(&layer->attention[kind][explicit_mask],
-                                                       memory_order_acquire);
+    const sneppx_kernel *cached = atomic_load_explicit(slot, memory_order_acquire);
     if (cached) {
         *kernel = cached;
         return SNEPPX_OK;
     }
     struct kernel_requests requests = {.count = 0};
-    request_attention(&requests, layer, kind, explicit_mask, kernel);
+    request_attention(&requests, layer, kind, explicit_mask, kv_type, kernel);
     sneppx_status status = resolve_requests(layer, &requests);
     if (status == SNEPPX_OK)
-        atomic_store_explicit(&layer->attention[kind][explicit_mask], *kernel, memory_order_release);
+        atomic_store_explicit(slot, *kernel, memory_order_release);
     return status;
+}
+
+sneppx_status sneppx_layer_attention_kernel(sneppx_layer *layer, int kind, int explicit_mask,
+                                            const sneppx_kernel **kernel)
+{
+    if (kind == SNEPPX_ATTN_DECODE)
+        return sneppx_layer_decode_kernel(layer, SNEPPX_DTYPE_FLOAT32, explicit_mask, kernel);
+    return attention_in_slot(layer, &layer->attention[kind][explicit_mask], kind, explicit_mask,
+                             SNEPPX_DTYPE_FLOAT32, kernel);
+}
+
+sneppx_status sneppx_layer_decode_kernel(sneppx_layer *layer, sneppx_dtype kv_type, int explicit_mask,
+                                         const sneppx_kernel **kernel)
+{
+    return attention_in_slot(layer, &layer->decode[kv_type][explicit_mask], SNEPPX_ATTN_DECODE, explicit_mask,
+                             kv_type, kernel);
 }
 
 /* Derives every dimension and resolves the kernels, the attention kernel in
@@ -234,14 +251,16 @@ static sneppx_status layer_init(const sneppx_config *config, int all_attention, 
     for (int kind = 0; kind < SNEPPX_ATTN_KINDS; kind++)
         for (int explicit_mask = 0; explicit_mask < 2; explicit_mask++)
             if (all_attention || (kind == use_flash && !explicit_mask))
-                request_attention(&requests, layer, kind, explicit_mask, &attention[kind][explicit_mask]);
+                request_attention(&requests, layer, kind, explicit_mask, SNEPPX_DTYPE_FLOAT32,
+                                  &attention[kind][explicit_mask]);
     if ((status = resolve_requests(layer, &requests)) != SNEPPX_OK)
         return status;
     for (int kind = 0; kind < SNEPPX_ATTN_KINDS; kind++)
         for (int explicit_mask = 0; explicit_mask < 2; explicit_mask++)
             if (attention[kind][explicit_mask])
-                atomic_store_explicit(&layer->attention[kind][explicit_mask], attention[kind][explicit_mask],
-                                      memory_order_release);
+                atomic_store_explicit(kind == SNEPPX_ATTN_DECODE ? &layer->decode[SNEPPX_DTYPE_FLOAT32][explicit_mask]
+                                                                 : &layer->attention[kind][explicit_mask],
+                                      attention[kind][explicit_mask], memory_order_release);
 
     layer->inv_freq = malloc(sizeof(double) * (size_t)(layer->rotary_dim / 2));
     if (!layer->inv_freq)

@@ -51,8 +51,9 @@ struct sneppx_workspace {
  * query runs. */
 enum sneppx_attention_kind { SNEPPX_ATTN_SDPA = 0, SNEPPX_ATTN_FLASH = 1, SNEPPX_ATTN_DECODE = 2, SNEPPX_ATTN_KINDS = 3 };
 
-/* Kernels one layer can resolve: MLA absorbed with q LoRA has 9 plus 6 attention variants. */
-#define SNEPPX_LAYER_MAX_KERNELS 16
+/* Kernels one layer can resolve: MLA absorbed with q LoRA has 9, plus 4 flash / SDPA
+ * variants and 2 decode ones per KV cache type. */
+#define SNEPPX_LAYER_MAX_KERNELS (13 + 2 * SNEPPX_DTYPE_COUNT)
 
 struct sneppx_layer {
     sneppx_config config;
@@ -77,6 +78,9 @@ struct sneppx_layer {
     const sneppx_kernel *rope;
     /* attention kernels, resolved on first use: [enum sneppx_attention_kind][implicit|explicit mask] */
     _Atomic(const sneppx_kernel *) attention[SNEPPX_ATTN_KINDS][2];
+    /* decode's, by the KV cache's element type: [sneppx_dtype][implicit|explicit mask];
+     * attention[SNEPPX_ATTN_DECODE] stays unused */
+    _Atomic(const sneppx_kernel *) decode[SNEPPX_DTYPE_COUNT][2];
     int64_t attn_head_dim, attn_v_head_dim, attn_group, attn_window; /* attention key values */
     atomic_int use_flash;
 
@@ -107,5 +111,8 @@ sneppx_status sneppx_layer_create_unpacked(const sneppx_config *config, sneppx_l
  * variant at its first masked call, decode at its first cached decode). Thread-safe. */
 sneppx_status sneppx_layer_attention_kernel(sneppx_layer *layer, int kind, int explicit_mask,
                                             const sneppx_kernel **kernel);
+/* The decode kernel over a KV cache of element type kv_type, as above. */
+sneppx_status sneppx_layer_decode_kernel(sneppx_layer *layer, sneppx_dtype kv_type, int explicit_mask,
+                                         const sneppx_kernel **kernel);
 
 #endif

@@ -15,14 +15,23 @@
  * 3 and 7 splits of the keys merged by sneppx_attn_decode_merge() (max-normalized
  * difference <= SPLIT_TOL against the unsplit call, lse too); NaN / Inf in the key or
  * value of a key hidden from a row (causal edge, window edge, explicit mask)
- * does not reach that row, split or not. */
+ * does not reach that row, split or not.
+ *
+ * Cache types (key field kv_type): bfloat16, float16 and int8 pages hold the
+ * rows rounded / quantized by the runtime's own conversion (kv_elements.h),
+ * int8 with its scales beside the pages as the ABI places them; the reference
+ * reads the same rows widened back to float (so the tolerances are float32's),
+ * on a subset of the shapes and the hidden NaN / Inf cases (an int8 row with
+ * NaN or Inf has scale NaN: the hidden row must stay clean of it too). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "config_internal.h"
 #include "host.h"
 #include "kernels.h"
+#include "kv_elements.h"
 #include "test_util.h"
 
 /* fp32 against float64: dot products over up to 576 dims and softmax sums over up to
@@ -55,6 +64,12 @@ typedef struct paged {
     float *pool;
     int32_t *table;
     const float *k, *v; /* the tested head's bases in page 0 */
+    /* The kernel's kv_type; for a narrow one, the rows as the kernel reads them (the
+     * pool's element offsets in elements of the type; the pool then holds them widened),
+     * and int8's scales at [page * page_stride / 4 + row in page], K and V (MLA: one). */
+    sneppx_dtype dtype;
+    unsigned char *store;
+    float *k_scales, *v_scales;
 } paged;
 
 static float *key_row(const paged *p, int64_t j)
@@ -67,10 +82,28 @@ static float *value_row(const paged *p, int64_t j)
     return (float *)p->v + p->table[j / p->shape.page_size] * p->page_stride + j % p->shape.page_size * p->v_stride;
 }
 
-static int paged_make(paged *p, const struct shape *shape, int64_t kv_len, test_rng *rng)
+/* The pool's rows stored as p->dtype (unused rows stay NaN, int8's scales NaN) and
+ * read back into the pool, which then holds exactly what the kernel reads. */
+static void paged_store(paged *p)
+{
+    if (p->dtype == SNEPPX_DTYPE_FLOAT32)
+        return;
+    const int64_t ps = p->shape.page_size, eb = sneppx_dtype_bytes[p->dtype];
+    for (int64_t j = 0; j < p->kv_len; j++)
+        for (int part = 0; part < (p->shape.mla ? 1 : 2); part++) {
+            float *row = part ? value_row(p, j) : key_row(p, j);
+            const int64_t n = part ? p->shape.v_head_dim : p->shape.head_dim, at = row - p->pool;
+            float *scale = (part ? p->v_scales : p->k_scales) + p->table[j / ps] * p->page_stride / 4 + j % ps;
+            sneppx_kv_store_row(p->dtype, p->store + at * eb, scale, row, n);
+            sneppx_kv_load_row(p->dtype, row, p->store + at * eb, *scale, n);
+        }
+}
+
+static int paged_make(paged *p, const struct shape *shape, int64_t kv_len, test_rng *rng, sneppx_dtype dtype)
 {
     memset(p, 0, sizeof *p);
     p->shape = *shape;
+    p->dtype = dtype;
     p->kv_len = kv_len;
     const int64_t ps = shape->page_size;
     p->pages_used = (kv_len + ps - 1) / ps;
@@ -86,8 +119,14 @@ static int paged_make(paged *p, const struct shape *shape, int64_t kv_len, test_
     const int64_t floats = p->pool_pages * p->page_stride;
     p->pool = malloc((size_t)floats * sizeof(float));
     p->table = malloc((size_t)p->pool_pages * sizeof(int32_t));
-    if (!p->pool || !p->table)
+    p->store = malloc((size_t)(floats * sneppx_dtype_bytes[dtype]));
+    p->k_scales = malloc((size_t)floats * sizeof(float));
+    p->v_scales = shape->mla ? p->k_scales : malloc((size_t)floats * sizeof(float));
+    if (!p->pool || !p->table || !p->store || !p->k_scales || !p->v_scales)
         return 0;
+    memset(p->store, 0xff, (size_t)(floats * sneppx_dtype_bytes[dtype])); /* NaN in bfloat16 and float16 */
+    for (int64_t i = 0; i < floats; i++)
+        p->k_scales[i] = p->v_scales[i] = NAN;
     for (int64_t i = 0; i < floats; i++)
         p->pool[i] = NAN;
     /* A shuffled page table over more pages than the sequence uses. */
@@ -110,6 +149,7 @@ static int paged_make(paged *p, const struct shape *shape, int64_t kv_len, test_
         if (!shape->mla)
             test_fill_uniform(rng, value_row(p, j), shape->v_head_dim, 1.0f);
     }
+    paged_store(p);
     return 1;
 }
 
@@ -117,6 +157,10 @@ static void paged_free(paged *p)
 {
     free(p->pool);
     free(p->table);
+    free(p->store);
+    if (p->v_scales != p->k_scales)
+        free(p->v_scales);
+    free(p->k_scales);
 }
 
 struct scenario {
@@ -193,6 +237,13 @@ static void run(const sneppx_kernel *kernel, const paged *p, const struct scenar
     args.k_stride = p->k_stride;
     args.v = p->v;
     args.v_stride = p->v_stride;
+    if (p->dtype != SNEPPX_DTYPE_FLOAT32) {
+        const int64_t eb = sneppx_dtype_bytes[p->dtype];
+        args.k = (const float *)(void *)(p->store + (p->k - p->pool) * eb);
+        args.v = (const float *)(void *)(p->store + (p->v - p->pool) * eb);
+        args.k_scale = p->k_scales;
+        args.v_scale = p->v_scales;
+    }
     args.o = o;
     args.o_stride = o_stride;
     args.mask = sc->mask;
@@ -318,14 +369,14 @@ done:
 }
 
 static const sneppx_kernel *resolve(const struct shape *s, int64_t window, int64_t mode,
-                                    const struct sneppx_target *target)
+                                    const struct sneppx_target *target, sneppx_dtype dtype)
 {
-    const int64_t values[] = {s->head_dim, s->v_head_dim, s->group, window, mode};
+    const int64_t values[] = {s->head_dim, s->v_head_dim, s->group, window, mode, dtype};
     const sneppx_kernel *kernel = NULL;
     const sneppx_status status = sneppx_kernel_resolve("attn_decode", values, target, &kernel);
-    TEST_CHECK(&tally, status == SNEPPX_OK, "resolve attn_decode d%lld g%lld w%lld mode %lld %s: %s",
-               (long long)s->head_dim, (long long)s->group, (long long)window, (long long)mode, target->name,
-               sneppx_last_error());
+    TEST_CHECK(&tally, status == SNEPPX_OK, "resolve attn_decode d%lld g%lld w%lld mode %lld %s %s: %s",
+               (long long)s->head_dim, (long long)s->group, (long long)window, (long long)mode,
+               sneppx_dtype_name(dtype), target->name, sneppx_last_error());
     return status == SNEPPX_OK ? kernel : NULL;
 }
 
@@ -343,7 +394,7 @@ static float *make_mask(test_rng *rng, int64_t q_len, int64_t kv_len)
     return mask;
 }
 
-static void test_shape(const struct shape *s, const struct sneppx_target *target, test_rng *rng)
+static void test_shape(const struct shape *s, const struct sneppx_target *target, test_rng *rng, sneppx_dtype dtype)
 {
     const int64_t ps = s->page_size;
     const int64_t kv_lens[] = {1, ps - 1, ps, ps + 1, 2 * ps + 3, 37, 4096};
@@ -351,7 +402,7 @@ static void test_shape(const struct shape *s, const struct sneppx_target *target
         int64_t mode, window;
     } kinds[] = {{SNEPPX_MASK_CAUSAL, 0}, {SNEPPX_MASK_CAUSAL, 5}, {SNEPPX_MASK_EXPLICIT, 0}, {SNEPPX_MASK_NONE, 0}};
     for (size_t kind = 0; kind < sizeof kinds / sizeof kinds[0]; kind++) {
-        const sneppx_kernel *kernel = resolve(s, kinds[kind].window, kinds[kind].mode, target);
+        const sneppx_kernel *kernel = resolve(s, kinds[kind].window, kinds[kind].mode, target, dtype);
         if (!kernel)
             continue;
         for (size_t l = 0; l < sizeof kv_lens / sizeof kv_lens[0]; l++) {
@@ -359,13 +410,14 @@ static void test_shape(const struct shape *s, const struct sneppx_target *target
             if (kv_len < 1 || (l > 0 && kv_len == kv_lens[l - 1]))
                 continue;
             paged p;
-            if (!TEST_CHECK(&tally, paged_make(&p, s, kv_len, rng), "out of memory")) {
+            if (!TEST_CHECK(&tally, paged_make(&p, s, kv_len, rng, dtype), "out of memory")) {
                 paged_free(&p);
                 continue;
             }
             for (int64_t q_len = 1; q_len <= 4 && q_len <= kv_len; q_len++) {
-                /* The long sequence at q_len 1 and 3 (MLA: 1) only: the reference dominates the time. */
-                if (kv_len == 4096 && (q_len == 2 || q_len == 4 || (s->mla && q_len > 1)))
+                /* The long sequence at q_len 1 and 3 (MLA and narrow types: 1) only: the
+                 * reference dominates the time. */
+                if (kv_len == 4096 && (q_len == 2 || q_len == 4 || ((s->mla || dtype) && q_len > 1)))
                     continue;
                 float *q = malloc((size_t)(q_len * s->group * s->head_dim) * sizeof(float));
                 float *mask = kinds[kind].mode == SNEPPX_MASK_EXPLICIT ? make_mask(rng, q_len, kv_len) : NULL;
@@ -377,8 +429,9 @@ static void test_shape(const struct shape *s, const struct sneppx_target *target
                 test_fill_uniform(rng, q, q_len * s->group * s->head_dim, 1.0f);
                 const struct scenario sc = {kinds[kind].mode, kinds[kind].window, q_len, mask};
                 char what[160];
-                snprintf(what, sizeof what, "%s d%lld dv%lld g%lld%s page %lld mode %lld w%lld q_len %lld kv_len %lld",
-                         target->name, (long long)s->head_dim, (long long)s->v_head_dim, (long long)s->group,
+                snprintf(what, sizeof what,
+                         "%s %s d%lld dv%lld g%lld%s page %lld mode %lld w%lld q_len %lld kv_len %lld", target->name,
+                         sneppx_dtype_name(dtype), (long long)s->head_dim, (long long)s->v_head_dim, (long long)s->group,
                          s->mla ? " mla" : "", (long long)ps, (long long)sc.mode, (long long)sc.window,
                          (long long)q_len, (long long)kv_len);
                 check_scenario(kernel, &p, &sc, q, NULL, what);
@@ -391,7 +444,7 @@ static void test_shape(const struct shape *s, const struct sneppx_target *target
 }
 
 /* NaN / Inf in hidden keys: q_len 4 over 40 keys (pages of 16), group 4, d 64. */
-static void test_hidden_nonfinite(const struct sneppx_target *target, test_rng *rng)
+static void test_hidden_nonfinite(const struct sneppx_target *target, test_rng *rng, sneppx_dtype dtype)
 {
     const struct shape s = {64, 64, 4, 0, 16};
     const int64_t kv_len = 40, q_len = 4, rows = q_len * s.group;
@@ -409,11 +462,11 @@ static void test_hidden_nonfinite(const struct sneppx_target *target, test_rng *
         {SNEPPX_MASK_EXPLICIT, 0, 20, 1},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        const sneppx_kernel *kernel = resolve(&s, cases[c].window, cases[c].mode, target);
+        const sneppx_kernel *kernel = resolve(&s, cases[c].window, cases[c].mode, target, dtype);
         paged p;
         float *q = malloc((size_t)(rows * s.head_dim) * sizeof(float));
         float *mask = malloc((size_t)(q_len * kv_len) * sizeof(float));
-        const int made = paged_make(&p, &s, kv_len, rng);
+        const int made = paged_make(&p, &s, kv_len, rng, dtype);
         if (kernel && TEST_CHECK(&tally, made && q && mask, "out of memory")) {
             test_fill_uniform(rng, q, rows * s.head_dim, 1.0f);
             for (int64_t i = 0; i < q_len * kv_len; i++)
@@ -426,6 +479,7 @@ static void test_hidden_nonfinite(const struct sneppx_target *target, test_rng *
             const int64_t n = cases[c].part == 2 ? s.head_dim : s.v_head_dim;
             for (int64_t e = 0; e < n; e += 7)
                 target_row[e] = cases[c].part == 1 ? INFINITY : NAN;
+            paged_store(&p);
             unsigned char rows_ok[16];
             int hidden_rows = 0;
             for (int64_t r = 0; r < rows; r++) {
@@ -433,7 +487,8 @@ static void test_hidden_nonfinite(const struct sneppx_target *target, test_rng *
                 hidden_rows += rows_ok[r];
             }
             char what[160];
-            snprintf(what, sizeof what, "%s hidden %s in key %lld, mode %lld w%lld", target->name,
+            snprintf(what, sizeof what, "%s %s hidden %s in key %lld, mode %lld w%lld", target->name,
+                     sneppx_dtype_name(dtype),
                      cases[c].part == 0 ? "NaN value" : cases[c].part == 1 ? "Inf value" : "NaN key",
                      (long long)cases[c].key, (long long)cases[c].mode, (long long)cases[c].window);
             TEST_CHECK(&tally, hidden_rows > 0 && hidden_rows < rows, "%s: %d of %lld rows hidden", what, hidden_rows,
@@ -482,8 +537,16 @@ int main(void)
     test_merge_empty_split();
     for (int t = 0; t < target_count; t++) {
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-            test_shape(&shapes[i], targets[t], &rng);
-        test_hidden_nonfinite(targets[t], &rng);
+            test_shape(&shapes[i], targets[t], &rng, SNEPPX_DTYPE_FLOAT32);
+        test_hidden_nonfinite(targets[t], &rng, SNEPPX_DTYPE_FLOAT32);
+        /* Narrow caches: GQA 8 over pages of 4, llama3's heads, MLA (K and V in one row); the
+         * host's target only (the other target: tests/lit/aot_attn_decode.test, jit_attn_decode.test). */
+        for (int dtype = SNEPPX_DTYPE_BFLOAT16; t == 0 && dtype < SNEPPX_DTYPE_COUNT; dtype++) {
+            test_shape(&shapes[1], targets[t], &rng, (sneppx_dtype)dtype);
+            test_shape(&shapes[2], targets[t], &rng, (sneppx_dtype)dtype);
+            test_shape(&shapes[4], targets[t], &rng, (sneppx_dtype)dtype);
+            test_hidden_nonfinite(targets[t], &rng, (sneppx_dtype)dtype);
+        }
     }
     return test_finish(&tally);
 }

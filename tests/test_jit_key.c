@@ -55,9 +55,15 @@ static void test_formats(test_tally *tally)
     check_key(tally, "rope", rope_inter, V8, "rope-r64-inter-v8");
     const int64_t rmsnorm[] = {512};
     check_key(tally, "rmsnorm", rmsnorm, V16, "rmsnorm-n512-v16");
-    const int64_t decode[] = {128, 128, 4, 0, 1}, decode_mla[] = {576, 512, 16, 0, 2};
-    check_key(tally, "attn_decode", decode, V16, "attn_decode-d128-dv128-g4-w0-causal-v16");
-    check_key(tally, "attn_decode", decode_mla, V8, "attn_decode-d576-dv512-g16-w0-mask-v8");
+    const int64_t decode[] = {128, 128, 4, 0, 1, 0}, decode_mla[] = {576, 512, 16, 0, 2, 0};
+    check_key(tally, "attn_decode", decode, V16, "attn_decode-d128-dv128-g4-w0-causal-float32-v16");
+    check_key(tally, "attn_decode", decode_mla, V8, "attn_decode-d576-dv512-g16-w0-mask-float32-v8");
+    /* The KV cache's element type: one kernel per type. */
+    const int64_t decode_bf16[] = {128, 128, 4, 0, 1, 1}, decode_f16[] = {128, 128, 4, 4096, 1, 2};
+    const int64_t decode_int8[] = {576, 512, 16, 0, 2, 3};
+    check_key(tally, "attn_decode", decode_bf16, V16, "attn_decode-d128-dv128-g4-w0-causal-bfloat16-v16");
+    check_key(tally, "attn_decode", decode_f16, V8, "attn_decode-d128-dv128-g4-w4096-causal-float16-v8");
+    check_key(tally, "attn_decode", decode_int8, V16, "attn_decode-d576-dv512-g16-w0-mask-int8-v16");
 }
 
 static void test_errors(test_tally *tally)
@@ -111,13 +117,19 @@ static void test_errors(test_tally *tally)
                           flash_family->field_multiple[0] == SNEPPX_HEAD_DIM_MULTIPLE &&
                           flash_family->field_max[2] == SNEPPX_MAX_HEADS,
                "attn_flash's ranges are not the config bounds of sneppx/limits.h");
-    /* attn_decode takes the attention fields' ranges. */
+    /* attn_decode takes the attention fields' ranges, then the KV cache's element type. */
     const struct sneppx_kernel_family *decode_family = sneppx_kernel_family_find("attn_decode");
-    TEST_CHECK(tally, decode_family && flash_family && decode_family->field_count == flash_family->field_count &&
+    TEST_CHECK(tally, decode_family && flash_family && decode_family->field_count == flash_family->field_count + 1 &&
                           memcmp(decode_family->field_max, flash_family->field_max,
-                                 sizeof(int64_t) * (size_t)flash_family->field_count) == 0,
-               "attn_decode's ranges are not attn_flash's");
-    check_rejected(tally, "attn_decode", odd_head, V16, SNEPPX_KEY_MAX, "(head_dim of attn_decode) = 72 is not a multiple of 16");
+                                 sizeof(int64_t) * (size_t)flash_family->field_count) == 0 &&
+                          strcmp(decode_family->field_names[flash_family->field_count], "kv_type") == 0 &&
+                          decode_family->field_max[flash_family->field_count] == SNEPPX_DTYPE_COUNT - 1,
+               "attn_decode's ranges are not attn_flash's and kv_type's");
+    /* int8 is a KV cache type only: no GEMM for int8 weights. */
+    const int64_t gemm_int8[] = {4096, 6144, 0, 3};
+    check_rejected(tally, "gemm", gemm_int8, V16, SNEPPX_KEY_MAX, "(weight_type of gemm) = 3 is outside [0, 2]");
+    const int64_t odd_decode_head[] = {72, 64, 1, 0, 1, 0};
+    check_rejected(tally, "attn_decode", odd_decode_head, V16, SNEPPX_KEY_MAX, "(head_dim of attn_decode) = 72 is not a multiple of 16");
     /* "attn_flash-d128-dv128-g4-w0-causal-v16" is 38 characters: 38 bytes cannot hold it. */
     check_rejected(tally, "attn_flash", flash, V16, 38, "key_size");
     check_key(tally, "attn_flash", flash, V16, "attn_flash-d128-dv128-g4-w0-causal-v16");

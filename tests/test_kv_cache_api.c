@@ -6,12 +6,18 @@
  * rounded up to pages, struct_size of an older caller), sequence ids never
  * reused, pages back to the pool on remove / truncate / reset, forks sharing
  * pages, truncation under a window refused once what the next query sees
- * was released, a sequence in use by another call refused by everyone. */
+ * was released, a sequence in use by another call refused by everyone.
+ * Cache types: every sneppx_dtype is accepted, its sizes in the stats; the
+ * runtime's conversions give numpy's bits on edge cases (ties, NaN / inf,
+ * overflow, subnormals, an all-zero int8 row); a forward stores each token's
+ * K (after RoPE) and V (MLA: latent row) as those conversions of the float32
+ * cache's rows, int8 scales in their place. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kv_cache_internal.h"
+#include "kv_elements.h"
 #include "sneppx/sneppx.h"
 #include "test_util.h"
 
@@ -127,9 +133,11 @@ static void test_create_options(void)
     options.dtype = (sneppx_dtype)7;
     EXPECT_ERROR(sneppx_kv_cache_create(&config, &options, &cache), SNEPPX_ERR_INVALID_ARGUMENT,
                  "options.dtype: 7 is not a sneppx_dtype");
-    options.dtype = SNEPPX_DTYPE_BFLOAT16;
-    EXPECT_ERROR(sneppx_kv_cache_create(&config, &options, &cache), SNEPPX_ERR_UNSUPPORTED,
-                 "options.dtype: the cache stores float32 only, not bfloat16");
+    options.dtype = SNEPPX_DTYPE_COUNT;
+    EXPECT_ERROR(sneppx_kv_cache_create(&config, &options, &cache), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "options.dtype: 4 is not a sneppx_dtype (float32, bfloat16, float16 or int8)");
+    options.dtype = (sneppx_dtype)-1;
+    EXPECT_ERROR(sneppx_kv_cache_create(&config, &options, &cache), SNEPPX_ERR_INVALID_ARGUMENT, "options.dtype");
     options.dtype = SNEPPX_DTYPE_FLOAT32;
     static const int64_t bad_max_sequence[] = {-1, SNEPPX_KV_MAX_CAPACITY_TOKENS + 1};
     for (size_t i = 0; i < sizeof bad_max_sequence / sizeof bad_max_sequence[0]; i++) {
@@ -175,6 +183,197 @@ static void test_create_options(void)
     EXPECT_OK(sneppx_kv_cache_create(&config, &options, &cache));
     sneppx_kv_cache_destroy(cache);
     sneppx_kv_cache_destroy(NULL);
+}
+
+/* Every type's sizes: elements of its width, int8's scales after each layer block's
+ * rows (64-byte aligned), per token and K/V head for K and for V (MLA: one per row). */
+static void test_dtype_sizes(void)
+{
+    const sneppx_config config = small_config(2, 0);
+    sneppx_config mla;
+    EXPECT_OK(sneppx_config_from_name("deepseek-v2-lite", NULL, &mla));
+    static const struct {
+        sneppx_dtype dtype;
+        int64_t token_bytes, page_bytes, mla_token_bytes, mla_page_bytes;
+    } cases[] = {
+        /* standard: 2 heads x (16 + 16) elements, pages of 4, 2 layers; MLA: 576, pages of 16 */
+        {SNEPPX_DTYPE_FLOAT32, 256, 2 * 1024, 2304, 2 * 36864},
+        {SNEPPX_DTYPE_BFLOAT16, 128, 2 * 512, 1152, 2 * 18432},
+        {SNEPPX_DTYPE_FLOAT16, 128, 2 * 512, 1152, 2 * 18432},
+        {SNEPPX_DTYPE_INT8, 64 + 4 * 4, 2 * (256 + 64), 576 + 4, 2 * (9216 + 64)},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        for (int is_mla = 0; is_mla < 2; is_mla++) {
+            sneppx_kv_cache_options options;
+            sneppx_kv_cache_options_init(&options);
+            options.capacity_tokens = 40;
+            options.page_size = is_mla ? 16 : 4;
+            options.num_layers = 2;
+            options.dtype = cases[i].dtype;
+            sneppx_kv_cache *cache = NULL;
+            sneppx_kv_cache_stats stats;
+            memset(&stats, 0, sizeof stats);
+            if (!EXPECT_OK(sneppx_kv_cache_create(is_mla ? &mla : &config, &options, &cache)))
+                continue;
+            EXPECT_OK(sneppx_kv_cache_stats_get(cache, &stats));
+            const int64_t token_bytes = is_mla ? cases[i].mla_token_bytes : cases[i].token_bytes;
+            const int64_t page_bytes = is_mla ? cases[i].mla_page_bytes : cases[i].page_bytes;
+            TEST_CHECK(&tally, stats.dtype == cases[i].dtype && stats.token_bytes == token_bytes &&
+                                   stats.page_bytes == page_bytes && stats.token_elements == (is_mla ? 576 : 64),
+                       "%s%s: stats dtype %d, %lld bytes per token (want %lld), %lld per page (want %lld)",
+                       sneppx_dtype_name(cases[i].dtype), is_mla ? " MLA" : "", (int)stats.dtype,
+                       (long long)stats.token_bytes, (long long)token_bytes, (long long)stats.page_bytes,
+                       (long long)page_bytes);
+            sneppx_kv_cache_destroy(cache);
+        }
+    }
+}
+
+static float float_of(uint32_t bits)
+{
+    float x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+/* The conversions on edge cases; every expected value is numpy's (float32 bits rounded
+ * to nearest even on the bits for bfloat16, astype(float16), and for int8
+ * clip(rint(x / (max|x| / 127)), -127, 127) in float32). */
+static void test_element_edges(void)
+{
+    static const struct {
+        uint32_t in;
+        uint16_t bf16, f16;
+    } cases[] = {
+        {0x3f808000u, 0x3f80, 0x3c04}, /* 1 + 2^-8: a bfloat16 tie, to even (down) */
+        {0x3f818000u, 0x3f82, 0x3c0c}, /* 1 + 3 * 2^-8: a tie, to even (up) */
+        {0x3f808001u, 0x3f81, 0x3c04}, /* just past the tie */
+        {0x3f801000u, 0x3f80, 0x3c00}, /* 1 + 2^-11: a float16 tie, to even (down) */
+        {0x3f803000u, 0x3f80, 0x3c02}, /* 1 + 3 * 2^-11: a float16 tie, to even (up) */
+        {0x7f7fffffu, 0x7f80, 0x7c00}, /* FLT_MAX: inf in both */
+        {0x477fef00u, 0x4780, 0x7bff}, /* 65519: float16's largest finite */
+        {0x477ff000u, 0x4780, 0x7c00}, /* 65520: rounds to float16 inf */
+        {0x7f800000u, 0x7f80, 0x7c00}, /* inf */
+        {0xff800000u, 0xff80, 0xfc00}, /* -inf */
+        {0x80000000u, 0x8000, 0x8000}, /* -0 */
+        {0x33000000u, 0x3300, 0x0000}, /* 2^-25: float16 tie between 0 and 2^-24, to 0 */
+        {0x33c00000u, 0x33c0, 0x0002}, /* 3 * 2^-25: tie, to even (2 * 2^-24) */
+        {0x387fda40u, 0x3880, 0x03ff}, /* 6.1e-5: the largest float16 subnormal */
+        {0x00000001u, 0x0000, 0x0000}, /* the smallest float32 subnormal */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const float x = float_of(cases[i].in);
+        uint16_t bf16 = 0, f16 = 0;
+        sneppx_kv_store_row(SNEPPX_DTYPE_BFLOAT16, &bf16, NULL, &x, 1);
+        sneppx_kv_store_row(SNEPPX_DTYPE_FLOAT16, &f16, NULL, &x, 1);
+        TEST_CHECK(&tally, bf16 == cases[i].bf16 && f16 == cases[i].f16,
+                   "%08x: bfloat16 %04x (want %04x), float16 %04x (want %04x)", (unsigned)cases[i].in, bf16,
+                   cases[i].bf16, f16, cases[i].f16);
+        float back = 0.0f, want = 0.0f;
+        sneppx_kv_load_row(SNEPPX_DTYPE_FLOAT16, &back, &f16, 0.0f, 1);
+        want = (float)ldexp(1.0, -24) * (float)(f16 & 0x3ff); /* subnormal or zero */
+        if ((f16 & 0x7c00) == 0x7c00)
+            want = INFINITY;
+        else if (f16 & 0x7c00)
+            want = (float)ldexp(1.0 + (f16 & 0x3ff) / 1024.0, ((f16 >> 10) & 0x1f) - 15);
+        want = f16 & 0x8000 ? -want : want;
+        TEST_CHECK(&tally, back == want && signbit(back) == signbit(want), "float16 %04x widens to %g, want %g", f16,
+                   back, want);
+    }
+    /* NaN stays a quiet NaN of its sign in both (templates/narrow.c.j2 does the same). */
+    const float nans[] = {float_of(0x7fc00000u), float_of(0xff800001u)};
+    uint16_t bf16[2], f16[2];
+    sneppx_kv_store_row(SNEPPX_DTYPE_BFLOAT16, bf16, NULL, nans, 2);
+    sneppx_kv_store_row(SNEPPX_DTYPE_FLOAT16, f16, NULL, nans, 2);
+    TEST_CHECK(&tally, bf16[0] == 0x7fc0 && bf16[1] == 0xffc0 && f16[0] == 0x7e00 && f16[1] == 0xfe00,
+               "NaN: bfloat16 %04x %04x, float16 %04x %04x (want 7fc0 ffc0 7e00 fe00)", bf16[0], bf16[1], f16[0],
+               f16[1]);
+
+    /* int8: ties to even at scale 1, the clamp, an all-zero row, a row with NaN. */
+    const float ties[8] = {127.0f, 0.5f, 1.5f, 2.5f, -2.5f, -127.0f, 63.5f, -0.49f};
+    const int8_t ties_q[8] = {127, 0, 2, 2, -2, -127, 64, 0};
+    const float mixed[4] = {3.0f, -1.0f, 0.1f, 2.0f};
+    const int8_t mixed_q[4] = {127, -42, 4, 85};
+    int8_t q[8];
+    float scale = -1.0f;
+    sneppx_kv_store_row(SNEPPX_DTYPE_INT8, q, &scale, ties, 8);
+    TEST_CHECK(&tally, scale == 1.0f && memcmp(q, ties_q, sizeof ties_q) == 0,
+               "int8 ties: scale %g, q %d %d %d %d %d %d %d %d", scale, q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]);
+    sneppx_kv_store_row(SNEPPX_DTYPE_INT8, q, &scale, mixed, 4);
+    uint32_t scale_bits;
+    memcpy(&scale_bits, &scale, sizeof scale_bits);
+    TEST_CHECK(&tally, scale_bits == 0x3cc18306u && memcmp(q, mixed_q, sizeof mixed_q) == 0,
+               "int8 row: scale %08x (want 3cc18306), q %d %d %d %d", (unsigned)scale_bits, q[0], q[1], q[2], q[3]);
+    const float zeros[4] = {0.0f, -0.0f, 0.0f, 0.0f};
+    memset(q, 5, sizeof q);
+    sneppx_kv_store_row(SNEPPX_DTYPE_INT8, q, &scale, zeros, 4);
+    float back[4];
+    sneppx_kv_load_row(SNEPPX_DTYPE_INT8, back, q, scale, 4);
+    TEST_CHECK(&tally, scale == 0.0f && q[0] == 0 && q[3] == 0 && back[0] == 0.0f && back[3] == 0.0f,
+               "int8 all-zero row: scale %g, q %d, back %g", scale, q[0], back[0]);
+    const float poisoned[4] = {1.0f, NAN, 2.0f, 3.0f};
+    sneppx_kv_store_row(SNEPPX_DTYPE_INT8, q, &scale, poisoned, 4);
+    sneppx_kv_load_row(SNEPPX_DTYPE_INT8, back, q, scale, 4);
+    TEST_CHECK(&tally, isnan(scale) && isnan(back[0]) && isnan(back[3]), "int8 row with NaN: scale %g, back %g",
+               scale, back[0]);
+}
+
+/* A forward into a float32 cache and into one of each other type: every stored row
+ * (K after RoPE and V per K/V head, MLA's latent rows) is the conversion of the
+ * float32 cache's row, at its place; int8's scale too. */
+static void test_stored_rows(const sneppx_config *config)
+{
+    sneppx_layer *layer = NULL;
+    if (!EXPECT_OK(sneppx_layer_create(config, NULL, &layer)))
+        return;
+    sneppx_kv_cache *caches[SNEPPX_DTYPE_COUNT] = {NULL};
+    int64_t ids[SNEPPX_DTYPE_COUNT];
+    const int64_t q = 6;
+    int ok = 1;
+    for (int t = 0; t < SNEPPX_DTYPE_COUNT; t++) {
+        sneppx_kv_cache_options options;
+        sneppx_kv_cache_options_init(&options);
+        options.capacity_tokens = 8;
+        options.page_size = 4;
+        options.dtype = (sneppx_dtype)t;
+        ok = ok && EXPECT_OK(sneppx_kv_cache_create(config, &options, &caches[t])) &&
+             EXPECT_OK(sneppx_kv_cache_add_sequence(caches[t], &ids[t])) &&
+             EXPECT_OK(sneppx_layer_forward_cached(layer, caches[t], 0, 1, &ids[t], &q, hidden, NULL, NULL, out));
+    }
+    for (int t = 1; ok && t < SNEPPX_DTYPE_COUNT; t++) {
+        const sneppx_kv_cache *f32 = caches[0], *c = caches[t];
+        const struct sneppx_kv_shape *shape = &c->shape;
+        int rows = 0, same = 1;
+        for (int64_t token = 0; token < q; token++) {
+            const struct sneppx_kv_sequence *s32 = f32->slots[0], *s = c->slots[0];
+            unsigned char *b32 = sneppx_kv_block(f32, sneppx_kv_page_of(f32, s32, token), 0);
+            unsigned char *b = sneppx_kv_block(c, sneppx_kv_page_of(c, s, token), 0);
+            const int64_t slot = token % 4;
+            for (int64_t h = 0; h < (shape->is_mla ? 1 : 2 * shape->kv_heads); h++) {
+                const int value = !shape->is_mla && h >= shape->kv_heads;
+                const int64_t head = value ? h - shape->kv_heads : h;
+                const int64_t n = shape->is_mla ? shape->kv_lora_rank + shape->rope_dim
+                                                : value ? shape->v_head_dim : shape->head_dim;
+                const int64_t at = shape->is_mla ? sneppx_kv_latent_offset(c, slot)
+                                   : value       ? sneppx_kv_v_offset(c, head, slot)
+                                                 : sneppx_kv_k_offset(c, head, slot);
+                const int64_t scale_at = value ? sneppx_kv_v_scale_offset(c, head, slot)
+                                               : sneppx_kv_k_scale_offset(c, head, slot);
+                unsigned char want[1024 * 4];
+                float want_scale = 0.0f;
+                sneppx_kv_store_row(c->dtype, want, &want_scale, (const float *)(void *)(b32 + at * 4), n);
+                same &= memcmp(b + at * c->elem_size, want, (size_t)(n * c->elem_size)) == 0;
+                if (c->dtype == SNEPPX_DTYPE_INT8)
+                    same &= memcmp(sneppx_kv_scales(c, b) + scale_at, &want_scale, sizeof want_scale) == 0;
+                rows++;
+            }
+        }
+        TEST_CHECK(&tally, same && rows > 0, "%s%s cache: a stored row (of %d) is not the float32 cache's, converted",
+                   sneppx_dtype_name(c->dtype), shape->is_mla ? " MLA" : "", rows);
+    }
+    for (int t = 0; t < SNEPPX_DTYPE_COUNT; t++)
+        sneppx_kv_cache_destroy(caches[t]);
+    sneppx_layer_destroy(layer);
 }
 
 static void test_sequences(sneppx_layer *layer)
@@ -440,7 +639,16 @@ int main(void)
     test_rng rng = test_rng_seeded(5);
     test_fill_uniform(&rng, hidden, sizeof hidden / sizeof hidden[0], 1.0f);
     test_create_options();
+    test_dtype_sizes();
+    test_element_edges();
     const sneppx_config config = small_config(2, 0);
+    test_stored_rows(&config);
+    sneppx_config mla;
+    if (EXPECT_OK(sneppx_config_from_name("deepseek-v2-lite", NULL, &mla))) {
+        mla.hidden_size = HIDDEN;
+        mla.num_attention_heads = mla.num_key_value_heads = 2;
+        test_stored_rows(&mla);
+    }
     sneppx_layer *layer = NULL;
     if (EXPECT_OK(sneppx_layer_create(&config, NULL, &layer))) {
         test_sequences(layer);

@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--name", metavar="NAME", action=_Once, help="with --config: the layer's name (its files are "
                         "sneppx_<name>.c/.h); default: the config's \"name\", else the checkpoint directory's name")
     parser.add_argument("-o", "--output", metavar="DIR", action=_Once, help="output directory")
-    parser.add_argument("--weight-dtype", choices=config_fields.DTYPES, default=None, action=_Once,
+    parser.add_argument("--weight-dtype", choices=config_fields.WEIGHT_DTYPES, default=None, action=_Once,
                         help="storage type of the projections' packed weights (default: the config's, float32); "
                              "bfloat16 / float16 halve them, products accumulate in float32")
     target = parser.add_mutually_exclusive_group()

@@ -63,10 +63,14 @@ class Field:
 
 
 # sneppx_dtype's values, by name (numpy's and torch's): the storage types of GEMM
-# weights (weight_dtype). GEMM keys carry it too (kernels.py), in this order.
+# weights (weight_dtype) and of the KV cache. GEMM and attn_decode keys carry them
+# too (kernels.py), in this order. WEIGHT_DTYPES: the types weights take (every
+# one, today; a cache-only type would stop it there).
 DTYPES = ("float32", "bfloat16", "float16", "int8")
-# Bytes of one element of each (int8 panels also hold a float32 scale per group
-# of k: templates/abi.h.j2's sneppx_gemm_panel_bytes sizes panels).
+WEIGHT_DTYPES = DTYPES
+# Bytes of one element of each (int8 weight panels also hold a float32 scale per
+# group of k: templates/abi.h.j2's sneppx_gemm_panel_bytes sizes panels; an int8
+# cache row one per row: runtime/kv_cache_internal.h).
 DTYPE_BYTES = (4, 2, 2, 1)
 
 # sneppx_rope_type's values, by HF name.

@@ -442,9 +442,9 @@ def read_hand(root: JsonObject) -> CConfig:
     c.use_flash_attn = top.switch("use_flash_attn", 1)
     weight_dtype = top.string("weight_dtype")
     if weight_dtype is not None:
-        if weight_dtype not in config_fields.DTYPES:
+        if weight_dtype not in config_fields.WEIGHT_DTYPES:
             raise ConfigError(f"weight_dtype: {_c_prefix(weight_dtype, 64)!r} is not one of "
-                              f"{', '.join(config_fields.DTYPES)}")
+                              f"{', '.join(config_fields.WEIGHT_DTYPES)}")
         c.weight_dtype = config_fields.DTYPES.index(weight_dtype)
     return c
 

@@ -19,7 +19,7 @@ derives keys inside them.
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from .config_fields import DTYPES
+from .config_fields import DTYPES, WEIGHT_DTYPES
 from .limits import HEAD_DIM_MULTIPLE, MAX_DIM, MAX_HEAD_DIM, MAX_HEADS, MAX_LATENT_DIM, MAX_POSITIONS
 from .targets import Target
 
@@ -67,11 +67,11 @@ ATTN_FIELDS = (
 
 # GEMM k: hidden, q/kv LoRA ranks, MLA's nope dim or heads x v_head_dim (at
 # most MAX_DIM each); n: the fused q|k|v width, at most three such. weight_type:
-# the packed panels' element type (config_fields.DTYPES, the config's weight_dtype),
-# so a narrow and a float32 GEMM never share a kernel.
+# the packed panels' element type (config_fields.WEIGHT_DTYPES, the config's
+# weight_dtype), so a narrow and a float32 GEMM never share a kernel.
 KERNELS: Dict[str, Kernel] = {k.family: k for k in (
     Kernel("gemm", "gemm.c.j2", (Field("k", "k", 1, MAX_DIM), Field("n", "n", 1, 3 * MAX_DIM),
-                                 Field("bias", "bias", 0, 1), choice_field("weight_type", "", DTYPES)),
+                                 Field("bias", "bias", 0, 1), choice_field("weight_type", "", WEIGHT_DTYPES)),
            entries=("", "_pack")),
     Kernel("rope", "rope.c.j2", (Field("rotary_dim", "r", 2, MAX_HEAD_DIM, 2),
                                  choice_field("interleaved", "", ("half", "inter")))),
@@ -79,7 +79,9 @@ KERNELS: Dict[str, Kernel] = {k.family: k for k in (
     Kernel("attn_flash", "attn_flash.c.j2", ATTN_FIELDS),
     Kernel("attn_sdpa", "attn_sdpa.c.j2", ATTN_FIELDS),
     # Decode over a paged K/V cache, few queries (q_len is run time), split-KV ready.
-    Kernel("attn_decode", "attn_decode.c.j2", ATTN_FIELDS),
+    # kv_type: the cache's element type (config_fields.DTYPES, the cache's dtype),
+    # widened in registers, so caches of two types never share a kernel.
+    Kernel("attn_decode", "attn_decode.c.j2", ATTN_FIELDS + (choice_field("kv_type", "", DTYPES),)),
 )}
 
 

@@ -22,6 +22,7 @@ Field = namedtuple("Field", "name c_type default doc hf python used_by required 
 NAME_MAX = {name_max}
 ROPE_TYPES = {rope_types!r}
 DTYPES = {dtypes!r}
+WEIGHT_DTYPES = {weight_dtypes!r}
 '''
 
 
@@ -37,7 +38,8 @@ def _struct(name: str, fields: Tuple[F.Field, ...]) -> str:
 
 
 def render() -> str:
-    out: List[str] = [_HEADER.format(name_max=F.NAME_MAX, rope_types=F.ROPE_TYPES, dtypes=F.DTYPES), "\n"]
+    out: List[str] = [_HEADER.format(name_max=F.NAME_MAX, rope_types=F.ROPE_TYPES, dtypes=F.DTYPES,
+                                   weight_dtypes=F.WEIGHT_DTYPES), "\n"]
     out.append(_table("ROPE_SCALING_FIELDS", F.ROPE_SCALING_FIELDS))
     out.append(_table("CONFIG_FIELDS", F.CONFIG_FIELDS))
     out.append(_struct("RopeScaling", F.ROPE_SCALING_FIELDS))

@@ -102,6 +102,8 @@ def config_fields_c() -> str:
     out += _enum_table("dtype", "sneppx_dtype", "DTYPES", DTYPE_NAMES, config_fields.DTYPES)
     sizes = ", ".join(str(size) for size in config_fields.DTYPE_BYTES)
     out.append(f"const int sneppx_dtype_bytes[] = {{{sizes}}};\n")
+    out.append(f"const int sneppx_weight_dtype_count = {len(config_fields.WEIGHT_DTYPES)};\n"
+               f"const char sneppx_weight_dtype_list[] = {c_string(', '.join(config_fields.WEIGHT_DTYPES))};\n")
     out.append(_rope_fields_c())
     out.append("\nconst sneppx_config sneppx_config_defaults =\n    "
                f"{c_initializer(config_fields.CONFIG_FIELDS, defaults, chr(10) + '     ')};\n")

@@ -61,9 +61,13 @@ typedef struct sneppx_kv_cache_options {
                                   0 = SNEPPX_KV_DEFAULT_PAGE_SIZE */
     int64_t num_layers;        /* layers of this shape sharing the page tables, in
                                   [1, SNEPPX_KV_MAX_LAYERS] */
-    sneppx_dtype dtype;        /* how an element is stored (config.h's types): SNEPPX_DTYPE_FLOAT32,
-                                  the only one the cache stores today; sizes follow the
-                                  element size, so narrower types keep the layout rules */
+    sneppx_dtype dtype;        /* how K (after RoPE) and V (MLA: the latent rows) are stored
+                                  (config.h's types): float32 (the default); bfloat16 or
+                                  float16, rounded to nearest even (half the bytes); int8,
+                                  symmetric with a float32 scale per row: per token and K/V
+                                  head for K and for V (MLA: one per latent row), scale =
+                                  max|x| / 127, rounded to nearest even (about a quarter).
+                                  Attention widens on load and accumulates in float32 */
     int64_t max_sequence_tokens; /* tokens one sequence holds at most, which sizes every
                                   sequence's page table once, at add and fork, so that no
                                   forward call allocates; 0 = the whole pool (4 bytes per
@@ -115,6 +119,16 @@ SNEPPX_API sneppx_status sneppx_kv_cache_length(sneppx_kv_cache *cache, int64_t 
 SNEPPX_API sneppx_status sneppx_kv_cache_layer_length(sneppx_kv_cache *cache, int64_t seq_id, int64_t layer_index,
                                                       int64_t *length);
 
+/* Copies what the cache holds for tokens [begin, end) of a sequence at one layer,
+ * widened to float32 (int8: each row times its scale): standard, k [end - begin]
+ * [num_key_value_heads][head_dim] (K after RoPE) and v [end - begin]
+ * [num_key_value_heads][head_dim]; MLA, k [end - begin][kv_lora_rank +
+ * qk_rope_head_dim] (the latent rows), v unused (may be NULL). The tokens must
+ * be held: from the first one a sliding window has not released to the layer's
+ * length. For inspection, export and tests; a forward never needs it. */
+SNEPPX_API sneppx_status sneppx_kv_cache_read(sneppx_kv_cache *cache, int64_t seq_id, int64_t layer_index,
+                                             int64_t begin, int64_t end, float *k, float *v);
+
 /* Removes every sequence; every page goes back to the pool. Sequence ids
  * handed out before stay unknown. */
 SNEPPX_API sneppx_status sneppx_kv_cache_reset(sneppx_kv_cache *cache);
@@ -127,6 +141,9 @@ typedef struct sneppx_kv_cache_stats {
     int64_t sequences;         /* live sequences */
     int64_t page_bytes;        /* bytes of one page, every layer */
     int64_t token_elements;    /* elements one token takes in one layer */
+    int64_t token_bytes;       /* bytes one token takes in one layer: elements of dtype, and
+                                  int8's float32 scales (page_bytes adds 64-byte alignment) */
+    sneppx_dtype dtype;        /* the elements' type (options.dtype) */
 } sneppx_kv_cache_stats;
 
 SNEPPX_API sneppx_status sneppx_kv_cache_stats_get(sneppx_kv_cache *cache, sneppx_kv_cache_stats *stats);

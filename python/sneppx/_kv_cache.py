@@ -7,8 +7,11 @@ layers each run through their own LLMConfig (forward_mha(..., layer_idx=i)).
 """
 import ctypes
 import threading
-from typing import Any, List
+from typing import Any, List, Optional, Tuple
 
+import numpy as np
+
+from . import _structs as S
 from ._library import lib
 from .errors import check
 
@@ -29,7 +32,27 @@ class KVCacheOptions(ctypes.Structure):
 
 class KVCacheStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
-        "page_size", "num_layers", "total_pages", "free_pages", "sequences", "page_bytes", "token_elements")]
+        "page_size", "num_layers", "total_pages", "free_pages", "sequences", "page_bytes", "token_elements",
+        "token_bytes")] + [("dtype", ctypes.c_int)]
+
+
+def kv_dtype(value: Any) -> int:
+    """The sneppx_dtype of a KV cache's element type: its name ("float32", "bfloat16",
+    "float16", "int8"), a numpy type or dtype of those names, or a torch dtype."""
+    if isinstance(value, str):
+        name = value
+    elif str(value).startswith("torch."):     # torch.bfloat16, without importing torch
+        name = str(value)[len("torch."):]
+    elif isinstance(value, type) or hasattr(value, "kind"):  # np.float16, np.dtype("int8")
+        try:
+            name = np.dtype(value).name
+        except TypeError:
+            raise TypeError(f"dtype: expected a type name ({', '.join(S.DTYPES)}), got {value!r}") from None
+    else:
+        raise TypeError(f"dtype: expected a type name ({', '.join(S.DTYPES)}), got {value!r}")
+    if name not in S.DTYPES:
+        raise ValueError(f"dtype: {value!r} is not a KV cache type ({', '.join(S.DTYPES)})")
+    return S.DTYPES.index(name)
 
 
 def _count(name: str, value: Any, low: int) -> int:
@@ -51,14 +74,16 @@ class KVCache:
     Calls on one KVCache are serialized by a lock; a forward holds it."""
 
     __slots__ = ("_handle", "_destroy", "_rows", "_lock", "_config", "num_layers", "page_size",
-                 "max_tokens", "__weakref__")
+                 "max_tokens", "dtype", "__weakref__")
 
-    def __init__(self, config: Any, batch: int, max_tokens: int, page_size: int, num_layers: int):
+    def __init__(self, config: Any, batch: int, max_tokens: int, page_size: int, num_layers: int,
+                 dtype: Any = "float32"):
+        self._handle = None
+        dtype_value = kv_dtype(dtype)
         batch = _count("batch", batch, 1)
         max_tokens = _count("max_tokens", max_tokens, 1)
         page_size = _count("page_size", page_size, 1)
         num_layers = _count("num_layers", num_layers, 1)
-        self._handle = None
         self._destroy = lib.sneppx_kv_cache_destroy
         options = KVCacheOptions()
         lib.sneppx_kv_cache_options_init(ctypes.byref(options))
@@ -70,6 +95,7 @@ class KVCache:
         options.page_size = page_size
         options.num_layers = num_layers
         options.max_sequence_tokens = max_tokens
+        options.dtype = dtype_value
         handle = ctypes.c_void_p()
         check(lib.sneppx_kv_cache_create(ctypes.byref(config), ctypes.byref(options), ctypes.byref(handle)))
         self._handle = handle.value
@@ -77,6 +103,7 @@ class KVCache:
         self._lock = threading.RLock()
         self._rows: List[int] = []
         self.num_layers, self.page_size, self.max_tokens = num_layers, page_size, max_tokens
+        self.dtype = S.DTYPES[dtype_value]
         for _ in range(batch):
             self._rows.append(self._add())
 
@@ -152,12 +179,43 @@ class KVCache:
             check(lib.sneppx_kv_cache_reset(self._handle))
             self._rows = [self._add() for _ in self._rows]
 
+    def read(self, row: int, layer_idx: int = 0, begin: int = 0,
+             end: Optional[int] = None) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+        """What the cache holds for tokens [begin, end) of `row` at layer_idx (end: the
+        row's length there), widened to float32 (int8: times each row's scale), as
+        (k, v): standard [tokens, num_kv_heads, head_dim] each, K after RoPE; MLA
+        (latent rows [tokens, kv_lora_rank + qk_rope_head_dim], None). Tokens a sliding
+        window released are gone (begin must be past them)."""
+        with self._lock:
+            seq_id = self._rows[self._row(row)]
+            if end is None:
+                length = ctypes.c_int64()
+                check(lib.sneppx_kv_cache_layer_length(self._handle, seq_id, layer_idx, ctypes.byref(length)))
+                end = length.value
+            begin, end = _count("begin", begin, 0), _count("end", end, 0)
+            elements = self.stats()["token_elements"]
+            tokens = max(end - begin, 0)
+            if self._config.kv_lora_rank > 0:
+                k, v = np.empty((tokens, elements), np.float32), None
+            else:
+                heads = self._config.num_key_value_heads
+                k = np.empty((tokens, heads, elements // (2 * heads)), np.float32)
+                v = np.empty_like(k)
+            as_float = ctypes.POINTER(ctypes.c_float)
+            check(lib.sneppx_kv_cache_read(self._handle, seq_id, layer_idx, begin, end, k.ctypes.data_as(as_float),
+                                           None if v is None else v.ctypes.data_as(as_float)))
+            return k, v
+
     def stats(self) -> dict:
-        """Pool figures: page_size, num_layers, total_pages, free_pages, sequences, page_bytes, token_elements."""
+        """Pool figures: page_size, num_layers, total_pages, free_pages, sequences, page_bytes,
+        token_elements, token_bytes (one token of one layer, int8's scales included) and
+        dtype (the element type's name)."""
         stats = KVCacheStats()
         check(lib.sneppx_kv_cache_stats_get(self._handle, ctypes.byref(stats)))
-        return {name: getattr(stats, name) for name, _ in KVCacheStats._fields_}
+        figures = {name: getattr(stats, name) for name, _ in KVCacheStats._fields_}
+        figures["dtype"] = S.DTYPES[figures["dtype"]]
+        return figures
 
     def __repr__(self) -> str:
         return (f"KVCache(batch={self.batch}, lengths={self.lengths}, page_size={self.page_size}, "
-                f"num_layers={self.num_layers})")
+                f"num_layers={self.num_layers}, dtype={self.dtype!r})")

@@ -24,8 +24,10 @@ SYNTHETIC_SEED = 0x5EED5EED  # SNEPPX_SYNTHETIC_SEED
 # sneppx_rope_type by value, and its HF names.
 ROPE_TYPE_NAMES = dict(enumerate(_fields.ROPE_TYPES))
 ROPE_DEFAULT = _fields.ROPE_TYPES.index("default")
-# sneppx_dtype's names, by value (LLMConfig.weight_dtype).
+# sneppx_dtype's names, by value (LLMConfig.weight_dtype, KVCache.dtype); the first
+# ones are the weight types.
 DTYPES = _fields.DTYPES
+WEIGHT_DTYPES = _fields.WEIGHT_DTYPES
 
 
 _float_p = ctypes.POINTER(ctypes.c_float)

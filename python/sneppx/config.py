@@ -43,11 +43,11 @@ def _partial_rotary_dim(config: S.Config, partial_rotary_factor: Any) -> int:
 
 
 def _dtype(name: str, value: Any) -> int:
-    """A sneppx_dtype by its name (S.DTYPES: "float32", "bfloat16", "float16", "int8")."""
+    """A weight type's sneppx_dtype by its name (S.WEIGHT_DTYPES: "float32", "bfloat16", "float16", "int8")."""
     if not isinstance(value, str):
-        raise TypeError(f"{name}: expected one of {', '.join(S.DTYPES)} (a string), got {value!r}")
-    if value not in S.DTYPES:
-        raise ValueError(f"{name}: {value!r} is not one of {', '.join(S.DTYPES)}")
+        raise TypeError(f"{name}: expected one of {', '.join(S.WEIGHT_DTYPES)} (a string), got {value!r}")
+    if value not in S.WEIGHT_DTYPES:
+        raise ValueError(f"{name}: {value!r} is not one of {', '.join(S.WEIGHT_DTYPES)}")
     return S.DTYPES.index(value)
 
 
@@ -441,12 +441,17 @@ class LLMConfig:
                 layer = self._layer
         return layer
 
-    def kv_cache(self, batch: int = 1, *, max_tokens: int, page_size: int = 16, num_layers: int = 1) -> KVCache:
+    def kv_cache(self, batch: int = 1, *, max_tokens: int, page_size: int = 16, num_layers: int = 1,
+                 dtype: Any = "float32") -> KVCache:
         """A paged KV cache for this layer's shape (sneppx_kv_cache_create): `batch` empty rows,
         each holding up to max_tokens tokens (the page pool is sized for every row full, plus
         one page per row for copy-on-write after fork()); page_size a power of two;
-        num_layers: layers of this shape that share it (forward_mha's layer_idx)."""
-        return KVCache(self._config, batch, max_tokens, page_size, num_layers)
+        num_layers: layers of this shape that share it (forward_mha's layer_idx).
+        dtype: how K (after RoPE) and V are stored: "float32" (default), "bfloat16" or
+        "float16" (rounded to nearest even), or "int8" (a float32 scale per token and K/V
+        head, max|x| / 127; MLA: per latent row); numpy / torch dtypes of those names too.
+        Attention widens them to float32. Another value raises ValueError naming dtype."""
+        return KVCache(self._config, batch, max_tokens, page_size, num_layers, dtype)
 
     def forward_mha(self, hidden_states: Any, attention_mask: Any = None, position_ids: Any = None,
                     past_key_value: Optional[KVCache] = None, layer_idx: int = 0) -> np.ndarray:

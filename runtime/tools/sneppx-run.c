@@ -61,7 +61,7 @@ static void usage(FILE *to)
     fprintf(to, "usage: sneppx-run [--arch NAME]... [--seq T] [--batch B] [--threads N] [--repeat R] [--sdpa]\n"
                 "                  [--weight-dtype float32|bfloat16|float16|int8]\n"
                 "       sneppx-run [--arch NAME]... --context C --decode N [--batch B] [--threads N] [--sdpa]\n"
-                "                  [--weight-dtype float32|bfloat16|float16|int8]\n"
+                "                  [--weight-dtype float32|bfloat16|float16|int8] [--kv-dtype float32|bfloat16|float16|int8]\n"
                 "  Runs one attention layer forward per preset (default: llama3-8B mistral-7B qwen2-7B\n"
                 "  deepseek-v2-lite) on synthetic weights; --list-archs prints the preset names.\n"
                 "  --decode: prefill C tokens in each of B sequences, then N decode steps through a\n"
@@ -69,7 +69,9 @@ static void usage(FILE *to)
                 "  read bandwidth measured just before and after the steps.\n"
                 "  --weight-dtype: how the projections' weights are stored (default float32);\n"
                 "  bfloat16 and float16 halve the bytes a decode step reads, int8 (a float32\n"
-                "  scale per 32 weights) takes 9/32 of them.\n");
+                "  scale per 32 weights) takes 9/32 of them.\n"
+                "  --kv-dtype: how the KV cache stores K and V (default float32); bfloat16 and float16\n"
+                "  halve the cache bytes a decode step reads, int8 (a scale per row) about quarters them.\n");
 }
 
 static int run_arch(const char *arch, int64_t batch, int64_t seq_len, int threads, int repeat, int flash,
@@ -158,14 +160,14 @@ int main(int argc, char **argv)
 {
     const char *archs[64];
     int arch_count = 0, flash = 1;
-    sneppx_dtype weight_dtype = SNEPPX_DTYPE_FLOAT32;
+    sneppx_dtype weight_dtype = SNEPPX_DTYPE_FLOAT32, kv_dtype = SNEPPX_DTYPE_FLOAT32;
     long long seq_len = 128, batch = 1, threads = 0, repeat = 5, context = 0, decode = 0;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         const int takes_value = !strcmp(arg, "--arch") || !strcmp(arg, "--seq") || !strcmp(arg, "--batch") ||
                                 !strcmp(arg, "--threads") || !strcmp(arg, "--repeat") ||
                                 !strcmp(arg, "--context") || !strcmp(arg, "--decode") ||
-                                !strcmp(arg, "--weight-dtype");
+                                !strcmp(arg, "--weight-dtype") || !strcmp(arg, "--kv-dtype");
         const char *value = takes_value && i + 1 < argc ? argv[++i] : NULL;
         if (takes_value && !value) {
             fprintf(stderr, "sneppx-run: %s needs a value\n", arg);
@@ -196,16 +198,18 @@ int main(int argc, char **argv)
         } else if (!strcmp(arg, "--decode")) {
             if (parse_count("--decode", value, 1, MAX_REPEAT, &decode) != 0)
                 return 2;
-        } else if (!strcmp(arg, "--weight-dtype")) {
+        } else if (!strcmp(arg, "--weight-dtype") || !strcmp(arg, "--kv-dtype")) {
+            /* Weights and the KV cache take every type. */
+            const int kv = !strcmp(arg, "--kv-dtype");
             int found = -1;
-            for (int t = 0; sneppx_dtype_name(t); t++)
+            for (int t = 0; t < SNEPPX_DTYPE_COUNT; t++)
                 if (!strcmp(value, sneppx_dtype_name(t)))
                     found = t;
             if (found < 0) {
-                fprintf(stderr, "sneppx-run: --weight-dtype: '%.64s' is not float32, bfloat16, float16 or int8\n", value);
+                fprintf(stderr, "sneppx-run: %s: '%.64s' is not float32, bfloat16, float16 or int8\n", arg, value);
                 return 2;
             }
-            weight_dtype = (sneppx_dtype)found;
+            *(kv ? &kv_dtype : &weight_dtype) = (sneppx_dtype)found;
         } else if (!strcmp(arg, "--sdpa")) {
             flash = 0;
         } else if (!strcmp(arg, "--list-archs")) {
@@ -220,6 +224,10 @@ int main(int argc, char **argv)
             usage(stderr);
             return 2;
         }
+    }
+    if (kv_dtype != SNEPPX_DTYPE_FLOAT32 && !decode) {
+        fprintf(stderr, "sneppx-run: --kv-dtype needs --decode N (only generation uses a KV cache)\n");
+        return 2;
     }
     if (context && !decode) {
         fprintf(stderr, "sneppx-run: --context needs --decode N (the decode steps after the prefill)\n");
@@ -244,7 +252,7 @@ int main(int argc, char **argv)
     printf("sneppx-run: kernel cache %s\n", sneppx_cache_dir()[0] ? sneppx_cache_dir() : "(memory only)");
     int failures = 0;
     for (int a = 0; a < arch_count; a++)
-        failures += decode ? run_decode(archs[a], batch, context, decode, (int)threads, flash, weight_dtype)
+        failures += decode ? run_decode(archs[a], batch, context, decode, (int)threads, flash, weight_dtype, kv_dtype)
                            : run_arch(archs[a], batch, seq_len, (int)threads, (int)repeat, flash, weight_dtype);
     sneppx_jit_stats stats;
     sneppx_jit_stats_get(&stats);

@@ -224,13 +224,18 @@ def _positions(batch: int, seq_len: int, position_ids: Optional[np.ndarray]) -> 
 
 def mha_forward(config: Any, weights: Mapping[str, np.ndarray], hidden_states: np.ndarray,
                 attention_mask: Optional[np.ndarray] = None,
-                position_ids: Optional[np.ndarray] = None) -> np.ndarray:
+                position_ids: Optional[np.ndarray] = None, kv_dtype: str = "float32",
+                stored: Optional[Tuple[np.ndarray, Optional[np.ndarray]]] = None) -> np.ndarray:
     """The attention module forward in float64 -> [batch, seq, hidden].
 
     hidden_states [b, s, hidden]; attention_mask [b, 1, s, s] additive, taken as
     final, or None (causal + sliding_window); position_ids [b, s] or None (0..s-1).
     Llama / Mistral / Qwen2 per docs/MODELS.md section 5; MLA (kv_lora_rank > 0) in
-    the naive form of section 6."""
+    the naive form of section 6. kv_dtype: K (after RoPE) and V (MLA: the latent row,
+    kv_a_layernorm'd c then k_pe after RoPE) as a KV cache of that type stores them
+    (kv_stored), then attention in float64. stored: instead, the K/V a cache holds
+    (KVCache.read of the whole sequence, batch 1): standard (k, v) [s, kv_heads, d],
+    MLA (latent rows [s, kv_lora_rank + rope], None)."""
     x = np.asarray(hidden_states, dtype=np.float64)
     batch, seq_len, _ = x.shape
     positions = _positions(batch, seq_len, position_ids)
@@ -239,7 +244,7 @@ def mha_forward(config: Any, weights: Mapping[str, np.ndarray], hidden_states: n
     visible = visible_keys(batch, seq_len, attention_mask, int(field(config, "sliding_window", 0) or 0))
     if is_mla(config):
         return _mla_forward(config, weights, x, attention_mask, positions, inv_freq, attention_factor,
-                            interleaved, visible)
+                            interleaved, visible, kv_dtype, stored)
 
     heads = int(field(config, "num_attention_heads"))
     kv_heads = int(field(config, "num_key_value_heads", heads))
@@ -248,7 +253,10 @@ def mha_forward(config: Any, weights: Mapping[str, np.ndarray], hidden_states: n
     k = linear(x, weights, "k_proj").reshape(batch, seq_len, kv_heads, d).transpose(0, 2, 1, 3)
     v = linear(x, weights, "v_proj").reshape(batch, seq_len, kv_heads, d).transpose(0, 2, 1, 3)
     q = apply_rope(q, positions, inv_freq, attention_factor, interleaved)
-    k = apply_rope(k, positions, inv_freq, attention_factor, interleaved)
+    k = kv_stored(apply_rope(k, positions, inv_freq, attention_factor, interleaved), kv_dtype)
+    v = kv_stored(v, kv_dtype)
+    if stored is not None:
+        k, v = (np.asarray(a, dtype=np.float64).transpose(1, 0, 2)[None] for a in stored)
     group = heads // kv_heads
     k = np.repeat(k, group, axis=1)  # repeat_kv: head h reads kv head h // group
     v = np.repeat(v, group, axis=1)
@@ -258,7 +266,9 @@ def mha_forward(config: Any, weights: Mapping[str, np.ndarray], hidden_states: n
 
 def _mla_forward(config: Any, weights: Mapping[str, np.ndarray], x: np.ndarray,
                  attention_mask: Optional[np.ndarray], positions: np.ndarray, inv_freq: np.ndarray,
-                 attention_factor: float, interleaved: bool, visible: np.ndarray) -> np.ndarray:
+                 attention_factor: float, interleaved: bool, visible: np.ndarray,
+                 kv_dtype: str = "float32",
+                 stored: Optional[Tuple[np.ndarray, Optional[np.ndarray]]] = None) -> np.ndarray:
     batch, seq_len, _ = x.shape
     heads = int(field(config, "num_attention_heads"))
     nope, rope = int(field(config, "qk_nope_head_dim")), int(field(config, "qk_rope_head_dim"))
@@ -272,9 +282,15 @@ def _mla_forward(config: Any, weights: Mapping[str, np.ndarray], x: np.ndarray,
     compressed = linear(x, weights, "kv_a_proj_with_mqa")            # [b, s, latent + rope]
     c = rms_norm(compressed[..., :latent], weights["kv_a_layernorm.weight"], MLA_NORM_EPS)
     k_pe = compressed[:, None, :, latent:]                           # one rope key for all heads
+    k_pe = apply_rope(k_pe, positions, inv_freq, attention_factor, interleaved)
+    # The cache's latent row [c | k_pe] as stored (one int8 scale for the row), then
+    # k_nope and v from it: what the absorbed form computes over the stored rows.
+    row = kv_stored(np.concatenate([c, k_pe[:, 0]], axis=-1), kv_dtype)
+    if stored is not None:
+        row = np.asarray(stored[0], dtype=np.float64)[None]
+    c, k_pe = row[..., :latent], row[:, None, :, latent:]
     kv = linear(c, weights, "kv_b_proj").reshape(batch, seq_len, heads, nope + dv).transpose(0, 2, 1, 3)
     q_pe = apply_rope(q[..., nope:], positions, inv_freq, attention_factor, interleaved)
-    k_pe = apply_rope(k_pe, positions, inv_freq, attention_factor, interleaved)
     q = np.concatenate([q[..., :nope], q_pe], axis=-1)
     k = np.concatenate([kv[..., :nope], np.broadcast_to(k_pe, (batch, heads, seq_len, rope))], axis=-1)
     o = attention(q, k, kv[..., nope:], softmax_scale(config), visible, attention_mask)
@@ -334,18 +350,19 @@ def random_state_dict(config: Any, rng: np.random.Generator, qkv_bias: bool = Tr
 INT8_GROUP = 32
 
 
-def quantize_int8(array: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """(q, scales) of float32 rows quantized per group of INT8_GROUP along the last axis
-    (a GEMM's k; the last group short when k is not a multiple): scale = max |w| / 127
+def quantize_int8(array: np.ndarray, group: int = INT8_GROUP) -> Tuple[np.ndarray, np.ndarray]:
+    """(q, scales) of float32 rows quantized per group of `group` along the last axis
+    (weights: INT8_GROUP of a GEMM's k, the last group short when k is not a multiple;
+    a KV cache: the whole row): scale = max |w| / 127
     in float32, q = w / scale rounded to nearest even (np.rint) and clipped to
     [-127, 127] as int8; an all-zero group has scale 0 and q 0, a group holding a
-    non-finite value scale NaN and q 0. scales has ceil(k / INT8_GROUP) per row."""
+    non-finite value scale NaN and q 0. scales has ceil(k / group) per row."""
     array = np.ascontiguousarray(array, dtype=np.float32)
     k = array.shape[-1]
-    groups = -(-k // INT8_GROUP)
-    padded = np.zeros(array.shape[:-1] + (groups * INT8_GROUP,), np.float32)
+    groups = -(-k // group)
+    padded = np.zeros(array.shape[:-1] + (groups * group,), np.float32)
     padded[..., :k] = array
-    grouped = padded.reshape(array.shape[:-1] + (groups, INT8_GROUP))
+    grouped = padded.reshape(array.shape[:-1] + (groups, group))
     finite = np.isfinite(grouped)
     largest = np.abs(np.where(finite, grouped, np.float32(0))).max(axis=-1)
     scales = np.where(finite.all(axis=-1), largest / np.float32(127), np.float32(np.nan)).astype(np.float32)
@@ -355,10 +372,10 @@ def quantize_int8(array: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     return q.reshape(padded.shape)[..., :k], scales
 
 
-def dequantize_int8(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
+def dequantize_int8(q: np.ndarray, scales: np.ndarray, group: int = INT8_GROUP) -> np.ndarray:
     """q * its group's scale, the float32 product the kernels form."""
     k = q.shape[-1]
-    return (q.astype(np.float32) * np.repeat(scales, INT8_GROUP, axis=-1)[..., :k]).astype(np.float32)
+    return (q.astype(np.float32) * np.repeat(scales, group, axis=-1)[..., :k]).astype(np.float32)
 
 
 def round_to(array: np.ndarray, dtype: str) -> np.ndarray:
@@ -379,6 +396,17 @@ def round_to(array: np.ndarray, dtype: str) -> np.ndarray:
     bits = array.view(np.uint32).astype(np.uint64)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16).astype(np.uint32)
     return np.where(np.isnan(array), array, rounded.view(np.float32))
+
+
+def kv_stored(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Rows (last axis) as a KV cache of dtype holds them, read back as float64: the
+    float32 values (what the layer computes) rounded by round_to, or int8-quantized
+    with one scale per row (quantize_int8 with the row as its group) and scaled back."""
+    values32 = np.asarray(values, dtype=np.float32)
+    if dtype == "int8":
+        row = values32.shape[-1]
+        return dequantize_int8(*quantize_int8(values32, row), row).astype(np.float64)
+    return round_to(values32, dtype).astype(np.float64)
 
 
 def round_weights(weights: Mapping[str, np.ndarray], dtype: str, config: Any = None) -> Dict[str, np.ndarray]:

@@ -190,3 +190,177 @@ def test_long_decode_splits_keys_across_threads(family, rng):
     got = np.concatenate(outputs, axis=1)[:, 1100:]
     want = ref.mha_forward(hf_config, weights, x)[:, 1100:]
     _assert_close(got, want, f"{family} long decode")
+
+
+# ---- narrow caches: bfloat16, float16, int8 ----
+# The float64 reference attends over K (after RoPE) and V (MLA: the latent rows) exactly
+# as the cache holds them (KVCache.read: the stored values widened), so only float32
+# arithmetic separates the two: the float32 cache's budget. (A reference that rounded
+# its own float64 K would differ wherever the layer's float32 K sits within a float32
+# rounding of a tie: 3e-5 for bfloat16 at llama3-8B's heads.) That the stored values are
+# the type's rounding of the layer's float32 K/V is test_stored_values_are_numpy_rounding's.
+NARROW_MAX_NORMALIZED = 1e-5
+NARROW_TYPES = ["bfloat16", "float16", "int8"]
+# llama3-8B's heads (32 query heads, 8 K/V heads of 128) at a small hidden size.
+LLAMA3_8B_HEADS = dict(hidden_size=256, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                       rope_theta=500000.0, attention_bias=False)
+NARROW_FAMILIES = {"llama3-8B-heads": LLAMA3_8B_HEADS, "deepseek-v2-lite-like": FAMILIES["deepseek-v2-lite-like"]}
+
+
+def _narrow_layer(name, rng):
+    hf_config = NARROW_FAMILIES[name] if name in NARROW_FAMILIES else FAMILIES[name]
+    cfg = sneppx.LLMConfig(**hf_config)
+    weights = ref.random_state_dict(hf_config, rng, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
+    cfg.load_state_dict(weights)
+    return hf_config, cfg, weights
+
+
+class _Stored:
+    """Each row's K/V as the cache held them when appended (read right after each call,
+    so tokens a window releases later are kept)."""
+
+    def __init__(self):
+        self.rows = {}
+
+    def record(self, cache, rows, counts):
+        for row, count in zip(rows, counts):
+            end = cache.layer_lengths(0)[row]
+            k, v = cache.read(row, 0, end - count, end)
+            parts = self.rows.setdefault(row, [])
+            parts.append((k, v))
+
+    def fork(self, parent, child):
+        self.rows[child] = list(self.rows[parent])
+
+    def of(self, row):
+        ks = np.concatenate([k for k, _ in self.rows[row]])
+        vs = None if self.rows[row][0][1] is None else np.concatenate([v for _, v in self.rows[row]])
+        return ks, vs
+
+
+def _check_rows(got, hf_config, weights, sequence, stored, what):
+    """got: the outputs of the last got.shape[0] tokens of `sequence` [s, hidden]."""
+    want = ref.mha_forward(hf_config, weights, sequence[None], stored=stored)[0, sequence.shape[0] - got.shape[0]:]
+    _assert_close(got, want, what, NARROW_MAX_NORMALIZED, NARROW_MAX_NORMALIZED)
+
+
+@pytest.mark.parametrize("dtype", NARROW_TYPES)
+@pytest.mark.parametrize("family", list(NARROW_FAMILIES))
+def test_narrow_cache_prefill_decode_ragged_fork(family, dtype, rng):
+    """A prefill (20 tokens: the gathered path), decode steps across pages of 4, then a
+    ragged call (a 17-token chunk beside a decode) and a fork that continues both ways:
+    every row equals the float64 reference over the K/V the cache holds."""
+    hf_config, cfg, weights = _narrow_layer(family, rng)
+    x = rng.uniform(-1, 1, (2, 40, cfg.hidden_size)).astype(np.float32)
+    cache = cfg.kv_cache(batch=2, max_tokens=64, page_size=4, dtype=dtype)
+    stored = _Stored()
+    got = [cfg.forward_mha(x[:, :20], past_key_value=cache)]
+    stored.record(cache, [0, 1], [20, 20])
+    for t in range(20, 23):
+        got.append(cfg.forward_mha(x[:, t:t + 1], past_key_value=cache))
+        stored.record(cache, [0, 1], [1, 1])
+    got = np.concatenate(got, axis=1)
+    for row in range(2):
+        _check_rows(got[row], hf_config, weights, x[row, :23], stored.of(row), f"{family} {dtype} prefill + decode")
+    # Ragged: row 0 takes a 17-token chunk (gathered), row 1 one token (decode).
+    outs = cfg.forward_ragged(cache, [0, 1], [x[0, 23:40], x[1, 23:24]])
+    stored.record(cache, [0, 1], [17, 1])
+    _check_rows(outs[0], hf_config, weights, x[0, :40], stored.of(0), f"{family} {dtype} ragged chunk")
+    _check_rows(outs[1], hf_config, weights, x[1, :24], stored.of(1), f"{family} {dtype} ragged decode")
+    # Fork row 1 mid-page (24 tokens): parent and child continue with different tokens,
+    # the child copying the shared page on its first append.
+    child = cache.fork(1)
+    stored.fork(1, child)
+    y = rng.uniform(-1, 1, (3, cfg.hidden_size)).astype(np.float32)
+    outs = cfg.forward_ragged(cache, [1, child], [x[1, 24:27], y])
+    stored.record(cache, [1, child], [3, 3])
+    _check_rows(outs[0], hf_config, weights, x[1, :27], stored.of(1), f"{family} {dtype} parent after fork")
+    _check_rows(outs[1], hf_config, weights, np.concatenate([x[1, :24], y]), stored.of(child),
+                f"{family} {dtype} child after fork")
+    # The parent's shared prefix is untouched by the child's copy-on-write.
+    assert np.array_equal(cache.read(1, 0, 0, 24)[0], stored.of(1)[0][:24])
+    assert cache.lengths == [40, 27, 27]
+
+
+@pytest.mark.parametrize("dtype", NARROW_TYPES)
+def test_narrow_cache_sliding_window(dtype, rng):
+    """Mistral's window (16) over pages of 4, decoded well past it: released pages and
+    the window's edge keep working for every type, and the pool stays bounded."""
+    hf_config, cfg, weights = _narrow_layer("mistral", rng)
+    seq_len = 48
+    x = rng.uniform(-1, 1, (1, seq_len, cfg.hidden_size)).astype(np.float32)
+    cache = cfg.kv_cache(batch=1, max_tokens=seq_len, page_size=4, dtype=dtype)
+    stored = _Stored()
+    got = [cfg.forward_mha(x[:, :18], past_key_value=cache)]
+    stored.record(cache, [0], [18])
+    for t in range(18, seq_len):
+        got.append(cfg.forward_mha(x[:, t:t + 1], past_key_value=cache))
+        stored.record(cache, [0], [1])
+    _check_rows(np.concatenate(got, axis=1)[0], hf_config, weights, x[0], stored.of(0), f"mistral {dtype} window")
+    stats = cache.stats()
+    assert stats["total_pages"] - stats["free_pages"] <= 16 // 4 + 2
+
+
+@pytest.mark.parametrize("dtype", NARROW_TYPES)
+@pytest.mark.parametrize("family", list(NARROW_FAMILIES))
+def test_stored_values_are_numpy_rounding(family, dtype, rng):
+    """The same tokens into a float32 cache and a narrow one: the narrow cache holds
+    exactly numpy's rounding of the float32 cache's K (after RoPE) and V (MLA: latent
+    rows), bit for bit (reference.kv_stored: nearest even; int8 per row and K/V head)."""
+    _, cfg, _ = _narrow_layer(family, rng)
+    x = rng.uniform(-1, 1, (1, 9, cfg.hidden_size)).astype(np.float32)
+    wide = cfg.kv_cache(max_tokens=16, page_size=4)
+    narrow = cfg.kv_cache(max_tokens=16, page_size=4, dtype=dtype)
+    cfg.forward_mha(x, past_key_value=wide)
+    cfg.forward_mha(x, past_key_value=narrow)
+    for got, full in zip(narrow.read(0), wide.read(0)):
+        if full is not None:
+            want = ref.kv_stored(full, dtype).astype(np.float32)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"{family} {dtype}: stored values"
+            assert not np.array_equal(got, full)
+
+
+@pytest.mark.parametrize("dtype", ["float32"] + NARROW_TYPES)
+@pytest.mark.parametrize("family", list(NARROW_FAMILIES))
+def test_decode_kernel_equals_gathered_path(family, dtype, rng):
+    """The same 20 tokens after the same prefix, fed to two forks of one sequence: in
+    one call (over 16 queries: keys gathered and widened by the runtime, then flash) and
+    one token per call (attn_decode widening in registers): the same rows."""
+    _, cfg, _ = _narrow_layer(family, rng)
+    x = rng.uniform(-1, 1, (1, 50, cfg.hidden_size)).astype(np.float32)
+    cache = cfg.kv_cache(batch=1, max_tokens=128, page_size=16, dtype=dtype)  # room for the fork's pages
+    cfg.forward_mha(x[:, :30], past_key_value=cache)
+    child = cache.fork(0)
+    gathered = cfg.forward_ragged(cache, [0], [x[0, 30:]])[0]
+    decoded = np.concatenate([cfg.forward_ragged(cache, [child], [x[0, t:t + 1]])[0] for t in range(30, 50)])
+    _assert_close(decoded, gathered.astype(np.float64), f"{family} {dtype} decode vs gathered",
+                  SAME_LAYER_MAX_NORMALIZED, SAME_LAYER_MAX_NORMALIZED)
+
+
+def test_narrow_cache_sizes_and_names(rng):
+    """dtype by name, numpy type or torch dtype; stats give the type and bytes per token
+    (llama3's layer: 2 K/V heads x (32 + 32) elements; int8 adds 4 float32 scales); bad
+    names and read() ranges are refused naming the argument."""
+    _, cfg, _ = _narrow_layer("llama3", rng)
+    want = {"float32": 512, "bfloat16": 256, "float16": 256, "int8": 128 + 16}
+    for name, dtype in (("float32", np.float32), ("bfloat16", "bfloat16"), ("float16", np.dtype("float16")),
+                        ("int8", np.int8)):
+        cache = cfg.kv_cache(batch=1, max_tokens=8, dtype=dtype)
+        stats = cache.stats()
+        assert cache.dtype == name and stats["dtype"] == name and stats["token_bytes"] == want[name], stats
+        assert stats["token_elements"] == 128 and f"dtype={name!r}" in repr(cache)
+
+    class TorchLike:  # what str() of torch.bfloat16 gives, without importing torch
+        def __str__(self):
+            return "torch.bfloat16"
+
+    assert cfg.kv_cache(max_tokens=8, dtype=TorchLike()).dtype == "bfloat16"
+    for bad, error in (("int4", ValueError), ("bf16", ValueError), ("", ValueError), (np.float64, ValueError),
+                       (3, TypeError), (None, TypeError)):
+        with pytest.raises(error, match="dtype"):
+            cfg.kv_cache(max_tokens=8, dtype=bad)
+    cache = cfg.kv_cache(max_tokens=8, dtype="int8")
+    cfg.forward_mha(rng.uniform(-1, 1, (1, 3, cfg.hidden_size)).astype(np.float32), past_key_value=cache)
+    assert cache.read(0)[0].shape == (3, 2, 32) and cache.read(0, 0, 1, 2)[1].shape == (1, 2, 32)
+    with pytest.raises(ValueError, match="begin, end"):
+        cache.read(0, 0, 2, 5)

@@ -161,7 +161,7 @@ def test_load_safetensors_dtype(tmp_path, rng):
     np.testing.assert_array_equal(cfg.forward_mha(x), before)
     with pytest.raises(ValueError, match=r"dtype: 'bf16' is not one of float32, bfloat16, float16"):
         cfg.load_safetensors(tmp_path / "BF16.safetensors", dtype="bf16")
-    with pytest.raises(TypeError, match=r"dtype: expected one of float32, bfloat16, float16 \(a string\)"):
+    with pytest.raises(TypeError, match=r"dtype: expected one of float32, bfloat16, float16, int8 \(a string\)"):
         cfg.load_state_dict(state, dtype=np.float16)
 
 

@@ -173,7 +173,7 @@ def test_bad_weight_dtype_from_c_struct():
     config.weight_dtype = 4
     assert lib.sneppx_config_validate(ctypes.byref(config)) != 0
     message = lib.sneppx_last_error().decode()
-    assert "config.weight_dtype: 4 is not a sneppx_dtype (float32, bfloat16, float16, int8)" in message
+    assert "config.weight_dtype: 4 is not a weight type (float32, bfloat16, float16, int8)" in message
 
 
 def test_sneppx_gen_refuses_other_types(tmp_path):

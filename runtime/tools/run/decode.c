@@ -126,7 +126,7 @@ static int report(struct decode_run *run, const sneppx_config *config, double ba
 }
 
 int run_decode(const char *arch, int64_t batch, int64_t context, int64_t steps, int threads, int flash,
-               sneppx_dtype weight_dtype)
+               sneppx_dtype weight_dtype, sneppx_dtype kv_dtype)
 {
     sneppx_config config;
     if (sneppx_config_from_name(arch, NULL, &config) != SNEPPX_OK)
@@ -134,14 +134,16 @@ int run_decode(const char *arch, int64_t batch, int64_t context, int64_t steps, 
     config.num_threads = threads;
     config.use_flash_attn = flash;
     config.weight_dtype = weight_dtype;
-    printf("== %s decode: batch %lld, context %lld, %lld steps, %s, %s weights\n", config.name, (long long)batch,
-           (long long)context, (long long)steps, flash ? "flash" : "sdpa", sneppx_dtype_name(weight_dtype));
+    printf("== %s decode: batch %lld, context %lld, %lld steps, %s, %s weights, %s KV cache\n", config.name,
+           (long long)batch, (long long)context, (long long)steps, flash ? "flash" : "sdpa",
+           sneppx_dtype_name(weight_dtype), sneppx_dtype_name(kv_dtype));
     struct decode_run run = {.batch = batch, .context = context, .steps = steps};
     int failed = 1;
     sneppx_kv_cache_options options;
     sneppx_kv_cache_options_init(&options);
     const int64_t page = SNEPPX_KV_DEFAULT_PAGE_SIZE;
     options.capacity_tokens = batch * ((context + steps + 1 + page - 1) / page) * page;
+    options.dtype = kv_dtype;
     const size_t chunk_floats = (size_t)(batch * PREFILL_CHUNK * config.hidden_size);
     run.seq_ids = calloc((size_t)batch, sizeof(int64_t));
     run.q_lens = calloc((size_t)batch, sizeof(int64_t));

@@ -12,6 +12,6 @@
  * bandwidth measured just before and after the steps; the projections' weights
  * stored as weight_dtype. 0 on success. */
 int run_decode(const char *arch, int64_t batch, int64_t context, int64_t steps, int threads, int flash,
-               sneppx_dtype weight_dtype);
+               sneppx_dtype weight_dtype, sneppx_dtype kv_dtype);
 
 #endif
