@@ -242,3 +242,91 @@ def test_preset_shapes_match_reference(name, rng):
     hf_config = PRESET_SHAPES[name]
     config, weights = _layer(hf_config, rng)
     _check_layer(name, hf_config, config, weights, (("none", 1, 5), ("none", 2, 3)), rng)
+
+
+@needs_bf16
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
+@pytest.mark.parametrize("target", ["v8", "v16"])
+@pytest.mark.parametrize("family", ["qwen2", "deepseek-v2"])
+def test_vendored_layer(family, target, tmp_path, rng):
+    """v16 runs vdpbf16ps; v8 the same sums in float32 FMAs (a portable build)."""
+    hf_config = FAMILIES[family]
+    config_file = tmp_path / f"{family}.json"
+    config_file.write_text(json.dumps(dict(hf_config, name=family)))
+    layer = _generate(["--config", str(config_file), "--target", target, "--weight-dtype", "bfloat16",
+                       "--compute-dtype", "bfloat16"], tmp_path / "out")
+    gemms = [key for key in layer.keys if key.startswith("gemm")]
+    assert gemms and all(key.startswith("gemm_bf16dot-") and key.endswith(target) for key in gemms), layer.keys
+    jit, weights = _layer(hf_config, rng)
+    layer.load(weights)
+    x, mask, positions = make_inputs("explicit", 2, 29, hf_config["hidden_size"], 0, rng)
+    want, slack = reference(hf_config, weights, x, mask, positions)
+    got = layer.forward(x, mask, positions)
+    _assert_within(got, want, slack, f"{family} {target} aot vs reference")
+    pair = np.maximum(np.abs(got - jit.forward_mha(x, mask, positions).astype(np.float64)) - 2 * slack, 0.0)
+    _assert_close(want + pair, want, f"{family} {target} aot vs jit", PAIR_MAX_NORMALIZED, PAIR_RMS_RELATIVE)
+
+
+def test_config_names_and_defaults():
+    config = sneppx.LLMConfig(hidden_size=64, num_attention_heads=2)
+    assert config.compute_dtype == "float32" and "compute_dtype" not in repr(config)
+    assert sneppx.LLMConfig.from_name("qwen2-0.5B", weight_dtype="bfloat16").compute_dtype == "float32"
+
+
+@needs_bf16
+def test_config_bfloat16_compute_named():
+    config = sneppx.LLMConfig(hidden_size=64, num_attention_heads=2, weight_dtype="bfloat16",
+                              compute_dtype="bfloat16")
+    assert config.compute_dtype == "bfloat16" and "compute_dtype='bfloat16'" in repr(config)
+    preset = sneppx.LLMConfig.from_name("qwen2", "0.5B", weight_dtype="bfloat16", compute_dtype="bfloat16")
+    assert preset.compute_dtype == "bfloat16"
+    config.forward_mha(np.ones((1, 3, 64), dtype=np.float32))
+    assert [k for k in config.kernel_keys if k.startswith("gemm")] == \
+        ["gemm_bf16dot-k64-n192-bias1-v16", "gemm_bf16dot-k64-n64-bias1-v16"]
+
+
+@pytest.mark.parametrize("weight_dtype", ["float32", "float16"])
+def test_bfloat16_compute_needs_bfloat16_weights(weight_dtype):
+    """Checked before the host: the same message on every host."""
+    want = f"config.compute_dtype: bfloat16 needs weight_dtype bfloat16, not {weight_dtype}"
+    with pytest.raises(ValueError, match=want):
+        sneppx.LLMConfig(hidden_size=64, num_attention_heads=2, weight_dtype=weight_dtype, compute_dtype="bfloat16")
+    with pytest.raises(ValueError, match=want):
+        sneppx.LLMConfig.from_name("llama3", "8B", weight_dtype=weight_dtype, compute_dtype="bfloat16")
+
+
+@pytest.mark.parametrize("value, error", [("float16", ValueError), ("int8", ValueError), ("bf16", ValueError),
+                                          (1, TypeError)])
+def test_bad_compute_dtype_refused(value, error):
+    with pytest.raises(error, match="compute_dtype"):
+        sneppx.LLMConfig(hidden_size=64, num_attention_heads=2, weight_dtype="bfloat16", compute_dtype=value)
+    with pytest.raises(error, match="compute_dtype"):
+        sneppx.LLMConfig.from_name("llama3", "8B", weight_dtype="bfloat16", compute_dtype=value)
+
+
+@pytest.mark.skipif(_host_has_bf16(), reason="this host has avx512_bf16: bfloat16 compute is allowed here")
+def test_config_refused_without_avx512_bf16():
+    with pytest.raises(sneppx.UnsupportedError, match="config.compute_dtype: bfloat16 needs a host with avx512_bf16"):
+        sneppx.LLMConfig(hidden_size=64, num_attention_heads=2, weight_dtype="bfloat16", compute_dtype="bfloat16")
+
+
+def test_sneppx_gen_refusals(tmp_path):
+    import subprocess
+    import sys
+    from test_aot import SNEPPX_GEN
+    for args, message in ((["--compute-dtype", "bfloat16"],
+                           "--compute-dtype bfloat16 needs bfloat16 weights (--weight-dtype bfloat16), not float32"),
+                          (["--weight-dtype", "bfloat16", "--compute-dtype", "float16"],
+                           "--compute-dtype: invalid choice: 'float16'")):
+        result = subprocess.run([sys.executable, str(SNEPPX_GEN), "--arch", "qwen2-0.5B", *args, "-o",
+                                 str(tmp_path)], capture_output=True, text=True)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+    config_file = tmp_path / "hand.json"
+    config_file.write_text(json.dumps(dict(hidden_size=64, num_attention_heads=2, weight_dtype="bfloat16",
+                                           compute_dtype="bfloat16")))
+    result = subprocess.run([sys.executable, str(SNEPPX_GEN), "--config", str(config_file), "-o",
+                             str(tmp_path / "hand")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "hand" / "manifest.json").read_text())
+    assert manifest["compute_dtype"] == "bfloat16"
+    assert all(key.startswith("gemm_bf16dot-") for key in manifest["keys"] if key.startswith("gemm"))
