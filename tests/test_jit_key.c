@@ -48,6 +48,8 @@ static void test_formats(test_tally *tally)
     const int64_t gemm_bf16[] = {4096, 6144, 0, 1}, gemm_f16[] = {896, 1152, 1, 2};
     check_key(tally, "gemm", gemm_bf16, V16, "gemm-k4096-n6144-bias0-bfloat16-v16");
     check_key(tally, "gemm", gemm_f16, V8, "gemm-k896-n1152-bias1-float16-v8");
+    const int64_t gemm_bf16dot[] = {4096, 6144, 0}; /* bfloat16 compute: its own family, no weight type */
+    check_key(tally, "gemm_bf16dot", gemm_bf16dot, V16, "gemm_bf16dot-k4096-n6144-bias0-v16");
     const int64_t rope_half[] = {128, 0}, rope_inter[] = {64, 1};
     check_key(tally, "rope", rope_half, V16, "rope-r128-half-v16");
     check_key(tally, "rope", rope_inter, V8, "rope-r64-inter-v8");
