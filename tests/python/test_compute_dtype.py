@@ -245,6 +245,26 @@ def test_preset_shapes_match_reference(name, rng):
 
 
 @needs_bf16
+@pytest.mark.parametrize("family", ["llama3", "deepseek-v2"])
+def test_cached_forward_equals_cache_free(family, rng):
+    """The cached forward (prefill, then decode steps of one token: the 1-row GEMMs) runs
+    the same kernels; rows differ only where an ambiguous input rounds another way."""
+    hf_config = FAMILIES[family]
+    config, weights = _layer(hf_config, rng)
+    hidden = hf_config["hidden_size"]
+    cache = config.kv_cache(batch=2, max_tokens=64)
+    tokens = [rng.uniform(-1, 1, (2, 11, hidden)).astype(np.float32)]
+    outs = [config.forward_mha(tokens[0], past_key_value=cache)]
+    for _ in range(4):
+        tokens.append(rng.uniform(-1, 1, (2, 1, hidden)).astype(np.float32))
+        outs.append(config.forward_mha(tokens[-1], past_key_value=cache))
+    x = np.concatenate(tokens, axis=1)
+    want, slack = reference(hf_config, weights, x, None, None)
+    _assert_within(np.concatenate(outs, axis=1), want, slack, f"{family} cached vs reference")
+    _assert_within(config.forward_mha(x), want, slack, f"{family} cache-free vs reference")
+
+
+@needs_bf16
 @pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
 @pytest.mark.parametrize("target", ["v8", "v16"])
 @pytest.mark.parametrize("family", ["qwen2", "deepseek-v2"])
