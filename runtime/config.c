@@ -8,6 +8,7 @@
 #include "config_internal.h"
 #include "config_ranges.h"
 #include "error.h"
+#include "host.h"
 #include "presets.h"
 #include "sneppx/config.h"
 
@@ -233,6 +234,26 @@ static sneppx_status validate_name(const sneppx_config *config)
     return SNEPPX_OK;
 }
 
+/* bfloat16 compute multiplies bfloat16 weights by vdpbf16ps (the gemm_bf16dot kernels). */
+static sneppx_status validate_compute_dtype(const sneppx_config *config)
+{
+    const int dtype = (int)config->compute_dtype;
+    if (dtype != SNEPPX_DTYPE_FLOAT32 && dtype != SNEPPX_DTYPE_BFLOAT16)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.compute_dtype: %d (%s) is not float32 or bfloat16",
+                           dtype, sneppx_dtype_name(dtype) ? sneppx_dtype_name(dtype) : "not a sneppx_dtype");
+    if (dtype == SNEPPX_DTYPE_FLOAT32)
+        return SNEPPX_OK;
+    if (config->weight_dtype != SNEPPX_DTYPE_BFLOAT16)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "config.compute_dtype: bfloat16 needs weight_dtype bfloat16, not %s",
+                           sneppx_dtype_name((int)config->weight_dtype));
+    if (!sneppx_host_has_feature("+avx512bf16"))
+        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED,
+                           "config.compute_dtype: bfloat16 needs a host with avx512_bf16 (vdpbf16ps), which this "
+                           "one lacks");
+    return SNEPPX_OK;
+}
+
 sneppx_status sneppx_config_validate(const sneppx_config *config)
 {
     if (!config)
@@ -248,7 +269,10 @@ sneppx_status sneppx_config_validate(const sneppx_config *config)
     if ((int)config->weight_dtype < 0 || (int)config->weight_dtype >= sneppx_weight_dtype_count)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.weight_dtype: %d is not a weight type (%s)",
                            (int)config->weight_dtype, sneppx_weight_dtype_list);
-    sneppx_status status = check_ranges(config);
+    sneppx_status status = validate_compute_dtype(config);
+    if (status != SNEPPX_OK)
+        return status;
+    status = check_ranges(config);
     if (status != SNEPPX_OK)
         return status;
 

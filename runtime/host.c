@@ -56,4 +56,6 @@ const sneppx_host *sneppx_host_info(void)
     return &host;
 }
 
+int sneppx_host_has_feature(const char *feature) { return has_feature(sneppx_host_info()->features, feature); }
+
 const struct sneppx_target *sneppx_host_target(void) { return sneppx_host_info()->target; }

@@ -16,6 +16,9 @@ typedef struct sneppx_host {
 /* Thread-safe; initializes LLVM's native target on first use. */
 const sneppx_host *sneppx_host_info(void);
 
+/* 1 if the host has the LLVM feature ("+avx512bf16"), else 0. */
+int sneppx_host_has_feature(const char *feature);
+
 /* sneppx_host_info()->target: the target of the kernels this host runs. */
 const struct sneppx_target *sneppx_host_target(void);
 

@@ -68,6 +68,8 @@ static void request(struct kernel_requests *requests, const char *family, const 
     r->kernel = kernel;
 }
 
+/* weight_type is the config's weight_dtype; bfloat16 compute (compute_dtype, which
+ * validation allows with bfloat16 weights only) is the gemm_bf16dot family. */
 static void request_gemm(struct kernel_requests *requests, sneppx_dtype weight_type,
                          struct sneppx_packed_gemm *gemm, int64_t k, int64_t n, int has_bias)
 {
@@ -75,7 +77,10 @@ static void request_gemm(struct kernel_requests *requests, sneppx_dtype weight_t
     gemm->k = k;
     gemm->n = n;
     gemm->weight_type = weight_type;
-    request(requests, "gemm", values, 4, &gemm->kernel);
+    if (gemm->bf16_pairs)
+        request(requests, "gemm_bf16dot", values, 3, &gemm->kernel);
+    else
+        request(requests, "gemm", values, 4, &gemm->kernel);
 }
 
 static void request_rmsnorm(struct kernel_requests *requests, int64_t n, const sneppx_kernel **kernel)
@@ -190,6 +195,12 @@ static sneppx_status layer_init(const sneppx_config *config, int all_attention, 
     layer->softmax_scale = (float)sneppx_config_softmax_scale(config);
     layer->is_mla = config->kv_lora_rank > 0;
     *out = layer;
+    if (config->compute_dtype == SNEPPX_DTYPE_BFLOAT16) {
+        struct sneppx_packed_gemm *gemms[] = {&layer->qkv_proj, &layer->o_proj, &layer->q_a_proj, &layer->kv_a_proj,
+                                              &layer->kv_b_proj, &layer->absorb_uk, &layer->absorb_uv};
+        for (size_t i = 0; i < sizeof gemms / sizeof gemms[0]; i++)
+            gemms[i]->bf16_pairs = 1;
+    }
 
     /* The threads take requests in this order, the order of the layer's key list too. */
     struct kernel_requests requests = {.count = 0};

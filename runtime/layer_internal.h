@@ -17,7 +17,10 @@ struct sneppx_packed_gemm {
     const sneppx_kernel *kernel;   /* gemm-k<K>-n<N>-bias<0|1>-<weight type>-v<vw> */
     int64_t k, n;
     sneppx_dtype weight_type;      /* the panels' (config.weight_dtype) */
-    void *panels;                  /* sneppx_gemm_packed_bytes(k, n, gemm_nr, weight_type) per instance */
+    int bf16_pairs;                /* config.compute_dtype bfloat16: a gemm_bf16dot-k<K>-n<N>-bias<0|1>-v<vw>
+                                      kernel, panels of bfloat16 pairs along k */
+    void *panels;                  /* sneppx_gemm_packed_bytes(k, n, gemm_nr, weight_type) per instance,
+                                      or with bf16_pairs sneppx_gemm_packed_pair_bytes(k, n, gemm_nr) */
     int64_t panel_bytes;           /* bytes of one instance (MLA packs one per head) */
     int64_t instances;             /* packed matrices: 1, or heads for MLA's absorption */
     float *bias;                   /* [n] or NULL */

@@ -17,7 +17,9 @@
 sneppx_status sneppx_pack_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *gemm, int64_t instances,
                                int has_bias)
 {
-    gemm->panel_bytes = sneppx_gemm_packed_bytes(gemm->k, gemm->n, layer->target->gemm_nr, gemm->weight_type);
+    gemm->panel_bytes = gemm->bf16_pairs ? sneppx_gemm_packed_pair_bytes(gemm->k, gemm->n, layer->target->gemm_nr)
+                                         : sneppx_gemm_packed_bytes(gemm->k, gemm->n, layer->target->gemm_nr,
+                                                                    gemm->weight_type);
     gemm->threads = sneppx_thread_count(layer);
     gemm->instances = instances;
     gemm->panels = sneppx_alloc_big((size_t)(gemm->panel_bytes * instances));

@@ -50,6 +50,8 @@ static void test_formats(test_tally *tally)
     check_key(tally, "gemm", gemm_f16, V8, "gemm-k896-n1152-bias1-float16-v8");
     const int64_t gemm_int8[] = {1408, 2048, 0, 3};
     check_key(tally, "gemm", gemm_int8, V16, "gemm-k1408-n2048-bias0-int8-v16");
+    const int64_t gemm_bf16dot[] = {4096, 6144, 0}; /* bfloat16 compute: its own family, no weight type */
+    check_key(tally, "gemm_bf16dot", gemm_bf16dot, V16, "gemm_bf16dot-k4096-n6144-bias0-v16");
     const int64_t rope_half[] = {128, 0}, rope_inter[] = {64, 1};
     check_key(tally, "rope", rope_half, V16, "rope-r128-half-v16");
     check_key(tally, "rope", rope_inter, V8, "rope-r64-inter-v8");
@@ -125,9 +127,6 @@ static void test_errors(test_tally *tally)
                           strcmp(decode_family->field_names[flash_family->field_count], "kv_type") == 0 &&
                           decode_family->field_max[flash_family->field_count] == SNEPPX_DTYPE_COUNT - 1,
                "attn_decode's ranges are not attn_flash's and kv_type's");
-    /* int8 is a KV cache type only: no GEMM for int8 weights. */
-    const int64_t gemm_int8[] = {4096, 6144, 0, 3};
-    check_rejected(tally, "gemm", gemm_int8, V16, SNEPPX_KEY_MAX, "(weight_type of gemm) = 3 is outside [0, 2]");
     const int64_t odd_decode_head[] = {72, 64, 1, 0, 1, 0};
     check_rejected(tally, "attn_decode", odd_decode_head, V16, SNEPPX_KEY_MAX, "(head_dim of attn_decode) = 72 is not a multiple of 16");
     /* "attn_flash-d128-dv128-g4-w0-causal-v16" is 38 characters: 38 bytes cannot hold it. */

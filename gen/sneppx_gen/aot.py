@@ -68,7 +68,10 @@ def _kernel(family: str, values: Dict[str, int], target: Target) -> Kernel:
 
 
 def _gemm(arch: Arch, values: Dict[str, int], target: Target) -> Kernel:
-    """A projection's GEMM, its panels of the arch's weight type."""
+    """A projection's GEMM, its panels of the arch's weight type; with bfloat16 compute
+    (compute_dtype, bfloat16 weights only) the gemm_bf16dot kernel of bfloat16 pair panels."""
+    if config_fields.DTYPES[arch.compute_dtype] == "bfloat16":
+        return _kernel("gemm_bf16dot", values, target)
     return _kernel("gemm", dict(values, weight_type=arch.weight_dtype), target)
 
 
@@ -198,6 +201,7 @@ def render_layer(p: Plan) -> Tuple[str, str]:
         weight_fields=p.weight_fields,
         rope_type=ROPE_TYPE_NAMES[p.arch.rope_scaling.type],
         weight_dtype=config_fields.DTYPES[p.arch.weight_dtype],
+        compute_dtype=config_fields.DTYPES[p.arch.compute_dtype],
         rope_initializer=_rope_initializer(p.arch, p.dims["rotary_dim"]),
         rope_freqs=render.render_template("rope_freqs.c.j2", mode="aot"),
         softmax_scale=_float_literal(p.arch.softmax_scale()),
@@ -215,6 +219,7 @@ def manifest(p: Plan) -> dict:
         "vector_width": p.target.vector_width,
         "attention": "flash" if p.flash else "sdpa",
         "weight_dtype": config_fields.DTYPES[p.arch.weight_dtype],
+        "compute_dtype": config_fields.DTYPES[p.arch.compute_dtype],
         "source": f"{p.name}.c",
         "header": f"{p.name}.h",
         "prefix": p.name,

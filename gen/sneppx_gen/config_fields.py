@@ -155,6 +155,10 @@ CONFIG_FIELDS: Tuple[Field, ...] = (
     Field("num_threads", INT, 0, "0 = OpenMP default", hf="-"),
     Field("weight_dtype", DTYPE, 0, "storage type of the projections' weights (float32, bfloat16, float16, int8); "
           "biases and norm weights stay float32, products accumulate in float32", hf="-", python="dtype"),
+    # Opt-in: it changes the numbers (the activations entering each projection are rounded).
+    Field("compute_dtype", DTYPE, 0, "what the projections multiply in: float32, or bfloat16 (with bfloat16 "
+          "weights, on AVX512_BF16 hosts: activations rounded to bfloat16, sums in float32)", hf="-",
+          python="dtype"),
 )
 
 

@@ -446,6 +446,11 @@ def read_hand(root: JsonObject) -> CConfig:
             raise ConfigError(f"weight_dtype: {_c_prefix(weight_dtype, 64)!r} is not one of "
                               f"{', '.join(config_fields.WEIGHT_DTYPES)}")
         c.weight_dtype = config_fields.DTYPES.index(weight_dtype)
+    compute_dtype = top.string("compute_dtype")
+    if compute_dtype is not None:
+        if compute_dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"compute_dtype: {_c_prefix(compute_dtype, 64)!r} is not float32 or bfloat16")
+        c.compute_dtype = config_fields.DTYPES.index(compute_dtype)
     return c
 
 

@@ -73,6 +73,11 @@ KERNELS: Dict[str, Kernel] = {k.family: k for k in (
     Kernel("gemm", "gemm.c.j2", (Field("k", "k", 1, MAX_DIM), Field("n", "n", 1, 3 * MAX_DIM),
                                  Field("bias", "bias", 0, 1), choice_field("weight_type", "", WEIGHT_DTYPES)),
            entries=("", "_pack")),
+    # The opt-in bfloat16-compute GEMM (config compute_dtype): bfloat16 weights in pair
+    # panels and activations rounded to bfloat16, so its numbers differ from gemm's.
+    Kernel("gemm_bf16dot", "gemm_bf16dot.c.j2", (Field("k", "k", 1, MAX_DIM), Field("n", "n", 1, 3 * MAX_DIM),
+                                                 Field("bias", "bias", 0, 1)),
+           entries=("", "_pack")),
     Kernel("rope", "rope.c.j2", (Field("rotary_dim", "r", 2, MAX_HEAD_DIM, 2),
                                  choice_field("interleaved", "", ("half", "inter")))),
     Kernel("rmsnorm", "rmsnorm.c.j2", (Field("n", "n", 1, MAX_DIM),)),

@@ -109,7 +109,7 @@ class LLMConfig:
                  o_bias: Optional[bool] = None, partial_rotary_factor: Optional[float] = None,
                  rope_interleaved: Optional[bool] = None, use_flash_attn: Optional[bool] = None,
                  mla_naive: Optional[bool] = None, num_threads: Optional[int] = None,
-                 weight_dtype: Optional[str] = None,
+                 weight_dtype: Optional[str] = None, compute_dtype: Optional[str] = None,
                  num_heads: Optional[int] = None, num_kv_heads: Optional[int] = None, name: Optional[str] = None):
         """Keyword arguments are HF config.json's names (the fields of sneppx_config,
         S.CONFIG_FIELDS), plus the ones below. None (or leaving one out) means
@@ -137,6 +137,12 @@ class LLMConfig:
             input features of an output feature, a float32 scale max|w|/127 each);
             products still accumulate in float32; biases and norm weights stay float32.
             Another value raises ValueError naming weight_dtype.
+        compute_dtype: what the projections multiply in: "float32" (the default) or, opt-in,
+            "bfloat16": with weight_dtype "bfloat16" only, on hosts with AVX512_BF16, the
+            activations entering each projection are rounded to bfloat16 (nearest even) and
+            multiplied by vdpbf16ps, sums in float32: ~2x the float32 rate, other numbers.
+            With other weights, or another value, ValueError naming compute_dtype; a host
+            without AVX512_BF16 raises sneppx.UnsupportedError naming it.
         name: at most 63 of A-Z a-z 0-9 . _ - (it reaches logs and generated code).
         """
         args = dict(locals())   # every argument by name (no other local exists yet)
@@ -176,9 +182,9 @@ class LLMConfig:
 
     @classmethod
     def from_name(cls, family: str, size: Optional[str] = None, *,
-                  weight_dtype: Optional[str] = None) -> "LLMConfig":
+                  weight_dtype: Optional[str] = None, compute_dtype: Optional[str] = None) -> "LLMConfig":
         """A preset: ("llama3", "8B"), ("mistral", "7B") or a full name ("mistral-7B"), case-insensitive.
-        weight_dtype: as for the constructor (default "float32").
+        weight_dtype, compute_dtype: as for the constructor (default "float32").
 
         Raises sneppx.UnknownPresetError (a ValueError) listing the valid names."""
         if not isinstance(family, str) or not (size is None or isinstance(size, str)):
@@ -188,6 +194,8 @@ class LLMConfig:
                                           ctypes.byref(config)))
         if weight_dtype is not None:
             config.weight_dtype = _dtype("weight_dtype", weight_dtype)
+        if compute_dtype is not None:
+            config.compute_dtype = _dtype("compute_dtype", compute_dtype)
         self = cls.__new__(cls)
         self._init(config)
         return self
@@ -375,6 +383,8 @@ class LLMConfig:
             parts.append(f"mla_naive={self.mla_naive}")
         if c.weight_dtype:
             parts.append(f"weight_dtype={self.weight_dtype!r}")
+        if c.compute_dtype:
+            parts.append(f"compute_dtype={self.compute_dtype!r}")
         parts.append(f"weights={self.weights_source!r}")
         return f"LLMConfig({', '.join(parts)})"
 

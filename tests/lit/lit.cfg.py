@@ -23,8 +23,11 @@ config.substitutions.append(("%sneppx-includes", "-I%s -I%s" % (os.path.join(con
 # REQUIRES: avx512 — the host has AVX-512F.
 try:
     with open("/proc/cpuinfo") as cpuinfo:
-        if " avx512f" in cpuinfo.read():
+        flags = cpuinfo.read()
+        if " avx512f" in flags:
             config.available_features.add("avx512")
+        if " avx512_bf16" in flags:  # REQUIRES: avx512bf16 — vdpbf16ps (gemm_bf16dot at v16)
+            config.available_features.add("avx512bf16")
 except OSError:
     pass
 for cc in ("gcc", "clang-19"):

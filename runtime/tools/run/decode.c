@@ -126,7 +126,7 @@ static int report(struct decode_run *run, const sneppx_config *config, double ba
 }
 
 int run_decode(const char *arch, int64_t batch, int64_t context, int64_t steps, int threads, int flash,
-               sneppx_dtype weight_dtype, sneppx_dtype kv_dtype)
+               sneppx_dtype weight_dtype, sneppx_dtype kv_dtype, sneppx_dtype compute_dtype)
 {
     sneppx_config config;
     if (sneppx_config_from_name(arch, NULL, &config) != SNEPPX_OK)
@@ -134,6 +134,7 @@ int run_decode(const char *arch, int64_t batch, int64_t context, int64_t steps, 
     config.num_threads = threads;
     config.use_flash_attn = flash;
     config.weight_dtype = weight_dtype;
+    config.compute_dtype = compute_dtype;
     printf("== %s decode: batch %lld, context %lld, %lld steps, %s, %s weights, %s KV cache\n", config.name,
            (long long)batch, (long long)context, (long long)steps, flash ? "flash" : "sdpa",
            sneppx_dtype_name(weight_dtype), sneppx_dtype_name(kv_dtype));
