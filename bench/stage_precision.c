@@ -7,7 +7,11 @@
  * probed beside the case), then against llama.cpp with the nearest GGUF types
  * (f16, bf16, q8_0 weights and KV) and HF transformers in bfloat16. Prefill
  * (one forward of T tokens): each weight type against the float32 layer,
- * where widening the panels must hide behind the FMAs. */
+ * where widening the panels must hide behind the FMAs. Each row also says what
+ * the type costs in accuracy: max |output - float32's| / max |float32's|, on
+ * the same synthetic weights and inputs (decode: the first step after the
+ * prefill). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,7 +63,20 @@ struct decode_run {
     int64_t seq_id, length;
     float *hidden, *out; /* PREFILL_CHUNK tokens */
     double weight_bytes, token_bytes;
+    float *first_step; /* [hidden_size]: the output of the first step after the prefill */
 };
+
+/* max |a - b| / max |b| over n values: a narrow type's output against float32's. */
+static double normalized_error(const float *a, const float *b, int64_t n)
+{
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double difference = fabs((double)a[i] - (double)b[i]), magnitude = fabs((double)b[i]);
+        worst = difference > worst ? difference : worst;
+        scale = magnitude > scale ? magnitude : scale;
+    }
+    return scale > 0 ? worst / scale : worst;
+}
 
 static void decode_run_free(struct decode_run *run)
 {
@@ -67,6 +84,7 @@ static void decode_run_free(struct decode_run *run)
     sneppx_layer_destroy(run->layer);
     free(run->hidden);
     free(run->out);
+    free(run->first_step);
     memset(run, 0, sizeof *run);
 }
 
@@ -115,6 +133,12 @@ static int decode_run_make(struct decode_run *run, const sneppx_config *base, co
             return -1;
     }
     run->length = context;
+    /* Every case steps from the same prefill with the same token: the outputs compare. */
+    run->first_step = malloc(sizeof(float) * (size_t)config.hidden_size);
+    if (!run->first_step || forward(run, 1) != 0)
+        return -1;
+    memcpy(run->first_step, run->out, sizeof(float) * (size_t)config.hidden_size);
+    run->length++;
     sneppx_kv_cache_stats stats;
     sneppx_kv_cache_stats_get(run->cache, &stats);
     run->token_bytes = (double)stats.page_bytes / (double)stats.page_size;
@@ -153,10 +177,15 @@ static void report_decode(struct bench_context *ctx, const sneppx_config *config
 {
     const struct bench_plan plan = bench_plan_for(ctx, 8, 32, 2.0);
     struct bench_result float32_step = {0};
+    float *float32_out = malloc(sizeof(float) * (size_t)config->hidden_size);
+    if (!float32_out) {
+        ctx->failures++;
+        return;
+    }
     for (size_t i = 0; i < DECODE_CASES; i++) {
         const struct precision_case *c = &decode_cases[i];
         struct decode_run run;
-        if (decode_run_make(&run, config, c, context, plan.warmup + plan.max_reps + 1) != 0) {
+        if (decode_run_make(&run, config, c, context, plan.warmup + plan.max_reps + 2) != 0) {
             char what[96];
             snprintf(what, sizeof what, "decode, %s weights and cache", c->label);
             stage_failed(ctx, what);
@@ -175,9 +204,14 @@ static void report_decode(struct bench_context *ctx, const sneppx_config *config
         const int failed = bench_measure(decode_step, &run, &plan, &ours.seconds);
         const double after = bench_read_bandwidth_beside(ctx, threads);
         ours.peak_rate = before > after ? before : after;
-        char note[128];
-        snprintf(note, sizeof note, "weights %.1f MB, cache %.1f KB/token", run.weight_bytes / 1e6,
-                 run.token_bytes / 1e3);
+        char note[160];
+        if (i == 0)
+            memcpy(float32_out, run.first_step, sizeof(float) * (size_t)config->hidden_size);
+        const int length = snprintf(note, sizeof note, "weights %.1f MB, cache %.1f KB/token", run.weight_bytes / 1e6,
+                                    run.token_bytes / 1e3);
+        if (i > 0)
+            snprintf(note + length, sizeof note - (size_t)length, ", error %.1e vs f32",
+                     normalized_error(run.first_step, float32_out, config->hidden_size));
         decode_run_free(&run);
         if (failed) {
             ctx->failures++;
@@ -199,6 +233,7 @@ static void report_decode(struct bench_context *ctx, const sneppx_config *config
             bench_report_pair(&ours, &theirs, NULL);
         }
     }
+    free(float32_out);
 }
 
 struct prefill_run {
@@ -223,17 +258,19 @@ static void report_prefill(struct bench_context *ctx, const sneppx_config *base,
     const struct bench_plan plan = bench_plan_for(ctx, 3, 8, 4.0);
     float *hidden = bench_alloc_floats((size_t)(tokens * base->hidden_size));
     float *out = bench_alloc_floats((size_t)(tokens * base->hidden_size));
-    if (!hidden || !out) {
+    float *float32_out = bench_alloc_floats((size_t)(tokens * base->hidden_size));
+    if (!hidden || !out || !float32_out) {
         fprintf(stderr, "sneppx-bench: precision: out of memory for %lld tokens\n", (long long)tokens);
         ctx->failures++;
         goto done;
     }
     bench_fill_uniform(hidden, tokens * base->hidden_size, 53, 1.0f);
     struct bench_result float32_layer = {0};
+    const int64_t values = tokens * base->hidden_size;
     for (size_t i = 0; i < PREFILL_CASES; i++) {
         sneppx_config config = *base;
         config.weight_dtype = prefill_cases[i].weights;
-        struct prefill_run run = {.tokens = tokens, .hidden = hidden, .out = out};
+        struct prefill_run run = {.tokens = tokens, .hidden = hidden, .out = i == 0 ? float32_out : out};
         if (sneppx_layer_create(&config, NULL, &run.layer) != SNEPPX_OK) {
             stage_failed(ctx, "prefill layer");
             continue;
@@ -252,11 +289,14 @@ static void report_prefill(struct bench_context *ctx, const sneppx_config *base,
         }
         if (i == 0)
             float32_layer = ours;
-        bench_report_pair(&ours, i == 0 ? NULL : &float32_layer, NULL);
+        char note[64];
+        snprintf(note, sizeof note, "error %.1e vs f32", normalized_error(run.out, float32_out, values));
+        bench_report_pair(&ours, i == 0 ? NULL : &float32_layer, i == 0 ? NULL : note);
     }
 done:
     free(hidden);
     free(out);
+    free(float32_out);
 }
 
 void bench_stage_precision(struct bench_context *ctx)
