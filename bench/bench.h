@@ -20,7 +20,8 @@ enum bench_stage {
     BENCH_STAGE_MEMORY = 1 << 5,
     BENCH_STAGE_DECODE = 1 << 6,
     BENCH_STAGE_GENERATE = 1 << 7,
-    BENCH_STAGE_ALL = (1 << 8) - 1
+    BENCH_STAGE_PRECISION = 1 << 8,
+    BENCH_STAGE_ALL = (1 << 9) - 1
 };
 
 struct bench_context {
@@ -59,6 +60,7 @@ void bench_stage_jit(struct bench_context *ctx);
 void bench_stage_memory(struct bench_context *ctx);
 void bench_stage_decode(struct bench_context *ctx);
 void bench_stage_generate(struct bench_context *ctx);
+void bench_stage_precision(struct bench_context *ctx);
 
 /* The performance targets (docs/PERFORMANCE.md) against the rows recorded so far: met or MISS, and by how much. */
 void bench_report_targets(const struct bench_context *ctx);

@@ -29,7 +29,7 @@ static const struct {
 } stage_names[] = {
     {"peak", BENCH_STAGE_PEAK},     {"gemm", BENCH_STAGE_GEMM}, {"attention", BENCH_STAGE_ATTENTION},
     {"layer", BENCH_STAGE_LAYER},   {"jit", BENCH_STAGE_JIT},   {"memory", BENCH_STAGE_MEMORY},
-    {"decode", BENCH_STAGE_DECODE}, {"generate", BENCH_STAGE_GENERATE},
+    {"decode", BENCH_STAGE_DECODE}, {"generate", BENCH_STAGE_GENERATE}, {"precision", BENCH_STAGE_PRECISION},
 };
 
 static void usage(FILE *to)
@@ -40,10 +40,12 @@ static void usage(FILE *to)
             "  attention (flash vs SDPA), whole layers (vs PyTorch when /usr/bin/python3 has torch),\n"
             "  JIT compile and cache times, the peak memory of a long flash forward, decode attention\n"
             "  over a paged K/V cache (vs the read bandwidth), and generation through the KV cache\n"
-            "  (decode vs llama.cpp and PyTorch from $SNEPPX_BENCH_VENV).\n"
+            "  (decode vs llama.cpp and PyTorch from $SNEPPX_BENCH_VENV), and the layer with bfloat16,\n"
+            "  float16 and int8 weights and caches against float32 (and llama.cpp's f16/bf16/q8_0).\n"
             "  --quick        tiny sizes, one repeat: checks that the bench runs (no timing meaning)\n"
             "  --stages LIST  comma-separated subset of peak,gemm,attention,layer,jit,memory,decode,\n"
-            "                 generate\n"            "                 (the peak stage always runs: every fraction of peak needs it)\n"
+            "                 generate,precision\n"
+            "                 (the peak stage always runs: every fraction of peak needs it)\n"
             "  --csv FILE     one row per measurement\n"
             "  --plot FILE    PNG chart of GFLOP/s against T per stage (bench/plot.py; writes FILE.csv\n"
             "                 too unless --csv is given)\n"
@@ -250,6 +252,7 @@ int main(int argc, char **argv)
         {BENCH_STAGE_MEMORY, "memory", bench_stage_memory},
         {BENCH_STAGE_DECODE, "decode", bench_stage_decode},
         {BENCH_STAGE_GENERATE, "generate", bench_stage_generate},
+        {BENCH_STAGE_PRECISION, "precision", bench_stage_precision},
     };
     for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++) {
         if (!(ctx.stages & stages[i].bit))

@@ -16,104 +16,23 @@
 #include <string.h>
 
 #include "bench.h"
-#include "child.h"
+#include "decode_baselines.h"
 #include "report.h"
 #include "sneppx/sneppx.h"
 
 #define MODEL "llama3-8B"
 #define CHUNK 512
-#define MAX_CONTEXTS 3
-#define MAX_BATCHES 2
+#define MAX_CONTEXTS DECODE_BASELINE_MAX_CONTEXTS
+#define MAX_BATCHES DECODE_BASELINE_MAX_BATCHES
 /* Batches of up to this many sequences get a prefill each; a longer context
  * forks one prefilled sequence and truncates the forks (its K/V, 268 MB per
  * sequence at 32768, is far beyond any cache, so sharing pages flatters nothing). */
-#define DISTINCT_PREFILL_MAX_CONTEXT 4096
+#define DISTINCT_PREFILL_MAX_CONTEXT DECODE_BASELINE_BATCH_MAX_CONTEXT
 
 static const int64_t full_contexts[] = {512, 4096, 32768};
 static const int64_t quick_contexts[] = {64};
 static const int64_t full_batches[] = {1, 16};
 static const int64_t quick_batches[] = {1, 2};
-
-struct baseline_times {
-    struct bench_stats seconds[MAX_CONTEXTS][MAX_BATCHES];
-    char version[96];
-    char skipped[256];
-};
-
-/* Runs one baseline script for every (context, batch) and collects "result" lines. */
-static void run_baseline(const struct bench_context *ctx, const char *script, const sneppx_config *config,
-                         const int64_t *contexts, int context_count, const int64_t *batches, int batch_count,
-                         int threads, int steps, struct baseline_times *times)
-{
-    const char *venv = getenv("SNEPPX_BENCH_VENV");
-    if (!venv || !venv[0]) {
-        snprintf(times->skipped, sizeof times->skipped, "no virtual environment (bench/run.sh makes one with "
-                                                        "scripts/venv.sh; or set SNEPPX_BENCH_VENV)");
-        return;
-    }
-    char python[512], path[512], hidden[32], heads[32], kv_heads[32], head_dim[32], theta[48], contexts_arg[128],
-        batch_arg[16], threads_arg[16], steps_arg[16], omp_threads[48];
-    snprintf(python, sizeof python, "%s/bin/python", venv);
-    snprintf(path, sizeof path, "%s/baselines/%s", SNEPPX_BENCH_SOURCE_DIR, script);
-    snprintf(hidden, sizeof hidden, "%lld", (long long)config->hidden_size);
-    snprintf(heads, sizeof heads, "%lld", (long long)config->num_attention_heads);
-    snprintf(kv_heads, sizeof kv_heads, "%lld", (long long)config->num_key_value_heads);
-    snprintf(head_dim, sizeof head_dim, "%lld", (long long)(config->hidden_size / config->num_attention_heads));
-    snprintf(theta, sizeof theta, "%.17g", config->rope_theta);
-    snprintf(threads_arg, sizeof threads_arg, "%d", threads);
-    snprintf(steps_arg, sizeof steps_arg, "%d", steps);
-    snprintf(omp_threads, sizeof omp_threads, "OMP_NUM_THREADS=%d", threads);
-    (void)ctx;
-    for (int b = 0; b < batch_count; b++) {
-        snprintf(batch_arg, sizeof batch_arg, "%lld", (long long)batches[b]);
-        /* A batch past DISTINCT_PREFILL_MAX_CONTEXT would cost a baseline that many
-         * long prefills (llama.cpp: 16 x 32768 tokens, most of an hour): batch 1 only there. */
-        contexts_arg[0] = 0;
-        for (int c = 0; c < context_count; c++) {
-            if (batches[b] > 1 && contexts[c] > DISTINCT_PREFILL_MAX_CONTEXT)
-                continue;
-            char number[32];
-            snprintf(number, sizeof number, "%s%lld", contexts_arg[0] ? "," : "", (long long)contexts[c]);
-            strncat(contexts_arg, number, sizeof contexts_arg - strlen(contexts_arg) - 1);
-        }
-        char *const argv[] = {python, path, "--hidden", hidden, "--heads", heads, "--kv-heads", kv_heads,
-                              "--head-dim", head_dim, "--rope-theta", theta, "--contexts", contexts_arg,
-                              "--batch", batch_arg, "--threads", threads_arg, "--steps", steps_arg, NULL};
-        const char *const set_env[] = {
-            "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295",
-            omp_threads, NULL};
-        const char *const unset_env[] = {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", NULL};
-        struct bench_child child;
-        if (bench_child_run(argv, set_env, unset_env, &child) != 0) {
-            snprintf(times->skipped, sizeof times->skipped, "cannot run %.200s", python);
-            return;
-        }
-        const char *unavailable = bench_child_field(child.output, "unavailable");
-        if (unavailable || child.exit_code != 0) {
-            if (unavailable)
-                snprintf(times->skipped, sizeof times->skipped, "%.*s", (int)strcspn(unavailable, "\n"),
-                         unavailable);
-            else
-                snprintf(times->skipped, sizeof times->skipped, "%s exited with status %d", script, child.exit_code);
-            free(child.output);
-            return;
-        }
-        const char *version = strchr(child.output, '\n') ? child.output : "";
-        snprintf(times->version, sizeof times->version, "%.*s", (int)strcspn(version, "\n"), version);
-        for (const char *line = child.output; (line = strstr(line, "result ")) != NULL; line++) {
-            long long context, batch;
-            int thread_count, reps;
-            double median, fastest, slowest;
-            if (sscanf(line, "result %lld %lld %d %lf %lf %lf %d", &context, &batch, &thread_count, &median,
-                       &fastest, &slowest, &reps) != 7)
-                continue;
-            for (int c = 0; c < context_count; c++)
-                if (contexts[c] == context)
-                    times->seconds[c][b] = (struct bench_stats){median, fastest, slowest, reps};
-        }
-        free(child.output);
-    }
-}
 
 struct generation {
     sneppx_layer *layer;
@@ -343,13 +262,11 @@ void bench_stage_generate(struct bench_context *ctx)
         ctx->failures++;
         return;
     }
-    struct baseline_times llama, torch;
-    memset(&llama, 0, sizeof llama);
-    memset(&torch, 0, sizeof torch);
-    run_baseline(ctx, "decode_llama_cpp.py", &config, contexts, context_count, batches, MAX_BATCHES, threads,
-                 plan.max_reps, &llama);
-    run_baseline(ctx, "decode_torch.py", &config, contexts, context_count, batches, MAX_BATCHES, threads,
-                 plan.max_reps, &torch);
+    struct decode_baseline_times llama, torch;
+    decode_baseline_run("decode_llama_cpp.py", &config, contexts, context_count, batches, MAX_BATCHES, threads,
+                        plan.max_reps, NULL, &llama);
+    decode_baseline_run("decode_torch.py", &config, contexts, context_count, batches, MAX_BATCHES, threads,
+                        plan.max_reps, NULL, &torch);
     printf("  (llama.cpp: %s)\n  (PyTorch: %s)\n", llama.skipped[0] ? llama.skipped : llama.version,
            torch.skipped[0] ? torch.skipped : torch.version);
     bench_settle();

@@ -218,6 +218,54 @@ static void check_memory(void)
             "flash memory O(T*d) per thread: peak <= 1.1x weights + activations", detail);
 }
 
+/* A narrow type against float32 in the precision stage: the row of impl
+ * "sneppx <label>" whose case starts with `kind`, compared with the float32 row. */
+static const struct bench_row_view *precision_row(const char *kind, const char *label, int threads,
+                                                  struct bench_row_view *row)
+{
+    char impl[32];
+    snprintf(impl, sizeof impl, "sneppx %s", label);
+    for (size_t i = 0; i < bench_row_count(); i++) {
+        bench_row_at(i, row);
+        if (is(row, "precision", impl) && row->result->threads == threads &&
+            strncmp(row->result->case_name, kind, strlen(kind)) == 0 && strcmp(row->baseline_impl, "sneppx f32") == 0)
+            return row;
+    }
+    return NULL;
+}
+
+/* Decode b1 at 4096: bf16 weights + cache >= 1.8x the float32 step, int8 >= 3.0x, each
+ * >= 80% of its own roofline; prefill T = 2048: narrow weights >= 0.95x float32, the
+ * bfloat16-compute GEMM (AVX512_BF16 hosts) >= 1.6x. */
+static void check_precision(int threads)
+{
+    static const struct {
+        const char *label;
+        double speedup;
+    } decode[] = {{"bf16", 1.8}, {"int8", 3.0}},
+      prefill[] = {{"bf16", 0.95}, {"int8", 0.95}, {"bf16-compute", 1.6}};
+    struct bench_row_view row;
+    char target[96], detail[96];
+    for (size_t i = 0; i < sizeof decode / sizeof decode[0]; i++) {
+        const struct bench_row_view *r = precision_row("decode", decode[i].label, threads, &row);
+        snprintf(target, sizeof target, "decode b1 4096, %s weights + cache: >= %.1fx f32, >= 80%% roofline",
+                 decode[i].label, decode[i].speedup);
+        if (r)
+            snprintf(detail, sizeof detail, "%.2fx, %.0f%% of roofline", r->speedup,
+                     100 * bench_peak_fraction(r->result));
+        verdict(r != NULL, r && r->speedup >= decode[i].speedup && bench_peak_fraction(r->result) >= 0.8, target,
+                detail);
+    }
+    for (size_t i = 0; i < sizeof prefill / sizeof prefill[0]; i++) {
+        const struct bench_row_view *r = precision_row("prefill", prefill[i].label, threads, &row);
+        snprintf(target, sizeof target, "prefill T = 2048, %s: >= %.2fx f32", prefill[i].label,
+                 prefill[i].speedup);
+        if (r)
+            snprintf(detail, sizeof detail, "%.2fx", r->speedup);
+        verdict(r != NULL, r && r->speedup >= prefill[i].speedup, target, detail);
+    }
+}
+
 void bench_report_targets(const struct bench_context *ctx)
 {
     const int threads = ctx->thread_counts[ctx->thread_count_n - 1];
@@ -232,4 +280,5 @@ void bench_report_targets(const struct bench_context *ctx)
     check_layer(threads);
     check_scaling(threads);
     check_jit();
+    check_precision(threads);
 }

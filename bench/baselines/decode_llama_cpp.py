@@ -4,12 +4,12 @@ with an attention layer of the given shape, run by llama.cpp (through
 llama-cpp-python, from the virtual environment scripts/venv.sh makes).
 
 The model is a GGUF this script writes with the `gguf` package: one block whose
-attention has the requested shape, random float32 weights (or float16 with
---weight-type f16), a feed-forward of FFN_WIDTH columns and a vocabulary of
+attention has the requested shape, random float32 weights (or float16 / bfloat16 / q8_0
+with --weight-type f16 / bf16 / q8_0), a feed-forward of FFN_WIDTH columns and a vocabulary of
 VOCAB tokens, so that everything that is not attention reads
 `non_attention_bytes()` per step (printed, so the bench can say what it costs;
 about 3% of llama3-8B's attention weights). Flash attention is on and the KV
-cache is float32 (or --kv-type f16).
+cache is float32 (or --kv-type f16 / bf16 / q8_0).
 
 For each context C: B sequences are prefilled with C tokens (batches of up to
 512 tokens), then STEPS decode steps each append one token to every sequence
@@ -27,6 +27,13 @@ import tempfile
 import time
 
 VOCAB = 256
+# ggml's type numbers (ggml.h enum ggml_type) and the GGUF file types (llama.h
+# LLAMA_FTYPE_MOSTLY_*) of the element types this script writes.
+GGML_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
+WEIGHT_FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}
+WEIGHT_BYTES = {"f32": 4, "f16": 2, "q8_0": 34 / 32, "bf16": 2}
+# Types gguf writes as raw bytes from its own quantizer (numpy has no bfloat16).
+QUANTIZED = {"q8_0": "Q8_0", "bf16": "BF16"}
 _quiet_log = None
 FFN_WIDTH = 32
 
@@ -42,8 +49,8 @@ def parse_args():
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--steps", type=int, default=16)
-    parser.add_argument("--weight-type", choices=("f32", "f16"), default="f32")
-    parser.add_argument("--kv-type", choices=("f32", "f16"), default="f32")
+    parser.add_argument("--weight-type", choices=tuple(WEIGHT_FILE_TYPES), default="f32")
+    parser.add_argument("--kv-type", choices=tuple(GGML_TYPES), default="f32")
     return parser.parse_args()
 
 
@@ -68,7 +75,7 @@ def write_model(gguf, np, args, path):
     writer.add_rope_freq_base(args.rope_theta)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(VOCAB)
-    writer.add_file_type(1 if args.weight_type == "f16" else 0)
+    writer.add_file_type(WEIGHT_FILE_TYPES[args.weight_type])
     writer.add_tokenizer_model("llama")
     writer.add_token_list([b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(VOCAB - 3)])
     writer.add_token_scores([0.0] * VOCAB)
@@ -76,25 +83,33 @@ def write_model(gguf, np, args, path):
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     rng = np.random.default_rng(0)
-    dtype = np.float16 if args.weight_type == "f16" else np.float32
-
     def weight(rows, cols):
-        return ((rng.random((rows, cols), dtype=np.float32) * 2 - 1) * cols ** -0.5).astype(dtype)
+        values = (rng.random((rows, cols), dtype=np.float32) * 2 - 1) * cols ** -0.5
+        if args.weight_type in QUANTIZED:  # q8_0: blocks of 32, an f16 scale and 32 int8
+            return gguf.quants.quantize(values, gguf.GGMLQuantizationType[QUANTIZED[args.weight_type]])
+        return values.astype(np.float16 if args.weight_type == "f16" else np.float32)
+
+    def add_weight(name, rows, cols):
+        data = weight(rows, cols)
+        if args.weight_type in QUANTIZED:
+            writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[QUANTIZED[args.weight_type]])
+        else:
+            writer.add_tensor(name, data)
 
     ones = np.ones(args.hidden, dtype=np.float32)  # norms stay float32, as llama.cpp's converter keeps them
     q_dim, kv_dim = args.heads * args.head_dim, args.kv_heads * args.head_dim
-    writer.add_tensor("token_embd.weight", weight(VOCAB, args.hidden))
+    add_weight("token_embd.weight", VOCAB, args.hidden)
     writer.add_tensor("blk.0.attn_norm.weight", ones)
-    writer.add_tensor("blk.0.attn_q.weight", weight(q_dim, args.hidden))
-    writer.add_tensor("blk.0.attn_k.weight", weight(kv_dim, args.hidden))
-    writer.add_tensor("blk.0.attn_v.weight", weight(kv_dim, args.hidden))
-    writer.add_tensor("blk.0.attn_output.weight", weight(args.hidden, q_dim))
+    add_weight("blk.0.attn_q.weight", q_dim, args.hidden)
+    add_weight("blk.0.attn_k.weight", kv_dim, args.hidden)
+    add_weight("blk.0.attn_v.weight", kv_dim, args.hidden)
+    add_weight("blk.0.attn_output.weight", args.hidden, q_dim)
     writer.add_tensor("blk.0.ffn_norm.weight", ones)
-    writer.add_tensor("blk.0.ffn_gate.weight", weight(FFN_WIDTH, args.hidden))
-    writer.add_tensor("blk.0.ffn_up.weight", weight(FFN_WIDTH, args.hidden))
-    writer.add_tensor("blk.0.ffn_down.weight", weight(args.hidden, FFN_WIDTH))
+    add_weight("blk.0.ffn_gate.weight", FFN_WIDTH, args.hidden)
+    add_weight("blk.0.ffn_up.weight", FFN_WIDTH, args.hidden)
+    add_weight("blk.0.ffn_down.weight", args.hidden, FFN_WIDTH)
     writer.add_tensor("output_norm.weight", ones)
-    writer.add_tensor("output.weight", weight(VOCAB, args.hidden))
+    add_weight("output.weight", VOCAB, args.hidden)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -117,7 +132,7 @@ class Runner:
         cparams.n_seq_max = args.batch
         cparams.n_threads = args.threads
         cparams.n_threads_batch = args.threads
-        kv_type = 1 if args.kv_type == "f16" else 0  # GGML_TYPE_F16 / GGML_TYPE_F32
+        kv_type = GGML_TYPES[args.kv_type]
         cparams.type_k = kv_type
         cparams.type_v = kv_type
         if hasattr(cparams, "flash_attn_type"):
@@ -170,7 +185,7 @@ def main():
         print(f"unavailable {error}")
         return 0
     print(f"llama.cpp llama-cpp-python {llama_cpp.__version__}", flush=True)
-    print(f"nonattention_bytes {non_attention_bytes(args, 2 if args.weight_type == 'f16' else 4)}", flush=True)
+    print(f"nonattention_bytes {int(non_attention_bytes(args, WEIGHT_BYTES[args.weight_type]))}", flush=True)
     llama_cpp.llama_backend_init()
     global _quiet_log  # ctypes calls it for as long as llama.cpp runs: keep it alive
     _quiet_log = llama_cpp.llama_log_callback(lambda level, text, data: None)

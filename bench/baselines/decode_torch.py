@@ -10,7 +10,8 @@ its cost is not what is measured), then STEPS decode steps each run the layer
 on one new token per row (hidden [B, 1, hidden]), timed one by one; the
 cos/sin of the new positions are computed outside the timed call, as the model
 does once for all its layers. Every row has the same context (HF pads ragged
-rows to one length). Prints, for the bench:
+rows to one length). --dtype bfloat16 / float16 runs the layer's weights,
+activations and cache in that type (as `torch_dtype=` loads a model). Prints, for the bench:
     torch <version> transformers <version>
     result <context> <batch> <threads> <median s> <min s> <max s> <steps>
 or `unavailable <reason>` (and exit status 0) when torch or transformers cannot
@@ -34,6 +35,7 @@ def parse_args():
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     return parser.parse_args()
 
 
@@ -62,6 +64,8 @@ def main():
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__} transformers {transformers.__version__}", flush=True)
     config, attention, rotary = make_layer(torch, transformers, args)
+    dtype = getattr(torch, args.dtype)
+    attention = attention.to(dtype)
     generator = torch.Generator().manual_seed(1)
     with torch.inference_mode():
         for context in (int(c) for c in args.contexts.split(",")):
@@ -69,11 +73,12 @@ def main():
             # transformers renamed the argument (past_key_values -> cache) in 5.x.
             cache_argument = "cache" if "cache" in inspect.signature(attention.forward).parameters else "past_key_values"
             shape = (args.batch, args.kv_heads, context, args.head_dim)
-            cache.update(torch.rand(shape, generator=generator) * 2 - 1, torch.rand(shape, generator=generator) * 2 - 1, 0)
+            cache.update((torch.rand(shape, generator=generator) * 2 - 1).to(dtype),
+                         (torch.rand(shape, generator=generator) * 2 - 1).to(dtype), 0)
             times = []
             for step in range(args.steps + 1):  # the first step is a warm-up
                 position = context + step
-                x = torch.rand(args.batch, 1, args.hidden, generator=generator) * 2 - 1
+                x = (torch.rand(args.batch, 1, args.hidden, generator=generator) * 2 - 1).to(dtype)
                 positions = torch.full((args.batch, 1), position, dtype=torch.long)
                 cos, sin = rotary(x, positions)
                 start = time.perf_counter()

@@ -1,0 +1,342 @@
+/* Storage types: llama3-8B's layer with its weights and KV cache in float32,
+ * bfloat16, float16 and int8, on every core.
+ *
+ * Decode (batch 1, one context): each type's step against the float32 step
+ * (the speedup its narrower bytes buy) and against its own roofline (packed
+ * weight bytes + the cache bytes its query reads, over the read bandwidth
+ * probed beside the case), then against llama.cpp with the nearest GGUF types
+ * (f16, bf16, q8_0 weights and KV) and HF transformers in bfloat16. Prefill
+ * (one forward of T tokens): each weight type against the float32 layer,
+ * where widening the panels must hide behind the FMAs. Each row also says what
+ * the type costs in accuracy: max |output - float32's| / max |float32's|, on
+ * the same synthetic weights and inputs (decode: the first step after the
+ * prefill). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "decode_baselines.h"
+#include "report.h"
+#include "sneppx/sneppx.h"
+
+#define MODEL "llama3-8B"
+#define PREFILL_CHUNK 512
+
+/* One row of the decode table: sneppx's types (label: weights and cache, the
+ * short names targets.c looks for) and the baselines' nearest ones (NULL: none run). */
+struct precision_case {
+    const char *label;
+    sneppx_dtype weights, cache;
+    const char *llama_weights, *llama_cache; /* bench/baselines/decode_llama_cpp.py --weight-type/--kv-type */
+    const char *torch_dtype;                 /* bench/baselines/decode_torch.py --dtype */
+};
+
+static const struct precision_case decode_cases[] = {
+    {"f32", SNEPPX_DTYPE_FLOAT32, SNEPPX_DTYPE_FLOAT32, "f32", "f32", "float32"},
+    {"bf16", SNEPPX_DTYPE_BFLOAT16, SNEPPX_DTYPE_BFLOAT16, "bf16", "bf16", "bfloat16"},
+    {"f16", SNEPPX_DTYPE_FLOAT16, SNEPPX_DTYPE_FLOAT16, "f16", "f16", NULL},
+    {"int8", SNEPPX_DTYPE_INT8, SNEPPX_DTYPE_INT8, "q8_0", "q8_0", NULL},
+    /* llama.cpp's usual pairing: q8_0 weights with an f16 cache. */
+    {"int8/f16", SNEPPX_DTYPE_INT8, SNEPPX_DTYPE_FLOAT16, "q8_0", "f16", NULL},
+};
+#define DECODE_CASES (sizeof decode_cases / sizeof decode_cases[0])
+
+/* compute: the projections' sneppx_config.compute_dtype (bfloat16: vdpbf16ps, where
+ * the host has AVX512_BF16; elsewhere the case says it is left out). */
+static const struct {
+    const char *label;
+    sneppx_dtype weights, compute;
+} prefill_cases[] = {
+    {"f32", SNEPPX_DTYPE_FLOAT32, SNEPPX_DTYPE_FLOAT32},
+    {"bf16", SNEPPX_DTYPE_BFLOAT16, SNEPPX_DTYPE_FLOAT32},
+    {"f16", SNEPPX_DTYPE_FLOAT16, SNEPPX_DTYPE_FLOAT32},
+    {"int8", SNEPPX_DTYPE_INT8, SNEPPX_DTYPE_FLOAT32},
+    {"bf16-compute", SNEPPX_DTYPE_BFLOAT16, SNEPPX_DTYPE_BFLOAT16},
+};
+#define PREFILL_CASES (sizeof prefill_cases / sizeof prefill_cases[0])
+
+static void stage_failed(struct bench_context *ctx, const char *what)
+{
+    fprintf(stderr, "sneppx-bench: precision: %s: %s\n", what, sneppx_last_error());
+    ctx->failures++;
+}
+
+/* A layer and a one-sequence cache of the given types, prefilled to `context` tokens. */
+struct decode_run {
+    sneppx_layer *layer;
+    sneppx_kv_cache *cache;
+    int64_t seq_id, length;
+    float *hidden, *out; /* PREFILL_CHUNK tokens */
+    double weight_bytes, token_bytes;
+    float *first_step; /* [hidden_size]: the output of the first step after the prefill */
+};
+
+/* max |a - b| / max |b| over n values: a narrow type's output against float32's. */
+static double normalized_error(const float *a, const float *b, int64_t n)
+{
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double difference = fabs((double)a[i] - (double)b[i]), magnitude = fabs((double)b[i]);
+        worst = difference > worst ? difference : worst;
+        scale = magnitude > scale ? magnitude : scale;
+    }
+    return scale > 0 ? worst / scale : worst;
+}
+
+static void decode_run_free(struct decode_run *run)
+{
+    sneppx_kv_cache_destroy(run->cache);
+    sneppx_layer_destroy(run->layer);
+    free(run->hidden);
+    free(run->out);
+    free(run->first_step);
+    memset(run, 0, sizeof *run);
+}
+
+static int forward(struct decode_run *run, int64_t q_len)
+{
+    return sneppx_layer_forward_cached(run->layer, run->cache, 0, 1, &run->seq_id, &q_len, run->hidden, NULL, NULL,
+                                       run->out) == SNEPPX_OK
+               ? 0
+               : -1;
+}
+
+static int decode_step(void *opaque)
+{
+    struct decode_run *run = opaque;
+    if (forward(run, 1) != 0) {
+        fprintf(stderr, "sneppx-bench: precision: decode: %s\n", sneppx_last_error());
+        return 1;
+    }
+    run->length++;
+    return 0;
+}
+
+/* 0, or -1 with sneppx_last_error() saying why (the caller names what). */
+static int decode_run_make(struct decode_run *run, const sneppx_config *base, const struct precision_case *c,
+                           int64_t context, int64_t steps)
+{
+    memset(run, 0, sizeof *run);
+    sneppx_config config = *base;
+    config.weight_dtype = c->weights;
+    sneppx_kv_cache_options options;
+    sneppx_kv_cache_options_init(&options);
+    options.dtype = c->cache;
+    options.capacity_tokens = context + steps + 2 * SNEPPX_KV_DEFAULT_PAGE_SIZE;
+    if (sneppx_layer_create(&config, NULL, &run->layer) != SNEPPX_OK ||
+        sneppx_kv_cache_create(&config, &options, &run->cache) != SNEPPX_OK ||
+        sneppx_kv_cache_add_sequence(run->cache, &run->seq_id) != SNEPPX_OK)
+        return -1;
+    run->hidden = bench_alloc_floats((size_t)(PREFILL_CHUNK * config.hidden_size));
+    run->out = bench_alloc_floats((size_t)(PREFILL_CHUNK * config.hidden_size));
+    if (!run->hidden || !run->out)
+        return -1;
+    bench_fill_uniform(run->hidden, PREFILL_CHUNK * config.hidden_size, 47, 1.0f);
+    for (int64_t done = 0; done < context; done += PREFILL_CHUNK) {
+        const int64_t q_len = context - done < PREFILL_CHUNK ? context - done : PREFILL_CHUNK;
+        if (forward(run, q_len) != 0)
+            return -1;
+    }
+    run->length = context;
+    /* Every case steps from the same prefill with the same token: the outputs compare. */
+    run->first_step = malloc(sizeof(float) * (size_t)config.hidden_size);
+    if (!run->first_step || forward(run, 1) != 0)
+        return -1;
+    memcpy(run->first_step, run->out, sizeof(float) * (size_t)config.hidden_size);
+    run->length++;
+    sneppx_kv_cache_stats stats;
+    sneppx_kv_cache_stats_get(run->cache, &stats);
+    run->token_bytes = (double)stats.page_bytes / (double)stats.page_size;
+    run->weight_bytes = sneppx_layer_weight_bytes(run->layer);
+    return 0;
+}
+
+struct decode_baselines {
+    struct decode_baseline_times llama[DECODE_CASES], torch[DECODE_CASES];
+};
+
+static void run_decode_baselines(const sneppx_config *config, int64_t context, int threads, int steps,
+                                 struct decode_baselines *baselines)
+{
+    const int64_t batch = 1;
+    for (size_t i = 0; i < DECODE_CASES; i++) {
+        const struct precision_case *c = &decode_cases[i];
+        const char *llama_args[] = {"--weight-type", c->llama_weights, "--kv-type", c->llama_cache, NULL};
+        decode_baseline_run("decode_llama_cpp.py", config, &context, 1, &batch, 1, threads, steps, llama_args,
+                            &baselines->llama[i]);
+        printf("  (llama.cpp %s weights, %s KV: %s)\n", c->llama_weights, c->llama_cache,
+               baselines->llama[i].skipped[0] ? baselines->llama[i].skipped : baselines->llama[i].version);
+        if (c->torch_dtype) {
+            const char *torch_args[] = {"--dtype", c->torch_dtype, NULL};
+            decode_baseline_run("decode_torch.py", config, &context, 1, &batch, 1, threads, steps, torch_args,
+                                &baselines->torch[i]);
+            printf("  (PyTorch %s: %s)\n", c->torch_dtype,
+                   baselines->torch[i].skipped[0] ? baselines->torch[i].skipped : baselines->torch[i].version);
+        }
+    }
+}
+
+/* Times each case's decode step; the float32 case (first) is every other's baseline. */
+static void report_decode(struct bench_context *ctx, const sneppx_config *config, int64_t context, int threads,
+                          const struct decode_baselines *baselines)
+{
+    const struct bench_plan plan = bench_plan_for(ctx, 8, 32, 2.0);
+    struct bench_result float32_step = {0};
+    float *float32_out = malloc(sizeof(float) * (size_t)config->hidden_size);
+    if (!float32_out) {
+        ctx->failures++;
+        return;
+    }
+    for (size_t i = 0; i < DECODE_CASES; i++) {
+        const struct precision_case *c = &decode_cases[i];
+        struct decode_run run;
+        if (decode_run_make(&run, config, c, context, plan.warmup + plan.max_reps + 2) != 0) {
+            char what[96];
+            snprintf(what, sizeof what, "decode, %s weights and cache", c->label);
+            stage_failed(ctx, what);
+            decode_run_free(&run);
+            continue;
+        }
+        decode_step(&run); /* warm: the decode workspace */
+        /* The bytes of the median step: half the timed steps' growth on top. */
+        const double bytes =
+            run.weight_bytes + ((double)run.length + 1 + plan.max_reps / 2.0) * run.token_bytes;
+        struct bench_result ours = {.stage = "precision", .tokens = context, .threads = threads, .work = bytes,
+                                    .unit = BENCH_UNIT_BYTES};
+        snprintf(ours.impl, sizeof ours.impl, "sneppx %s", c->label);
+        snprintf(ours.case_name, sizeof ours.case_name, "decode b1 %s", c->label);
+        const double before = bench_read_bandwidth_beside(ctx, threads);
+        const int failed = bench_measure(decode_step, &run, &plan, &ours.seconds);
+        const double after = bench_read_bandwidth_beside(ctx, threads);
+        ours.peak_rate = before > after ? before : after;
+        char note[160];
+        if (i == 0)
+            memcpy(float32_out, run.first_step, sizeof(float) * (size_t)config->hidden_size);
+        const int length = snprintf(note, sizeof note, "weights %.1f MB, cache %.1f KB/token", run.weight_bytes / 1e6,
+                                    run.token_bytes / 1e3);
+        if (i > 0)
+            snprintf(note + length, sizeof note - (size_t)length, ", error %.1e vs f32",
+                     normalized_error(run.first_step, float32_out, config->hidden_size));
+        decode_run_free(&run);
+        if (failed) {
+            ctx->failures++;
+            continue;
+        }
+        if (i == 0)
+            float32_step = ours;
+        bench_report_pair(&ours, i == 0 ? NULL : &float32_step, note);
+        const struct decode_baseline_times *theirs_times[] = {&baselines->llama[i], &baselines->torch[i]};
+        for (int b = 0; b < 2; b++) {
+            if (theirs_times[b]->seconds[0][0].reps == 0)
+                continue;
+            struct bench_result theirs = ours;
+            if (b == 0)
+                snprintf(theirs.impl, sizeof theirs.impl, "llama.cpp %s/%s", c->llama_weights, c->llama_cache);
+            else
+                snprintf(theirs.impl, sizeof theirs.impl, "pytorch %s", c->torch_dtype);
+            theirs.seconds = theirs_times[b]->seconds[0][0];
+            bench_report_pair(&ours, &theirs, NULL);
+        }
+    }
+    free(float32_out);
+}
+
+struct prefill_run {
+    sneppx_layer *layer;
+    int64_t tokens;
+    const float *hidden;
+    float *out;
+};
+
+static int prefill_forward(void *opaque)
+{
+    const struct prefill_run *run = opaque;
+    if (sneppx_layer_forward(run->layer, 1, run->tokens, run->hidden, NULL, NULL, NULL, run->out) == SNEPPX_OK)
+        return 0;
+    fprintf(stderr, "sneppx-bench: precision: prefill: %s\n", sneppx_last_error());
+    return 1;
+}
+
+/* One forward of `tokens` tokens per weight type, against the float32 layer's. */
+static void report_prefill(struct bench_context *ctx, const sneppx_config *base, int64_t tokens, int threads)
+{
+    const struct bench_plan plan = bench_plan_for(ctx, 3, 8, 4.0);
+    float *hidden = bench_alloc_floats((size_t)(tokens * base->hidden_size));
+    float *out = bench_alloc_floats((size_t)(tokens * base->hidden_size));
+    float *float32_out = bench_alloc_floats((size_t)(tokens * base->hidden_size));
+    if (!hidden || !out || !float32_out) {
+        fprintf(stderr, "sneppx-bench: precision: out of memory for %lld tokens\n", (long long)tokens);
+        ctx->failures++;
+        goto done;
+    }
+    bench_fill_uniform(hidden, tokens * base->hidden_size, 53, 1.0f);
+    struct bench_result float32_layer = {0};
+    const int64_t values = tokens * base->hidden_size;
+    for (size_t i = 0; i < PREFILL_CASES; i++) {
+        sneppx_config config = *base;
+        config.weight_dtype = prefill_cases[i].weights;
+        config.compute_dtype = prefill_cases[i].compute;
+        struct prefill_run run = {.tokens = tokens, .hidden = hidden, .out = i == 0 ? float32_out : out};
+        const sneppx_status status = sneppx_layer_create(&config, NULL, &run.layer);
+        if (status == SNEPPX_ERR_UNSUPPORTED && prefill_cases[i].compute != SNEPPX_DTYPE_FLOAT32) {
+            printf("  prefill %-14s | left out: %s\n", prefill_cases[i].label, sneppx_last_error());
+            continue;
+        }
+        if (status != SNEPPX_OK) {
+            stage_failed(ctx, "prefill layer");
+            continue;
+        }
+        struct bench_result ours = {.stage = "precision", .tokens = tokens, .threads = threads,
+                                    .work = sneppx_layer_flops(run.layer, 1, tokens), .unit = BENCH_UNIT_FLOPS,
+                                    .peak_rate = bench_fma_peak(ctx, threads)};
+        snprintf(ours.impl, sizeof ours.impl, "sneppx %s", prefill_cases[i].label);
+        snprintf(ours.case_name, sizeof ours.case_name, "prefill %s", prefill_cases[i].label);
+        prefill_forward(&run); /* warm: the workspace */
+        const int failed = bench_measure(prefill_forward, &run, &plan, &ours.seconds);
+        sneppx_layer_destroy(run.layer);
+        if (failed) {
+            ctx->failures++;
+            continue;
+        }
+        if (i == 0)
+            float32_layer = ours;
+        char note[64];
+        snprintf(note, sizeof note, "error %.1e vs f32", normalized_error(run.out, float32_out, values));
+        bench_report_pair(&ours, i == 0 ? NULL : &float32_layer, i == 0 ? NULL : note);
+    }
+done:
+    free(hidden);
+    free(out);
+    free(float32_out);
+}
+
+void bench_stage_precision(struct bench_context *ctx)
+{
+    const int64_t context = ctx->quick ? 64 : 4096, prefill_tokens = ctx->quick ? 64 : 2048;
+    const int threads = ctx->thread_counts[ctx->thread_count_n - 1];
+    bench_report_section("precision: " MODEL " layer by weight and KV-cache type, every core",
+                         "decode b1: ms per step, GB/s and % of the read bandwidth (probed beside each case) on "
+                         "the bytes the step reads in its own types; speedup = the float32 step's time (or the "
+                         "baseline's) / this type's. prefill: GFLOP/s, % of FMA peak; speedup = float32 "
+                         "weights' time / this type's");
+    sneppx_config config;
+    if (sneppx_config_from_name(MODEL, NULL, &config) != SNEPPX_OK) {
+        stage_failed(ctx, "config");
+        return;
+    }
+    config.num_threads = threads;
+    config.use_flash_attn = 1;
+    const struct bench_plan plan = bench_plan_for(ctx, 8, 32, 2.0);
+    struct decode_baselines *baselines = calloc(1, sizeof *baselines);
+    if (!baselines) {
+        ctx->failures++;
+        return;
+    }
+    run_decode_baselines(&config, context, threads, plan.max_reps, baselines);
+    bench_settle();
+    report_decode(ctx, &config, context, threads, baselines);
+    free(baselines);
+    report_prefill(ctx, &config, prefill_tokens, threads);
+}
