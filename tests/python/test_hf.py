@@ -124,6 +124,7 @@ def test_layer_outputs_agree(pair):
             actual, weights = layers[layer_idx](*args, **kwargs)
         assert weights is None and actual.dtype == expected.dtype and actual.shape == expected.shape
         error = normalized_error(actual[real], expected[real])
+        print(f"{family} layer {layer_idx}: normalized error {error:.3g}")
         assert error <= TOLERANCE, f"{family} layer {layer_idx}: normalized error {error:.3g}"
         assert float(actual[~real].abs().max()) == 0.0
 
@@ -152,7 +153,9 @@ def test_generate_left_padded_batch(pair):
 
 def test_bfloat16_hidden_states_return_bfloat16():
     eager = build("llama")
-    patched = sneppx.hf.patch(copy.deepcopy(eager)).to(torch.bfloat16)
+    patched = sneppx.hf.patch(copy.deepcopy(eager), weight_dtype="bfloat16").to(torch.bfloat16)
+    assert {m.sneppx.weight_dtype for m in patched.modules() if isinstance(m, sneppx.hf.SneppxAttention)} == \
+        {"bfloat16"}
     ids, mask = prompts([9])
     with torch.no_grad():
         logits = patched(ids, attention_mask=mask).logits
