@@ -151,6 +151,17 @@ def test_generate_left_padded_batch(pair):
     assert torch.equal(actual[1, -(6 + NEW_TOKENS):], alone[0])
 
 
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_sdpa_masks(family):
+    """Under attn_implementation "sdpa" the masks are bool (or None when plainly causal)."""
+    eager = build(family)
+    patched = sneppx.hf.patch(copy.deepcopy(eager))
+    patched.set_attn_implementation("sdpa")
+    for lengths in ([19, 6], [25]):
+        ids, mask = prompts(lengths, seed=3)
+        assert torch.equal(greedy(patched, ids, mask), greedy(eager, ids, mask))
+
+
 def test_bfloat16_hidden_states_return_bfloat16():
     eager = build("llama")
     patched = sneppx.hf.patch(copy.deepcopy(eager), weight_dtype="bfloat16").to(torch.bfloat16)
@@ -230,6 +241,6 @@ def test_unsupported_is_refused_before_any_change():
 def test_import_sneppx_does_not_import_torch():
     import subprocess
     import sys
-    code = "import sys, sneppx, sneppx.hf; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    code = "import sys, sneppx; sneppx.hf.patch; print('torch' in sys.modules, 'transformers' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "False"]
