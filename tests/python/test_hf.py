@@ -10,7 +10,8 @@ shapes) runs patched and unpatched (eager):
 - a model it cannot patch is refused naming the layer, and left as it was.
 
 Needs torch and transformers: ctest runs this file with the venv of scripts/venv.sh
-(tests/CMakeLists.txt), where SNEPPX_REQUIRE_TORCH=1 turns a missing torch into a failure.
+(tests/CMakeLists.txt), where SNEPPX_REQUIRE_TORCH=1 turns a missing torch into a failure;
+ctest: 2 shards (about 20 s of tests on an idle machine, twice that when it is shared).
 """
 import copy
 import os
@@ -149,6 +150,36 @@ def test_generate_left_padded_batch(pair):
     # The padded row alone gives the same tokens: the padding changed nothing.
     alone = greedy(eager, ids[1:, -6:], mask[1:, -6:])
     assert torch.equal(actual[1, -(6 + NEW_TOKENS):], alone[0])
+
+
+ROPE_SCALINGS = {
+    "deepseek_v2": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
+                    "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+    "llama": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    "qwen2": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    # max_position_embeddings 64: generation runs past it, where dynamic NTK rescales.
+    "mistral": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+}
+
+
+@pytest.mark.parametrize("family", sorted(ROPE_SCALINGS))
+def test_rope_scaling(family):
+    """transformers 5 keeps the RoPE fields in config.rope_parameters; each family's scaling
+    reaches the sneppx layers (logits within 1e-5, the same greedy tokens)."""
+    eager = build(family, rope_parameters=ROPE_SCALINGS[family],
+                  max_position_embeddings=64 if family == "mistral" else 512)
+    patched = sneppx.hf.patch(copy.deepcopy(eager))
+    layer = next(m for m in patched.modules() if isinstance(m, sneppx.hf.SneppxAttention))
+    assert layer.sneppx.rope_scaling["rope_type"] == ROPE_SCALINGS[family]["rope_type"]
+    assert layer.sneppx.rope_theta == ROPE_SCALINGS[family]["rope_theta"]
+    ids, mask = prompts([19, 6], seed=2)
+    real = mask.bool()
+    with torch.no_grad():
+        expected = eager(ids, attention_mask=mask, use_cache=False).logits
+        actual = patched(ids, attention_mask=mask, use_cache=False).logits
+    assert normalized_error(actual[real], expected[real]) <= TOLERANCE
+    assert torch.equal(greedy(patched, ids, mask), greedy(eager, ids, mask))
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral"])
