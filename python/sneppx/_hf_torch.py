@@ -283,7 +283,6 @@ def _hook_generate(model: Any) -> None:
     """generate() makes its cache in _prepare_cache_for_generation, given the batch and the
     call's max_length: the one place that knows the size a sneppx cache needs. The model's
     own method is replaced (on this instance only) by one that makes a SneppxCache."""
-    original = model._prepare_cache_for_generation
 
     def prepare_cache(self: Any, generation_config: Any, model_kwargs: Dict[str, Any], generation_mode: Any,
                       batch_size: int, max_cache_length: int) -> None:
@@ -292,7 +291,10 @@ def _hook_generate(model: Any) -> None:
             if not isinstance(given, SneppxCache):
                 raise ValueError(f"cache: a {type(given).__name__} cannot hold a sneppx layer's keys and values; "
                                  "pass sneppx.hf.make_cache(model, batch_size, max_tokens), or no cache")
-            return original(generation_config, model_kwargs, generation_mode, batch_size, max_cache_length)
+            # The class's own method (not a bound one kept from patch time: a deep copy of the
+            # model must not call back into the original).
+            return type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode,
+                                                            batch_size, max_cache_length)
         if generation_config.use_cache is False:
             return None
         if generation_config.cache_implementation not in (None, "dynamic"):
