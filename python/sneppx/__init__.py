@@ -18,6 +18,7 @@ see sneppx._library (``$SNEPPX_LIBRARY`` overrides). Kernels are cached on
 disk in ``$SNEPPX_CACHE_DIR`` (else ``$XDG_CACHE_HOME/sneppx``, else
 ``~/.cache/sneppx``); ``SNEPPX_VERBOSE=1`` logs each compile.
 """
+from . import hf    # sneppx.hf.patch(model): torch / transformers load only when it is called
 from ._library import library_path
 from .config import LLMConfig
 from ._kv_cache import KVCache

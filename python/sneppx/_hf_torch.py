@@ -1,0 +1,310 @@
+"""sneppx.hf's torch side: the module that replaces a transformers self-attention, the
+transformers Cache over one sneppx KVCache, and patch(). Imported by sneppx.hf on first
+use only: it needs torch and transformers."""
+import copy
+import ctypes
+import importlib
+import json
+import types
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache
+
+from . import _hf
+from . import _structs as S
+from ._library import lib
+from .config import LLMConfig
+from .errors import Error, UnsupportedError, check
+
+# model_type -> (module, attention class) of the families patch() replaces.
+_FAMILIES = {
+    "llama": ("transformers.models.llama.modeling_llama", "LlamaAttention"),
+    "mistral": ("transformers.models.mistral.modeling_mistral", "MistralAttention"),
+    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2Attention"),
+    "deepseek_v2": ("transformers.models.deepseek_v2.modeling_deepseek_v2", "DeepseekV2Attention"),
+}
+# The masks these attention implementations make are HF's 4-D bool / additive masks (or
+# None for plain causal), which forward_mha reads; flash's 2-D and flex's BlockMask are not.
+_MASK_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+def _patch_error(layer: str, reason: str, kind: type = UnsupportedError) -> Exception:
+    return kind(f"sneppx.hf.patch: {layer}: {reason}; nothing was changed")
+
+
+# ------------------------------------------------------------------ config and weights
+
+def config_dict(hf_config: Any) -> Dict[str, Any]:
+    """The model's config as the config.json the runtime's reader takes. transformers 5
+    keeps rope_theta, the scaling and partial_rotary_factor in one rope_parameters dict;
+    the reader (like published config.json files) wants them as rope_theta, rope_scaling
+    and partial_rotary_factor at the top."""
+    values = json.loads(hf_config.to_json_string(use_diff=False))
+    rope = values.pop("rope_parameters", None)
+    if isinstance(rope, dict):
+        rope = dict(rope)
+        if rope.get("rope_theta") is not None:
+            values["rope_theta"] = rope.pop("rope_theta")
+        rope.pop("rope_theta", None)
+        factor = rope.pop("partial_rotary_factor", None)
+        if factor is not None:
+            values["partial_rotary_factor"] = factor
+        values["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
+    return values
+
+
+def llm_config(hf_config: Any, **overrides: Any) -> LLMConfig:
+    """An LLMConfig of a transformers config, read by the runtime's config.json reader
+    (sneppx_config_from_json: the same model types, bias and window rules, and errors, as
+    LLMConfig.from_config_json); overrides (weight_dtype, num_threads, ...) apply last."""
+    text = json.dumps(config_dict(hf_config)).encode()
+    config = S.Config()
+    check(lib.sneppx_config_from_json(text, len(text), ctypes.byref(config)), "model.config", ("config.json: ",))
+    kwargs = _hf.constructor_kwargs(config)
+    kwargs.update(overrides)
+    return LLMConfig(**kwargs)
+
+
+def _weight_arrays(module: Any, weight_dtype: str) -> Dict[str, np.ndarray]:
+    """The module's tensors by HF name, as load_state_dict takes them: read through
+    .detach() (no autograd), as float32 for now. weight_dtype is where a checkpoint's
+    bfloat16 tensors would be kept as they are, once load_state_dict takes them so."""
+    del weight_dtype   # every dtype packs from float32 today
+    return {name: tensor.detach().to(device="cpu", dtype=torch.float32).numpy()
+            for name, tensor in module.state_dict().items()}
+
+
+# ------------------------------------------------------------------ the cache
+
+class SneppxCache(Cache):
+    """A transformers Cache holding one sneppx KVCache (LLMConfig.kv_cache) for every layer
+    of a patched model: `batch_size` rows of up to `max_tokens` tokens each. Its lengths
+    (get_seq_length, get_mask_sizes) are the rows' cached tokens, so the model's positions
+    and masks come out as with a DynamicCache. Beam search's reorder and the batch
+    repeat / select of other strategies are refused (NotImplementedError)."""
+
+    def __init__(self, model: Any, batch_size: int, max_tokens: int):
+        state = getattr(model, "_sneppx_hf", None)
+        if state is None:
+            raise ValueError("model: not patched; call sneppx.hf.patch(model) first")
+        super().__init__(layers=[])
+        self.kv = state.config.kv_cache(batch_size, max_tokens=max_tokens, num_layers=state.num_layers)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.kv.get_seq_length(layer_idx)
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> Tuple[int, int]:
+        # Keys are indexed from each row's first token (masks span cached + new tokens).
+        return self.get_seq_length(layer_idx) + query_length, 0
+
+    def get_max_length(self, layer_idx: Optional[int] = None) -> int:
+        return self.kv.max_tokens
+
+    @property
+    def batch_size(self) -> int:
+        return self.kv.batch
+
+    def reset(self) -> None:
+        self.kv.reset()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drops the last -tokens_to_remove tokens of every row (transformers' convention:
+        0 or negative)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"tokens_to_remove: {tokens_to_remove}; crop takes 0 or a negative count")
+        for row, length in enumerate(self.kv.lengths):
+            self.kv.truncate(row, max(length + tokens_to_remove, 0))
+
+    def _refuse(self, what: str) -> None:
+        raise NotImplementedError(f"SneppxCache: {what} is not supported (beam search and strategies that "
+                                  "reorder or copy cache rows); use greedy or sampling decoding")
+
+    def reorder_cache(self, beam_idx: Any) -> None:
+        self._refuse("reorder_cache")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._refuse("batch_repeat_interleave")
+
+    def batch_select_indices(self, indices: Any) -> None:
+        self._refuse("batch_select_indices")
+
+    def __repr__(self) -> str:
+        return f"SneppxCache({self.kv!r})"
+
+
+# ------------------------------------------------------------------ the module
+
+class SneppxAttention(torch.nn.Module):
+    """A transformers self-attention module's forward on a sneppx layer (`self.sneppx`, an
+    LLMConfig holding the replaced module's weights). Called as the decoder layer calls the
+    original: hidden_states, attention_mask (HF's 4-D mask or None), position_ids, cache."""
+
+    def __init__(self, sneppx_config: LLMConfig, layer_idx: int, name: str, dtype: torch.dtype):
+        super().__init__()
+        self.sneppx = sneppx_config
+        self.layer_idx = layer_idx
+        self.layer_name = name
+        # Follows model.to(dtype), so outputs keep the model's dtype; holds no data.
+        self.register_buffer("dtype_marker", torch.empty(0, dtype=dtype), persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"layer_idx={self.layer_idx}, sneppx={self.sneppx!r}"
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                position_ids: Optional[torch.Tensor] = None, cache: Any = None, past_key_values: Any = None,
+                **kwargs: Any) -> Tuple[torch.Tensor, None]:
+        if self.training:
+            raise RuntimeError(f"{self.layer_name}: a sneppx layer runs inference only (no autograd, no "
+                               "dropout); call model.eval()")
+        if hidden_states.device.type != "cpu":
+            raise ValueError(f"{self.layer_name}: hidden_states on {hidden_states.device}; sneppx runs on the CPU")
+        if cache is None:
+            cache = past_key_values
+        x = hidden_states.detach().to(torch.float32).numpy()
+        mask = _mask_array(attention_mask)
+        positions = None if position_ids is None else position_ids.detach().to(torch.int64).numpy()
+        if isinstance(cache, SneppxCache):
+            out = self.sneppx.forward_mha(x, mask, positions, past_key_value=cache.kv, layer_idx=self.layer_idx)
+        else:
+            if cache is not None:
+                self._claim(cache)
+            out = self.sneppx.forward_mha(x, mask, positions)
+        return torch.from_numpy(out).to(self.dtype_marker.dtype), None
+
+    def _claim(self, cache: Any) -> None:
+        """Another Cache (transformers makes a DynamicCache for a plain forward with
+        use_cache): run without it, once. It holds nothing afterwards, so a forward
+        continuing from it would compute the wrong positions: refused."""
+        seen = cache.__dict__.setdefault("_sneppx_layers_run", set())
+        if self.layer_idx in seen or cache.get_seq_length(self.layer_idx) > 0:
+            raise ValueError(f"{self.layer_name}: cache is a {type(cache).__name__} that a sneppx layer cannot "
+                             "read or fill; continue from a sneppx.hf.make_cache(model, ...) cache instead")
+        seen.add(self.layer_idx)
+
+
+def _mask_array(mask: Any) -> Optional[np.ndarray]:
+    """HF's 4-D mask as forward_mha reads it: bool stays bool (True = attend); an additive
+    mask in the model's dtype (bfloat16's finfo.min included) becomes float32."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"attention_mask: expected a tensor or None, got {type(mask).__name__}")
+    mask = mask.detach()
+    return mask.numpy() if mask.dtype == torch.bool else mask.to(torch.float32).numpy()
+
+
+# ------------------------------------------------------------------ patch
+
+class _PatchState:
+    """What a patched model keeps: a config of its layers' shape (for caches) and how many."""
+
+    def __init__(self, config: LLMConfig, num_layers: int):
+        self.config = config
+        self.num_layers = num_layers
+
+
+def _attention_modules(model: Any, model_type: str) -> List[Tuple[str, Any]]:
+    module_name, class_name = _FAMILIES[model_type]
+    attention_class = getattr(importlib.import_module(module_name), class_name)
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, attention_class):
+            found.append((name, module))
+        elif isinstance(module, SneppxAttention):
+            raise _patch_error(name, "already patched", ValueError)
+        elif name.endswith(".self_attn"):
+            raise _patch_error(name, f"a {type(module).__name__}, not transformers' {class_name}")
+    if not found:
+        raise ValueError(f"sneppx.hf.patch: model: no {class_name} module found; nothing was changed")
+    return found
+
+
+def _check_options(model: Any, config: Any, modules: List[Tuple[str, Any]]) -> None:
+    """What sneppx's layer does not do, refused per layer before anything changes."""
+    implementation = getattr(config, "_attn_implementation", None)
+    layer_types = getattr(config, "layer_types", None)
+    for name, module in modules:
+        if implementation not in _MASK_IMPLEMENTATIONS:
+            raise _patch_error(name, f"attn_implementation {implementation!r} makes masks sneppx cannot read; load "
+                                     f"the model with attn_implementation='eager' or 'sdpa'")
+        if not getattr(config, "is_causal", True):
+            raise _patch_error(name, "a non-causal (bidirectional) config; sneppx layers are causal")
+        for tensor_name, tensor in module.state_dict().items():
+            if tensor.device.type != "cpu":
+                raise _patch_error(name, f"{tensor_name} is on {tensor.device}; sneppx runs on the CPU", ValueError)
+        if layer_types is not None and config.model_type != "mistral":
+            kind = layer_types[module.layer_idx]
+            if kind != "full_attention":
+                raise _patch_error(name, f"layer type {kind!r} (config.layer_types); sneppx runs one attention "
+                                         "kind for every layer: full attention, or Mistral's sliding window")
+        if getattr(module, "sliding_window", None) and config.model_type != "mistral":
+            raise _patch_error(name, f"a per-layer sliding window of {module.sliding_window}")
+
+
+def patch(model: Any, *, weight_dtype: str, num_threads: int, use_flash_attn: bool) -> Any:
+    """sneppx.hf.patch (documented there)."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in _FAMILIES:
+        raise UnsupportedError(f"sneppx.hf.patch: model_type {model_type!r} is not supported (supported: "
+                               f"{', '.join(_FAMILIES)}); nothing was changed")
+    modules = _attention_modules(model, model_type)
+    _check_options(model, config, modules)
+    first = modules[0][0]
+    try:
+        base = llm_config(config, weight_dtype=weight_dtype, num_threads=num_threads,
+                          use_flash_attn=use_flash_attn, name=f"hf-{model_type}")
+    except (Error, ValueError, TypeError) as error:
+        raise type(error)(f"sneppx.hf.patch: {first} (every layer): {error}; nothing was changed") from None
+    replacements = []
+    for name, module in modules:
+        layer = copy.copy(base)
+        try:
+            layer.load_state_dict(_weight_arrays(module, weight_dtype))
+        except (Error, ValueError, TypeError) as error:
+            raise type(error)(f"sneppx.hf.patch: {name}: {error}; nothing was changed") from None
+        dtype = next((t.dtype for t in module.state_dict().values() if t.is_floating_point()), torch.float32)
+        replacement = SneppxAttention(layer, module.layer_idx, name, dtype)
+        replacements.append((name, replacement.train(module.training)))
+    # Everything is built: only now is the model changed.
+    for name, replacement in replacements:
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, replacement)
+    num_layers = max(getattr(config, "num_hidden_layers", 0), 1 + max(r.layer_idx for _, r in replacements))
+    model._sneppx_hf = _PatchState(base, num_layers)
+    if hasattr(model, "_prepare_cache_for_generation"):
+        _hook_generate(model)
+    return model
+
+
+def _hook_generate(model: Any) -> None:
+    """generate() makes its cache in _prepare_cache_for_generation, given the batch and the
+    call's max_length: the one place that knows the size a sneppx cache needs. The model's
+    own method is replaced (on this instance only) by one that makes a SneppxCache."""
+
+    def prepare_cache(self: Any, generation_config: Any, model_kwargs: Dict[str, Any], generation_mode: Any,
+                      batch_size: int, max_cache_length: int) -> None:
+        given = model_kwargs.get("cache")
+        if given is not None:
+            if not isinstance(given, SneppxCache):
+                raise ValueError(f"cache: a {type(given).__name__} cannot hold a sneppx layer's keys and values; "
+                                 "pass sneppx.hf.make_cache(model, batch_size, max_tokens), or no cache")
+            # The class's own method (not a bound one kept from patch time: a deep copy of the
+            # model must not call back into the original).
+            return type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode,
+                                                            batch_size, max_cache_length)
+        if generation_config.use_cache is False:
+            return None
+        if generation_config.cache_implementation not in (None, "dynamic"):
+            raise ValueError(f"cache_implementation={generation_config.cache_implementation!r}: a sneppx-patched "
+                             "model keeps its cache in sneppx (leave cache_implementation unset)")
+        if (generation_config.num_beams or 1) > 1:
+            raise NotImplementedError("num_beams > 1: beam search reorders cache rows, which SneppxCache does "
+                                      "not do; use greedy or sampling decoding")
+        rows = max(generation_config.num_return_sequences or 1, 1) * batch_size
+        model_kwargs["cache"] = SneppxCache(self, rows, max_cache_length)
+        return None
+
+    model._prepare_cache_for_generation = types.MethodType(prepare_cache, model)

@@ -1,0 +1,277 @@
+"""sneppx.hf.patch against transformers itself: for each family a small randomly
+initialized model (2 layers, vocabulary 256, hidden 64; GQA where the family has it,
+Mistral with a 16-token window that 64 generated tokens cross, DeepSeek V2 with small MLA
+shapes) runs patched and unpatched (eager):
+
+- each attention layer's output, fed the same inputs, agrees within a normalized error
+  max|patched - eager| / max|eager| <= 1e-5 (both float32);
+- greedy generate() of 64 tokens gives the same tokens, for one prompt and for a batch of
+  two prompts of different lengths, left-padded;
+- a model it cannot patch is refused naming the layer, and left as it was.
+
+Needs torch and transformers: ctest runs this file with the venv of scripts/venv.sh
+(tests/CMakeLists.txt), where SNEPPX_REQUIRE_TORCH=1 turns a missing torch into a failure;
+ctest: 2 shards (about 20 s of tests on an idle machine, twice that when it is shared).
+"""
+import copy
+import os
+
+import numpy as np
+import pytest
+
+if os.environ.get("SNEPPX_REQUIRE_TORCH"):
+    import torch
+    import transformers
+else:
+    torch = pytest.importorskip("torch", reason="needs the venv of scripts/venv.sh (torch, transformers)")
+    transformers = pytest.importorskip("transformers")
+
+import sneppx
+import sneppx.hf
+
+TOLERANCE = 1e-5
+NEW_TOKENS = 64
+COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              max_position_embeddings=512, initializer_range=0.1, bos_token_id=None, eos_token_id=None,
+              pad_token_id=0, tie_word_embeddings=False)
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=2, head_dim=16)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(num_key_value_heads=2, head_dim=16, sliding_window=16)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=2)),
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM",
+                    dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
+                         qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1)),
+}
+
+
+def build(family, seed=0, **extra):
+    config_name, model_name, fields = FAMILIES[family]
+    config = getattr(transformers, config_name)(**{**COMMON, **fields, **extra})
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    return getattr(transformers, model_name)(config).eval()
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def pair(request):
+    """(family, the eager model, a patched copy)."""
+    eager = build(request.param)
+    patched = sneppx.hf.patch(copy.deepcopy(eager))
+    return request.param, eager, patched
+
+
+def prompts(batch_lengths, seed=1):
+    """Token ids left-padded with 0 and the matching 2-D attention mask."""
+    generator = torch.Generator().manual_seed(seed)
+    width = max(batch_lengths)
+    ids = torch.zeros((len(batch_lengths), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(batch_lengths):
+        ids[row, width - length:] = torch.randint(1, 256, (length,), generator=generator)
+        mask[row, width - length:] = 1
+    return ids, mask
+
+
+def greedy(model, ids, mask):
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+
+
+def normalized_error(actual, expected):
+    return float((actual - expected).abs().max() / expected.abs().max())
+
+
+def test_patch_replaces_every_attention_module(pair):
+    family, eager, patched = pair
+    modules = [m for _, m in patched.named_modules() if isinstance(m, sneppx.hf.SneppxAttention)]
+    assert len(modules) == 2
+    assert [m.layer_idx for m in modules] == [0, 1]
+    assert all(m.sneppx.weights_source.startswith("state_dict(") for m in modules)
+    assert not any(type(m).__name__.endswith("Attention") and not isinstance(m, sneppx.hf.SneppxAttention)
+                   for _, m in patched.named_modules())
+    if family == "mistral":
+        assert modules[0].sneppx.sliding_window == 16
+    if family == "qwen2":
+        assert modules[0].sneppx.qkv_bias and not modules[0].sneppx.o_bias
+    if family == "deepseek_v2":
+        assert modules[0].sneppx.is_mla and modules[0].sneppx.kv_lora_rank == 32
+
+
+def test_layer_outputs_agree(pair):
+    """Every attention layer, fed what the eager layer was fed (a left-padded batch of two,
+    HF's 4-D mask, its position_ids), gives the eager output on the real tokens (padding
+    rows attend nothing: HF's output there depends on its fill value, sneppx's is 0)."""
+    family, eager, patched = pair
+    ids, mask = prompts([20, 13])
+    captured = []
+
+    def capture(module, args, kwargs, output):
+        captured.append((module.layer_idx, args, dict(kwargs), output[0]))
+
+    handles = [m.register_forward_hook(capture, with_kwargs=True)
+               for m in eager.modules() if type(m).__name__.endswith("Attention")]
+    try:
+        with torch.no_grad():
+            eager(ids, attention_mask=mask, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert [c[0] for c in captured] == [0, 1]
+    layers = {m.layer_idx: m for m in patched.modules() if isinstance(m, sneppx.hf.SneppxAttention)}
+    real = mask.bool()
+    for layer_idx, args, kwargs, expected in captured:
+        with torch.no_grad():
+            actual, weights = layers[layer_idx](*args, **kwargs)
+        assert weights is None and actual.dtype == expected.dtype and actual.shape == expected.shape
+        error = normalized_error(actual[real], expected[real])
+        print(f"{family} layer {layer_idx}: normalized error {error:.3g}")
+        assert error <= TOLERANCE, f"{family} layer {layer_idx}: normalized error {error:.3g}"
+        assert float(actual[~real].abs().max()) == 0.0
+
+
+def test_generate_one_prompt(pair):
+    family, eager, patched = pair
+    ids, mask = prompts([11])
+    expected = greedy(eager, ids, mask)
+    actual = greedy(patched, ids, mask)
+    assert expected.shape == (1, 11 + NEW_TOKENS)
+    assert torch.equal(actual, expected), f"{family}: first difference at token " \
+        f"{int((actual != expected).nonzero()[0, 1]) - 11}"
+
+
+def test_generate_left_padded_batch(pair):
+    family, eager, patched = pair
+    ids, mask = prompts([19, 6], seed=2)
+    expected = greedy(eager, ids, mask)
+    actual = greedy(patched, ids, mask)
+    assert torch.equal(actual, expected), f"{family}: rows differ at " \
+        f"{(actual != expected).nonzero()[:3].tolist()}"
+    # The padded row alone gives the same tokens: the padding changed nothing.
+    alone = greedy(eager, ids[1:, -6:], mask[1:, -6:])
+    assert torch.equal(actual[1, -(6 + NEW_TOKENS):], alone[0])
+
+
+ROPE_SCALINGS = {
+    "deepseek_v2": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
+                    "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+    "llama": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    "qwen2": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    # max_position_embeddings 64: generation runs past it, where dynamic NTK rescales.
+    "mistral": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+}
+
+
+@pytest.mark.parametrize("family", sorted(ROPE_SCALINGS))
+def test_rope_scaling(family):
+    """transformers 5 keeps the RoPE fields in config.rope_parameters; each family's scaling
+    reaches the sneppx layers (logits within 1e-5, the same greedy tokens)."""
+    eager = build(family, rope_parameters=ROPE_SCALINGS[family],
+                  max_position_embeddings=64 if family == "mistral" else 512)
+    patched = sneppx.hf.patch(copy.deepcopy(eager))
+    layer = next(m for m in patched.modules() if isinstance(m, sneppx.hf.SneppxAttention))
+    assert layer.sneppx.rope_scaling["rope_type"] == ROPE_SCALINGS[family]["rope_type"]
+    assert layer.sneppx.rope_theta == ROPE_SCALINGS[family]["rope_theta"]
+    ids, mask = prompts([19, 6], seed=2)
+    real = mask.bool()
+    with torch.no_grad():
+        expected = eager(ids, attention_mask=mask, use_cache=False).logits
+        actual = patched(ids, attention_mask=mask, use_cache=False).logits
+    assert normalized_error(actual[real], expected[real]) <= TOLERANCE
+    assert torch.equal(greedy(patched, ids, mask), greedy(eager, ids, mask))
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_sdpa_masks(family):
+    """Under attn_implementation "sdpa" the masks are bool (or None when plainly causal)."""
+    eager = build(family)
+    patched = sneppx.hf.patch(copy.deepcopy(eager))
+    patched.set_attn_implementation("sdpa")
+    for lengths in ([19, 6], [25]):
+        ids, mask = prompts(lengths, seed=3)
+        assert torch.equal(greedy(patched, ids, mask), greedy(eager, ids, mask))
+
+
+def test_bfloat16_hidden_states_return_bfloat16():
+    eager = build("llama")
+    patched = sneppx.hf.patch(copy.deepcopy(eager), weight_dtype="bfloat16").to(torch.bfloat16)
+    assert {m.sneppx.weight_dtype for m in patched.modules() if isinstance(m, sneppx.hf.SneppxAttention)} == \
+        {"bfloat16"}
+    ids, mask = prompts([9])
+    with torch.no_grad():
+        logits = patched(ids, attention_mask=mask).logits
+        reference = eager.to(torch.bfloat16)(ids, attention_mask=mask).logits
+    assert logits.dtype == torch.bfloat16
+    # bfloat16 hidden states between the layers: 8 bits of mantissa.
+    assert normalized_error(logits.float(), reference.float()) < 3e-2
+
+
+def test_plain_forward_and_continuing_from_its_cache():
+    """model(input_ids) works (transformers makes a DynamicCache, which sneppx runs
+    without); continuing from that cache, which holds nothing, is refused."""
+    eager = build("qwen2")
+    patched = sneppx.hf.patch(copy.deepcopy(eager))
+    ids, mask = prompts([12])
+    with torch.no_grad():
+        out = patched(ids, attention_mask=mask)
+        reference = eager(ids, attention_mask=mask)
+        assert normalized_error(out.logits, reference.logits) <= 1e-4
+        with pytest.raises(ValueError, match="model.layers.0.self_attn: cache is a DynamicCache"):
+            patched(ids[:, -1:], cache=out.cache)
+
+
+def test_given_cache_and_refused_strategies():
+    eager = build("llama")
+    patched = sneppx.hf.patch(copy.deepcopy(eager))
+    ids, mask = prompts([7])
+    cache = sneppx.hf.make_cache(patched, 1, 7 + NEW_TOKENS)
+    with torch.no_grad():
+        given = patched.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, cache=cache)
+    assert torch.equal(given, greedy(eager, ids, mask))
+    assert cache.get_seq_length() == 7 + NEW_TOKENS - 1 and cache.kv.lengths == [7 + NEW_TOKENS - 1]
+    with pytest.raises(ValueError, match="cache: a DynamicCache cannot hold"):
+        patched.generate(ids, max_new_tokens=2, cache=transformers.DynamicCache())
+    with pytest.raises(NotImplementedError, match="num_beams > 1"):
+        patched.generate(ids, max_new_tokens=2, num_beams=2)
+    patched.train()
+    with pytest.raises(RuntimeError, match="model.layers.0.self_attn: a sneppx layer runs inference only"):
+        patched(ids)
+
+
+def test_unsupported_is_refused_before_any_change():
+    # A Qwen2 with sliding windows on its second layer: sneppx has one window for every layer.
+    model = build("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    before = [type(m) for m in model.modules()]
+    with pytest.raises(NotImplementedError, match=r"model.layers.1.self_attn: layer type 'sliding_attention'.*"
+                                                  r"nothing was changed"):
+        sneppx.hf.patch(model)
+    assert [type(m) for m in model.modules()] == before
+    # A RoPE type the runtime does not implement.
+    model = build("llama", rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
+                                            "long_factor": [2.0] * 8, "original_max_position_embeddings": 256})
+    with pytest.raises(NotImplementedError, match=r"model.layers.0.self_attn \(every layer\): "
+                                                  r"model.config: rope_scaling.long_factor: unknown key"):
+        sneppx.hf.patch(model)
+    assert not any(isinstance(m, sneppx.hf.SneppxAttention) for m in model.modules())
+    # Another attention implementation's masks.
+    model = build("mistral")
+    model.config._attn_implementation = "flex_attention"
+    with pytest.raises(NotImplementedError, match="model.layers.0.self_attn: attn_implementation 'flex_attention'"):
+        sneppx.hf.patch(model)
+    # Another family.
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
+    with pytest.raises(NotImplementedError, match="model_type 'gpt2' is not supported"):
+        sneppx.hf.patch(gpt2)
+    # Twice.
+    patched = sneppx.hf.patch(build("llama"))
+    with pytest.raises(ValueError, match="model.layers.0.self_attn: already patched"):
+        sneppx.hf.patch(patched)
+
+
+def test_import_sneppx_does_not_import_torch():
+    import subprocess
+    import sys
+    code = "import sys, sneppx; sneppx.hf.patch; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "False"]

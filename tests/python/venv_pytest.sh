@@ -1,0 +1,17 @@
+#!/bin/sh
+# Runs pytest in the virtual environment of scripts/venv.sh (torch, transformers):
+#   venv_pytest.sh SOURCE_DIR SYSTEM_PYTHON PYTEST_ARGS...
+# The venv holds no pytest, and adding it to venv.sh's pinned list would make every
+# existing venv reinstall; Debian's pytest (python3-pytest, for the same CPython as the
+# venv's) is put after the venv's own packages instead, so torch, transformers and numpy
+# still come from the venv.
+set -eu
+source_dir="$1" system_python="$2"
+shift 2
+venv="$("$source_dir/scripts/venv.sh" --check)" || {
+    echo "venv_pytest.sh: no complete venv; scripts/venv.sh makes it (ctest: the hf_venv fixture)" >&2
+    exit 1
+}
+pytest_dir="$("$system_python" -c 'import os, pytest; print(os.path.dirname(os.path.dirname(pytest.__file__)))')"
+exec "$venv/bin/python" -c 'import sys; sys.path.append(sys.argv.pop(1)); import pytest; sys.exit(pytest.main(sys.argv[1:]))' \
+    "$pytest_dir" "$@"
