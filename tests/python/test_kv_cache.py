@@ -282,6 +282,34 @@ def test_narrow_cache_prefill_decode_ragged_fork(family, dtype, rng):
     assert cache.lengths == [40, 27, 27]
 
 
+@pytest.mark.parametrize("weight_dtype, dtype", [("bfloat16", "bfloat16"), ("bfloat16", "int8"),
+                                                  ("int8", "int8"), ("int8", "float16"), ("float16", "bfloat16")])
+@pytest.mark.parametrize("family", list(NARROW_FAMILIES))
+def test_narrow_weights_with_narrow_cache(family, weight_dtype, dtype, rng):
+    """Both narrow at once: a layer of weight_dtype over a cache of dtype, a prefill (the
+    gathered path) then decode steps, against the float64 reference computed on the
+    rounded / quantized weights (reference.round_weights, as the layer packs them) over
+    the K/V the cache holds: the only error left is float32 arithmetic's."""
+    hf_config, cfg, weights = _narrow_layer(family, rng)
+    cfg.load_state_dict(weights, dtype=weight_dtype)
+    rounded = ref.round_weights(weights, weight_dtype, hf_config)
+    x = rng.uniform(-1, 1, (2, 24, cfg.hidden_size)).astype(np.float32)
+    cache = cfg.kv_cache(batch=2, max_tokens=32, page_size=4, dtype=dtype)
+    stored = _Stored()
+    got = [cfg.forward_mha(x[:, :20], past_key_value=cache)]
+    stored.record(cache, [0, 1], [20, 20])
+    for t in range(20, 24):
+        got.append(cfg.forward_mha(x[:, t:t + 1], past_key_value=cache))
+        stored.record(cache, [0, 1], [1, 1])
+    got = np.concatenate(got, axis=1)
+    for row in range(2):
+        _check_rows(got[row], hf_config, rounded, x[row], stored.of(row),
+                    f"{family} {weight_dtype} weights, {dtype} cache")
+    # The weights' rounding is visible: against the unrounded weights the same check fails.
+    with pytest.raises(AssertionError):
+        _check_rows(got[0], hf_config, weights, x[0], stored.of(0), "unrounded weights")
+
+
 @pytest.mark.parametrize("dtype", NARROW_TYPES)
 def test_narrow_cache_sliding_window(dtype, rng):
     """Mistral's window (16) over pages of 4, decoded well past it: released pages and
