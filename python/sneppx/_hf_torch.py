@@ -67,13 +67,18 @@ def llm_config(hf_config: Any, **overrides: Any) -> LLMConfig:
     return LLMConfig(**kwargs)
 
 
-def _weight_arrays(module: Any, weight_dtype: str) -> Dict[str, np.ndarray]:
+def _weight_arrays(module: Any) -> Dict[str, Any]:
     """The module's tensors by HF name, as load_state_dict takes them: read through
-    .detach() (no autograd), as float32 for now. weight_dtype is where a checkpoint's
-    bfloat16 tensors would be kept as they are, once load_state_dict takes them so."""
-    del weight_dtype   # every dtype packs from float32 today
-    return {name: tensor.detach().to(device="cpu", dtype=torch.float32).numpy()
-            for name, tensor in module.state_dict().items()}
+    .detach() (no autograd), on the CPU; bfloat16 and float16 tensors as they are (they
+    reach the layer as their bits, so a bfloat16 model packed as weight_dtype "bfloat16"
+    keeps every bit), any other type as float32."""
+    out = {}
+    for name, tensor in module.state_dict().items():
+        tensor = tensor.detach().to(device="cpu")
+        if tensor.dtype not in (torch.bfloat16, torch.float16):
+            tensor = tensor.to(dtype=torch.float32)
+        out[name] = tensor
+    return out
 
 
 # ------------------------------------------------------------------ the cache
@@ -262,7 +267,7 @@ def patch(model: Any, *, weight_dtype: str, num_threads: int, use_flash_attn: bo
     for name, module in modules:
         layer = copy.copy(base)
         try:
-            layer.load_state_dict(_weight_arrays(module, weight_dtype))
+            layer.load_state_dict(_weight_arrays(module))
         except (Error, ValueError, TypeError) as error:
             raise type(error)(f"sneppx.hf.patch: {name}: {error}; nothing was changed") from None
         dtype = next((t.dtype for t in module.state_dict().values() if t.is_floating_point()), torch.float32)
