@@ -244,6 +244,17 @@ def _check_rows(got, hf_config, weights, sequence, stored, what):
     _assert_close(got, want, what, NARROW_MAX_NORMALIZED, NARROW_MAX_NORMALIZED)
 
 
+def _prefill_then_decode(cfg, cache, x, prefill, stored):
+    """Both rows of x: a prefill of `prefill` tokens (the gathered path), then one decode
+    step per remaining token, each call's K/V recorded in stored; the outputs [2, tokens, hidden]."""
+    got = [cfg.forward_mha(x[:, :prefill], past_key_value=cache)]
+    stored.record(cache, [0, 1], [prefill, prefill])
+    for t in range(prefill, x.shape[1]):
+        got.append(cfg.forward_mha(x[:, t:t + 1], past_key_value=cache))
+        stored.record(cache, [0, 1], [1, 1])
+    return np.concatenate(got, axis=1)
+
+
 @pytest.mark.parametrize("dtype", NARROW_TYPES)
 @pytest.mark.parametrize("family", list(NARROW_FAMILIES))
 def test_narrow_cache_prefill_decode_ragged_fork(family, dtype, rng):
@@ -254,12 +265,7 @@ def test_narrow_cache_prefill_decode_ragged_fork(family, dtype, rng):
     x = rng.uniform(-1, 1, (2, 40, cfg.hidden_size)).astype(np.float32)
     cache = cfg.kv_cache(batch=2, max_tokens=64, page_size=4, dtype=dtype)
     stored = _Stored()
-    got = [cfg.forward_mha(x[:, :20], past_key_value=cache)]
-    stored.record(cache, [0, 1], [20, 20])
-    for t in range(20, 23):
-        got.append(cfg.forward_mha(x[:, t:t + 1], past_key_value=cache))
-        stored.record(cache, [0, 1], [1, 1])
-    got = np.concatenate(got, axis=1)
+    got = _prefill_then_decode(cfg, cache, x[:, :23], 20, stored)
     for row in range(2):
         _check_rows(got[row], hf_config, weights, x[row, :23], stored.of(row), f"{family} {dtype} prefill + decode")
     # Ragged: row 0 takes a 17-token chunk (gathered), row 1 one token (decode).
@@ -296,12 +302,7 @@ def test_narrow_weights_with_narrow_cache(family, weight_dtype, dtype, rng):
     x = rng.uniform(-1, 1, (2, 24, cfg.hidden_size)).astype(np.float32)
     cache = cfg.kv_cache(batch=2, max_tokens=32, page_size=4, dtype=dtype)
     stored = _Stored()
-    got = [cfg.forward_mha(x[:, :20], past_key_value=cache)]
-    stored.record(cache, [0, 1], [20, 20])
-    for t in range(20, 24):
-        got.append(cfg.forward_mha(x[:, t:t + 1], past_key_value=cache))
-        stored.record(cache, [0, 1], [1, 1])
-    got = np.concatenate(got, axis=1)
+    got = _prefill_then_decode(cfg, cache, x, 20, stored)
     for row in range(2):
         _check_rows(got[row], hf_config, rounded, x[row], stored.of(row),
                     f"{family} {weight_dtype} weights, {dtype} cache")
