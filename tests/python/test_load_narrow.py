@@ -7,7 +7,7 @@ the pack threads' buffers) of the RSS it started from.
 
 torch is not installed for /usr/bin/python3: FakeTensor below has exactly the surface
 of a torch tensor the package uses (dtype, view(int16), __array__ refusing bfloat16 as
-torch's numpy() does); test_torch_in_the_benchmark_venv runs the same checks with real
+torch's numpy() does); test_torch_in_the_venv runs the same checks with real
 torch in scripts/venv.sh's environment when it exists."""
 import json
 import os
@@ -285,16 +285,16 @@ _TORCH_CHECKS = textwrap.dedent("""
 """)
 
 
-def _benchmark_venv_python():
-    venv = subprocess.run([str(Path(__file__).resolve().parents[2] / "scripts" / "venv.sh"), "--check"],
+def _torch_venv_python():
+    venv = subprocess.run([str(Path(__file__).resolve().parents[2] / "scripts" / "venv.sh"), "--tests", "--check"],
                           capture_output=True, text=True)
     python = Path(venv.stdout.strip()) / "bin" / "python"
     return python if venv.returncode == 0 and python.is_file() else None
 
 
 @pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""), reason="the venv's torch is not built for ASan")
-def test_torch_in_the_benchmark_venv():
-    python = _benchmark_venv_python()
+def test_torch_in_the_venv():
+    python = _torch_venv_python()
     if python is None:
         pytest.skip("no scripts/venv.sh environment (torch) on this machine")
     result = subprocess.run([str(python), "-c", _TORCH_CHECKS], env=dict(os.environ), capture_output=True,

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs pytest in the virtual environment of scripts/venv.sh (torch, transformers):
+# Runs pytest in the tests' virtual environment of scripts/venv.sh (torch, transformers):
 #   venv_pytest.sh SOURCE_DIR SYSTEM_PYTHON PYTEST_ARGS...
 # The venv holds no pytest, and adding it to venv.sh's pinned list would make every
 # existing venv reinstall; Debian's pytest (python3-pytest, for the same CPython as the
@@ -10,8 +10,8 @@ source_dir="$1" system_python="$2"
 shift 2
 # Without the venv: skipped (exit 77, ctest's SKIP_RETURN_CODE), or with
 # SNEPPX_REQUIRE_TORCH=1 a failure.
-venv="$("$source_dir/scripts/venv.sh" --check)" || {
-    echo "venv_pytest.sh: no complete venv of scripts/venv.sh (torch, transformers): run scripts/venv.sh once" >&2
+venv="$("$source_dir/scripts/venv.sh" --tests --check)" || {
+    echo "venv_pytest.sh: no complete venv of scripts/venv.sh (torch, transformers): run scripts/venv.sh --tests once" >&2
     [ "${SNEPPX_REQUIRE_TORCH:-0}" = 1 ] && exit 1
     exit 77
 }
