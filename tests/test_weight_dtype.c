@@ -110,6 +110,23 @@ static float finite_case(const struct rounding *c, int bf16)
     return finite ? from_bits(c->in) : 0.5f;
 }
 
+/* The product over packed panels of `rows` one-hot rows (row r is 1 at k = r % k,
+ * 0 elsewhere) into out [rows, n]: out[r, c] must be the stored W[c, r % k] widened. */
+enum { MAX_ROWS = 40, MAX_K = 45 };
+static const int64_t one_hot_rows[] = {1, 2, MAX_ROWS};
+
+static void one_hot_product(const sneppx_kernel *kernel, const void *panels, int64_t k, int64_t n, int64_t rows,
+                            float *out)
+{
+    float src[MAX_ROWS * MAX_K] = {0};
+    for (int64_t r = 0; r < rows; r++)
+        src[r * k + r % k] = 1.0f;
+    struct sneppx_args run = {.struct_size = sizeof run, .abi_version = SNEPPX_ABI_VERSION, .row_begin = 0,
+                              .row_end = rows, .col_begin = 0, .col_end = n, .src = src, .src_stride = k,
+                              .weight = panels, .dst = out, .dst_stride = n};
+    kernel->entry[SNEPPX_ENTRY_RUN](&run);
+}
+
 /* Packs the cases as column 0 of an [n, k] matrix (k = the case count) with the
  * _pack entry of a `dtype` GEMM for target, checks the stored bits, then runs the
  * product on one-hot rows and checks that each output is the stored value widened. */
@@ -121,6 +138,8 @@ static void check_type(const struct sneppx_target *target, int dtype, const stru
     const sneppx_kernel *kernel;
     if (!TEST_CHECK(&tally, sneppx_kernel_resolve("gemm", values, target, &kernel) == SNEPPX_OK, "%s %s: %s",
                     target->name, sneppx_dtype_name(dtype), sneppx_last_error()))
+        return;
+    if (!TEST_CHECK(&tally, count <= 32 && count <= MAX_K, "%d cases: more than the matrix holds", count))
         return;
     float hf[3 * 32];
     for (int64_t c = 0; c < n; c++)
@@ -147,19 +166,10 @@ static void check_type(const struct sneppx_target *target, int dtype, const stru
                                  target->name, sneppx_dtype_name(dtype), (long long)c, (long long)i,
                                  panels[i * nr + c]);
 
-    /* Row r of src is one-hot at k = r % k: out[r, c] is the stored W[c, r % k]. */
-    enum { MAX_ROWS = 40 };
-    const int64_t row_counts[] = {1, 2, MAX_ROWS};
-    float src[MAX_ROWS * 32], out[MAX_ROWS * 3];
-    for (size_t t = 0; t < sizeof row_counts / sizeof row_counts[0]; t++) {
-        const int64_t rows = row_counts[t];
-        memset(src, 0, sizeof src);
-        for (int64_t r = 0; r < rows; r++)
-            src[r * k + r % k] = 1.0f;
-        struct sneppx_args run = {.struct_size = sizeof run, .abi_version = SNEPPX_ABI_VERSION, .row_begin = 0,
-                                  .row_end = rows, .col_begin = 0, .col_end = n, .src = src, .src_stride = k,
-                                  .weight = panels, .dst = out, .dst_stride = n};
-        kernel->entry[SNEPPX_ENTRY_RUN](&run);
+    float out[MAX_ROWS * 3];
+    for (size_t t = 0; t < sizeof one_hot_rows / sizeof one_hot_rows[0]; t++) {
+        const int64_t rows = one_hot_rows[t];
+        one_hot_product(kernel, panels, k, n, rows, out);
         for (int64_t r = 0; r < rows && wrong < 8; r++)
             for (int64_t c = 0; c < n; c++) {
                 const uint16_t stored = panels[(r % k) * nr + c];
@@ -185,6 +195,7 @@ static void check_type(const struct sneppx_target *target, int dtype, const stru
 /* ---- int8 ---------------------------------------------------------------- */
 
 enum { I8_K = 45, I8_N = 4, I8_GROUP = 32 };
+_Static_assert((int)I8_K <= (int)MAX_K, "one_hot_product's rows hold the int8 cases' k");
 
 /* The quantizer as config.h states it, written independently of the kernels:
  * scale = max |w| / 127 (float32), q = rintf(w / scale) (nearest even) clamped to
@@ -299,19 +310,11 @@ static void check_int8(const struct sneppx_target *target)
                          "int8 cases: scales %g %g %g, q %d %d %d", want_scale[0][0], want_scale[0][1],
                          want_scale[1][0], want_q[1][7], want_q[1][8], want_q[1][40]);
 
-    /* Row r one-hot at k = r % k: out[r, c] is q * scale of W[c, r % k], exactly. */
-    enum { MAX_ROWS = 40 };
-    const int64_t row_counts[] = {1, 2, MAX_ROWS};
-    float src[MAX_ROWS * I8_K], out[MAX_ROWS * I8_N];
-    for (size_t t = 0; t < sizeof row_counts / sizeof row_counts[0]; t++) {
-        const int64_t rows = row_counts[t];
-        memset(src, 0, sizeof src);
-        for (int64_t r = 0; r < rows; r++)
-            src[r * k + r % k] = 1.0f;
-        struct sneppx_args run = {.struct_size = sizeof run, .abi_version = SNEPPX_ABI_VERSION, .row_begin = 0,
-                                  .row_end = rows, .col_begin = 0, .col_end = n, .src = src, .src_stride = k,
-                                  .weight = panels, .dst = out, .dst_stride = n};
-        kernel->entry[SNEPPX_ENTRY_RUN](&run);
+    /* out[r, c] is q * scale of W[c, r % k], exactly. */
+    float out[MAX_ROWS * I8_N];
+    for (size_t t = 0; t < sizeof one_hot_rows / sizeof one_hot_rows[0]; t++) {
+        const int64_t rows = one_hot_rows[t];
+        one_hot_product(kernel, panels, k, n, rows, out);
         for (int64_t r = 0; r < rows && wrong < 8; r++)
             for (int64_t c = 0; c < n; c++) {
                 const int64_t i = r % k;
