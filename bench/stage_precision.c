@@ -148,7 +148,7 @@ static int decode_run_make(struct decode_run *run, const sneppx_config *base, co
     run->length++;
     sneppx_kv_cache_stats stats;
     sneppx_kv_cache_stats_get(run->cache, &stats);
-    run->token_bytes = (double)stats.page_bytes / (double)stats.page_size;
+    run->token_bytes = (double)stats.token_bytes; /* rows and int8 scales, not the pages' alignment */
     run->weight_bytes = sneppx_layer_weight_bytes(run->layer);
     return 0;
 }
