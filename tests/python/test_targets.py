@@ -83,11 +83,11 @@ def _render_with(target: Target, family: str) -> str:
 
 
 def test_templates_take_tiles_from_target():
-    other = dataclasses.replace(TARGETS[0], gemm_mr=12, gemm_small_mr=2, gemm_kc=256, gemm_mc=36,
+    other = dataclasses.replace(TARGETS[0], gemm_mr=12, gemm_small_mr=2, gemm_kc=256, gemm_mc=36, gemm_int8_mc=72,
                                 gemm_decode_panels=2, gemm_decode_sums=8, flash_nj=4, flash_ne=2)
     gemm = _render_with(other, "gemm")
     assert "sneppx_gemm_micro12(" in gemm and "sneppx_gemm_micro2(" in gemm
-    assert "float block[36 * 256]" in gemm
+    assert "float block[72 * 256]" in gemm and "SNEPPX_GEMM_INT8 ? 72 : 36;" in gemm
     assert "sneppx_gemm_decode2(" in gemm and "whole = k - k % 4;" in gemm
     assert "sneppx_gemm_micro14(" not in gemm and "sneppx_gemm_decode4(" not in gemm
     flash = _render_with(other, "attn_flash")
@@ -113,6 +113,7 @@ def test_registry_table_has_each_targets_tiles():
     (dict(gemm_nr=48), "gemm_nr 48 is not 2 vectors"),
     (dict(vector_width=32, gemm_nr=64), "vector_width 32 is not a power of two in [8, 16]"),
     (dict(gemm_mc=50), "gemm_mc 50 is not whole 14-row groups"),
+    (dict(gemm_int8_mc=42), "gemm_int8_mc 42 is not whole 14-row groups of at least gemm_mc"),
     (dict(gemm_small_mr=14), "gemm_small_mr 14 is not in (0, gemm_mr)"),
     (dict(gemm_decode_sums=2), "gemm_decode_sums 2 is not a multiple of gemm_decode_panels"),
     (dict(flash_ne=3), "flash_ne 3 does not divide the head dim step 16"),
@@ -136,7 +137,7 @@ def test_unknown_target_named():
 
 
 def test_table_takes_a_width_twice_but_a_name_once(monkeypatch):
-    twin = dataclasses.replace(TARGETS[0], name="v16bf", gemm_mr=12, gemm_mc=36)
+    twin = dataclasses.replace(TARGETS[0], name="v16bf", gemm_mr=12, gemm_mc=36, gemm_int8_mc=72)
     monkeypatch.setattr(targets, "TARGETS", (TARGETS[0], twin, TARGETS[1]))
     targets._check_table()
     monkeypatch.setattr(targets, "TARGETS", (TARGETS[0], dataclasses.replace(twin, name="v16"), TARGETS[1]))
@@ -149,8 +150,8 @@ def test_vector_width_alias_takes_the_first_of_a_width(second_v16):
 
 
 # Tiles of the second v16 target, other than v16's in every value the templates take.
-TWIN_TILES = dict(gemm_mr=12, gemm_small_mr=2, gemm_kc=256, gemm_mc=36, gemm_decode_panels=2, gemm_decode_sums=8,
-                  flash_nj=4, flash_ne=2)
+TWIN_TILES = dict(gemm_mr=12, gemm_small_mr=2, gemm_kc=256, gemm_mc=36, gemm_int8_mc=72, gemm_decode_panels=2,
+                  gemm_decode_sums=8, flash_nj=4, flash_ne=2)
 
 
 @pytest.fixture
