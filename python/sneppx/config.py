@@ -78,8 +78,8 @@ class LLMConfig:
     keyword with HF's field names (``LLMConfig(hidden_size=4096,
     num_attention_heads=32, num_key_value_heads=8, rope_theta=5e5)``).
 
-    Attributes carry HF's names and are read-only, except ``use_flash_attn``
-    and ``mla_naive``. ``forward_mha()`` runs the layer: with deterministic
+    Attributes carry HF's names and are read-only, except ``use_flash_attn``,
+    ``mla_naive`` and ``num_threads``. ``forward_mha()`` runs the layer: with deterministic
     synthetic weights (``weights_source`` says which) until
     ``load_state_dict()`` or ``load_safetensors()`` gives real ones.
 
@@ -181,10 +181,10 @@ class LLMConfig:
     # ---------------------------------------------------------------- constructors
 
     @classmethod
-    def from_name(cls, family: str, size: Optional[str] = None, *,
-                  weight_dtype: Optional[str] = None, compute_dtype: Optional[str] = None) -> "LLMConfig":
+    def from_name(cls, family: str, size: Optional[str] = None, *, weight_dtype: Optional[str] = None,
+                  compute_dtype: Optional[str] = None, num_threads: Optional[int] = None) -> "LLMConfig":
         """A preset: ("llama3", "8B"), ("mistral", "7B") or a full name ("mistral-7B"), case-insensitive.
-        weight_dtype, compute_dtype: as for the constructor (default "float32").
+        weight_dtype, compute_dtype, num_threads: as for the constructor (default "float32", 0).
 
         Raises sneppx.UnknownPresetError (a ValueError) listing the valid names."""
         if not isinstance(family, str) or not (size is None or isinstance(size, str)):
@@ -196,6 +196,8 @@ class LLMConfig:
             config.weight_dtype = _dtype("weight_dtype", weight_dtype)
         if compute_dtype is not None:
             config.compute_dtype = _dtype("compute_dtype", compute_dtype)
+        if num_threads is not None:
+            config.num_threads = _size("num_threads", num_threads, c_type="int")
         self = cls.__new__(cls)
         self._init(config)
         return self
@@ -206,7 +208,7 @@ class LLMConfig:
 
         model_type llama, mistral, qwen2 and deepseek_v2 are understood (Qwen2: q/k/v
         bias, no o bias; Llama, DeepSeek: attention_bias; Mistral: no bias and its
-        sliding_window). Keyword overrides (e.g. use_flash_attn=False) are applied last.
+        sliding_window). Keyword overrides (e.g. use_flash_attn=False, num_threads=4) are applied last.
 
         The file is read by the C runtime's reader (sneppx_config_from_json), so C and
         Python accept the same files. Errors name the file and the field: FormatError
@@ -323,6 +325,28 @@ class LLMConfig:
             raise ValueError("mla_naive: applies to MLA configs (kv_lora_rank > 0) only")
         with self._lock:
             self._rebuild(lambda config: setattr(config, "mla_naive", flag))
+
+    @property
+    def num_threads(self) -> int:
+        """Threads every parallel region of the layer runs on (0: OpenMP's default)."""
+        return self._config.num_threads
+
+    @num_threads.setter
+    def num_threads(self, value: int) -> None:
+        """An integer in [0, SNEPPX_MAX_THREADS] (0: OpenMP's default): TypeError for another type
+        (bool included), ValueError for another value, both naming num_threads. The layer sizes its
+        per-thread buffers and packing for its count when it is made, so an existing layer is made
+        again (weights repacked from their source, kernels from the cache) before this returns;
+        the next forward runs on the new count."""
+        threads = _hf.c_count("num_threads", value, "int")
+
+        def change(config: S.Config) -> None:
+            config.num_threads = threads
+            check(lib.sneppx_config_validate(ctypes.byref(config)))   # names config.num_threads
+
+        with self._lock:
+            if threads != self._config.num_threads:
+                self._rebuild(change)
 
     def extend_context(self, max_position_embeddings: int) -> None:
         """NTK-aware context extension: rope_theta *= (n / old)^(d / (d - 2)) with d the
