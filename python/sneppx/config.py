@@ -419,10 +419,18 @@ class LLMConfig:
         (what load_state_dict() and load_safetensors() expect)."""
         return {name: shape for name, shape, _ in expected_tensors(self._config)}
 
-    def load_state_dict(self, state_dict: Mapping[str, Any], dtype: Optional[str] = None) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any], dtype: Optional[str] = None, *,
+                        layer: Optional[int] = None) -> None:
         """Loads one self_attn module's tensors by HF name ("q_proj.weight", "q_proj.bias", ...;
         DeepSeek: "q_a_proj.weight", "kv_a_proj_with_mqa.weight", ...), with or without a
         prefix ending in "self_attn." (e.g. "model.layers.0.self_attn.").
+
+        layer: take layer `layer`'s tensors of a whole model's state dict (e.g.
+        LlamaForCausalLM.state_dict()), as load_safetensors(path, layer=N) takes them from a
+        file: the keys "<prefix>layers.<layer>.self_attn.<name>" ("model.layers.3.self_attn.
+        q_proj.weight", "layers.3.self_attn.q_proj.weight"); every other tensor is ignored and
+        not read. A layer with no such key raises ValueError naming layer (and the layers the
+        state dict holds); a negative layer ValueError, a non-integer (bool too) TypeError.
 
         Values are any float array-likes of exactly the expected shape: numpy arrays, torch
         tensors (bfloat16 ones too, read through their bits), ml_dtypes bfloat16 arrays.
@@ -434,7 +442,7 @@ class LLMConfig:
         config's. Missing, extra or mis-shaped tensors raise ValueError, a non-float dtype
         TypeError, each naming the tensor."""
         storage = None if dtype is None else _dtype("dtype", dtype)
-        self._load(StateDictWeights(self._config, state_dict), storage)
+        self._load(StateDictWeights(self._config, state_dict, layer), storage)
 
     def load_safetensors(self, path: "os.PathLike[str] | str", layer: int = 0, dtype: Optional[str] = None) -> None:
         """Loads layer `layer`'s self_attn tensors from a HF checkpoint: a directory, a
