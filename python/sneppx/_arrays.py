@@ -4,11 +4,14 @@ once; errors name the argument and the shape it must have.
 
 bfloat16, which numpy lacks, is read through its bits: a torch tensor as the
 int16 view its own module offers (no torch import here), a numpy array of
-ml_dtypes' bfloat16 as uint16."""
+ml_dtypes' bfloat16 as uint16. torch tensors are read through _tensors (CPU
+only, detached, their memory shared)."""
 import sys
 from typing import Any, Optional, Tuple
 
 import numpy as np
+
+from ._tensors import is_torch_tensor, torch_array
 
 _REAL_KINDS = "fiu"     # float, signed and unsigned integer
 _INTEGER_KINDS = "iu"
@@ -31,6 +34,8 @@ def _torch_bfloat16_bits(name: str, value: Any) -> Optional[np.ndarray]:
 def array_or_bfloat16_bits(name: str, value: Any) -> Tuple[np.ndarray, bool]:
     """(value as an array, False), or (its bfloat16 bits as uint16, True) for a bfloat16
     tensor or array."""
+    if is_torch_tensor(value):
+        return torch_array(name, value), str(value.dtype) == "torch.bfloat16"
     bits = _torch_bfloat16_bits(name, value)
     if bits is not None:
         return bits, True
@@ -46,8 +51,11 @@ def array_or_bfloat16_bits(name: str, value: Any) -> Tuple[np.ndarray, bool]:
 
 
 def widen_bfloat16(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bits (uint16) -> C-contiguous float32, exactly: the bits are a float32's high half."""
-    return (np.ascontiguousarray(bits, dtype=np.uint32) << 16).view(np.float32)
+    """bfloat16 bits (uint16) -> C-contiguous float32, exactly: the bits are a float32's high half.
+    One new array, shifted in place."""
+    wide = np.array(bits, dtype=np.uint32, order="C", copy=True)
+    wide <<= 16
+    return wide.view(np.float32)
 
 
 def as_array(name: str, value: Any) -> np.ndarray:

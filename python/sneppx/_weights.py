@@ -8,7 +8,8 @@ CheckpointWeights  a safetensors checkpoint, packed from the file by the C loade
 """
 import ctypes
 import os
-from typing import Any, Dict, List, Mapping, Tuple
+import re
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -50,6 +51,48 @@ def _split_prefix(key: Any) -> Tuple[str, str]:
     return key[:at + len(_SELF_ATTN)], key[at + len(_SELF_ATTN):]
 
 
+# "<prefix>layers.<L>.self_attn.<name>", the prefix empty or ending in '.': the names the
+# checkpoint loader picks a layer's tensors by (runtime/safetensors_checkpoint.c, layer_suffix).
+_LAYER_KEY = re.compile(r"(?:^|(?<=\.))layers\.(\d+)\.self_attn\.")
+
+
+def _layer_keys(state_dict: Mapping[str, Any], layer: int) -> Dict[str, str]:
+    """The keys of layer `layer`'s self_attn tensors in a whole model's state dict, as
+    {key: name inside self_attn}; the other layers' tensors, embeddings, MLPs and norms are
+    left alone (not even read). ValueError naming layer when it has none."""
+    selected: Dict[str, str] = {}
+    layers = set()
+    for key in state_dict:
+        if not isinstance(key, str):
+            raise TypeError(f"state_dict: keys must be strings, got {key!r}")
+        for match in _LAYER_KEY.finditer(key):
+            layers.add(int(match.group(1)))
+            if match.group(1) == str(layer):   # as the C loader's pattern: "layers.01." is not layer 1
+                name = key[match.end():]
+                other = next((k for k, n in selected.items() if n == name), None)
+                if other is not None:
+                    raise ValueError(f"state_dict: tensors '{other}' and '{key}' both match layer {layer}'s "
+                                     f"self_attn.{name}")
+                selected[key] = name
+                break
+    if not selected:
+        held = f"it holds layers {_ranges(sorted(layers))}" if layers else \
+            "no key contains 'layers.<n>.self_attn.' (pass one layer's tensors without layer=)"
+        raise ValueError(f"layer: state_dict has no tensor of layer {layer}'s self_attn; {held}")
+    return selected
+
+
+def _ranges(numbers: List[int]) -> str:
+    """[0, 1, 2, 5] -> "0..2, 5"."""
+    parts, start = [], 0
+    for i in range(1, len(numbers) + 1):
+        if i == len(numbers) or numbers[i] != numbers[i - 1] + 1:
+            first, last = numbers[start], numbers[i - 1]
+            parts.append(str(first) if first == last else f"{first}..{last}")
+            start = i
+    return ", ".join(parts)
+
+
 def _stored_tensor(full_name: str, value: Any, shape: Tuple[int, ...]) -> Tuple[np.ndarray, int]:
     """value as the layer reads it: (a C-contiguous copy, its sneppx_dtype). bfloat16 (torch,
     ml_dtypes) and float16 keep their 16 bits (no float32 copy); float32 stays float32;
@@ -71,31 +114,41 @@ def _stored_tensor(full_name: str, value: Any, shape: Tuple[int, ...]) -> Tuple[
 
 
 class StateDictWeights:
-    def __init__(self, config: S.Config, state_dict: Mapping[str, Any]):
+    def __init__(self, config: S.Config, state_dict: Mapping[str, Any], layer: Optional[int] = None):
+        """layer None: state_dict holds one self_attn module's tensors (keys with or without a
+        prefix ending in "self_attn."); else a whole model's, of which layer `layer`'s are taken."""
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict: expected a mapping of names to arrays, got {type(state_dict).__name__}")
-        prefixes = {_split_prefix(key)[0] for key in state_dict}
-        if len(prefixes) > 1:
-            raise ValueError(f"state_dict: keys carry different prefixes {sorted(prefixes)}; "
-                             f"pass the tensors of one self_attn module")
-        prefix = prefixes.pop() if prefixes else ""
+        if layer is None:
+            names = {key: _split_prefix(key)[1] for key in state_dict}
+            prefixes = {_split_prefix(key)[0] for key in state_dict}
+            if len(prefixes) > 1:
+                whole_model = any(_LAYER_KEY.search(key) for key in state_dict)
+                raise ValueError(f"state_dict: keys carry different prefixes {sorted(prefixes)}; "
+                                 + ("pass layer=N to take layer N's tensors of a whole model's state dict"
+                                    if whole_model else "pass the tensors of one self_attn module"))
+            prefix = prefixes.pop() if prefixes else ""
+        else:
+            layer = _hf.c_count("layer", layer)
+            names = _layer_keys(state_dict, layer)
+            key, name = next(iter(names.items()))
+            prefix = key[:len(key) - len(name)]
         expected = {name: (shape, field) for name, shape, field in expected_tensors(config)}
         config_name = config.name.decode()
         self.arrays: Dict[str, Tuple[np.ndarray, int]] = {}   # field: (elements, sneppx_dtype)
-        for key, value in state_dict.items():
-            name = _split_prefix(key)[1]
+        for key, name in names.items():
             if lib.sneppx_attn_tensor_is_ignored(name.encode()):
                 continue
             if name not in expected:
                 raise ValueError(f"state_dict: unexpected tensor '{key}'; config '{config_name}' takes "
                                  f"{', '.join(expected)}")
             shape, field = expected[name]
-            self.arrays[field] = _stored_tensor(key, value, shape)
+            self.arrays[field] = _stored_tensor(key, state_dict[key], shape)
         missing = [prefix + name for name, (_, field) in expected.items() if field not in self.arrays]
         if missing:
             raise ValueError(f"state_dict: missing tensor(s) {', '.join(repr(m) for m in missing)} "
                              f"(config '{config_name}')")
-        self.description = f"state_dict({len(self.arrays)} tensors)"
+        self.description = f"state_dict({len(self.arrays)} tensors{'' if layer is None else f', layer={layer}'})"
 
     def create(self, config: S.Config) -> Layer:
         weights = S.TypedWeights()

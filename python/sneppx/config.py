@@ -16,6 +16,7 @@ from ._arrays import as_array, attention_mask_array, cached_mask_planes, hidden_
 from ._kv_cache import KVCache
 from ._layer import Layer
 from ._library import lib
+from ._tensors import is_torch_tensor, output_like
 from ._weights import CheckpointWeights, StateDictWeights, SyntheticWeights, expected_tensors
 from .errors import FileError, check
 
@@ -78,8 +79,8 @@ class LLMConfig:
     keyword with HF's field names (``LLMConfig(hidden_size=4096,
     num_attention_heads=32, num_key_value_heads=8, rope_theta=5e5)``).
 
-    Attributes carry HF's names and are read-only, except ``use_flash_attn``
-    and ``mla_naive``. ``forward_mha()`` runs the layer: with deterministic
+    Attributes carry HF's names and are read-only, except ``use_flash_attn``,
+    ``mla_naive`` and ``num_threads``. ``forward_mha()`` runs the layer: with deterministic
     synthetic weights (``weights_source`` says which) until
     ``load_state_dict()`` or ``load_safetensors()`` gives real ones.
 
@@ -181,10 +182,10 @@ class LLMConfig:
     # ---------------------------------------------------------------- constructors
 
     @classmethod
-    def from_name(cls, family: str, size: Optional[str] = None, *,
-                  weight_dtype: Optional[str] = None, compute_dtype: Optional[str] = None) -> "LLMConfig":
+    def from_name(cls, family: str, size: Optional[str] = None, *, weight_dtype: Optional[str] = None,
+                  compute_dtype: Optional[str] = None, num_threads: Optional[int] = None) -> "LLMConfig":
         """A preset: ("llama3", "8B"), ("mistral", "7B") or a full name ("mistral-7B"), case-insensitive.
-        weight_dtype, compute_dtype: as for the constructor (default "float32").
+        weight_dtype, compute_dtype, num_threads: as for the constructor (default "float32", 0).
 
         Raises sneppx.UnknownPresetError (a ValueError) listing the valid names."""
         if not isinstance(family, str) or not (size is None or isinstance(size, str)):
@@ -196,6 +197,8 @@ class LLMConfig:
             config.weight_dtype = _dtype("weight_dtype", weight_dtype)
         if compute_dtype is not None:
             config.compute_dtype = _dtype("compute_dtype", compute_dtype)
+        if num_threads is not None:
+            config.num_threads = _size("num_threads", num_threads, c_type="int")
         self = cls.__new__(cls)
         self._init(config)
         return self
@@ -206,7 +209,7 @@ class LLMConfig:
 
         model_type llama, mistral, qwen2 and deepseek_v2 are understood (Qwen2: q/k/v
         bias, no o bias; Llama, DeepSeek: attention_bias; Mistral: no bias and its
-        sliding_window). Keyword overrides (e.g. use_flash_attn=False) are applied last.
+        sliding_window). Keyword overrides (e.g. use_flash_attn=False, num_threads=4) are applied last.
 
         The file is read by the C runtime's reader (sneppx_config_from_json), so C and
         Python accept the same files. Errors name the file and the field: FormatError
@@ -324,6 +327,28 @@ class LLMConfig:
         with self._lock:
             self._rebuild(lambda config: setattr(config, "mla_naive", flag))
 
+    @property
+    def num_threads(self) -> int:
+        """Threads every parallel region of the layer runs on (0: OpenMP's default)."""
+        return self._config.num_threads
+
+    @num_threads.setter
+    def num_threads(self, value: int) -> None:
+        """An integer in [0, SNEPPX_MAX_THREADS] (0: OpenMP's default): TypeError for another type
+        (bool included), ValueError for another value, both naming num_threads. The layer sizes its
+        per-thread buffers and packing for its count when it is made, so an existing layer is made
+        again (weights repacked from their source, kernels from the cache) before this returns;
+        the next forward runs on the new count."""
+        threads = _hf.c_count("num_threads", value, "int")
+
+        def change(config: S.Config) -> None:
+            config.num_threads = threads
+            check(lib.sneppx_config_validate(ctypes.byref(config)))   # names config.num_threads
+
+        with self._lock:
+            if threads != self._config.num_threads:
+                self._rebuild(change)
+
     def extend_context(self, max_position_embeddings: int) -> None:
         """NTK-aware context extension: rope_theta *= (n / old)^(d / (d - 2)) with d the
         rotary dim, and max_position_embeddings becomes n (n must exceed it and be at most
@@ -395,13 +420,22 @@ class LLMConfig:
         (what load_state_dict() and load_safetensors() expect)."""
         return {name: shape for name, shape, _ in expected_tensors(self._config)}
 
-    def load_state_dict(self, state_dict: Mapping[str, Any], dtype: Optional[str] = None) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any], dtype: Optional[str] = None, *,
+                        layer: Optional[int] = None) -> None:
         """Loads one self_attn module's tensors by HF name ("q_proj.weight", "q_proj.bias", ...;
         DeepSeek: "q_a_proj.weight", "kv_a_proj_with_mqa.weight", ...), with or without a
         prefix ending in "self_attn." (e.g. "model.layers.0.self_attn.").
 
+        layer: take layer `layer`'s tensors of a whole model's state dict (e.g.
+        LlamaForCausalLM.state_dict()), as load_safetensors(path, layer=N) takes them from a
+        file: the keys "<prefix>layers.<layer>.self_attn.<name>" ("model.layers.3.self_attn.
+        q_proj.weight", "layers.3.self_attn.q_proj.weight"); every other tensor is ignored and
+        not read. A layer with no such key raises ValueError naming layer (and the layers the
+        state dict holds); a negative layer ValueError, a non-integer (bool too) TypeError.
+
         Values are any float array-likes of exactly the expected shape: numpy arrays, torch
-        tensors (bfloat16 ones too, read through their bits), ml_dtypes bfloat16 arrays.
+        tensors (bfloat16 ones too, read through their bits; Parameters through .detach(); on
+        another device than the CPU, ValueError naming the tensor), ml_dtypes bfloat16 arrays.
         bfloat16 and float16 tensors are copied once as their 16 bits, float32 ones as float32,
         others converted to float32; the copies are kept (so extend_context() / mla_naive can
         repack them; changing the caller's arrays afterwards changes nothing here, as in torch).
@@ -410,7 +444,7 @@ class LLMConfig:
         config's. Missing, extra or mis-shaped tensors raise ValueError, a non-float dtype
         TypeError, each naming the tensor."""
         storage = None if dtype is None else _dtype("dtype", dtype)
-        self._load(StateDictWeights(self._config, state_dict), storage)
+        self._load(StateDictWeights(self._config, state_dict, layer), storage)
 
     def load_safetensors(self, path: "os.PathLike[str] | str", layer: int = 0, dtype: Optional[str] = None) -> None:
         """Loads layer `layer`'s self_attn tensors from a HF checkpoint: a directory, a
@@ -464,12 +498,15 @@ class LLMConfig:
         return KVCache(self._config, batch, max_tokens, page_size, num_layers, dtype)
 
     def forward_mha(self, hidden_states: Any, attention_mask: Any = None, position_ids: Any = None,
-                    past_key_value: Optional[KVCache] = None, layer_idx: int = 0) -> np.ndarray:
+                    past_key_value: Optional[KVCache] = None, layer_idx: int = 0) -> Any:
         """The attention module's forward, HF semantics: [batch, seq_len, hidden_size] -> same shape.
 
         hidden_states: any real array-like; float64, other dtypes and non-contiguous arrays
             are converted once (np.ascontiguousarray(x, dtype=np.float32)); a finite value
-            beyond the float32 range raises ValueError rather than becoming inf.
+            beyond the float32 range raises ValueError rather than becoming inf. A torch
+            tensor must be on the CPU (else ValueError); a contiguous float32 one is read in
+            place (no copy). Tensors that require grad are read through .detach(): sneppx
+            records no autograd graph, and gradients do not flow through it.
         attention_mask: None (causal, plus the sliding window if the config has one), or
             [batch or 1, 1, seq_len, seq_len]: float = additive (<= -1e30 or -inf masks;
             taken as final, nothing added on top), bool = True where attention is allowed.
@@ -481,23 +518,25 @@ class LLMConfig:
             with a past; every row must then have the same cached length) or HF's 2-D padding
             mask [batch, cached + seq_len] of 1 / 0.
 
-        Returns a new float32 ndarray. Wrong shapes raise ValueError, wrong dtypes TypeError,
-        naming the argument and the expected shape. NaN inputs propagate to the output."""
+        Returns a new float32 array: a torch tensor (torch.float32, sharing the result's memory,
+        requires_grad False) when hidden_states is a torch tensor, else an ndarray. Wrong shapes
+        raise ValueError, wrong dtypes TypeError, naming the argument and the expected shape.
+        NaN inputs propagate to the output."""
         x = hidden_states_array(hidden_states, self._config.hidden_size)
         batch, seq_len = x.shape[0], x.shape[1]
         if past_key_value is not None:
-            return self._forward_cached(x, attention_mask, position_ids, past_key_value, layer_idx)
+            out = self._forward_cached(x, attention_mask, position_ids, past_key_value, layer_idx,
+                                       is_torch_tensor(hidden_states))
+            return output_like(hidden_states, out)
         mask = attention_mask_array(attention_mask, batch, seq_len)
         positions = position_ids_array(position_ids, batch, seq_len)
         out = np.empty_like(x)
-        if x.size == 0:
-            return out
-        layer = self._current_layer()
-        layer.forward(x, mask, positions, out)
-        return out
+        if x.size:
+            self._current_layer().forward(x, mask, positions, out)
+        return output_like(hidden_states, out)
 
     def _forward_cached(self, x: np.ndarray, attention_mask: Any, position_ids: Any, cache: KVCache,
-                        layer_idx: int) -> np.ndarray:
+                        layer_idx: int, torch_in: bool) -> np.ndarray:
         if not isinstance(cache, KVCache):
             raise TypeError(f"past_key_value: expected a sneppx KVCache (LLMConfig.kv_cache()), got "
                             f"{type(cache).__name__}")
@@ -519,15 +558,17 @@ class LLMConfig:
             layer = self._current_layer()
             layer.forward_cached(cache._handle, layer_idx, cache._rows, [seq_len] * batch,
                                  x.reshape(batch * seq_len, -1), positions, masks, out.reshape(batch * seq_len, -1))
+            cache._torch_output = torch_in
         return out
 
     def forward_ragged(self, cache: KVCache, rows: Any, hidden_states: Any, position_ids: Any = None,
-                       layer_idx: int = 0) -> List[np.ndarray]:
+                       layer_idx: int = 0) -> List[Any]:
         """One call for a server's mixed batch: row rows[i] of the cache gets the tokens
         hidden_states[i] ([q_len_i, hidden_size], q_len_i >= 1: a prompt chunk, or one token
         to decode), appended at layer_idx; they attend causally (and within the window) to
         what the row holds. position_ids: None (each row's cached length + 0..q_len_i-1) or a
-        list of integer arrays [q_len_i]. Returns the outputs, [q_len_i, hidden_size] each.
+        list of integer arrays [q_len_i]. Returns the outputs, [q_len_i, hidden_size] float32
+        each: a torch tensor where hidden_states[i] is one (as forward_mha), else an ndarray.
         The projections run once over all the rows' tokens."""
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache: expected a sneppx KVCache (LLMConfig.kv_cache()), got {type(cache).__name__}")
@@ -560,7 +601,8 @@ class LLMConfig:
         with cache._lock:
             seq_ids = [cache._rows[cache._row(row)] for row in rows]
             self._current_layer().forward_cached(cache._handle, layer_idx, seq_ids, q_lens, x, positions, None, out)
-        return list(np.split(out, np.cumsum(q_lens)[:-1]))
+            cache._torch_output = any(is_torch_tensor(chunk) for chunk in chunks)
+        return [output_like(chunk, part) for chunk, part in zip(chunks, np.split(out, np.cumsum(q_lens)[:-1]))]
 
 
 def _field_property(field: Any) -> property:
