@@ -13,7 +13,6 @@ import numpy as np
 
 from . import _structs as S
 from ._library import lib
-from ._tensors import as_torch
 from .errors import check
 
 # Mirrors of the public structs. Each call passes struct_size = sizeof the
@@ -75,7 +74,7 @@ class KVCache:
     Calls on one KVCache are serialized by a lock; a forward holds it."""
 
     __slots__ = ("_handle", "_destroy", "_rows", "_lock", "_config", "num_layers", "page_size",
-                 "max_tokens", "dtype", "_torch_output", "__weakref__")
+                 "max_tokens", "dtype", "__weakref__")
 
     def __init__(self, config: Any, batch: int, max_tokens: int, page_size: int, num_layers: int,
                  dtype: Any = "float32"):
@@ -102,8 +101,6 @@ class KVCache:
         self._handle = handle.value
         self._config = config
         self._lock = threading.RLock()
-        # read() returns torch tensors when the last forward that appended took torch hidden states.
-        self._torch_output = False
         self._rows: List[int] = []
         self.num_layers, self.page_size, self.max_tokens = num_layers, page_size, max_tokens
         self.dtype = S.DTYPES[dtype_value]
@@ -188,9 +185,8 @@ class KVCache:
         row's length there), widened to float32 (int8: times each row's scale), as
         (k, v): standard [tokens, num_kv_heads, head_dim] each, K after RoPE; MLA
         (latent rows [tokens, kv_lora_rank + qk_rope_head_dim], None). Tokens a sliding
-        window released are gone (begin must be past them). New float32 arrays: torch
-        tensors when the last forward that appended to the cache took torch hidden states
-        (forward_ragged: any), else ndarrays."""
+        window released are gone (begin must be past them). New float32 ndarrays, whatever
+        the forwards took (torch.from_numpy wraps them without a copy)."""
         with self._lock:
             seq_id = self._rows[self._row(row)]
             if end is None:
@@ -209,8 +205,6 @@ class KVCache:
             as_float = ctypes.POINTER(ctypes.c_float)
             check(lib.sneppx_kv_cache_read(self._handle, seq_id, layer_idx, begin, end, k.ctypes.data_as(as_float),
                                            None if v is None else v.ctypes.data_as(as_float)))
-            if self._torch_output:
-                return as_torch(k), None if v is None else as_torch(v)
             return k, v
 
     def stats(self) -> dict:

@@ -16,7 +16,7 @@ from ._arrays import as_array, attention_mask_array, cached_mask_planes, hidden_
 from ._kv_cache import KVCache
 from ._layer import Layer
 from ._library import lib
-from ._tensors import is_torch_tensor, output_like
+from ._tensors import output_like
 from ._weights import CheckpointWeights, StateDictWeights, SyntheticWeights, expected_tensors
 from .errors import FileError, check
 
@@ -525,8 +525,7 @@ class LLMConfig:
         x = hidden_states_array(hidden_states, self._config.hidden_size)
         batch, seq_len = x.shape[0], x.shape[1]
         if past_key_value is not None:
-            out = self._forward_cached(x, attention_mask, position_ids, past_key_value, layer_idx,
-                                       is_torch_tensor(hidden_states))
+            out = self._forward_cached(x, attention_mask, position_ids, past_key_value, layer_idx)
             return output_like(hidden_states, out)
         mask = attention_mask_array(attention_mask, batch, seq_len)
         positions = position_ids_array(position_ids, batch, seq_len)
@@ -536,7 +535,7 @@ class LLMConfig:
         return output_like(hidden_states, out)
 
     def _forward_cached(self, x: np.ndarray, attention_mask: Any, position_ids: Any, cache: KVCache,
-                        layer_idx: int, torch_in: bool) -> np.ndarray:
+                        layer_idx: int) -> np.ndarray:
         if not isinstance(cache, KVCache):
             raise TypeError(f"past_key_value: expected a sneppx KVCache (LLMConfig.kv_cache()), got "
                             f"{type(cache).__name__}")
@@ -558,7 +557,6 @@ class LLMConfig:
             layer = self._current_layer()
             layer.forward_cached(cache._handle, layer_idx, cache._rows, [seq_len] * batch,
                                  x.reshape(batch * seq_len, -1), positions, masks, out.reshape(batch * seq_len, -1))
-            cache._torch_output = torch_in
         return out
 
     def forward_ragged(self, cache: KVCache, rows: Any, hidden_states: Any, position_ids: Any = None,
@@ -601,7 +599,6 @@ class LLMConfig:
         with cache._lock:
             seq_ids = [cache._rows[cache._row(row)] for row in rows]
             self._current_layer().forward_cached(cache._handle, layer_idx, seq_ids, q_lens, x, positions, None, out)
-            cache._torch_output = any(is_torch_tensor(chunk) for chunk in chunks)
         return [output_like(chunk, part) for chunk, part in zip(chunks, np.split(out, np.cumsum(q_lens)[:-1]))]
 
 
