@@ -13,6 +13,7 @@ layer's projections and RoPE give the runtime's float32 bits, so:
 And with K/V rows the layer does not compute but copies (identity k/v projections at
 position 0), the rounding rules alone: ties, subnormals, float16's overflow, int8's
 zero and non-finite rows give the runtime's bits, with gcc (cc) and clang builds."""
+# ctest: 2 shards (tests/CMakeLists.txt), each under a minute on 2 cores
 import ctypes
 import json
 import os
