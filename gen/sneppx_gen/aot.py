@@ -49,6 +49,7 @@ class Plan:
     kernels: Dict[str, Kernel]          # role -> kernel (roles may share one)
     dims: Dict[str, int]
     weight_fields: Tuple[WeightField, ...]
+    kv_dtype: str = "float32"           # what the cached forward's caches hold (config_fields.DTYPES)
 
     @property
     def name(self) -> str:
@@ -159,13 +160,29 @@ def _plan_mla(arch: Arch, target: Target, attention: str) -> Tuple[Dict[str, Ker
     return kernels, dims, fields
 
 
-def plan(arch: Arch, target: Target, flash: bool) -> Plan:
-    """The kernels, sizes and weight fields of the arch's layer. Raises
-    ValueError for a key the kernels do not cover."""
+def _decode_kernel(dims: Dict[str, int], kv_dtype: str, target: Target) -> Kernel:
+    """The cached forward's attn_decode over caches of kv_dtype (causal, the arch's window), as
+    the runtime resolves it for a KV cache of that dtype (runtime/layer.c)."""
+    return _kernel("attn_decode", {"head_dim": dims["attn_head_dim"], "v_head_dim": dims["attn_v_head_dim"],
+                                   "group": dims["attn_group"], "window": dims["attn_window"],
+                                   "mask_mode": MASK_MODES.index("causal"),
+                                   "kv_type": config_fields.DTYPES.index(kv_dtype)}, target)
+
+
+def plan(arch: Arch, target: Target, flash: bool, kv_dtype: str = "float32") -> Plan:
+    """The kernels, sizes and weight fields of the arch's layer, its cached forward over
+    caches of kv_dtype. Raises ValueError for a key the kernels do not cover."""
+    if kv_dtype not in config_fields.DTYPES:
+        raise ValueError(f"kv_dtype: {kv_dtype!r} is not one of {', '.join(config_fields.DTYPES)}")
     attention = "attn_flash" if flash else "attn_sdpa"
     planner = _plan_mla if arch.is_mla else _plan_standard
     kernels, dims, fields = planner(arch, target, attention)
-    return Plan(arch, target, flash, kernels, dims, fields)
+    if kv_dtype != "float32":
+        # Narrow caches: decode-sized runs read them in place with attn_decode, widening in
+        # registers, as the runtime does; the float32 layer attends in place with its
+        # flash / SDPA kernel for every run.
+        kernels["decode"] = _decode_kernel(dims, kv_dtype, target)
+    return Plan(arch, target, flash, kernels, dims, fields, kv_dtype)
 
 
 def _rope_initializer(arch: Arch, rotary_dim: int) -> str:
@@ -202,6 +219,9 @@ def render_layer(p: Plan) -> Tuple[str, str]:
         rope_type=ROPE_TYPE_NAMES[p.arch.rope_scaling.type],
         weight_dtype=config_fields.DTYPES[p.arch.weight_dtype],
         compute_dtype=config_fields.DTYPES[p.arch.compute_dtype],
+        kv_dtype=p.kv_dtype,
+        kv_c_type=config_fields.DTYPE_C_TYPES[config_fields.DTYPES.index(p.kv_dtype)],
+        kv_bytes=config_fields.DTYPE_BYTES[config_fields.DTYPES.index(p.kv_dtype)],
         rope_initializer=_rope_initializer(p.arch, p.dims["rotary_dim"]),
         rope_freqs=render.render_template("rope_freqs.c.j2", mode="aot"),
         softmax_scale=_float_literal(p.arch.softmax_scale()),
@@ -220,6 +240,7 @@ def manifest(p: Plan) -> dict:
         "attention": "flash" if p.flash else "sdpa",
         "weight_dtype": config_fields.DTYPES[p.arch.weight_dtype],
         "compute_dtype": config_fields.DTYPES[p.arch.compute_dtype],
+        "kv_dtype": p.kv_dtype,
         "source": f"{p.name}.c",
         "header": f"{p.name}.h",
         "prefix": p.name,
@@ -228,15 +249,16 @@ def manifest(p: Plan) -> dict:
     }
 
 
-def generate(arch: Arch, out_dir: str, target: Target, flash: bool) -> List[str]:
-    """Writes the layer files into out_dir (created if needed); returns their paths.
+def generate(arch: Arch, out_dir: str, target: Target, flash: bool, kv_dtype: str = "float32") -> List[str]:
+    """Writes the layer files into out_dir (created if needed), the cached forward's caches
+    holding kv_dtype; returns their paths.
     Raises ValueError for an arch the vendored layer does not cover or whose name would
     take the runtime's C names, OSError on I/O."""
     taken = runtime_names.collision(arch.sanitized_name)
     if taken:
         raise ValueError(f"the layer's C names would be sneppx_{arch.sanitized_name}_*, as the runtime's "
                          f"{taken} is: choose another name (--name)")
-    p = plan(arch, target, flash)
+    p = plan(arch, target, flash, kv_dtype)
     source, header = render_layer(p)
     os.makedirs(out_dir, exist_ok=True)
     files = {

@@ -1,8 +1,9 @@
 """The sneppx-gen command line.
 
     sneppx-gen --list
-    sneppx-gen --arch NAME -o DIR [--target NAME|--vector-width W] [--flash|--sdpa]
-    sneppx-gen --config PATH [--name NAME] -o DIR [--target NAME|--vector-width W] [--flash|--sdpa]
+    sneppx-gen --arch NAME -o DIR [--target NAME|--vector-width W] [--flash|--sdpa] [--weight-dtype T]
+                                     [--compute-dtype T] [--kv-dtype T]
+    sneppx-gen --config PATH [--name NAME] -o DIR [same options]
                                      (W: a target's vector width, targets.py)
                                      (an HF config.json, read as the runtime reads it,
                                      or a hand config: see config_json.py)
@@ -84,6 +85,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="what the projections multiply in (default: the config's, float32); bfloat16 "
                              "(with bfloat16 weights) rounds their inputs to bfloat16 for vdpbf16ps, ~2x the "
                              "rate on CPUs with AVX512_BF16 (the only ones the file then runs on)")
+    parser.add_argument("--kv-dtype", choices=config_fields.DTYPES, default=None, action=_Once,
+                        help="what the KV caches of the cached forward (_forward_cached) hold, which the caller "
+                             "allocates (default float32): bfloat16 / float16 halve the bytes a decode step reads, "
+                             "int8 (a float32 scale per token and K/V head) quarters them; rounded as libsneppx's "
+                             "KV cache of that dtype rounds")
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--target", choices=TARGET_NAMES, default=None, action=_Once,
                         help="the instruction-set target (default: the host's, the first of "
@@ -153,7 +159,7 @@ def main(argv: List[str]) -> int:
     else:
         target = host_cpu_target()
     try:
-        written = aot.generate(arch, args.output, target, flash)
+        written = aot.generate(arch, args.output, target, flash, args.kv_dtype or "float32")
     except (OSError, ValueError) as error:
         print(f"sneppx-gen: {arch.name}: {error}", file=sys.stderr)
         return EXIT_FAILED

@@ -72,6 +72,9 @@ WEIGHT_DTYPES = DTYPES
 # group of k: templates/abi.h.j2's sneppx_gemm_panel_bytes sizes panels; an int8
 # cache row one per row: runtime/kv_cache_internal.h).
 DTYPE_BYTES = (4, 2, 2, 1)
+# The C type of one element of each, as a vendored layer's cache pointers hold it
+# (bfloat16 and float16 as their 16 bits).
+DTYPE_C_TYPES = ("float", "uint16_t", "uint16_t", "int8_t")
 
 # sneppx_rope_type's values, by HF name.
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")

@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import pytest
@@ -63,7 +63,7 @@ PRESETS = ["llama3-8B", "mistral-7B", "qwen2-0.5B"]
 class AotLayer:
     """A sneppx-gen layer compiled to a shared library, driven through ctypes."""
 
-    def __init__(self, out_dir: Path):
+    def __init__(self, out_dir: Path, cc: Optional[str] = None, cflags: Sequence[str] = ()):
         manifest = json.loads((out_dir / "manifest.json").read_text())
         self.keys: List[str] = manifest["keys"]
         prefix = manifest["prefix"]
@@ -72,7 +72,7 @@ class AotLayer:
         assert struct, f"{manifest['header']}: no struct {prefix}_weights"
         self.fields = re.findall(r"const float \*(\w+);", struct.group(1))
         self.library_path = out_dir / f"lib{prefix}.so"
-        subprocess.run([CC, "-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror",
+        subprocess.run([cc or CC, "-std=c11", "-O2", *cflags, "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror",
                         str(out_dir / manifest["source"]), "-o", str(self.library_path), "-lm"],
                        check=True, capture_output=True, text=True)
         lib = ctypes.CDLL(str(self.library_path))
@@ -126,11 +126,12 @@ class AotLayer:
         return out
 
 
-def _generate(args: List[str], out_dir: Path) -> AotLayer:
+def _generate(args: List[str], out_dir: Path, **build) -> AotLayer:
+    """sneppx-gen args -o out_dir, built (build: AotLayer's cc and cflags)."""
     result = subprocess.run([sys.executable, str(SNEPPX_GEN), *args, "-o", str(out_dir)],
                             capture_output=True, text=True)
     assert result.returncode == 0, f"sneppx-gen {' '.join(args)} failed:\n{result.stderr}"
-    return AotLayer(out_dir)
+    return AotLayer(out_dir, **build)
 
 
 def _preset_config(name: str) -> Dict[str, Any]:
