@@ -84,7 +84,7 @@ int main(int argc, char **argv)
     MPI_Comm comm = MPI_COMM_WORLD;
     const char *scratch = getenv("SNEPPX_BINARY_DIR");
     const shard_env env = {.rank = rank, .world = world, .make_shard = make_shard, .barrier = barrier,
-                           .context = &comm, .scratch_dir = scratch ? scratch : "."};
+                           .context = &comm, .scratch_dir = scratch ? scratch : ".", .own_process = 1};
     int failures = shard_cases_run(&env, SHARD_CASES_SMALL | SHARD_CASES_FAILURES | SHARD_CASES_CHECKPOINT |
                                              SHARD_CASES_PRESETS);
 

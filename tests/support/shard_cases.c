@@ -563,6 +563,32 @@ static int write_checkpoint(const char *path, const sneppx_config *config, snepp
     return fclose(file) != 0;
 }
 
+/* Bytes this process has read (/proc/self/io rchar), or -1. */
+static long long bytes_read(void)
+{
+    FILE *io = fopen("/proc/self/io", "r");
+    char line[128];
+    long long value = -1;
+    while (io && fgets(line, sizeof line, io))
+        if (sscanf(line, "rchar: %lld", &value) == 1)
+            break;
+    if (io)
+        fclose(io);
+    return value;
+}
+
+/* The bytes of a layer's tensors as write_checkpoint stores them (matrices BF16, vectors F32). */
+static long long stored_bytes(const sneppx_config *config)
+{
+    sneppx_attn_tensor tensors[SNEPPX_ATTN_TENSORS_MAX];
+    int count = 0;
+    long long bytes = 0;
+    sneppx_attn_tensors(config, tensors, &count);
+    for (int i = 0; i < count; i++)
+        bytes += tensors[i].rank == 2 ? 2 * tensors[i].shape[0] * tensors[i].shape[1] : 4 * tensors[i].shape[0];
+    return bytes;
+}
+
 static void checkpoint_case(struct run *run, const sneppx_config *config)
 {
     const shard_env *env = run->env;
@@ -580,10 +606,19 @@ static void checkpoint_case(struct run *run, const sneppx_config *config)
     sneppx_layer *whole = NULL, *from_file = NULL, *from_memory = NULL;
     sneppx_shard shard;
     sneppx_status s0 = sneppx_layer_create_from_safetensors(config, path, 0, &whole);
-    env->make_shard(env->context, &shard);
-    sneppx_status s1 = sneppx_layer_create_shard_from_safetensors(config, path, 0, &shard, &from_file);
+    /* From memory first: the file's shard then finds its kernels in memory, and reads the file alone. */
     env->make_shard(env->context, &shard);
     sneppx_status s2 = sneppx_layer_create_shard_typed(config, &typed, &shard, &from_memory);
+    env->make_shard(env->context, &shard);
+    const long long read_before = bytes_read();
+    sneppx_status s1 = sneppx_layer_create_shard_from_safetensors(config, path, 0, &shard, &from_file);
+    const long long read = bytes_read() - read_before;
+    /* Each rank reads its shard's rows and columns, plus the file's header (a few KiB). */
+    if (env->own_process && s1 == SNEPPX_OK && read_before >= 0) {
+        const long long shard_bytes = stored_bytes(sneppx_layer_config(from_file)), whole = stored_bytes(config);
+        check(run, read >= shard_bytes && read <= shard_bytes + 16384,
+              "read %lld bytes of the file for a shard of %lld bytes (the layer's: %lld)", read, shard_bytes, whole);
+    }
     if (check(run, s0 == SNEPPX_OK && s1 == SNEPPX_OK && s2 == SNEPPX_OK, "create: %s %s %s '%s'",
               sneppx_status_name(s0), sneppx_status_name(s1), sneppx_status_name(s2), sneppx_last_error())) {
         const int64_t hidden = config->hidden_size, n = 6 * hidden;

@@ -17,6 +17,8 @@ typedef struct shard_env {
     void *context;
     /* A directory every rank sees (the checkpoint case writes a file there). */
     const char *scratch_dir;
+    /* Each rank is a process of its own, so /proc/self/io counts its reads alone. */
+    int own_process;
 } shard_env;
 
 /* Which cases run: every config of the small families (GQA with biases and a
