@@ -168,10 +168,55 @@ static void *run_rank(void *argument)
     return NULL;
 }
 
+/* The local calls: sneppx_shard_check, and sneppx_layer_shard_info of a layer that is no shard. */
+static int local_calls(void)
+{
+    int failures = 0;
+    sneppx_config config;
+    sneppx_config_from_name("llama3-8B", NULL, &config);
+    sneppx_status status = sneppx_shard_check(&config, 3);
+    if (status != SNEPPX_ERR_INVALID_ARGUMENT ||
+        !strstr(sneppx_last_error(), "world: 3 ranks cannot split llama3-8B's 32 query heads in 8 K/V groups") ||
+        !strstr(sneppx_last_error(), "world sizes that can: 1, 2, 4, 8, 16 or 32")) {
+        fprintf(stderr, "FAIL sneppx_shard_check(llama3-8B, 3): %s '%s'\n", sneppx_status_name(status),
+                sneppx_last_error());
+        failures++;
+    }
+    if (sneppx_shard_check(&config, 16) != SNEPPX_OK || sneppx_shard_check(&config, 0) == SNEPPX_OK ||
+        sneppx_shard_check(NULL, 2) == SNEPPX_OK) {
+        fprintf(stderr, "FAIL sneppx_shard_check: 16 refused, or 0 / a NULL config accepted\n");
+        failures++;
+    }
+    sneppx_config small;
+    sneppx_config_init(&small);
+    small.hidden_size = 64;
+    small.num_attention_heads = 4;
+    small.num_key_value_heads = 2;
+    small.num_threads = 1;
+    sneppx_layer *layer = NULL;
+    sneppx_shard_info info;
+    memset(&info, 0xff, sizeof info);
+    if (sneppx_layer_create(&small, NULL, &layer) != SNEPPX_OK || sneppx_layer_shard_info(layer, &info) != SNEPPX_OK ||
+        info.rank != 0 || info.world != 1 || info.q_head_begin != 0 || info.q_heads != 4 || info.kv_head_begin != 0 ||
+        info.kv_heads != 2) {
+        fprintf(stderr, "FAIL sneppx_layer_shard_info of a whole layer: rank %d of %d, q %lld+%lld, kv %lld+%lld\n",
+                info.rank, info.world, (long long)info.q_head_begin, (long long)info.q_heads,
+                (long long)info.kv_head_begin, (long long)info.kv_heads);
+        failures++;
+    }
+    if (sneppx_layer_shard_info(layer, NULL) != SNEPPX_ERR_INVALID_ARGUMENT ||
+        !strstr(sneppx_last_error(), "info: must not be NULL")) {
+        fprintf(stderr, "FAIL sneppx_layer_shard_info(layer, NULL): '%s'\n", sneppx_last_error());
+        failures++;
+    }
+    sneppx_layer_destroy(layer);
+    return failures;
+}
+
 int main(void)
 {
     static const int worlds[] = {1, 2, 3, 4};
-    int failures = 0;
+    int failures = local_calls();
     for (size_t i = 0; i < sizeof worlds / sizeof worlds[0]; i++) {
         static struct world world;
         memset(&world, 0, sizeof world);
