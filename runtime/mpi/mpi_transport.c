@@ -178,7 +178,9 @@ static sneppx_shard shard_over(MPI_Comm comm)
         return shard;
     /* Rank 0 of 1: the create's first all-gather fails, naming the reason (a string
      * it cannot allocate leaves "out of memory", static, unreleased). */
-    char *copy = strdup(reason);
+    char *copy = malloc(strlen(reason) + 1);
+    if (copy)
+        memcpy(copy, reason, strlen(reason) + 1);
     shard = (sneppx_shard){.rank = 0, .world = 1,
                            .transport = {.context = copy ? copy : "out of memory", .allgather = failed_allgather,
                                          .sum_start = failed_sum_start, .sum_wait = failed_sum_wait,
