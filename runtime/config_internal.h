@@ -44,6 +44,24 @@ extern const char sneppx_rope_key_list[];
 /* params->type and every parameter from scaling (the rest of params untouched). */
 void sneppx_rope_params_set_scaling(struct sneppx_rope_params *params, const sneppx_rope_scaling *scaling);
 
+/* config_fields.CONFIG_FIELDS value by value (rope_scaling's as "rope_scaling.<name>"),
+ * rendered beside them: where each lives in sneppx_config and what it is. */
+enum sneppx_field_kind { SNEPPX_FIELD_INT, SNEPPX_FIELD_INT64, SNEPPX_FIELD_DOUBLE, SNEPPX_FIELD_NAME };
+struct sneppx_config_field {
+    const char *name;
+    size_t offset;
+    enum sneppx_field_kind kind;
+};
+extern const struct sneppx_config_field sneppx_config_fields[];
+extern const int sneppx_config_field_count;
+
+/* The first value (in field order) in which a and b differ, padding and the bytes after
+ * name's NUL aside, skipping the field at offset skip[i] for each of the skip_count
+ * offsets: 0 when none does, else 1 with "<field> <a's value> / <b's value>" in text
+ * (runtime/config_compare.c). */
+int sneppx_config_difference(const sneppx_config *a, const sneppx_config *b, const size_t *skip, int skip_count,
+                             char *text, size_t size);
+
 int64_t sneppx_config_head_dim(const sneppx_config *config);
 int64_t sneppx_config_rotary_dim(const sneppx_config *config);
 void sneppx_config_rope_params(const sneppx_config *config, struct sneppx_rope_params *params);

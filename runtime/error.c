@@ -52,6 +52,7 @@ const char *sneppx_status_name(sneppx_status status)
     case SNEPPX_ERR_JIT: return "SNEPPX_ERR_JIT";
     case SNEPPX_ERR_IO: return "SNEPPX_ERR_IO";
     case SNEPPX_ERR_FORMAT: return "SNEPPX_ERR_FORMAT";
+    case SNEPPX_ERR_COMM: return "SNEPPX_ERR_COMM";
     }
     return "SNEPPX_ERR_UNKNOWN";
 }

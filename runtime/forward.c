@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "forward.h"
+#include "shard.h"
 #include "threads.h"
 #include "sneppx_abi.h"
 
@@ -50,6 +51,40 @@ static void run_gemm(const sneppx_layer *layer, const struct sneppx_packed_gemm 
         args.dst_stride = dst_stride;
         gemm->kernel->entry[SNEPPX_ENTRY_RUN](&args);
     }
+}
+
+/* A shard's O projection is summed over the ranks in chunks of at least this many
+ * rows, at most SUM_CHUNKS of them: each chunk's sum starts as soon as its rows are
+ * written and runs (as far as the transport progresses on its own) while the GEMM
+ * writes the next rows. */
+#define SUM_CHUNKS 4
+#define SUM_CHUNK_MIN_ROWS 64
+
+/* out[r, :] = src[r, :] @ W_o (+ bias) for the call's tokens; a shard then sums
+ * out over the ranks in place. Fails only for a shard whose transport fails. */
+static sneppx_status run_output_projection(const sneppx_layer *layer, const float *src, int64_t src_stride,
+                                           float *out, int64_t tokens)
+{
+    const int64_t hidden = layer->config.hidden_size;
+    if (!layer->shard) {
+        run_gemm(layer, &layer->o_proj, 1, src, src_stride, 0, out, hidden, 0, tokens);
+        return SNEPPX_OK;
+    }
+    int64_t chunks = tokens / SUM_CHUNK_MIN_ROWS;
+    chunks = chunks < 1 ? 1 : chunks > SUM_CHUNKS ? SUM_CHUNKS : chunks;
+    /* Whole GEMM register tiles per chunk but the last. */
+    const int64_t mr = layer->target->gemm_mr;
+    const int64_t chunk_rows = (ceil_div(tokens, chunks) + mr - 1) / mr * mr;
+    sneppx_status status = SNEPPX_OK;
+    for (int64_t row = 0; row < tokens && status == SNEPPX_OK; row += chunk_rows) {
+        const int64_t rows = tokens - row < chunk_rows ? tokens - row : chunk_rows;
+        run_gemm(layer, &layer->o_proj, 1, src + row * src_stride, src_stride, 0, out + row * hidden, hidden, 0,
+                 rows);
+        status = sneppx_shard_sum_start(layer->shard, out + row * hidden, rows * hidden);
+    }
+    /* Wait even after a failure: no sum may still write into out once the call returns. */
+    const sneppx_status waited = sneppx_shard_sum_wait(layer->shard);
+    return status != SNEPPX_OK ? status : waited;
 }
 
 /* RoPE in place on `heads` heads of every token row of data. */
@@ -144,11 +179,11 @@ static void project_standard(const sneppx_layer *layer, const struct sneppx_work
              tokens);
 }
 
-static void forward_standard(const sneppx_layer *layer, const struct sneppx_workspace *ws,
+static sneppx_status forward_standard(const sneppx_layer *layer, const struct sneppx_workspace *ws,
                              const sneppx_kernel *attention, int64_t batch, int64_t seq_len, const float *hidden,
                              const float *mask, int64_t mask_batch_stride, float *out)
 {
-    const int64_t tokens = batch * seq_len, hidden_size = layer->config.hidden_size;
+    const int64_t tokens = batch * seq_len;
     const int64_t qkv_dim = layer->qkv_dim, head_dim = layer->head_dim;
     project_standard(layer, ws, tokens, hidden);
     const struct attention_operands ops = {
@@ -159,7 +194,7 @@ static void forward_standard(const sneppx_layer *layer, const struct sneppx_work
         .q_batch_step = seq_len * qkv_dim, .k_batch_step = seq_len * qkv_dim, .v_batch_step = seq_len * qkv_dim,
         .o_batch_step = seq_len * layer->attn_dim};
     run_attention(layer, ws, attention, &ops, batch, seq_len, mask, mask_batch_stride);
-    run_gemm(layer, &layer->o_proj, 1, ws->attn_out, layer->attn_dim, 0, out, hidden_size, 0, tokens);
+    return run_output_projection(layer, ws->attn_out, layer->attn_dim, out, tokens);
 }
 
 /* Copies each head's rotated q_pe (or the shared k_pe) beside its latent/nope part. */
@@ -203,22 +238,22 @@ static void project_mla(const sneppx_layer *layer, const struct sneppx_workspace
 }
 
 /* Absorbed MLA after attention: W_UV per head, then o_proj. */
-static void output_mla_absorbed(const sneppx_layer *layer, const struct sneppx_workspace *ws, int64_t tokens,
-                                float *out)
+static sneppx_status output_mla_absorbed(const sneppx_layer *layer, const struct sneppx_workspace *ws,
+                                         int64_t tokens, float *out)
 {
     const sneppx_config *c = &layer->config;
     const int64_t rank = c->kv_lora_rank;
     run_gemm(layer, &layer->absorb_uv, c->num_attention_heads, ws->attn_out, c->num_attention_heads * rank, rank,
              ws->heads_out, layer->attn_dim, c->v_head_dim, tokens);
-    run_gemm(layer, &layer->o_proj, 1, ws->heads_out, layer->attn_dim, 0, out, c->hidden_size, 0, tokens);
+    return run_output_projection(layer, ws->heads_out, layer->attn_dim, out, tokens);
 }
 
-static void forward_mla(const sneppx_layer *layer, const struct sneppx_workspace *ws,
+static sneppx_status forward_mla(const sneppx_layer *layer, const struct sneppx_workspace *ws,
                         const sneppx_kernel *attention, int64_t batch, int64_t seq_len, const float *hidden,
                         const float *mask, int64_t mask_batch_stride, float *out)
 {
     const sneppx_config *c = &layer->config;
-    const int64_t tokens = batch * seq_len, hidden_size = c->hidden_size, heads = c->num_attention_heads;
+    const int64_t tokens = batch * seq_len, heads = c->num_attention_heads;
     const int64_t nope = c->qk_nope_head_dim, rank = c->kv_lora_rank, latent = layer->latent_dim;
     const int64_t dq = layer->head_dim, q_dim = layer->q_dim, vdim = c->v_head_dim;
     project_mla(layer, ws, tokens, hidden);
@@ -242,8 +277,7 @@ static void forward_mla(const sneppx_layer *layer, const struct sneppx_workspace
             .q_batch_step = seq_len * q_dim, .k_batch_step = seq_len * q_dim, .v_batch_step = seq_len * kv_width,
             .o_batch_step = seq_len * layer->attn_dim};
         run_attention(layer, ws, attention, &ops, batch, seq_len, mask, mask_batch_stride);
-        run_gemm(layer, &layer->o_proj, 1, ws->attn_out, layer->attn_dim, 0, out, hidden_size, 0, tokens);
-        return;
+        return run_output_projection(layer, ws->attn_out, layer->attn_dim, out, tokens);
     }
     /* Absorbed: attention over the shared latent (c | k_pe) as one kv head. */
     const int64_t q_abs_stride = heads * latent;
@@ -253,17 +287,16 @@ static void forward_mla(const sneppx_layer *layer, const struct sneppx_workspace
         .q_batch_step = seq_len * q_abs_stride, .k_batch_step = seq_len * latent, .v_batch_step = seq_len * latent,
         .o_batch_step = seq_len * heads * rank};
     run_attention(layer, ws, attention, &ops, batch, seq_len, mask, mask_batch_stride);
-    output_mla_absorbed(layer, ws, tokens, out);
+    return output_mla_absorbed(layer, ws, tokens, out);
 }
 
-void sneppx_forward_run(const sneppx_layer *layer, const sneppx_kernel *attention, const struct sneppx_workspace *ws,
-                        int64_t batch, int64_t seq_len, const float *hidden, const float *mask,
-                        int64_t mask_batch_stride, float *out)
+sneppx_status sneppx_forward_run(const sneppx_layer *layer, const sneppx_kernel *attention,
+                                 const struct sneppx_workspace *ws, int64_t batch, int64_t seq_len,
+                                 const float *hidden, const float *mask, int64_t mask_batch_stride, float *out)
 {
     if (layer->is_mla)
-        forward_mla(layer, ws, attention, batch, seq_len, hidden, mask, mask_batch_stride, out);
-    else
-        forward_standard(layer, ws, attention, batch, seq_len, hidden, mask, mask_batch_stride, out);
+        return forward_mla(layer, ws, attention, batch, seq_len, hidden, mask, mask_batch_stride, out);
+    return forward_standard(layer, ws, attention, batch, seq_len, hidden, mask, mask_batch_stride, out);
 }
 
 void sneppx_forward_project(const sneppx_layer *layer, const struct sneppx_workspace *ws, int64_t tokens,
@@ -275,11 +308,10 @@ void sneppx_forward_project(const sneppx_layer *layer, const struct sneppx_works
         project_standard(layer, ws, tokens, hidden);
 }
 
-void sneppx_forward_output(const sneppx_layer *layer, const struct sneppx_workspace *ws, int64_t tokens, float *out)
+sneppx_status sneppx_forward_output(const sneppx_layer *layer, const struct sneppx_workspace *ws, int64_t tokens,
+                                    float *out)
 {
     if (layer->is_mla && !layer->config.mla_naive)
-        output_mla_absorbed(layer, ws, tokens, out);
-    else
-        run_gemm(layer, &layer->o_proj, 1, ws->attn_out, layer->attn_dim, 0, out, layer->config.hidden_size, 0,
-                 tokens);
+        return output_mla_absorbed(layer, ws, tokens, out);
+    return run_output_projection(layer, ws->attn_out, layer->attn_dim, out, tokens);
 }

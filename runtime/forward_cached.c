@@ -19,6 +19,7 @@
 #include "kv_cache_internal.h"
 #include "kv_elements.h"
 #include "rope_tables.h"
+#include "shard.h"
 #include "sneppx_abi.h"
 #include "threads.h"
 #include "workspace.h"
@@ -429,12 +430,13 @@ static sneppx_status check_masks(const struct cached_sequence *sequences, int64_
     return SNEPPX_OK;
 }
 
-sneppx_status sneppx_layer_forward_cached(sneppx_layer *layer, sneppx_kv_cache *cache, int64_t layer_index,
-                                          int64_t n_seqs, const int64_t *seq_ids, const int64_t *q_lens,
-                                          const float *hidden_states, const int64_t *position_ids,
-                                          const float *const *masks, float *out)
+/* The call; a shard's (agreed non-NULL) takes every rank's verdict, setting *agreed,
+ * once nothing can fail but the sums. */
+static sneppx_status forward_cached(sneppx_layer *layer, sneppx_kv_cache *cache, int64_t layer_index,
+                                    int64_t n_seqs, const int64_t *seq_ids, const int64_t *q_lens,
+                                    const float *hidden_states, const int64_t *position_ids,
+                                    const float *const *masks, float *out, int *agreed)
 {
-    sneppx_clear_error();
     int64_t tokens = 0;
     sneppx_status status =
         check_arguments(layer, cache, layer_index, n_seqs, seq_ids, q_lens, hidden_states, out, &tokens);
@@ -543,21 +545,50 @@ sneppx_status sneppx_layer_forward_cached(sneppx_layer *layer, sneppx_kv_cache *
         status = sneppx_rope_tables(layer, tokens, tokens, plan.positions, max_position, ws->cos, ws->sin);
     if (status == SNEPPX_OK)
         status = sneppx_kv_call_reserve(cache, layer_index, n_seqs, plan.seqs, q_lens);
-    if (status != SNEPPX_OK) {
+    if (agreed) {
+        const struct sneppx_shard_call call = {
+            .cached = 1, .tokens = tokens, .batch = n_seqs, .layer_index = layer_index, .has_mask = masks != NULL,
+            .positions = sneppx_shard_positions_hash(plan.positions, tokens)};
+        status = sneppx_shard_agree_call(layer->shard, status, &call);
+        *agreed = 1;
+    }
+    if (status != SNEPPX_OK) { /* reserved pages stay with their sequences, unused */
         sneppx_kv_call_end(cache, layer_index, n_seqs, plan.seqs, q_lens, 0);
         sneppx_workspace_release(layer, ws);
         return status;
     }
 
-    /* Every page is reserved: nothing fails from here. */
+    /* Every page is reserved: nothing fails from here but a shard's sums (after
+     * which the cache holds the tokens all the same). */
     sneppx_forward_project(layer, ws, tokens, hidden_states);
     append_tokens(layer, cache, layer_index, ws, plan.sequences, n_seqs, tokens);
     if (task0 > 0)
         attend_decode(layer, cache, layer_index, ws, kernels[1], plan.sequences, n_seqs, task0);
     if (gathered_seqs > 0)
         attend(layer, cache, layer_index, ws, kernels[0], plan.sequences, n_seqs, tile_rows);
-    sneppx_forward_output(layer, ws, tokens, out);
+    status = sneppx_forward_output(layer, ws, tokens, out);
     sneppx_kv_call_end(cache, layer_index, n_seqs, plan.seqs, q_lens, 1);
     sneppx_workspace_release(layer, ws);
-    return SNEPPX_OK;
+    return status;
+}
+
+sneppx_status sneppx_layer_forward_cached(sneppx_layer *layer, sneppx_kv_cache *cache, int64_t layer_index,
+                                          int64_t n_seqs, const int64_t *seq_ids, const int64_t *q_lens,
+                                          const float *hidden_states, const int64_t *position_ids,
+                                          const float *const *masks, float *out)
+{
+    sneppx_clear_error();
+    if (!layer || !layer->shard)
+        return forward_cached(layer, cache, layer_index, n_seqs, seq_ids, q_lens, hidden_states, position_ids, masks,
+                              out, NULL);
+    /* A shard: every rank's verdict before the first write (in forward_cached(), or
+     * here when it refused before its own agreement), then the sums. */
+    int agreed = 0;
+    const sneppx_status status = forward_cached(layer, cache, layer_index, n_seqs, seq_ids, q_lens, hidden_states,
+                                                position_ids, masks, out, &agreed);
+    if (agreed)
+        return status;
+    const struct sneppx_shard_call call = {.cached = 1, .batch = n_seqs, .layer_index = layer_index,
+                                           .has_mask = masks != NULL};
+    return sneppx_shard_agree_call(layer->shard, status, &call);
 }

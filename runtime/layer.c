@@ -10,6 +10,7 @@
 #include "forward.h"
 #include "kernel_registry.h"
 #include "rope_tables.h"
+#include "shard.h"
 #include "threads.h"
 #include "weights.h"
 #include "workspace.h"
@@ -448,6 +449,7 @@ void sneppx_layer_destroy(sneppx_layer *layer)
     free(layer->inv_freq);
     free(layer->cos_cache);
     free(layer->sin_cache);
+    sneppx_shard_free(layer->shard);
     pthread_mutex_destroy(&layer->lock);
     free(layer);
 }
@@ -457,15 +459,12 @@ _Static_assert(SNEPPX_MAX_SEQ_LEN == SNEPPX_FORWARD_MAX_SEQ_LEN, "limits.h's SNE
 _Static_assert(SNEPPX_MAX_TOKENS == SNEPPX_FORWARD_MAX_TOKENS, "limits.h's SNEPPX_MAX_TOKENS is the ABI's");
 
 /* Forward: validate every argument before touching out, with the checks every
- * vendored layer makes (templates/forward_checks.h.j2). */
-sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t seq_len,
-                                   const float *hidden_states, const float *attention_mask,
-                                   const int64_t mask_shape[4], const int64_t *position_ids,
-                                   float *out)
+ * vendored layer makes (templates/forward_checks.h.j2). A shard's (agreed
+ * non-NULL) then takes every rank's verdict, setting *agreed, before it runs. */
+static sneppx_status forward(sneppx_layer *layer, int64_t batch, int64_t seq_len, const float *hidden_states,
+                             const float *attention_mask, const int64_t mask_shape[4], const int64_t *position_ids,
+                             float *out, int *agreed)
 {
-    sneppx_clear_error();
-    if (!layer)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer: must not be NULL");
     const sneppx_config *config = &layer->config;
     char message[256];
     if (sneppx_forward_check_sizes(batch, seq_len,
@@ -498,9 +497,39 @@ sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t s
         return status;
     status = sneppx_rope_tables(layer, tokens, seq_len, position_ids, max_position,
                                 workspace->cos, workspace->sin);
+    if (agreed) {
+        const struct sneppx_shard_call call = {
+            .cached = 0, .tokens = tokens, .batch = batch, .seq_len = seq_len, .has_mask = attention_mask != NULL,
+            .positions = position_ids ? sneppx_shard_positions_hash(position_ids, tokens) : 0};
+        status = sneppx_shard_agree_call(layer->shard, status, &call);
+        *agreed = 1;
+    }
     if (status == SNEPPX_OK)
-        sneppx_forward_run(layer, attention, workspace, batch, seq_len, hidden_states, attention_mask,
-                           mask_batch_stride, out);
+        status = sneppx_forward_run(layer, attention, workspace, batch, seq_len, hidden_states, attention_mask,
+                                    mask_batch_stride, out);
     sneppx_workspace_release(layer, workspace);
     return status;
+}
+
+sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t seq_len,
+                                   const float *hidden_states, const float *attention_mask,
+                                   const int64_t mask_shape[4], const int64_t *position_ids,
+                                   float *out)
+{
+    sneppx_clear_error();
+    if (!layer)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer: must not be NULL");
+    if (!layer->shard)
+        return forward(layer, batch, seq_len, hidden_states, attention_mask, mask_shape, position_ids, out, NULL);
+    /* A shard: every rank's verdict on the call before anything is written (in
+     * forward(), or here when it refused before its own agreement), then the sums
+     * of the O projection. */
+    int agreed = 0;
+    const sneppx_status status =
+        forward(layer, batch, seq_len, hidden_states, attention_mask, mask_shape, position_ids, out, &agreed);
+    if (agreed)
+        return status;
+    const struct sneppx_shard_call call = {.cached = 0, .batch = batch, .seq_len = seq_len,
+                                           .has_mask = attention_mask != NULL};
+    return sneppx_shard_agree_call(layer->shard, status, &call);
 }

@@ -96,6 +96,9 @@ struct sneppx_layer {
 
     /* Fixed-size, so the string sneppx_layer_keys() returned stays valid when a
      * later call resolves another kernel (a realloc would free it under the caller). */
+    /* A shard of a bigger layer (runtime/shard.h): its place and transport; NULL otherwise. */
+    struct sneppx_layer_shard *shard;
+
     sneppx_kernel_timing timings[SNEPPX_LAYER_MAX_KERNELS]; /* one per distinct resolved kernel */
     int timing_count;
     char keys[SNEPPX_LAYER_MAX_KERNELS * (SNEPPX_KEY_MAX + 1) + 1]; /* one per line */

@@ -16,6 +16,7 @@
 #include "error.h"
 #include "regular_file.h"
 #include "safetensors_internal.h"
+#include "shard.h"
 #include "sneppx/safetensors.h"
 #include "weights.h"
 
@@ -498,19 +499,16 @@ sneppx_status sneppx_attn_weights_load(const char *path, int64_t layer, const sn
     return SNEPPX_OK;
 }
 
-sneppx_status sneppx_layer_create_from_safetensors(const sneppx_config *config, const char *path,
-                                                   int64_t layer_index, sneppx_layer **out)
+/* The checkpoint's tensors as sources, open until packed: each pack task reads
+ * its rows. shard NULL: the whole layer; else the rank's shard (collective). */
+static sneppx_status create_from_checkpoint(const char *call, const sneppx_config *config, const char *path,
+                                            int64_t layer_index, const sneppx_shard *shard, sneppx_layer **out)
 {
-    sneppx_clear_error();
-    if (!out)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "sneppx_layer_create_from_safetensors: layer is NULL");
-    *out = NULL;
     struct loader loader = {0};
-    sneppx_status status = locate(&loader, "sneppx_layer_create_from_safetensors", path, layer_index, config);
+    sneppx_status status = locate(&loader, call, path, layer_index, config);
     int64_t offsets[SNEPPX_ATTN_TENSORS_MAX], tensor_index[SNEPPX_ATTN_TENSORS_MAX], total = 0;
     if (status == SNEPPX_OK)
         status = check_found(&loader, offsets, tensor_index, &total);
-    /* The tensors stay in their shards (open until packed): each pack task reads its rows. */
     struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS] = {{0}};
     for (int i = 0; i < loader.spec_count && status == SNEPPX_OK; i++) {
         const sneppx_safetensors *file = loader.shards.files[loader.found[i].shard];
@@ -520,10 +518,36 @@ sneppx_status sneppx_layer_create_from_safetensors(const sneppx_config *config, 
         source->index = tensor_index[i];
         status = sneppx_safetensors_check_f32(file, tensor_index[i]);
     }
-    if (status == SNEPPX_OK)
+    if (shard)
+        status = sneppx_shard_create(config, status, sources, SNEPPX_SHARD_CHECKPOINT, layer_index, shard, out);
+    else if (status == SNEPPX_OK)
         status = sneppx_layer_create_from_sources(config, sources, out);
     loader_free(&loader);
     return status;
+}
+
+sneppx_status sneppx_layer_create_from_safetensors(const sneppx_config *config, const char *path,
+                                                   int64_t layer_index, sneppx_layer **out)
+{
+    sneppx_clear_error();
+    if (!out)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "sneppx_layer_create_from_safetensors: layer is NULL");
+    *out = NULL;
+    return create_from_checkpoint("sneppx_layer_create_from_safetensors", config, path, layer_index, NULL, out);
+}
+
+sneppx_status sneppx_layer_create_shard_from_safetensors(const sneppx_config *config, const char *path,
+                                                         int64_t layer_index, const sneppx_shard *shard,
+                                                         sneppx_layer **out)
+{
+    sneppx_clear_error();
+    if (out)
+        *out = NULL;
+    sneppx_status status = sneppx_shard_check_argument(shard);
+    if (status != SNEPPX_OK)
+        return status;
+    return create_from_checkpoint("sneppx_layer_create_shard_from_safetensors", config, path, layer_index, shard,
+                                  out);
 }
 
 const sneppx_weights *sneppx_attn_weights_view(const sneppx_attn_weights *weights)

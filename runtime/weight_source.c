@@ -33,21 +33,35 @@ static uint64_t splitmix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
+/* Elements per row of the whole tensor, and where row r of the source starts in it. */
+static int64_t stride_of(const struct sneppx_weight_source *source)
+{
+    return source->stride ? source->stride : source->cols;
+}
+
+static int64_t row_start(const struct sneppx_weight_source *source, int64_t r)
+{
+    return (source->row0 + r) * stride_of(source) + source->col0;
+}
+
+int sneppx_weight_source_rows_contiguous(const struct sneppx_weight_source *source)
+{
+    return stride_of(source) == source->cols;
+}
+
 /* Counter-based (layer.h's SNEPPX_SYNTHETIC_SEED rule): element i of tensor id t
  * depends on t and i only, so any rows can be made in any order. */
-static void synthetic_rows(const struct sneppx_weight_source *source, int64_t first, int64_t count, float *out)
+static void synthetic_row(const struct sneppx_weight_source *source, int64_t begin, int64_t n, float *out)
 {
     const uint64_t stream = splitmix64(SNEPPX_SYNTHETIC_SEED + (uint64_t)source->tensor_id);
-    const int64_t begin = first * source->cols, n = count * source->cols;
     for (int64_t i = 0; i < n; i++) {
         const double unit = (double)(splitmix64(stream ^ (uint64_t)(begin + i)) >> 11) * 0x1.0p-53; /* [0, 1) */
         out[i] = source->offset + source->scale * (float)(2.0 * unit - 1.0);
     }
 }
 
-static void memory_rows(const struct sneppx_weight_source *source, int64_t first, int64_t count, float *out)
+static void memory_row(const struct sneppx_weight_source *source, int64_t begin, int64_t n, float *out)
 {
-    const int64_t begin = first * source->cols, n = count * source->cols;
     if (source->dtype == SNEPPX_DTYPE_FLOAT32) {
         memcpy(out, (const float *)source->data + begin, sizeof(float) * (size_t)n);
         return;
@@ -61,24 +75,47 @@ static void memory_rows(const struct sneppx_weight_source *source, int64_t first
             out[i] = sneppx_f16_to_f32(bits[i]);
 }
 
-sneppx_status sneppx_weight_source_read(const struct sneppx_weight_source *source, int64_t first, int64_t count,
-                                        float *out)
+/* Elements [begin, begin + n) of the whole tensor, in its order. */
+static sneppx_status read_run(const struct sneppx_weight_source *source, int64_t begin, int64_t n, float *out)
 {
     switch (source->kind) {
     case SNEPPX_SOURCE_MEMORY:
-        memory_rows(source, first, count, out);
+        memory_row(source, begin, n, out);
         return SNEPPX_OK;
     case SNEPPX_SOURCE_FILE:
-        return sneppx_safetensors_read_f32_range(source->file, source->index, first * source->cols,
-                                                 count * source->cols, out);
+        return sneppx_safetensors_read_f32_range(source->file, source->index, begin, n, out);
     case SNEPPX_SOURCE_SYNTHETIC:
-        synthetic_rows(source, first, count, out);
+        synthetic_row(source, begin, n, out);
         return SNEPPX_OK;
     case SNEPPX_SOURCE_NONE:
         break;
     }
-    memset(out, 0, sizeof(float) * (size_t)(count * source->cols));
+    memset(out, 0, sizeof(float) * (size_t)n);
     return SNEPPX_OK;
+}
+
+sneppx_status sneppx_weight_source_read(const struct sneppx_weight_source *source, int64_t first, int64_t count,
+                                        float *out)
+{
+    /* Whole rows are one run of the tensor; a column view reads row by row. */
+    if (sneppx_weight_source_rows_contiguous(source))
+        return read_run(source, row_start(source, first), count * source->cols, out);
+    sneppx_status status = SNEPPX_OK;
+    for (int64_t r = 0; r < count && status == SNEPPX_OK; r++)
+        status = read_run(source, row_start(source, first + r), source->cols, out + r * source->cols);
+    return status;
+}
+
+struct sneppx_weight_source sneppx_weight_source_view(const struct sneppx_weight_source *whole, int64_t whole_cols,
+                                                      int64_t row0, int64_t rows, int64_t col0, int64_t cols)
+{
+    struct sneppx_weight_source view = *whole;
+    view.row0 = whole->row0 + row0;
+    view.col0 = whole->col0 + col0;
+    view.stride = whole->stride ? whole->stride : whole_cols;
+    view.rows = rows;
+    view.cols = cols;
+    return view;
 }
 
 struct sneppx_weight_source sneppx_float32_source(const float *data, int64_t rows, int64_t cols)

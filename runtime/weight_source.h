@@ -20,6 +20,10 @@ enum sneppx_source_kind { SNEPPX_SOURCE_NONE = 0, SNEPPX_SOURCE_MEMORY, SNEPPX_S
 struct sneppx_weight_source {
     enum sneppx_source_kind kind;
     int64_t rows, cols;                /* the tensor's [out, in] (a rank-1 tensor: [n, 1]) */
+    /* A view (a shard's rows and columns, sneppx_weight_source_view): element (r, c) is
+     * the whole tensor's (row0 + r, col0 + c), in rows of stride elements; stride 0 is
+     * the whole tensor itself (row0 = col0 = 0, stride = cols). */
+    int64_t row0, col0, stride;
     /* MEMORY: row-major elements of dtype (FLOAT32, BFLOAT16 or FLOAT16 bits). */
     const void *data;
     sneppx_dtype dtype;
@@ -42,6 +46,15 @@ int sneppx_source_dtype_supported(int dtype);
  * the message then names the file and the tensor. */
 sneppx_status sneppx_weight_source_read(const struct sneppx_weight_source *source, int64_t first, int64_t count,
                                         float *out);
+
+/* Rows [row0, row0 + rows) and columns [col0, col0 + cols) of whole, a source of a
+ * whole tensor of whole_cols columns: what a shard reads of it. Synthetic elements keep
+ * their whole tensor's indices, so a view's values are the whole tensor's. */
+struct sneppx_weight_source sneppx_weight_source_view(const struct sneppx_weight_source *whole, int64_t whole_cols,
+                                                      int64_t row0, int64_t rows, int64_t col0, int64_t cols);
+
+/* 1 if the source's rows are whole rows of its tensor, consecutive in memory. */
+int sneppx_weight_source_rows_contiguous(const struct sneppx_weight_source *source);
 
 /* A float32 [rows, cols] tensor in memory as a source. */
 struct sneppx_weight_source sneppx_float32_source(const float *data, int64_t rows, int64_t cols);

@@ -104,8 +104,9 @@ sneppx_status sneppx_pack_gemm_sources(struct sneppx_packed_gemm *gemm, int64_t 
             const struct sneppx_weight_source *part = parts[p];
             const float *src;
             if (part->kind == SNEPPX_SOURCE_MEMORY && part->dtype == SNEPPX_DTYPE_FLOAT32 &&
-                c1 <= part_begin + part->rows) {
-                src = rebased(part->data, part_begin, k); /* float32 rows in memory: packed in place */
+                sneppx_weight_source_rows_contiguous(part) && c1 <= part_begin + part->rows) {
+                /* float32 rows in memory: packed in place (a shard's from its first row) */
+                src = rebased((const float *)part->data + part->row0 * k, part_begin, k);
             } else {
                 if (!scratch && !(scratch = malloc(sizeof(float) * (size_t)(PACK_COLUMNS * k)))) {
                     record_failure(&failure, sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY,
@@ -297,9 +298,8 @@ sneppx_status sneppx_layer_load_sources(sneppx_layer *layer, struct sneppx_weigh
     return layer->is_mla ? load_mla(layer, sources) : load_standard(layer, sources);
 }
 
-/* The seeded weights of layer.h's rule: a source per tensor the config needs. */
-static sneppx_status synthetic_sources(const sneppx_config *config,
-                                       struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS])
+sneppx_status sneppx_synthetic_sources(const sneppx_config *config,
+                                      struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS])
 {
     sneppx_attn_tensor tensors[SNEPPX_ATTN_TENSORS_MAX];
     int count = 0;
@@ -317,18 +317,23 @@ static sneppx_status synthetic_sources(const sneppx_config *config,
     return status;
 }
 
+void sneppx_float32_sources(const sneppx_weights *weights, struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS])
+{
+    const float *const *given = (const float *const *)weights;
+    for (int field = 0; field < SNEPPX_WEIGHT_FIELDS; field++)
+        if (given[field])
+            sources[field] = sneppx_float32_source(given[field], 0, 0); /* shapes: from the config */
+}
+
 sneppx_status sneppx_layer_load_weights(sneppx_layer *layer, const sneppx_weights *weights)
 {
     struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS] = {{0}};
     if (!weights) {
-        sneppx_status status = synthetic_sources(&layer->config, sources);
+        sneppx_status status = sneppx_synthetic_sources(&layer->config, sources);
         if (status != SNEPPX_OK)
             return status;
     } else {
-        const float *const *given = (const float *const *)weights;
-        for (int field = 0; field < SNEPPX_WEIGHT_FIELDS; field++)
-            if (given[field])
-                sources[field] = sneppx_float32_source(given[field], 0, 0); /* shapes: from the config */
+        sneppx_float32_sources(weights, sources);
     }
     return sneppx_layer_load_sources(layer, sources);
 }
@@ -361,11 +366,20 @@ sneppx_status sneppx_layer_create_typed(const sneppx_config *config, const snepp
     *out = NULL;
     if (!config)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
+    struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS] = {{0}};
+    const sneppx_status status = sneppx_typed_sources(weights, sources);
+    if (status != SNEPPX_OK)
+        return status;
+    return sneppx_layer_create_from_sources(config, sources, out);
+}
+
+sneppx_status sneppx_typed_sources(const sneppx_typed_weights *weights,
+                                   struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS])
+{
     if (!weights)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                            "weights: must not be NULL (sneppx_layer_create with NULL gives synthetic weights)");
     const sneppx_tensor_ref *refs = (const sneppx_tensor_ref *)weights;
-    struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS] = {{0}};
     for (int field = 0; field < SNEPPX_WEIGHT_FIELDS; field++) {
         if (!refs[field].data)
             continue;
@@ -385,5 +399,5 @@ sneppx_status sneppx_layer_create_typed(const sneppx_config *config, const snepp
         sources[field].data = refs[field].data;
         sources[field].dtype = (sneppx_dtype)dtype;
     }
-    return sneppx_layer_create_from_sources(config, sources, out);
+    return SNEPPX_OK;
 }

@@ -21,6 +21,16 @@ sneppx_status sneppx_weight_sources_check(const sneppx_config *config,
                                           struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS]);
 /* Checks and packs every tensor of the layer from sources. */
 sneppx_status sneppx_layer_load_sources(sneppx_layer *layer, struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS]);
+/* The seeded weights of layer.h's rule: a source per tensor config needs (config
+ * validated first), each of its whole shape. */
+sneppx_status sneppx_synthetic_sources(const sneppx_config *config,
+                                      struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS]);
+/* A source per non-NULL tensor of weights (shapes: from the config, when checked). */
+void sneppx_float32_sources(const sneppx_weights *weights, struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS]);
+/* The same of typed weights, refusing a NULL weights, a dtype packing cannot widen or
+ * 16-bit elements at an odd address, naming the field. */
+sneppx_status sneppx_typed_sources(const sneppx_typed_weights *weights,
+                                   struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS]);
 /* sneppx_weights (float32) or NULL (synthetic) -> sources -> packed. */
 sneppx_status sneppx_layer_load_weights(sneppx_layer *layer, const sneppx_weights *weights);
 /* Checks the sources, then makes the layer (kernels) and packs them; *out untouched on failure. */

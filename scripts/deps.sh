@@ -6,6 +6,7 @@ SNEPPX_PACKAGES=(
   llvm-19-dev clang-19 llvm-19-tools libclang-rt-19-dev libomp-19-dev
   libcjson-dev nettle-dev libopenblas-dev
   python3 python3-jinja2 python3-numpy python3-pytest python3-venv
+  libopenmpi-dev openmpi-bin python3-mpi4py iproute2
 )
 missing=()
 for package in "${SNEPPX_PACKAGES[@]}"; do

@@ -105,8 +105,33 @@ def config_fields_c() -> str:
     out.append(f"const int sneppx_weight_dtype_count = {len(config_fields.WEIGHT_DTYPES)};\n"
                f"const char sneppx_weight_dtype_list[] = {c_string(', '.join(config_fields.WEIGHT_DTYPES))};\n")
     out.append(_rope_fields_c())
+    out.append(_leaf_fields_c())
     out.append("\nconst sneppx_config sneppx_config_defaults =\n    "
                f"{c_initializer(config_fields.CONFIG_FIELDS, defaults, chr(10) + '     ')};\n")
+    return "".join(out)
+
+
+_LEAF_KINDS = {config_fields.INT.name: "SNEPPX_FIELD_INT", config_fields.ROPE_TYPE.name: "SNEPPX_FIELD_INT",
+               config_fields.DTYPE.name: "SNEPPX_FIELD_INT", config_fields.INT64.name: "SNEPPX_FIELD_INT64",
+               config_fields.DOUBLE.name: "SNEPPX_FIELD_DOUBLE", config_fields.NAME.name: "SNEPPX_FIELD_NAME"}
+
+
+def _leaf_fields_c() -> str:
+    """Every value of sneppx_config, rope_scaling's fields as "rope_scaling.<name>": its
+    offset and kind, so C can compare two configs value by value (padding aside) and name
+    the first that differs."""
+    rows = []
+    for f in config_fields.CONFIG_FIELDS:
+        if f.c_type is config_fields.ROPE_SCALING:
+            rows += [(f"rope_scaling.{r.name}",
+                      f"offsetof(sneppx_config, rope_scaling) + offsetof(sneppx_rope_scaling, {r.name})",
+                      _LEAF_KINDS[r.c_type.name]) for r in config_fields.ROPE_SCALING_FIELDS]
+        else:
+            rows.append((f.name, f"offsetof(sneppx_config, {f.name})", _LEAF_KINDS[f.c_type.name]))
+    out = ["\n/* Every value of sneppx_config, for sneppx_config_difference(). */\n"
+           "const struct sneppx_config_field sneppx_config_fields[] = {\n"]
+    out += [f"    {{{c_string(name)}, {offset}, {kind}}},\n" for name, offset, kind in rows]
+    out.append(f"}};\nconst int sneppx_config_field_count = {len(rows)};\n")
     return "".join(out)
 
 

@@ -9,5 +9,6 @@
 #include "sneppx/layer.h"
 #include "sneppx/kv_cache.h"
 #include "sneppx/safetensors.h"
+#include "sneppx/shard.h"
 
 #endif

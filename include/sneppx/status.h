@@ -20,7 +20,8 @@ typedef enum sneppx_status {
     SNEPPX_ERR_OUT_OF_MEMORY = 4,
     SNEPPX_ERR_JIT = 5,              /* LLVM failed, or SNEPPX_JIT=0 with a cache miss */
     SNEPPX_ERR_IO = 6,               /* file missing or unreadable */
-    SNEPPX_ERR_FORMAT = 7            /* malformed file (safetensors, cache entry) */
+    SNEPPX_ERR_FORMAT = 7,           /* malformed file (safetensors, cache entry) */
+    SNEPPX_ERR_COMM = 8              /* a sharded layer's transport (MPI) failed (shard.h) */
 } sneppx_status;
 
 /* Message of the last failed call on this thread ("" if none). */

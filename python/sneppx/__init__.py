@@ -22,8 +22,8 @@ from . import hf    # sneppx.hf.patch(model): torch / transformers load only whe
 from ._library import library_path
 from .config import LLMConfig
 from ._kv_cache import KVCache
-from .errors import (Error, FileError, FormatError, InvalidArgumentError, JITError, OutOfMemoryError,
-                     UnknownPresetError, UnsupportedError)
+from .errors import (CommError, Error, FileError, FormatError, InvalidArgumentError, JITError,
+                     OutOfMemoryError, UnknownPresetError, UnsupportedError)
 
 __all__ = ["LLMConfig", "KVCache", "Error", "InvalidArgumentError", "UnknownPresetError", "UnsupportedError",
-           "OutOfMemoryError", "JITError", "FileError", "FormatError", "library_path"]
+           "OutOfMemoryError", "JITError", "FileError", "FormatError", "CommError", "library_path"]

@@ -463,6 +463,8 @@ class LLMConfig:
 
     def _load(self, source: Any, weight_dtype: Optional[int]) -> None:
         """Creates the layer from source (with weight_dtype, if given), then commits both."""
+        from ._tensor_parallel import keep_sharding
+        source = keep_sharding(self._weights, source)
         with self._lock:
             config = S.Config.from_buffer_copy(self._config)
             if weight_dtype is not None:
@@ -470,6 +472,31 @@ class LLMConfig:
             self._layer = source.create(config)
             self._config = config
             self._weights = source
+
+    def tensor_parallel(self, comm: Any) -> None:
+        """Splits this layer by heads over the ranks of comm, an mpi4py communicator
+        (tensor parallelism; needs the libsneppx_mpi of an MPI build): each rank holds its
+        query heads' rows of q_proj, the K/V heads they read (replicated when the ranks
+        outnumber them), the matching columns of o_proj (MLA: its heads' rows of q_proj /
+        q_b_proj and kv_b_proj; q_a_proj, kv_a_proj_with_mqa and the norms whole), and
+        forward_mha returns the whole output on every rank, summed over the ranks.
+
+        Collective: call it, forward_mha, forward_ragged and the loads on every rank of
+        comm in the same order with the same arguments (the same hidden states too). The
+        weights loaded before or after stay this config's: each rank reads only its rows
+        and columns of a checkpoint. A cache from kv_cache() then holds this rank's K/V
+        heads. Raises InvalidArgumentError on every rank for a number of ranks that cannot
+        split the heads (listing those that can) or a rank with another config or other
+        weights, naming the first difference; CommError when MPI fails."""
+        from ._tensor_parallel import tensor_parallel
+        tensor_parallel(self, comm)
+
+    @property
+    def shard(self) -> Optional[Dict[str, Any]]:
+        """After tensor_parallel(): this rank's {"rank", "world", "q_heads": (first, end),
+        "kv_heads": (first, end)}; None otherwise."""
+        from ._tensor_parallel import shard_info
+        return shard_info(self)
 
     def warmup(self) -> None:
         """Compiles (or loads from the disk cache) every kernel this config uses, flash and
@@ -495,7 +522,8 @@ class LLMConfig:
         "float16" (rounded to nearest even), or "int8" (a float32 scale per token and K/V
         head, max|x| / 127; MLA: per latent row); numpy / torch dtypes of those names too.
         Attention widens them to float32. Another value raises ValueError naming dtype."""
-        return KVCache(self._config, batch, max_tokens, page_size, num_layers, dtype)
+        from ._tensor_parallel import layer_config
+        return KVCache(layer_config(self), batch, max_tokens, page_size, num_layers, dtype)
 
     def forward_mha(self, hidden_states: Any, attention_mask: Any = None, position_ids: Any = None,
                     past_key_value: Optional[KVCache] = None, layer_idx: int = 0) -> Any:

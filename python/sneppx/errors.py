@@ -11,6 +11,7 @@ callers can catch either ``sneppx.Error`` or the usual built-in type:
     SNEPPX_ERR_JIT              -> JITError             (RuntimeError)
     SNEPPX_ERR_IO               -> FileError            (OSError)
     SNEPPX_ERR_FORMAT           -> FormatError          (ValueError)
+    SNEPPX_ERR_COMM             -> CommError            (RuntimeError)
 """
 from ._library import lib
 
@@ -48,8 +49,13 @@ class FormatError(Error, ValueError):
     status = "SNEPPX_ERR_FORMAT"
 
 
+class CommError(Error, RuntimeError):
+    """A sharded layer's transport (MPI) failed (LLMConfig.tensor_parallel)."""
+    status = "SNEPPX_ERR_COMM"
+
+
 _BY_STATUS = {1: InvalidArgumentError, 2: UnknownPresetError, 3: UnsupportedError,
-              4: OutOfMemoryError, 5: JITError, 6: FileError, 7: FormatError}
+              4: OutOfMemoryError, 5: JITError, 6: FileError, 7: FormatError, 8: CommError}
 
 
 def check(status: int, file: "str | None" = None, generic_prefixes: "tuple[str, ...]" = ()) -> None:

@@ -58,7 +58,7 @@ static int parse_count(const char *name, const char *text, long long min, long l
 
 static void usage(FILE *to)
 {
-    fprintf(to, "usage: sneppx-run [--arch NAME]... [--seq T] [--batch B] [--threads N] [--repeat R] [--sdpa]\n"
+    fprintf(to, "usage: sneppx-run [--arch NAME]... [--seq T] [--batch B] [--threads N] [--repeat R] [--sdpa] [--tp]\n"
                 "                  [--weight-dtype float32|bfloat16|float16|int8] [--compute-dtype float32|bfloat16]\n"
                 "       sneppx-run [--arch NAME]... --context C --decode N [--batch B] [--threads N] [--sdpa]\n"
                 "                  [--weight-dtype float32|bfloat16|float16|int8] [--kv-dtype float32|bfloat16|float16|int8]\n"
@@ -75,7 +75,9 @@ static void usage(FILE *to)
                 "  halve the cache bytes a decode step reads, int8 (a scale per row) about quarters them.\n"
                 "  --compute-dtype: what the projections multiply in (default float32); bfloat16\n"
                 "  (with --weight-dtype bfloat16, on AVX512_BF16 hosts) rounds their inputs to\n"
-                "  bfloat16 and runs ~2x the float32 rate.\n");
+                "  bfloat16 and runs ~2x the float32 rate.\n"
+                "  --tp, under mpirun -np N: the layer split by heads over the N ranks (tensor\n"
+                "  parallel); prints each rank's heads, weights, memory and times.\n");
 }
 
 static int run_arch(const char *arch, int64_t batch, int64_t seq_len, int threads, int repeat, int flash,
@@ -165,7 +167,7 @@ static int run_arch(const char *arch, int64_t batch, int64_t seq_len, int thread
 int main(int argc, char **argv)
 {
     const char *archs[64];
-    int arch_count = 0, flash = 1;
+    int arch_count = 0, flash = 1, tensor_parallel = 0;
     sneppx_dtype weight_dtype = SNEPPX_DTYPE_FLOAT32, kv_dtype = SNEPPX_DTYPE_FLOAT32,
                  compute_dtype = SNEPPX_DTYPE_FLOAT32;
     long long seq_len = 128, batch = 1, threads = 0, repeat = 5, context = 0, decode = 0;
@@ -226,6 +228,8 @@ int main(int argc, char **argv)
             compute_dtype = strcmp(value, "float32") ? SNEPPX_DTYPE_BFLOAT16 : SNEPPX_DTYPE_FLOAT32;
         } else if (!strcmp(arg, "--sdpa")) {
             flash = 0;
+        } else if (!strcmp(arg, "--tp")) {
+            tensor_parallel = 1;
         } else if (!strcmp(arg, "--list-archs")) {
             for (int p = 0; p < sneppx_preset_count(); p++)
                 printf("%s\n", sneppx_preset_name(p));
@@ -262,6 +266,19 @@ int main(int argc, char **argv)
         archs[arch_count++] = "mistral-7B";
         archs[arch_count++] = "qwen2-7B";
         archs[arch_count++] = "deepseek-v2-lite";
+    }
+    if (tensor_parallel) {
+#ifdef SNEPPX_RUN_MPI
+        const struct run_options options = {.batch = batch, .seq_len = seq_len, .context = context,
+                                            .decode = decode, .threads = (int)threads, .repeat = (int)repeat,
+                                            .flash = flash, .weight_dtype = weight_dtype,
+                                            .compute_dtype = compute_dtype};
+        return run_tp(&argc, &argv, archs, arch_count, &options) ? 1 : 0;
+#else
+        fprintf(stderr, "sneppx-run: --tp: this sneppx-run was built without MPI (CMake found none: install "
+                        "libopenmpi-dev and rebuild)\n");
+        return 2;
+#endif
     }
     printf("sneppx-run: kernel cache %s\n", sneppx_cache_dir()[0] ? sneppx_cache_dir() : "(memory only)");
     int failures = 0;

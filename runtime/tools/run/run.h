@@ -14,4 +14,18 @@
 int run_decode(const char *arch, int64_t batch, int64_t context, int64_t steps, int threads, int flash,
                sneppx_dtype weight_dtype, sneppx_dtype kv_dtype, sneppx_dtype compute_dtype);
 
+/* What main parsed, for the modes below. */
+struct run_options {
+    int64_t batch, seq_len, context, decode;
+    int threads, repeat, flash;
+    sneppx_dtype weight_dtype, compute_dtype;
+};
+
+/* --tp, under mpirun (run/tp.c, built with MPI): each preset's layer split by
+ * heads over the ranks of MPI_COMM_WORLD; a forward of batch x seq_len tokens
+ * (or, with decode > 0, a prefill of context tokens and decode steps), each
+ * rank's heads, memory and times, and the slowest rank's median. Initializes
+ * and finalizes MPI; 0 on success (the same on every rank). */
+int run_tp(int *argc, char ***argv, const char *const *archs, int arch_count, const struct run_options *options);
+
 #endif

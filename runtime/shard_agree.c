@@ -1,0 +1,201 @@
+/* The collective steps of a sharded layer: every rank's verdict on a call
+ * (one all-gather of a small record; a second, of messages, only when a rank
+ * refused), and the sums of the output through the transport. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "shard.h"
+
+/* A refusing rank's message as the others repeat it. */
+#define MESSAGE_BYTES 768
+
+static sneppx_status transport_failed(const char *step, const char *reason)
+{
+    return sneppx_fail(SNEPPX_ERR_COMM, "shard transport: %s failed: %s", step,
+                       reason[0] ? reason : "(no reason given)");
+}
+
+static sneppx_status allgather(const sneppx_shard *shard, const void *mine, void *all, size_t bytes)
+{
+    char reason[512] = "";
+    const sneppx_shard_transport *t = &shard->transport;
+    if (t->allgather(t->context, mine, all, bytes, reason, sizeof reason) != 0)
+        return transport_failed("allgather", reason);
+    return SNEPPX_OK;
+}
+
+/* Every rank's status leads its record. */
+struct entry_head {
+    int32_t status;
+    int32_t pad;
+};
+
+static size_t entry_bytes(size_t bytes) { return sizeof(struct entry_head) + (bytes + 7) / 8 * 8; }
+
+size_t sneppx_shard_agree_bytes(int world, size_t bytes) { return ((size_t)world + 1) * entry_bytes(bytes); }
+
+/* The rank that refused first, or -1, and its status. */
+static int first_refusing(const unsigned char *all, size_t entry, int world, sneppx_status *refused)
+{
+    for (int r = 0; r < world; r++) {
+        struct entry_head h;
+        memcpy(&h, all + (size_t)r * entry, sizeof h);
+        if (h.status != SNEPPX_OK) {
+            *refused = (sneppx_status)h.status;
+            return r;
+        }
+    }
+    return -1;
+}
+
+/* The second step, once every rank knows that `refusing` refused: its message to all. */
+static sneppx_status repeat_refusal(const sneppx_shard *shard, sneppx_status local, const char *own_message,
+                                    int refusing, sneppx_status refused)
+{
+    const int world = shard->world;
+    char *messages = calloc((size_t)world + 1, MESSAGE_BYTES);
+    if (!messages) /* as in sneppx_shard_agree: the others then wait on this rank */
+        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "shard: no memory for %d ranks' messages", world);
+    char *own = messages + (size_t)world * MESSAGE_BYTES;
+    snprintf(own, MESSAGE_BYTES, "%s", local != SNEPPX_OK ? own_message : "");
+    sneppx_status status = allgather(shard, own, messages, MESSAGE_BYTES);
+    if (status == SNEPPX_OK) {
+        if (local != SNEPPX_OK) /* this rank's own message stands */
+            status = sneppx_fail(local, "%s", own_message);
+        else
+            status = sneppx_fail(refused, "rank %d of %d: %.*s", refusing, world, MESSAGE_BYTES,
+                                 messages + (size_t)refusing * MESSAGE_BYTES);
+    }
+    free(messages);
+    return status;
+}
+
+sneppx_status sneppx_shard_agree(const sneppx_shard *shard, sneppx_status local, const void *record, size_t bytes,
+                                 sneppx_shard_compare compare, void *arg, void *buffer)
+{
+    const size_t entry = entry_bytes(bytes);
+    const int world = shard->world;
+    unsigned char *all = buffer ? buffer : calloc(1, sneppx_shard_agree_bytes(world, bytes));
+    /* Without memory this rank cannot take part: the others then wait on it as on a
+     * rank that died. A warm forward passes its layer's buffer, so it never gets here. */
+    if (!all)
+        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "shard: no memory for %d ranks' records", world);
+    unsigned char *mine = all + (size_t)world * entry;
+    memset(mine, 0, entry);
+    const struct entry_head head = {(int32_t)local, 0};
+    memcpy(mine, &head, sizeof head);
+    if (bytes)
+        memcpy(mine + sizeof head, record, bytes);
+    char own_message[MESSAGE_BYTES];
+    snprintf(own_message, sizeof own_message, "%s", sneppx_last_error());
+    sneppx_status status = allgather(shard, mine, all, entry);
+    sneppx_status refused = SNEPPX_OK;
+    const int refusing = status == SNEPPX_OK ? first_refusing(all, entry, world, &refused) : -1;
+    if (refusing >= 0)
+        status = repeat_refusal(shard, local, own_message, refusing, refused);
+    else if (status == SNEPPX_OK && compare)
+        status = compare(all + sizeof head, entry, world, arg);
+    if (!buffer)
+        free(all);
+    return status;
+}
+
+uint64_t sneppx_shard_positions_hash(const int64_t *positions, int64_t n)
+{
+    uint64_t hash = 0xcbf29ce484222325ULL; /* FNV-1a over the values */
+    for (int64_t i = 0; i < n; i++) {
+        hash ^= (uint64_t)positions[i];
+        hash *= 0x100000001b3ULL;
+    }
+    return hash;
+}
+
+static sneppx_status compare_calls(const unsigned char *records, size_t stride, int world, void *arg)
+{
+    (void)arg;
+    struct sneppx_shard_call first, call;
+    const struct sneppx_shard_call *c = &call;
+    memcpy(&first, records, sizeof first);
+    for (int r = 1; r < world; r++) {
+        memcpy(&call, records + (size_t)r * stride, sizeof call);
+        if (c->cached != first.cached)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "layer: rank %d of %d runs %s, rank 0 %s: every rank of a sharded layer makes the "
+                               "same calls in the same order",
+                               r, world, c->cached ? "a cached forward" : "a forward",
+                               first.cached ? "a cached forward" : "a forward");
+        if (!c->cached && (c->batch != first.batch || c->seq_len != first.seq_len))
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "hidden_states: rank %d of %d runs batch %lld x seq_len %lld, rank 0 batch %lld x "
+                               "seq_len %lld: every rank of a sharded layer makes the same call",
+                               r, world, (long long)c->batch, (long long)c->seq_len, (long long)first.batch,
+                               (long long)first.seq_len);
+        if (c->cached && (c->batch != first.batch || c->tokens != first.tokens))
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "q_lens: rank %d of %d runs %lld sequences of %lld tokens in all, rank 0 %lld of %lld: "
+                               "every rank of a sharded layer makes the same call",
+                               r, world, (long long)c->batch, (long long)c->tokens, (long long)first.batch,
+                               (long long)first.tokens);
+        if (c->layer_index != first.layer_index)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "layer_index: rank %d of %d passes %lld, rank 0 %lld: every rank of a sharded layer "
+                               "makes the same call",
+                               r, world, (long long)c->layer_index, (long long)first.layer_index);
+        if (c->has_mask != first.has_mask)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "%s: rank %d of %d passes %s, rank 0 %s: every rank of a sharded layer makes the same "
+                               "call",
+                               c->cached ? "masks" : "attention_mask", r, world, c->has_mask ? "one" : "none",
+                               first.has_mask ? "one" : "none");
+        if (c->positions != first.positions)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "position_ids: rank %d of %d's positions differ from rank 0's%s: every rank of a "
+                               "sharded layer makes the same call",
+                               r, world,
+                               c->cached ? " (or its cache holds other lengths for these sequences)" : "");
+    }
+    return SNEPPX_OK;
+}
+
+sneppx_status sneppx_shard_agree_call(const struct sneppx_layer_shard *shard, sneppx_status local,
+                                      const struct sneppx_shard_call *call)
+{
+    if (!shard)
+        return local;
+    return sneppx_shard_agree(&shard->shard, local, call, sizeof *call, compare_calls, NULL, shard->call_records);
+}
+
+sneppx_status sneppx_shard_sum_start(const struct sneppx_layer_shard *shard, float *data, int64_t count)
+{
+    char reason[512] = "";
+    const sneppx_shard_transport *t = &shard->shard.transport;
+    if (t->sum_start(t->context, data, count, reason, sizeof reason) != 0)
+        return transport_failed("sum", reason);
+    return SNEPPX_OK;
+}
+
+sneppx_status sneppx_shard_sum_wait(const struct sneppx_layer_shard *shard)
+{
+    char reason[512] = "";
+    const sneppx_shard_transport *t = &shard->shard.transport;
+    if (t->sum_wait(t->context, reason, sizeof reason) != 0)
+        return transport_failed("sum", reason);
+    return SNEPPX_OK;
+}
+
+void sneppx_shard_release(const sneppx_shard *shard)
+{
+    if (shard && shard->transport.release)
+        shard->transport.release(shard->transport.context);
+}
+
+void sneppx_shard_free(struct sneppx_layer_shard *shard)
+{
+    if (!shard)
+        return;
+    sneppx_shard_release(&shard->shard);
+    free(shard->call_records);
+    free(shard);
+}

@@ -1,0 +1,116 @@
+/* ctest: two cores (mpirun starts its ranks) */
+/* Tensor-parallel layers over MPI (include/sneppx/mpi.h), run by ctest through
+ * `mpirun -np N` for N = 1, 2, 3, 4: every case of tests/support/shard_cases.c
+ * with MPI_COMM_WORLD as the transport (the small families, forward, masked and
+ * cached, against the whole layer within 1e-6 on every rank; sizes that cannot
+ * split refused on every rank; the failure cases; a checkpoint read shard by
+ * shard; llama3-8B's and qwen2-0.5B's shapes at 3 tokens), then the
+ * sneppx_mpi_layer_create calls themselves on MPI_COMM_WORLD and on halves of it
+ * (MPI_Comm_split: two shard groups at once), and their errors without MPI. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shard_cases.h"
+#include "sneppx/mpi.h"
+
+static int make_shard(void *context, sneppx_shard *shard)
+{
+    char error[256];
+    if (sneppx_mpi_shard(*(MPI_Comm *)context, shard, error, sizeof error) != 0) {
+        fprintf(stderr, "sneppx_mpi_shard: %s\n", error);
+        return 1;
+    }
+    return 0;
+}
+
+static void barrier(void *context) { MPI_Barrier(*(MPI_Comm *)context); }
+
+static float *inputs(int64_t n)
+{
+    float *x = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)((i * 7919) % 201 - 100) / 100.0f;
+    return x;
+}
+
+/* sneppx_mpi_layer_create over comm against the whole layer; returns failures. */
+static int create_over(MPI_Comm comm, const char *what)
+{
+    int rank, world;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &world);
+    sneppx_config config;
+    sneppx_config_init(&config);
+    config.hidden_size = 192;
+    config.num_attention_heads = 12;
+    config.num_key_value_heads = 1; /* splits at 1, 2, 3, 4, 6, 12 (its K/V head on every rank) */
+    config.num_threads = 1;
+    sneppx_layer *shard = NULL, *whole = NULL;
+    const sneppx_status status = sneppx_mpi_layer_create(&config, NULL, comm, &shard);
+    if (status != SNEPPX_OK || sneppx_layer_create(&config, NULL, &whole) != SNEPPX_OK) {
+        fprintf(stderr, "rank %d/%d: FAIL %s: create: %s\n", rank, world, what, sneppx_last_error());
+        sneppx_layer_destroy(shard);
+        return 1;
+    }
+    const int64_t n = 5 * config.hidden_size;
+    float *x = inputs(n), *want = calloc((size_t)n, sizeof(float)), *got = calloc((size_t)n, sizeof(float));
+    sneppx_layer_forward(whole, 1, 5, x, NULL, NULL, NULL, want);
+    const sneppx_status forward = sneppx_layer_forward(shard, 1, 5, x, NULL, NULL, NULL, got);
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = got[i] > want[i] ? got[i] - want[i] : want[i] - got[i];
+        worst = d > worst ? d : worst;
+        scale = want[i] > scale ? want[i] : -want[i] > scale ? -want[i] : scale;
+    }
+    const int failed = forward != SNEPPX_OK || !(worst <= 1e-6 * scale);
+    if (failed)
+        fprintf(stderr, "rank %d/%d: FAIL %s: forward %s '%s', error %.3g\n", rank, world, what,
+                sneppx_status_name(forward), sneppx_last_error(), worst / scale);
+    free(x), free(want), free(got);
+    sneppx_layer_destroy(whole);
+    sneppx_layer_destroy(shard);
+    return failed;
+}
+
+int main(int argc, char **argv)
+{
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    int rank, world;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Comm comm = MPI_COMM_WORLD;
+    const char *scratch = getenv("SNEPPX_BINARY_DIR");
+    const shard_env env = {.rank = rank, .world = world, .make_shard = make_shard, .barrier = barrier,
+                           .context = &comm, .scratch_dir = scratch ? scratch : ".", .own_process = 1};
+    int failures = shard_cases_run(&env, SHARD_CASES_SMALL | SHARD_CASES_FAILURES | SHARD_CASES_CHECKPOINT |
+                                             SHARD_CASES_PRESETS);
+
+    failures += create_over(MPI_COMM_WORLD, "sneppx_mpi_layer_create on MPI_COMM_WORLD");
+    if (world % 2 == 0) {
+        /* Two groups of world / 2 ranks, each its own layer, at the same time. */
+        MPI_Comm half;
+        MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
+        failures += create_over(half, "sneppx_mpi_layer_create on half of MPI_COMM_WORLD");
+        MPI_Comm_free(&half);
+    }
+    /* MPI_COMM_NULL: refused by this rank alone, naming it. */
+    sneppx_config config;
+    sneppx_config_from_name("qwen2", "0.5B", &config);
+    sneppx_layer *layer = NULL;
+    sneppx_status status = sneppx_mpi_layer_create(&config, NULL, MPI_COMM_NULL, &layer);
+    if (status != SNEPPX_ERR_COMM || !strstr(sneppx_last_error(), "comm: MPI_COMM_NULL")) {
+        fprintf(stderr, "rank %d/%d: FAIL MPI_COMM_NULL: %s '%s'\n", rank, world, sneppx_status_name(status),
+                sneppx_last_error());
+        failures++;
+    }
+
+    int total = 0;
+    MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (rank == 0)
+        printf("%d ranks: %d failed checks\n", world, total);
+    MPI_Finalize();
+    return total ? 1 : 0;
+}

@@ -1,0 +1,140 @@
+"""LLMConfig.tensor_parallel(comm) with Debian's python3-mpi4py, run by ctest on every
+rank of `mpirun -np 2 python3 -m pytest` (each rank runs the same tests in the same
+order, as the collective calls need): forward_mha, the KV cache, state dicts and a
+checkpoint read shard by shard, against the whole layer in the same process within
+1e-6 (4e-6 at llama3-8B's width: tests/support/shard_cases.c says why); and the
+refusals, raised on every rank."""
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import sneppx
+
+COMM = MPI.COMM_WORLD
+RANK, WORLD = COMM.Get_rank(), COMM.Get_size()
+
+
+def small(**overrides):
+    """8 query heads, 2 K/V heads: splits over 1, 2, 4 and 8 ranks."""
+    fields = dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+                  max_position_embeddings=256, num_threads=1)
+    fields.update(overrides)
+    return sneppx.LLMConfig(**fields)
+
+
+def error(got, want):
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def inputs(seed, *shape):
+    return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+
+
+def random_state_dict(cfg, seed):
+    rng = np.random.default_rng(seed)   # the same on every rank
+    return {name: (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+            for name, shape in cfg.tensor_shapes().items()}
+
+
+def test_forward_synthetic():
+    whole, cfg = small(), small()
+    cfg.tensor_parallel(COMM)
+    x = inputs(1, 2, 7, 128)
+    assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
+    heads = 8 // WORLD
+    kv = 2 // WORLD if WORLD <= 2 else 1
+    kv_first = RANK * kv if WORLD <= 2 else RANK // (WORLD // 2)
+    assert cfg.shard == {"rank": RANK, "world": WORLD, "q_heads": (RANK * heads, (RANK + 1) * heads),
+                         "kv_heads": (kv_first, kv_first + kv)}
+    assert cfg.weights_source.endswith(f"tensor_parallel(rank {RANK} of {WORLD})")
+    assert whole.shard is None
+
+
+def test_state_dict_and_kv_cache():
+    whole, cfg = small(), small()
+    weights = random_state_dict(whole, 5)
+    whole.load_state_dict(weights)
+    cfg.tensor_parallel(COMM)
+    cfg.load_state_dict(weights)       # stays sharded: each rank packs its rows and columns
+    assert "state_dict" in cfg.weights_source and "tensor_parallel" in cfg.weights_source
+    x = inputs(2, 1, 5, 128)
+    assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
+    # A prefill of 6 tokens in 2 rows, then 3 decode steps; the shard's cache holds its K/V heads.
+    whole_cache, cache = whole.kv_cache(batch=2, max_tokens=16), cfg.kv_cache(batch=2, max_tokens=16)
+    for step, tokens in enumerate((6, 1, 1, 1)):
+        x = inputs(10 + step, 2, tokens, 128)
+        got = cfg.forward_mha(x, past_key_value=cache)
+        want = whole.forward_mha(x, past_key_value=whole_cache)
+        assert error(got, want) <= 1e-6, f"step {step}"
+    assert cache.lengths == whole_cache.lengths == [9, 9]
+
+
+def test_mla_and_llama3_8b():
+    mla = dict(hidden_size=128, num_attention_heads=4, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16,
+               v_head_dim=32, max_position_embeddings=256, num_threads=1)
+    whole, cfg = sneppx.LLMConfig(**mla), sneppx.LLMConfig(**mla)
+    cfg.tensor_parallel(COMM)
+    x = inputs(3, 1, 6, 128)
+    assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
+    whole, cfg = (sneppx.LLMConfig.from_name("llama3", "8B") for _ in range(2))   # OMP_NUM_THREADS=1
+    cfg.tensor_parallel(COMM)
+    x = inputs(4, 1, 3, 4096)
+    assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 4e-6
+
+
+def write_safetensors(path, tensors):
+    header, chunks, offset = {}, [], 0
+    for name, values in tensors.items():
+        raw = np.ascontiguousarray(values, "<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(values.shape), "data_offsets": [offset, offset + len(raw)]}
+        chunks.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(chunks))
+
+
+def test_checkpoint(tmp_path):
+    whole, cfg = small(), small()
+    weights = random_state_dict(whole, 7)
+    # Rank 0's file, read by every rank.
+    path = Path(COMM.bcast(str(tmp_path / "layer.safetensors") if RANK == 0 else None))
+    if RANK == 0:
+        write_safetensors(path, {f"model.layers.0.self_attn.{name}": value for name, value in weights.items()})
+    COMM.Barrier()
+    whole.load_safetensors(path)
+    cfg.tensor_parallel(COMM)
+    cfg.load_safetensors(path)
+    x = inputs(5, 1, 4, 128)
+    assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
+    COMM.Barrier()   # no rank reads the file after rank 0's tmp_path goes
+
+
+@pytest.mark.skipif(WORLD == 1, reason="one rank splits every config")
+def test_a_world_that_cannot_split():
+    cfg = small(num_attention_heads=WORLD * 2 + 1, num_key_value_heads=1, hidden_size=16 * (WORLD * 2 + 1),
+                head_dim=16)
+    with pytest.raises(sneppx.InvalidArgumentError, match=f"world: {WORLD} ranks cannot split .* world sizes "
+                                                          f"that can: 1 or {WORLD * 2 + 1}"):
+        cfg.tensor_parallel(COMM)
+    assert cfg.shard is None           # left as it was: a layer of its own
+    x = inputs(6, 1, 2, cfg.hidden_size)
+    assert cfg.forward_mha(x).shape == x.shape
+
+
+@pytest.mark.skipif(WORLD == 1, reason="needs another rank")
+def test_another_config_on_one_rank():
+    cfg = small(rope_theta=20000.0 if RANK == WORLD - 1 else 10000.0)
+    with pytest.raises(sneppx.InvalidArgumentError,
+                       match=f"config: rank {WORLD - 1} of {WORLD}'s differs from rank 0's: rope_theta 20000 / "
+                             f"10000"):
+        cfg.tensor_parallel(COMM)
+
+
+def test_not_a_communicator():
+    with pytest.raises(TypeError, match="comm: expected an mpi4py communicator"):
+        small().tensor_parallel("MPI_COMM_WORLD")
