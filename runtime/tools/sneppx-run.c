@@ -13,19 +13,6 @@
 #include "run/run.h"
 #include "sneppx/sneppx.h"
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static int compare_doubles(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static const char *source_name(sneppx_kernel_source source)
 {
     switch (source) {
@@ -97,13 +84,13 @@ static int run_arch(const char *arch, int64_t batch, int64_t seq_len, int thread
            (long long)config.num_key_value_heads, (long long)config.sliding_window, (long long)batch,
            (long long)seq_len, flash ? "flash" : "sdpa", sneppx_dtype_name(weight_dtype),
            compute_dtype == SNEPPX_DTYPE_BFLOAT16 ? ", bfloat16 compute" : "");
-    double start = now_ms();
+    double start = run_now_ms();
     sneppx_layer *layer;
     if (sneppx_layer_create(&config, NULL, &layer) != SNEPPX_OK) {
         fprintf(stderr, "sneppx-run: %s: %s\n", arch, sneppx_last_error());
         return 1;
     }
-    double created = now_ms() - start;
+    double created = run_now_ms() - start;
     double kernel_ms = 0;
     for (int i = 0; i < sneppx_layer_kernel_count(layer); i++) {
         sneppx_kernel_timing timing;
@@ -139,15 +126,15 @@ static int run_arch(const char *arch, int64_t batch, int64_t seq_len, int thread
     }
     int failed = 0;
     for (int r = 0; r <= repeat && !failed; r++) { /* run 0 warms up (first-touch, tables) */
-        double t0 = now_ms();
+        double t0 = run_now_ms();
         if (sneppx_layer_forward(layer, batch, seq_len, hidden, NULL, NULL, NULL, out) != SNEPPX_OK) {
             fprintf(stderr, "sneppx-run: forward: %s\n", sneppx_last_error());
             failed = 1;
         }
-        times[r] = now_ms() - t0;
+        times[r] = run_now_ms() - t0;
     }
     if (!failed) {
-        qsort(times + 1, (size_t)repeat, sizeof(double), compare_doubles);
+        qsort(times + 1, (size_t)repeat, sizeof(double), run_compare_doubles);
         double median = times[1 + repeat / 2];
         double checksum = 0;
         for (int64_t i = 0; i < tokens * config.hidden_size; i++)

@@ -14,21 +14,6 @@
 #define PROBE_BYTES ((size_t)512 << 20)
 #define PROBE_RUNS 3
 
-#define PREFILL_CHUNK 512
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static int compare_doubles(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static void fill_random(float *data, int64_t count, unsigned *state)
 {
     for (int64_t i = 0; i < count; i++) {
@@ -42,7 +27,7 @@ struct decode_run {
     sneppx_kv_cache *cache;
     int64_t batch, context, steps;
     int64_t *seq_ids, *q_lens;
-    float *hidden, *out;   /* batch x PREFILL_CHUNK tokens */
+    float *hidden, *out;   /* batch x RUN_PREFILL_CHUNK tokens */
     double *step_ms;
 };
 
@@ -52,11 +37,11 @@ static int fail(const char *what)
     return 1;
 }
 
-/* Every sequence gets `context` tokens, PREFILL_CHUNK at a time, all sequences in each call. */
+/* Every sequence gets `context` tokens, RUN_PREFILL_CHUNK at a time, all sequences in each call. */
 static int prefill(struct decode_run *run, unsigned *state, int64_t hidden_size)
 {
-    for (int64_t begin = 0; begin < run->context; begin += PREFILL_CHUNK) {
-        const int64_t chunk = run->context - begin < PREFILL_CHUNK ? run->context - begin : PREFILL_CHUNK;
+    for (int64_t begin = 0; begin < run->context; begin += RUN_PREFILL_CHUNK) {
+        const int64_t chunk = run->context - begin < RUN_PREFILL_CHUNK ? run->context - begin : RUN_PREFILL_CHUNK;
         for (int64_t s = 0; s < run->batch; s++)
             run->q_lens[s] = chunk;
         fill_random(run->hidden, run->batch * chunk * hidden_size, state);
@@ -74,12 +59,12 @@ static int decode_steps(struct decode_run *run, unsigned *state, int64_t hidden_
         run->q_lens[s] = 1;
     for (int64_t step = 0; step <= run->steps; step++) {
         fill_random(run->hidden, run->batch * hidden_size, state);
-        const double start = now_ms();
+        const double start = run_now_ms();
         if (sneppx_layer_forward_cached(run->layer, run->cache, 0, run->batch, run->seq_ids, run->q_lens,
                                         run->hidden, NULL, NULL, run->out) != SNEPPX_OK)
             return fail("decode");
         if (step > 0)
-            run->step_ms[step - 1] = now_ms() - start;
+            run->step_ms[step - 1] = run_now_ms() - start;
     }
     return 0;
 }
@@ -105,9 +90,9 @@ static int report(struct decode_run *run, const sneppx_config *config, double ba
         return fail("cache stats");
     if (run->context > 0)
         printf("   prefill: %lld x %lld tokens in chunks of %d: %.1f ms (%.0f tokens/s)\n", (long long)run->batch,
-               (long long)run->context, PREFILL_CHUNK, prefill_ms,
+               (long long)run->context, RUN_PREFILL_CHUNK, prefill_ms,
                (double)(run->batch * run->context) / (prefill_ms * 1e-3));
-    qsort(run->step_ms, (size_t)run->steps, sizeof(double), compare_doubles);
+    qsort(run->step_ms, (size_t)run->steps, sizeof(double), run_compare_doubles);
     const double median = run->step_ms[run->steps / 2];
     const double token_bytes = (double)stats.page_bytes / (double)stats.page_size;
     const double weights = sneppx_layer_weight_bytes(run->layer);
@@ -145,7 +130,7 @@ int run_decode(const char *arch, int64_t batch, int64_t context, int64_t steps, 
     const int64_t page = SNEPPX_KV_DEFAULT_PAGE_SIZE;
     options.capacity_tokens = batch * ((context + steps + 1 + page - 1) / page) * page;
     options.dtype = kv_dtype;
-    const size_t chunk_floats = (size_t)(batch * PREFILL_CHUNK * config.hidden_size);
+    const size_t chunk_floats = (size_t)(batch * RUN_PREFILL_CHUNK * config.hidden_size);
     run.seq_ids = calloc((size_t)batch, sizeof(int64_t));
     run.q_lens = calloc((size_t)batch, sizeof(int64_t));
     run.hidden = malloc(sizeof(float) * chunk_floats);
@@ -153,7 +138,7 @@ int run_decode(const char *arch, int64_t batch, int64_t context, int64_t steps, 
     run.step_ms = malloc(sizeof(double) * (size_t)steps);
     if (!run.seq_ids || !run.q_lens || !run.hidden || !run.out || !run.step_ms) {
         fprintf(stderr, "sneppx-run: out of memory for %lld x %d tokens of input and output\n", (long long)batch,
-                PREFILL_CHUNK);
+                RUN_PREFILL_CHUNK);
         goto done;
     }
     if (sneppx_layer_create(&config, NULL, &run.layer) != SNEPPX_OK) {
@@ -170,10 +155,10 @@ int run_decode(const char *arch, int64_t batch, int64_t context, int64_t steps, 
             goto done;
         }
     unsigned state = 12345;
-    const double start = now_ms();
+    const double start = run_now_ms();
     if (prefill(&run, &state, config.hidden_size) != 0)
         goto done;
-    const double prefill_ms = now_ms() - start;
+    const double prefill_ms = run_now_ms() - start;
     /* The host is shared: the bandwidth is the best of the probes just before
      * and just after the steps, in the same conditions as they ran. */
     read_probe probe;

@@ -2,8 +2,27 @@
 #ifndef SNEPPX_TOOLS_RUN_H
 #define SNEPPX_TOOLS_RUN_H
 #include <stdint.h>
+#include <time.h>
 
 #include "sneppx/config.h"
+
+/* Prefills go in chunks of this many tokens per sequence (run_decode, run_tp). */
+#define RUN_PREFILL_CHUNK 512
+
+/* Monotonic wall time, ms. */
+static inline double run_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* qsort's order of doubles, ascending. */
+static inline int run_compare_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
 
 /* Generation on preset `arch` with synthetic weights: `batch` sequences
  * prefilled with `context` tokens each (chunks of 512), then `steps` decode

@@ -13,21 +13,6 @@
 #include "sneppx/mpi.h"
 #include "sneppx/sneppx.h"
 
-#define PREFILL_CHUNK 512
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static int compare_doubles(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* VmRSS and VmHWM of this process, in MiB (0 where /proc says nothing). */
 static void memory_mib(double *resident, double *peak)
 {
@@ -73,12 +58,12 @@ static int time_forwards(sneppx_layer *layer, int64_t batch, int64_t seq, int re
         fill_random(x, n, &state);
     for (int r = 0; r <= repeat && !failed; r++) {
         MPI_Barrier(MPI_COMM_WORLD);
-        const double t0 = now_ms();
+        const double t0 = run_now_ms();
         failed = sneppx_layer_forward(layer, batch, seq, x, NULL, NULL, NULL, y) != SNEPPX_OK;
-        times[r] = now_ms() - t0;
+        times[r] = run_now_ms() - t0;
     }
     if (!failed) {
-        qsort(times + 1, (size_t)repeat, sizeof(double), compare_doubles);
+        qsort(times + 1, (size_t)repeat, sizeof(double), run_compare_doubles);
         *median = times[1 + repeat / 2];
     }
     free(x), free(y), free(times);
@@ -96,16 +81,16 @@ static int time_decode(sneppx_layer *layer, int64_t batch, int64_t context, int6
     options.capacity_tokens = batch * ((context + steps + 1 + page - 1) / page) * page;
     sneppx_kv_cache *cache = NULL;
     int64_t *ids = calloc((size_t)batch, sizeof(int64_t)), *q_lens = calloc((size_t)batch, sizeof(int64_t));
-    float *x = malloc(sizeof(float) * (size_t)(batch * PREFILL_CHUNK * hidden));
-    float *y = malloc(sizeof(float) * (size_t)(batch * PREFILL_CHUNK * hidden));
+    float *x = malloc(sizeof(float) * (size_t)(batch * RUN_PREFILL_CHUNK * hidden));
+    float *y = malloc(sizeof(float) * (size_t)(batch * RUN_PREFILL_CHUNK * hidden));
     double *times = malloc(sizeof(double) * (size_t)(steps + 1));
     int failed = !ids || !q_lens || !x || !y || !times ||
                  sneppx_kv_cache_create(config, &options, &cache) != SNEPPX_OK;
     for (int64_t s = 0; s < batch && !failed; s++)
         failed = sneppx_kv_cache_add_sequence(cache, &ids[s]) != SNEPPX_OK;
     unsigned state = 12345;
-    for (int64_t begin = 0; begin < context && !failed; begin += PREFILL_CHUNK) {
-        const int64_t chunk = context - begin < PREFILL_CHUNK ? context - begin : PREFILL_CHUNK;
+    for (int64_t begin = 0; begin < context && !failed; begin += RUN_PREFILL_CHUNK) {
+        const int64_t chunk = context - begin < RUN_PREFILL_CHUNK ? context - begin : RUN_PREFILL_CHUNK;
         for (int64_t s = 0; s < batch; s++)
             q_lens[s] = chunk;
         fill_random(x, batch * chunk * hidden, &state);
@@ -116,12 +101,12 @@ static int time_decode(sneppx_layer *layer, int64_t batch, int64_t context, int6
     for (int64_t step = 0; step <= steps && !failed; step++) { /* step 0 warms up */
         fill_random(x, batch * hidden, &state);
         MPI_Barrier(MPI_COMM_WORLD);
-        const double t0 = now_ms();
+        const double t0 = run_now_ms();
         failed = sneppx_layer_forward_cached(layer, cache, 0, batch, ids, q_lens, x, NULL, NULL, y) != SNEPPX_OK;
-        times[step] = now_ms() - t0;
+        times[step] = run_now_ms() - t0;
     }
     if (!failed) {
-        qsort(times + 1, (size_t)steps, sizeof(double), compare_doubles);
+        qsort(times + 1, (size_t)steps, sizeof(double), run_compare_doubles);
         *median = times[1 + steps / 2];
     }
     sneppx_kv_cache_destroy(cache);
@@ -154,7 +139,7 @@ static int run_tp_arch(const char *arch, const struct run_options *o, int rank, 
         fflush(stdout);
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    const double start = now_ms();
+    const double start = run_now_ms();
     sneppx_layer *layer = NULL;
     if (sneppx_mpi_layer_create(&config, NULL, MPI_COMM_WORLD, &layer) != SNEPPX_OK) {
         /* Every rank fails alike: rank 0 says why. */
@@ -163,7 +148,7 @@ static int run_tp_arch(const char *arch, const struct run_options *o, int rank, 
         return 1;
     }
     struct rank_report mine = {0};
-    mine.create_ms = now_ms() - start;
+    mine.create_ms = run_now_ms() - start;
     sneppx_shard_info info;
     sneppx_layer_shard_info(layer, &info);
     mine.q_begin = (double)info.q_head_begin, mine.q_heads = (double)info.q_heads;
