@@ -30,6 +30,7 @@ else:
     transformers = pytest.importorskip("transformers")
 
 import reference as ref
+from test_hf import COMMON as HF_COMMON, FAMILIES
 import sneppx
 from sneppx._layer import Layer
 
@@ -199,18 +200,9 @@ def test_cached_forward_and_read(rng, shape, seen):
 
 # ---- whole models' state dicts -----------------------------------------------------
 
-COMMON = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              max_position_embeddings=512, initializer_range=0.1, bos_token_id=None, eos_token_id=None,
-              pad_token_id=0, tie_word_embeddings=False)
-FAMILIES = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=2, head_dim=16)),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(num_key_value_heads=2, head_dim=16, sliding_window=16)),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=2)),
-    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM",
-                    dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
-                         qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
-                         moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1)),
-}
+# test_hf's small models of each family, with a smaller vocabulary: only their attention
+# layers' tensors are read here.
+COMMON = dict(HF_COMMON, vocab_size=64)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
