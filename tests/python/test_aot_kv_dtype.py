@@ -170,7 +170,9 @@ def directory(tmp_path_factory):
     return tmp_path_factory.mktemp("kv_dtype")
 
 
-NATIVE = ("-march=native", "-ffp-contract=fast", "-fno-math-errno")
+# clang 19 reads some hosts' CPUID (an Intel Xeon with AVX-512 FP16, seen here) as
+# avx10.1-256 and warns about its own -march=native: a driver warning, not our code's.
+NATIVE = ("-march=native", "-Wno-invalid-feature-combination", "-ffp-contract=fast", "-fno-math-errno")
 
 
 @pytest.mark.parametrize("dtype", NARROW_TYPES)
