@@ -552,7 +552,7 @@ static sneppx_status forward_cached(sneppx_layer *layer, sneppx_kv_cache *cache,
         status = sneppx_shard_agree_call(layer->shard, status, &call);
         *agreed = 1;
     }
-    if (status != SNEPPX_OK) { /* reserved pages stay with their sequences, unused */
+    if (status != SNEPPX_OK) { /* the reserved pages go back (sneppx_kv_call_end) */
         sneppx_kv_call_end(cache, layer_index, n_seqs, plan.seqs, q_lens, 0);
         sneppx_workspace_release(layer, ws);
         return status;

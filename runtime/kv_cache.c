@@ -168,6 +168,7 @@ static void sequence_free(struct sneppx_kv_sequence *seq)
         return;
     free(seq->lengths);
     free(seq->pages);
+    free(seq->replaced);
     free(seq);
 }
 
@@ -234,7 +235,8 @@ static struct sneppx_kv_sequence *sequence_new(const sneppx_kv_cache *cache, int
     seq->lengths = calloc((size_t)cache->num_layers, sizeof *seq->lengths);
     seq->capacity = capacity > 1 ? capacity : 1;
     seq->pages = malloc((size_t)seq->capacity * sizeof *seq->pages);
-    if (!seq->lengths || !seq->pages) {
+    seq->replaced = malloc((size_t)seq->capacity * sizeof *seq->replaced);
+    if (!seq->lengths || !seq->pages || !seq->replaced) {
         sequence_free(seq);
         return NULL;
     }
@@ -581,6 +583,8 @@ sneppx_status sneppx_kv_call_begin(sneppx_kv_cache *cache, const void *call, int
             break;
         }
         seq->in_call = call;
+        seq->call_held = seq->held;
+        seq->copied_begin = seq->copied_end = 0;
         seqs[marked] = seq;
     }
     if (status != SNEPPX_OK)
@@ -590,7 +594,8 @@ sneppx_status sneppx_kv_call_begin(sneppx_kv_cache *cache, const void *call, int
     return status;
 }
 
-/* Grows seq's page table to hold `pages` entries; nothing else changes. */
+/* Grows seq's page table (and its replaced[]) to hold `pages` entries;
+ * nothing else changes. */
 static int table_reserve(struct sneppx_kv_sequence *seq, int64_t pages)
 {
     if (pages <= seq->capacity)
@@ -602,6 +607,10 @@ static int table_reserve(struct sneppx_kv_sequence *seq, int64_t pages)
     if (!grown)
         return 0;
     seq->pages = grown;
+    grown = realloc(seq->replaced, (size_t)capacity * sizeof *grown);
+    if (!grown)
+        return 0; /* pages[] grew, capacity did not: still consistent */
+    seq->replaced = grown;
     seq->capacity = capacity;
     return 1;
 }
@@ -648,15 +657,19 @@ sneppx_status sneppx_kv_call_reserve(sneppx_kv_cache *cache, int64_t layer, int6
         struct sneppx_kv_sequence *seq = seqs[i];
         const int64_t begin = (seq->lengths[layer] >> cache->page_shift) - seq->released;
         const int64_t covered = pages_for(cache, seq->lengths[layer] + q_lens[i]) - seq->released;
-        for (int64_t p = begin; p < covered && p < seq->held; p++) {
+        seq->copied_begin = begin;
+        seq->copied_end = covered < seq->held ? covered : seq->held;
+        for (int64_t p = seq->copied_begin; p < seq->copied_end; p++) {
             const int32_t shared = seq->pages[p];
+            seq->replaced[p] = -1;
             if (cache->refcount[shared] == 1)
                 continue;
             /* Copy-on-write, whole page (every layer): under the lock, so that no
-             * other sharer, once it holds the page alone, writes while we read. */
+             * other sharer, once it holds the page alone, writes while we read.
+             * Our reference to the shared page stays until the call ends. */
             const int32_t copy = page_take(cache);
             memcpy(sneppx_kv_block(cache, copy, 0), sneppx_kv_block(cache, shared, 0), (size_t)cache->page_bytes);
-            page_unref(cache, shared);
+            seq->replaced[p] = shared;
             seq->pages[p] = copy;
         }
         while (seq->held < covered)
@@ -690,11 +703,26 @@ void sneppx_kv_call_end(sneppx_kv_cache *cache, int64_t layer, int64_t n_seqs, s
 {
     pthread_mutex_lock(&cache->lock);
     for (int64_t i = 0; i < n_seqs; i++) {
-        if (appended) {
-            seqs[i]->lengths[layer] += q_lens[i];
-            release_hidden_pages(cache, seqs[i]);
+        struct sneppx_kv_sequence *seq = seqs[i];
+        for (int64_t p = seq->copied_begin; p < seq->copied_end; p++) {
+            if (seq->replaced[p] < 0)
+                continue;
+            if (!appended) { /* the copy goes, the shared page comes back */
+                page_unref(cache, seq->pages[p]);
+                seq->pages[p] = seq->replaced[p];
+            } else {
+                page_unref(cache, seq->replaced[p]);
+            }
         }
-        seqs[i]->in_call = NULL;
+        seq->copied_begin = seq->copied_end = 0;
+        if (appended) {
+            seq->lengths[layer] += q_lens[i];
+            release_hidden_pages(cache, seq);
+        } else {
+            while (seq->held > seq->call_held)
+                page_unref(cache, seq->pages[--seq->held]);
+        }
+        seq->in_call = NULL;
     }
     pthread_mutex_unlock(&cache->lock);
 }

@@ -37,6 +37,12 @@ struct sneppx_kv_sequence {
     int32_t *pages;            /* [capacity], pages[0 .. held) in use */
     int64_t held, capacity;
     const void *in_call;       /* the call using it now, NULL when idle */
+    /* What the call's reserve changed, so that a call ended without appending
+     * (a shard's collective refusal) gives it back: the held count when the
+     * call began, and the shared pages its copies replaced in [copied_begin,
+     * copied_end), replaced[p] (-1: none), still referenced until the end. */
+    int64_t call_held, copied_begin, copied_end;
+    int32_t *replaced;         /* [capacity] */
 };
 
 /* The layer shape a cache is made for. */
@@ -137,7 +143,9 @@ sneppx_status sneppx_kv_call_begin(sneppx_kv_cache *cache, const void *call, int
 sneppx_status sneppx_kv_call_reserve(sneppx_kv_cache *cache, int64_t layer, int64_t n_seqs,
                                      struct sneppx_kv_sequence *const *seqs, const int64_t *q_lens);
 /* Ends the call: when appended, each layer length grows by q_lens[i] and
- * pages no later query can see are released; every sequence is unmarked. */
+ * pages no later query can see are released; when not, the pages the call
+ * reserved go back and the shared pages it copied are shared again, so the
+ * cache is as before the call. Every sequence is unmarked. */
 void sneppx_kv_call_end(sneppx_kv_cache *cache, int64_t layer, int64_t n_seqs, struct sneppx_kv_sequence *const *seqs,
                         const int64_t *q_lens, int appended);
 

@@ -384,6 +384,12 @@ static void create_failures(struct run *run, const sneppx_config *config)
           "%s '%s'", sneppx_status_name(status), sneppx_last_error());
 }
 
+static int64_t free_pages(sneppx_kv_cache *cache)
+{
+    sneppx_kv_cache_stats stats;
+    return sneppx_kv_cache_stats_get(cache, &stats) == SNEPPX_OK ? stats.free_pages : -1;
+}
+
 static void forward_failures(struct run *run, const sneppx_config *config)
 {
     const int last = run->env->world - 1, rank = run->env->rank, world = run->env->world;
@@ -439,7 +445,7 @@ static void forward_failures(struct run *run, const sneppx_config *config)
     run->name = "a full cache on one rank";
     sneppx_kv_cache_options options;
     sneppx_kv_cache_options_init(&options);
-    options.capacity_tokens = rank == last ? 16 : 64;
+    options.capacity_tokens = rank == last ? 32 : 64; /* 2 pages or 4 */
     sneppx_kv_cache *cache = NULL, *whole_cache = NULL;
     int64_t id = -1, whole_id = -1;
     status = sneppx_kv_cache_create(sneppx_layer_config(shard), &options, &cache);
@@ -451,14 +457,18 @@ static void forward_failures(struct run *run, const sneppx_config *config)
     if (status == SNEPPX_OK)
         status = sneppx_kv_cache_add_sequence(whole_cache, &whole_id);
     if (check(run, status == SNEPPX_OK, "cache: %s", sneppx_last_error())) {
-        int64_t q_len = 20, length = -1;
+        int64_t q_len = 40, length = -1; /* 3 pages */
         float *cx = uniform(q_len * hidden, 9, 1.0f), *cout = filled(q_len * hidden, SENTINEL);
         float *cwant = filled(q_len * hidden, 0);
+        const int64_t free_before = free_pages(cache);
+        /* The other ranks had room: their pages must go back to the pool. */
         status = sneppx_layer_forward_cached(shard, cache, 0, 1, &id, &q_len, cx, NULL, NULL, cout);
         check_refusal(run, "forward_cached", status, SNEPPX_ERR_OUT_OF_MEMORY, last, "cache: pool full");
         sneppx_kv_cache_length(cache, id, &length);
         check(run, untouched(cout, q_len * hidden) && length == 0, "out written or cache grew (%lld tokens)",
               (long long)length);
+        check(run, free_pages(cache) == free_before, "free pages %lld after the refusal, %lld before",
+              (long long)free_pages(cache), (long long)free_before);
         q_len = 10;
         status = sneppx_layer_forward_cached(shard, cache, 0, 1, &id, &q_len, cx, NULL, NULL, cout);
         sneppx_layer_forward_cached(whole, whole_cache, 0, 1, &whole_id, &q_len, cx, NULL, NULL, cwant);
@@ -466,18 +476,34 @@ static void forward_failures(struct run *run, const sneppx_config *config)
         check(run, status == SNEPPX_OK && e <= tolerance(config), "10 tokens then: %s '%s', error %.3g",
               sneppx_status_name(status), sneppx_last_error(), e);
 
+        /* A fork shares the 10 tokens' page, so the other ranks' reserve copies
+         * it (copy-on-write): the refusal must share it again. */
         run->name = "another cached length on one rank";
-        if (rank == last)
-            sneppx_kv_cache_truncate(cache, id, 9);
+        int64_t fork = -1;
+        status = sneppx_kv_cache_fork(cache, id, &fork);
+        if (rank == last && status == SNEPPX_OK)
+            status = sneppx_kv_cache_truncate(cache, fork, 9);
+        check(run, status == SNEPPX_OK, "fork: %s", sneppx_last_error());
+        const int64_t shared_free = free_pages(cache);
         q_len = 1;
         for (int64_t i = 0; i < hidden; i++)
             cout[i] = SENTINEL;
-        status = sneppx_layer_forward_cached(shard, cache, 0, 1, &id, &q_len, cx, NULL, NULL, cout);
+        status = sneppx_layer_forward_cached(shard, cache, 0, 1, &fork, &q_len, cx, NULL, NULL, cout);
         snprintf(want_text, sizeof want_text,
                  "position_ids: rank %d of %d's positions differ from rank 0's (or its cache holds other lengths",
                  last, world);
         check_all(run, "forward_cached", status, want_text);
         check(run, untouched(cout, hidden), "out written");
+        check(run, free_pages(cache) == shared_free, "free pages %lld after the refusal, %lld before",
+              (long long)free_pages(cache), (long long)shared_free);
+        /* The parent's next token, written into its page, is the whole layer's. */
+        status = sneppx_layer_forward_cached(shard, cache, 0, 1, &id, &q_len, cx, NULL, NULL, cout);
+        sneppx_layer_forward_cached(whole, whole_cache, 0, 1, &whole_id, &q_len, cx, NULL, NULL, cwant);
+        e = normalized_error(cout, cwant, hidden);
+        check(run, status == SNEPPX_OK && e <= tolerance(config) && free_pages(cache) == shared_free - 1,
+              "the parent's 11th token then: %s '%s', error %.3g, free pages %lld (want %lld: one copy)",
+              sneppx_status_name(status), sneppx_last_error(), e, (long long)free_pages(cache),
+              (long long)(shared_free - 1));
         free(cx), free(cout), free(cwant);
     }
     sneppx_kv_cache_destroy(cache);
