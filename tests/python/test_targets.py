@@ -88,7 +88,7 @@ def test_templates_take_tiles_from_target():
     gemm = _render_with(other, "gemm")
     assert "sneppx_gemm_micro12(" in gemm and "sneppx_gemm_micro2(" in gemm
     assert "float block[72 * 256]" in gemm and "SNEPPX_GEMM_INT8 ? 72 : 36;" in gemm
-    assert "sneppx_gemm_decode2(" in gemm and "whole = k - k % 4;" in gemm
+    assert "sneppx_gemm_decode2(" in gemm and "whole = kc - kc % 4;" in gemm and "k0 += 256)" in gemm
     assert "sneppx_gemm_micro14(" not in gemm and "sneppx_gemm_decode4(" not in gemm
     flash = _render_with(other, "attn_flash")
     assert "_Static_assert(SNEPPX_ATTN_BLOCK_KV % 4 == 0," in flash
