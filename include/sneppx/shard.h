@@ -109,6 +109,16 @@ typedef struct sneppx_shard_info {
 /* The shard's heads (a layer that is no shard: all of them, rank 0 of 1). */
 SNEPPX_API sneppx_status sneppx_layer_shard_info(const sneppx_layer *layer, sneppx_shard_info *info);
 
+/* Refuses, on this rank, the forward or cached forward the other ranks are
+ * calling: for a caller (a binding) that checks arguments before calling and
+ * finds them wrong. It takes the call's place in the collective agreement, so
+ * the others fail with "rank R of W: <message>" (status as given) instead of
+ * waiting for this rank, and nothing is written anywhere. Returns status, with
+ * message as this rank's error. status: an error status other than
+ * SNEPPX_ERR_COMM (else SNEPPX_ERR_INVALID_ARGUMENT naming it, and nothing is
+ * collective). A layer that is no shard: local, returns status. */
+SNEPPX_API sneppx_status sneppx_layer_shard_refuse(sneppx_layer *layer, sneppx_status status, const char *message);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,15 +8,16 @@ layer through libsneppx_mpi, found beside libsneppx. Creating, forward_mha and
 the cached forward are collective: every rank calls them in the same order with
 the same arguments.
 """
+import contextlib
 import ctypes
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from . import _structs as S
 from ._layer import Layer
 from ._library import lib
 from ._locate import library_path
 from ._weights import CheckpointWeights, StateDictWeights, SyntheticWeights
-from .errors import CommError, check
+from .errors import CommError, InvalidArgumentError, check, status_code
 
 _MPI_LIBRARY_NAMES = ("libsneppx_mpi.so", "libsneppx_mpi.so.0")
 
@@ -47,6 +48,7 @@ _SHARD_PROTOTYPES = {
                                                                   ctypes.POINTER(Shard), _layer_out]),
     "sneppx_layer_shard_info": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ShardInfo)]),
     "sneppx_layer_config": (_c_config_p, [ctypes.c_void_p]),
+    "sneppx_layer_shard_refuse": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p]),
 }
 for _name, (_restype, _argtypes) in _SHARD_PROTOTYPES.items():
     _function = getattr(lib, _name)
@@ -157,3 +159,22 @@ def shard_info(cfg: Any) -> Optional[dict]:
     check(lib.sneppx_layer_shard_info(cfg._current_layer()._handle, ctypes.byref(info)))
     return {"rank": info.rank, "world": info.world, "q_heads": (info.q_head_begin, info.q_head_begin + info.q_heads),
             "kv_heads": (info.kv_head_begin, info.kv_head_begin + info.kv_heads)}
+
+
+def is_sharded(cfg: Any) -> bool:
+    return isinstance(cfg._weights, TensorParallelWeights)
+
+
+@contextlib.contextmanager
+def refused_on_every_rank(cfg: Any) -> Iterator[None]:
+    """The argument checks before a forward's C call. On a tensor-parallel config, a
+    TypeError or ValueError they raise on this rank is this rank's part in the call the
+    other ranks make (sneppx_layer_shard_refuse): they fail with "rank R of W: ..."
+    instead of waiting for it. The block must hold no collective step itself."""
+    try:
+        yield
+    except (TypeError, ValueError) as error:
+        if is_sharded(cfg):
+            layer = cfg._current_layer()   # a create the others make first, if the layer is new
+            lib.sneppx_layer_shard_refuse(layer._handle, status_code(InvalidArgumentError), str(error).encode())
+        raise

@@ -19,6 +19,7 @@ from ._library import lib
 from ._tensors import output_like
 from ._weights import CheckpointWeights, StateDictWeights, SyntheticWeights, expected_tensors
 from .errors import FileError, check
+from ._tensor_parallel import is_sharded, keep_sharding, layer_config, refused_on_every_rank, shard_info, tensor_parallel
 
 
 def _size(name: str, value: Any, default: int = 0, c_type: str = "int64") -> int:
@@ -463,7 +464,6 @@ class LLMConfig:
 
     def _load(self, source: Any, weight_dtype: Optional[int]) -> None:
         """Creates the layer from source (with weight_dtype, if given), then commits both."""
-        from ._tensor_parallel import keep_sharding
         source = keep_sharding(self._weights, source)
         with self._lock:
             config = S.Config.from_buffer_copy(self._config)
@@ -488,14 +488,12 @@ class LLMConfig:
         heads. Raises InvalidArgumentError on every rank for a number of ranks that cannot
         split the heads (listing those that can) or a rank with another config or other
         weights, naming the first difference; CommError when MPI fails."""
-        from ._tensor_parallel import tensor_parallel
         tensor_parallel(self, comm)
 
     @property
     def shard(self) -> Optional[Dict[str, Any]]:
         """After tensor_parallel(): this rank's {"rank", "world", "q_heads": (first, end),
         "kv_heads": (first, end)}; None otherwise."""
-        from ._tensor_parallel import shard_info
         return shard_info(self)
 
     def warmup(self) -> None:
@@ -522,7 +520,6 @@ class LLMConfig:
         "float16" (rounded to nearest even), or "int8" (a float32 scale per token and K/V
         head, max|x| / 127; MLA: per latent row); numpy / torch dtypes of those names too.
         Attention widens them to float32. Another value raises ValueError naming dtype."""
-        from ._tensor_parallel import layer_config
         return KVCache(layer_config(self), batch, max_tokens, page_size, num_layers, dtype)
 
     def forward_mha(self, hidden_states: Any, attention_mask: Any = None, position_ids: Any = None,
@@ -549,38 +546,48 @@ class LLMConfig:
         Returns a new float32 array: a torch tensor (torch.float32, sharing the result's memory,
         requires_grad False) when hidden_states is a torch tensor, else an ndarray. Wrong shapes
         raise ValueError, wrong dtypes TypeError, naming the argument and the expected shape.
-        NaN inputs propagate to the output."""
-        x = hidden_states_array(hidden_states, self._config.hidden_size)
-        batch, seq_len = x.shape[0], x.shape[1]
+        NaN inputs propagate to the output.
+
+        Tensor-parallel (tensor_parallel()): a collective call. A wrong argument on one
+        rank raises there and fails the call on every rank ("rank R of W: ..."); an empty
+        batch goes to C like any other, which refuses it on every rank."""
         if past_key_value is not None:
-            out = self._forward_cached(x, attention_mask, position_ids, past_key_value, layer_idx)
-            return output_like(hidden_states, out)
-        mask = attention_mask_array(attention_mask, batch, seq_len)
-        positions = position_ids_array(position_ids, batch, seq_len)
+            return output_like(hidden_states, self._forward_cached(hidden_states, attention_mask, position_ids,
+                                                                   past_key_value, layer_idx))
+        with refused_on_every_rank(self):
+            x = hidden_states_array(hidden_states, self._config.hidden_size)
+            batch, seq_len = x.shape[0], x.shape[1]
+            mask = attention_mask_array(attention_mask, batch, seq_len)
+            positions = position_ids_array(position_ids, batch, seq_len)
         out = np.empty_like(x)
-        if x.size:
+        if x.size or is_sharded(self):
             self._current_layer().forward(x, mask, positions, out)
         return output_like(hidden_states, out)
 
-    def _forward_cached(self, x: np.ndarray, attention_mask: Any, position_ids: Any, cache: KVCache,
+    def _forward_cached(self, hidden_states: Any, attention_mask: Any, position_ids: Any, cache: Any,
                         layer_idx: int) -> np.ndarray:
-        if not isinstance(cache, KVCache):
-            raise TypeError(f"past_key_value: expected a sneppx KVCache (LLMConfig.kv_cache()), got "
-                            f"{type(cache).__name__}")
-        batch, seq_len = x.shape[0], x.shape[1]
-        if seq_len == 0:
-            raise ValueError("hidden_states: seq_len is 0; a cached forward appends at least one token per row")
+        with refused_on_every_rank(self):
+            x = hidden_states_array(hidden_states, self._config.hidden_size)
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"past_key_value: expected a sneppx KVCache (LLMConfig.kv_cache()), got "
+                                f"{type(cache).__name__}")
+            batch, seq_len = x.shape[0], x.shape[1]
+            if seq_len == 0:
+                raise ValueError("hidden_states: seq_len is 0; a cached forward appends at least one token per row")
         with cache._lock:
-            if batch != cache.batch:
-                raise ValueError(f"hidden_states: batch {batch} does not match the cache's {cache.batch} rows")
-            masks = None
-            if attention_mask is not None:
-                lengths = cache.layer_lengths(layer_idx)
-                if len(set(lengths)) != 1:
-                    raise ValueError(f"attention_mask: the cache's rows hold {lengths} tokens at layer {layer_idx}; "
-                                     "a mask needs one cached length for every row (use forward_ragged)")
-                masks = cached_mask_planes(attention_mask, batch, seq_len, lengths[0], self._config.sliding_window)
-            positions = position_ids_array(position_ids, batch, seq_len)
+            with refused_on_every_rank(self):
+                if batch != cache.batch:
+                    raise ValueError(f"hidden_states: batch {batch} does not match the cache's {cache.batch} rows")
+                masks = None
+                if attention_mask is not None:
+                    lengths = cache.layer_lengths(layer_idx)
+                    if len(set(lengths)) != 1:
+                        raise ValueError(f"attention_mask: the cache's rows hold {lengths} tokens at layer "
+                                         f"{layer_idx}; a mask needs one cached length for every row (use "
+                                         "forward_ragged)")
+                    masks = cached_mask_planes(attention_mask, batch, seq_len, lengths[0],
+                                               self._config.sliding_window)
+                positions = position_ids_array(position_ids, batch, seq_len)
             out = np.empty_like(x)
             layer = self._current_layer()
             layer.forward_cached(cache._handle, layer_idx, cache._rows, [seq_len] * batch,
@@ -595,37 +602,41 @@ class LLMConfig:
         what the row holds. position_ids: None (each row's cached length + 0..q_len_i-1) or a
         list of integer arrays [q_len_i]. Returns the outputs, [q_len_i, hidden_size] float32
         each: a torch tensor where hidden_states[i] is one (as forward_mha), else an ndarray.
-        The projections run once over all the rows' tokens."""
-        if not isinstance(cache, KVCache):
-            raise TypeError(f"cache: expected a sneppx KVCache (LLMConfig.kv_cache()), got {type(cache).__name__}")
-        rows = list(rows)
-        chunks = list(hidden_states)
-        if len(chunks) != len(rows):
-            raise ValueError(f"hidden_states: {len(chunks)} arrays for {len(rows)} rows")
-        if not rows:
+        The projections run once over all the rows' tokens. Tensor-parallel: collective, as
+        forward_mha; no rows at all go to C like any other call, which refuses them."""
+        with refused_on_every_rank(self):
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache: expected a sneppx KVCache (LLMConfig.kv_cache()), got "
+                                f"{type(cache).__name__}")
+            rows = list(rows)
+            chunks = list(hidden_states)
+            if len(chunks) != len(rows):
+                raise ValueError(f"hidden_states: {len(chunks)} arrays for {len(rows)} rows")
+            hidden_size = self._config.hidden_size
+            packed = []
+            for i, chunk in enumerate(chunks):
+                chunk = as_array(f"hidden_states[{i}]", chunk)   # a bfloat16 tensor: through its bits
+                array = hidden_states_array(chunk[None] if chunk.ndim == 2 else chunk, hidden_size)
+                if array.shape[0] != 1 or array.shape[1] == 0:
+                    raise ValueError(f"hidden_states[{i}]: expected shape [q_len >= 1, {hidden_size}], got "
+                                     f"{list(np.shape(chunk))}")
+                packed.append(array[0])
+            q_lens = [chunk.shape[0] for chunk in packed]
+            positions = None
+            if position_ids is not None:
+                position_list = list(position_ids)
+                if len(position_list) != len(rows):
+                    raise ValueError(f"position_ids: {len(position_list)} arrays for {len(rows)} rows")
+                positions = np.concatenate([position_ids_array(np.reshape(p, (1, -1)) if np.ndim(p) == 1 else p, 1,
+                                                               q_lens[i])[0]
+                                            for i, p in enumerate(position_list)])
+        if not rows and not is_sharded(self):
             return []
-        hidden_size = self._config.hidden_size
-        packed = []
-        for i, chunk in enumerate(chunks):
-            chunk = as_array(f"hidden_states[{i}]", chunk)   # a bfloat16 tensor: through its bits
-            array = hidden_states_array(chunk[None] if chunk.ndim == 2 else chunk, hidden_size)
-            if array.shape[0] != 1 or array.shape[1] == 0:
-                raise ValueError(f"hidden_states[{i}]: expected shape [q_len >= 1, {hidden_size}], got "
-                                 f"{list(np.shape(chunk))}")
-            packed.append(array[0])
-        q_lens = [chunk.shape[0] for chunk in packed]
-        positions = None
-        if position_ids is not None:
-            position_list = list(position_ids)
-            if len(position_list) != len(rows):
-                raise ValueError(f"position_ids: {len(position_list)} arrays for {len(rows)} rows")
-            positions = np.concatenate([position_ids_array(np.reshape(p, (1, -1)) if np.ndim(p) == 1 else p, 1,
-                                                           q_lens[i])[0]
-                                        for i, p in enumerate(position_list)])
-        x = np.ascontiguousarray(np.concatenate(packed))
+        x = np.ascontiguousarray(np.concatenate(packed)) if packed else np.empty((0, hidden_size), np.float32)
         out = np.empty_like(x)
         with cache._lock:
-            seq_ids = [cache._rows[cache._row(row)] for row in rows]
+            with refused_on_every_rank(self):
+                seq_ids = [cache._rows[cache._row(row)] for row in rows]
             self._current_layer().forward_cached(cache._handle, layer_idx, seq_ids, q_lens, x, positions, None, out)
         return [output_like(chunk, part) for chunk, part in zip(chunks, np.split(out, np.cumsum(q_lens)[:-1]))]
 

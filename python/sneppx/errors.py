@@ -58,6 +58,11 @@ _BY_STATUS = {1: InvalidArgumentError, 2: UnknownPresetError, 3: UnsupportedErro
               4: OutOfMemoryError, 5: JITError, 6: FileError, 7: FormatError, 8: CommError}
 
 
+def status_code(error_class: type) -> int:
+    """The sneppx_status an exception class stands for (_BY_STATUS, read backwards)."""
+    return next(code for code, known in _BY_STATUS.items() if known is error_class)
+
+
 def check(status: int, file: "str | None" = None, generic_prefixes: "tuple[str, ...]" = ()) -> None:
     """Raises the exception of a failed sneppx_status (call right after the C call, same thread).
 

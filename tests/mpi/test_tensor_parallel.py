@@ -2,8 +2,8 @@
 rank of `mpirun -np 2 python3 -m pytest` (each rank runs the same tests in the same
 order, as the collective calls need): forward_mha, the KV cache, state dicts and a
 checkpoint read shard by shard, against the whole layer in the same process within
-1e-6 (4e-6 at llama3-8B's width: tests/support/shard_cases.c says why); and the
-refusals, raised on every rank."""
+1e-6 (tests/support/shard_cases.c says why that holds at real widths too); and the
+refusals, raised on every rank, Python's own argument checks included."""
 import json
 import struct
 from pathlib import Path
@@ -83,7 +83,8 @@ def test_mla_and_llama3_8b():
     whole, cfg = (sneppx.LLMConfig.from_name("llama3", "8B") for _ in range(2))   # OMP_NUM_THREADS=1
     cfg.tensor_parallel(COMM)
     x = inputs(4, 1, 3, 4096)
-    assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 4e-6
+    assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
+    assert error(cfg.forward_mha(x[:, :1]), whole.forward_mha(x[:, :1])) <= 1e-6   # a decode step's sweep
 
 
 def write_safetensors(path, tensors):
@@ -133,6 +134,32 @@ def test_another_config_on_one_rank():
                        match=f"config: rank {WORLD - 1} of {WORLD}'s differs from rank 0's: rope_theta 20000 / "
                              f"10000"):
         cfg.tensor_parallel(COMM)
+
+
+@pytest.mark.skipif(WORLD == 1, reason="needs another rank")
+def test_a_bad_argument_in_python_on_one_rank():
+    """Python's checks run before the C call: a rank they refuse still takes part in the
+    call (sneppx_layer_shard_refuse), so the others fail with its message, not a hang,
+    and no cache grows."""
+    cfg = small()
+    cfg.tensor_parallel(COMM)
+    last = RANK == WORLD - 1
+    want = f"rank {WORLD - 1} of {WORLD}: " if not last else ""
+    x = inputs(7, 1, 4, 128)
+    bad = x[..., :100] if last else x
+    with pytest.raises(ValueError, match=f"{want}hidden_states: expected shape"):
+        cfg.forward_mha(bad)
+    cache = cfg.kv_cache(batch=1, max_tokens=16)
+    with pytest.raises(ValueError, match=f"{want}hidden_states: expected shape"):
+        cfg.forward_mha(bad, past_key_value=cache)
+    with pytest.raises(ValueError, match=f"{want}position_ids: 2 arrays for 1 rows"):
+        cfg.forward_ragged(cache, [0], [x[0]], position_ids=[[0, 1, 2, 3], [0]] if last else None)
+    with pytest.raises(ValueError, match=f"{want}hidden_states: batch 2 does not match the cache's 1 rows"):
+        cfg.forward_mha(np.concatenate([x, x]) if last else x, past_key_value=cache)
+    assert cache.lengths == [0]
+    whole = small()
+    assert error(cfg.forward_mha(x, past_key_value=cache), whole.forward_mha(x)) <= 1e-6
+    assert cache.lengths == [4]
 
 
 def test_not_a_communicator():

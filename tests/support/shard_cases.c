@@ -429,6 +429,15 @@ static void forward_failures(struct run *run, const sneppx_config *config)
     check(run, untouched(out, n), "out written");
     free(mask);
 
+    run->name = "a binding's refusal on one rank";
+    status = rank == last ? sneppx_layer_shard_refuse(shard, SNEPPX_ERR_INVALID_ARGUMENT, "hidden_states: checked by the binding")
+                          : sneppx_layer_forward(shard, batch, seq, x, NULL, NULL, NULL, out);
+    check_refusal(run, "forward", status, SNEPPX_ERR_INVALID_ARGUMENT, last, "hidden_states: checked by the binding");
+    check(run, untouched(out, n), "out written");
+    status = sneppx_layer_shard_refuse(shard, SNEPPX_OK, "not a refusal");
+    check(run, status == SNEPPX_ERR_INVALID_ARGUMENT && contains(sneppx_last_error(), "status: 0 is not a refusal"),
+          "refuse with SNEPPX_OK: %s '%s'", sneppx_status_name(status), sneppx_last_error());
+
     run->name = "after the refusals";
     sneppx_layer_forward(whole, batch, seq, x, NULL, NULL, NULL, want);
     status = sneppx_layer_forward(shard, batch, seq, x, NULL, NULL, NULL, out);
@@ -470,6 +479,17 @@ static void forward_failures(struct run *run, const sneppx_config *config)
         double e = normalized_error(cout, cwant, q_len * hidden);
         check(run, status == SNEPPX_OK && e <= MAX_ERROR, "10 tokens then: %s '%s', error %.3g",
               sneppx_status_name(status), sneppx_last_error(), e);
+
+        run->name = "a binding's refusal of a cached forward on one rank";
+        const int64_t free_now = free_pages(cache);
+        q_len = 20; /* a fresh page on every rank */
+        status = rank == last ? sneppx_layer_shard_refuse(shard, SNEPPX_ERR_INVALID_ARGUMENT, "past_key_value: no")
+                              : sneppx_layer_forward_cached(shard, cache, 0, 1, &id, &q_len, cx, NULL, NULL, cout);
+        check_refusal(run, "forward_cached", status, SNEPPX_ERR_INVALID_ARGUMENT, last, "past_key_value: no");
+        sneppx_kv_cache_length(cache, id, &length);
+        check(run, length == 10 && free_pages(cache) == free_now, "cache changed: %lld tokens, %lld free pages of %lld",
+              (long long)length, (long long)free_pages(cache), (long long)free_now);
+        q_len = 10;
 
         /* A fork shares the 10 tokens' page, so the other ranks' reserve copies
          * it (copy-on-write): the refusal must share it again. */
