@@ -10,14 +10,17 @@ the same arguments.
 """
 import contextlib
 import ctypes
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 from . import _structs as S
 from ._layer import Layer
 from ._library import lib
 from ._locate import library_path
 from ._weights import CheckpointWeights, StateDictWeights, SyntheticWeights
+from . import errors
 from .errors import CommError, InvalidArgumentError, check, status_code
+
+T = TypeVar("T")
 
 _MPI_LIBRARY_NAMES = ("libsneppx_mpi.so", "libsneppx_mpi.so.0")
 
@@ -178,3 +181,30 @@ def refused_on_every_rank(cfg: Any) -> Iterator[None]:
             layer = cfg._current_layer()   # a create the others make first, if the layer is new
             lib.sneppx_layer_shard_refuse(layer._handle, status_code(InvalidArgumentError), str(error).encode())
         raise
+
+
+def _exception_class(name: str) -> type:
+    """The class another rank raised, by name: sneppx's own or a builtin one."""
+    known = getattr(errors, name, None) or {"TypeError": TypeError, "OSError": OSError}.get(name)
+    return known if isinstance(known, type) and issubclass(known, Exception) else ValueError
+
+
+def agreed(cfg: Any, prepare: Callable[[], T]) -> T:
+    """prepare(): the local checks of a step that ends in a collective create (a load, a
+    setter that rebuilds the layer). On a tensor-parallel config the ranks then exchange
+    verdicts (one mpi4py allgather), so a check that fails on one rank raises on every
+    rank, the others with "rank R of W: ...", before any of them starts the create."""
+    if not is_sharded(cfg):
+        return prepare()
+    failure: Optional[Exception] = None
+    try:
+        result = prepare()
+    except (TypeError, ValueError, OSError) as error:
+        failure = error
+    verdicts = cfg._weights.comm.allgather(None if failure is None else (type(failure).__name__, str(failure)))
+    if failure is not None:
+        raise failure
+    for rank, verdict in enumerate(verdicts):
+        if verdict is not None:
+            raise _exception_class(verdict[0])(f"rank {rank} of {len(verdicts)}: {verdict[1]}")
+    return result

@@ -19,7 +19,7 @@ from ._library import lib
 from ._tensors import output_like
 from ._weights import CheckpointWeights, StateDictWeights, SyntheticWeights, expected_tensors
 from .errors import FileError, check
-from ._tensor_parallel import is_sharded, keep_sharding, layer_config, refused_on_every_rank, shard_info, tensor_parallel
+from ._tensor_parallel import agreed, is_sharded, keep_sharding, layer_config, refused_on_every_rank, shard_info, tensor_parallel
 
 
 def _size(name: str, value: Any, default: int = 0, c_type: str = "int64") -> int:
@@ -322,11 +322,14 @@ class LLMConfig:
 
     @mla_naive.setter
     def mla_naive(self, value: bool) -> None:
-        flag = _flag("mla_naive", value)
-        if flag and self._config.kv_lora_rank == 0:
-            raise ValueError("mla_naive: applies to MLA configs (kv_lora_rank > 0) only")
+        def change(config: S.Config) -> None:
+            flag = _flag("mla_naive", value)
+            if flag and config.kv_lora_rank == 0:
+                raise ValueError("mla_naive: applies to MLA configs (kv_lora_rank > 0) only")
+            config.mla_naive = flag
+
         with self._lock:
-            self._rebuild(lambda config: setattr(config, "mla_naive", flag))
+            self._rebuild(change)
 
     @property
     def num_threads(self) -> int:
@@ -340,29 +343,37 @@ class LLMConfig:
         per-thread buffers and packing for its count when it is made, so an existing layer is made
         again (weights repacked from their source, kernels from the cache) before this returns;
         the next forward runs on the new count."""
-        threads = _hf.c_count("num_threads", value, "int")
-
         def change(config: S.Config) -> None:
-            config.num_threads = threads
+            config.num_threads = _hf.c_count("num_threads", value, "int")
             check(lib.sneppx_config_validate(ctypes.byref(config)))   # names config.num_threads
 
         with self._lock:
-            if threads != self._config.num_threads:
+            # A shard rebuilds whatever its own count was: the rebuild is collective.
+            if is_sharded(self) or _hf.c_count("num_threads", value, "int") != self._config.num_threads:
                 self._rebuild(change)
 
     def extend_context(self, max_position_embeddings: int) -> None:
         """NTK-aware context extension: rope_theta *= (n / old)^(d / (d - 2)) with d the
         rotary dim, and max_position_embeddings becomes n (n must exceed it and be at most
         2^40)."""
-        n = _size("max_position_embeddings", max_position_embeddings)
+        def change(config: S.Config) -> None:
+            n = _size("max_position_embeddings", max_position_embeddings)
+            check(lib.sneppx_config_extend_context(ctypes.byref(config), n))
+
         with self._lock:
-            self._rebuild(lambda config: check(lib.sneppx_config_extend_context(ctypes.byref(config), n)))
+            self._rebuild(change)
 
     def _rebuild(self, change) -> None:
-        """Applies change to a copy of the config; rebuilds an existing layer with the same
-        weights before committing, so a failure leaves everything as it was."""
-        config = S.Config.from_buffer_copy(self._config)
-        change(config)
+        """Applies change (which checks its value) to a copy of the config; rebuilds an
+        existing layer with the same weights before committing, so a failure leaves
+        everything as it was. Tensor-parallel: every rank's change is checked before any
+        rank rebuilds (agreed())."""
+        def changed() -> S.Config:
+            config = S.Config.from_buffer_copy(self._config)
+            change(config)
+            return config
+
+        config = agreed(self, changed)
         if self._layer is not None:
             self._layer = self._weights.create(config)
         self._config = config
@@ -444,8 +455,7 @@ class LLMConfig:
         names of sneppx_dtype), which becomes the config's weight_dtype; None keeps the
         config's. Missing, extra or mis-shaped tensors raise ValueError, a non-float dtype
         TypeError, each naming the tensor."""
-        storage = None if dtype is None else _dtype("dtype", dtype)
-        self._load(StateDictWeights(self._config, state_dict, layer), storage)
+        self._load(lambda: StateDictWeights(self._config, state_dict, layer), dtype)
 
     def load_safetensors(self, path: "os.PathLike[str] | str", layer: int = 0, dtype: Optional[str] = None) -> None:
         """Loads layer `layer`'s self_attn tensors from a HF checkpoint: a directory, a
@@ -459,11 +469,13 @@ class LLMConfig:
         mis-shaped tensors and malformed files, sneppx.UnsupportedError for a tensor of
         another dtype, sneppx.FileError (OSError) for unreadable ones, naming the tensor and
         the file."""
-        storage = None if dtype is None else _dtype("dtype", dtype)
-        self._load(CheckpointWeights(path, layer), storage)
+        self._load(lambda: CheckpointWeights(path, layer), dtype)
 
-    def _load(self, source: Any, weight_dtype: Optional[int]) -> None:
-        """Creates the layer from source (with weight_dtype, if given), then commits both."""
+    def _load(self, make_source: Any, dtype: Optional[str]) -> None:
+        """Creates the layer from make_source() (stored as dtype, if given), then commits both.
+        Tensor-parallel: every rank's source and dtype are checked before any rank creates."""
+        source, weight_dtype = agreed(self, lambda: (make_source(),
+                                                     None if dtype is None else _dtype("dtype", dtype)))
         source = keep_sharding(self._weights, source)
         with self._lock:
             config = S.Config.from_buffer_copy(self._config)

@@ -162,6 +162,31 @@ def test_a_bad_argument_in_python_on_one_rank():
     assert cache.lengths == [4]
 
 
+@pytest.mark.skipif(WORLD == 1, reason="needs another rank")
+def test_a_bad_load_or_setting_on_one_rank():
+    """A load or a setter that rebuilds the layer checks its arguments on every rank
+    before any rank starts the collective create: one rank's bad value raises on all."""
+    whole, cfg = small(), small()
+    weights = random_state_dict(whole, 8)
+    whole.load_state_dict(weights)
+    cfg.tensor_parallel(COMM)
+    cfg.load_state_dict(weights)
+    last = RANK == WORLD - 1
+    want = f"rank {WORLD - 1} of {WORLD}: " if not last else ""
+    partial = {name: array for name, array in weights.items() if name != "o_proj.weight"} if last else weights
+    with pytest.raises(ValueError, match=f"{want}.*o_proj.weight"):
+        cfg.load_state_dict(partial)
+    with pytest.raises(TypeError, match=f"{want}num_threads"):
+        cfg.num_threads = "two" if last else 1
+    with pytest.raises(ValueError, match=f"{want}mla_naive: applies to MLA configs"):
+        cfg.mla_naive = last
+    with pytest.raises(ValueError, match=f"{want}max_position_embeddings"):
+        cfg.extend_context(-1 if last else 512)
+    cfg.num_threads = 1 + RANK % 2     # each rank its own count: still one collective rebuild
+    x = inputs(9, 1, 5, 128)
+    assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
+
+
 def test_not_a_communicator():
     with pytest.raises(TypeError, match="comm: expected an mpi4py communicator"):
         small().tensor_parallel("MPI_COMM_WORLD")
