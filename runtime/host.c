@@ -1,13 +1,15 @@
 /* The host CPU, read once from LLVM (runtime/host.h), and its target: a leaf
- * but for the target table the kernel registry table holds. */
+ * but for the target table the kernel registry table holds (and logging). */
 #include "host.h"
 
 #include <llvm-c/Core.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "error.h"
 #include "kernel_registry.h"
 
 static sneppx_host host;
@@ -38,6 +40,54 @@ static const struct sneppx_target *host_target(const char *features)
     return &sneppx_targets[i];
 }
 
+/* The feature families of vectors wider than 8 floats: a host narrowed to an
+ * 8-wide target turns each off, so that LLVM emits no EVEX encoding and no
+ * register above ymm15, as on an AVX2 host. */
+static int wider_than_8_floats(const char *feature)
+{
+    static const char *const families[] = {"avx512", "avx10", "evex512", "amx-"};
+    for (size_t i = 0; i < sizeof families / sizeof *families; i++)
+        if (strncmp(feature, families[i], strlen(families[i])) == 0)
+            return 1;
+    return 0;
+}
+
+/* SNEPPX_TARGET=<name>: run another target the host can run, e.g. v8 (AVX2) on
+ * an AVX-512 host, to measure it there. A target narrower than the host's gets
+ * the host's features without the wider ones (the same CPU, as if it had
+ * AVX2 only); the disk cache's fingerprint covers the features, so its kernels
+ * never mix with the host's own. An unknown name, or a target the host cannot
+ * run, is ignored with a warning naming SNEPPX_TARGET. */
+static void apply_target_override(void)
+{
+    const char *name = getenv("SNEPPX_TARGET");
+    if (!name || !*name || strcmp(name, host.target->name) == 0)
+        return;
+    const struct sneppx_target *chosen = NULL;
+    for (int i = 0; i < sneppx_target_count; i++)
+        if (strcmp(sneppx_targets[i].name, name) == 0)
+            chosen = &sneppx_targets[i];
+    if (!chosen || chosen < host.target) {
+        sneppx_log(0, "SNEPPX_TARGET: '%s' is %s; running %s", name,
+                   chosen ? "wider than this host can run" : "not a target of this build", host.target->name);
+        return;
+    }
+    host.target = chosen;
+    if (chosen->vector_width > 8) /* another AVX-512 target: the host's features are its superset */
+        return;
+    const size_t size = strlen(host.features) + 1;
+    char *narrowed = malloc(size);
+    if (!narrowed)
+        return;
+    memcpy(narrowed, host.features, size);
+    for (char *at = narrowed; at; at = strchr(at, ',') ? strchr(at, ',') + 1 : NULL)
+        if (at[0] == '+' && wider_than_8_floats(at + 1))
+            at[0] = '-';
+    LLVMDisposeMessage((char *)host.features);
+    host.features = narrowed;
+    sneppx_log(1, "SNEPPX_TARGET: running %s, host features narrowed to it", chosen->name);
+}
+
 static void resolve_host(void)
 {
     LLVMInitializeNativeTarget();
@@ -48,6 +98,7 @@ static void resolve_host(void)
     host.cpu = LLVMGetHostCPUName();
     host.features = LLVMGetHostCPUFeatures();
     host.target = host_target(host.features);
+    apply_target_override();
 }
 
 const sneppx_host *sneppx_host_info(void)
