@@ -11,6 +11,7 @@
 #include <cblas.h>
 
 #include "bench.h"
+#include "gemm_tiles.h"
 #include "kernels.h"
 #include "report.h"
 #include "tiles.h"
@@ -116,7 +117,9 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
                        int tokens_count)
 {
     const int64_t max_tokens = tokens_list[tokens_count - 1];
-    const int64_t values[] = {shape->k, shape->n, 0, 0}; /* no bias, float32 weights */
+    /* no bias, float32 weights; kc and mc: this host's (tuned, or the target's defaults) */
+    int64_t values[] = {shape->k, shape->n, 0, 0, 0, 0};
+    sneppx_gemm_tiles(ctx->target, SNEPPX_DTYPE_FLOAT32, &values[4], &values[5]);
     const sneppx_kernel *kernel;
     if (sneppx_kernel_resolve("gemm", values, ctx->target, &kernel) != SNEPPX_OK) {
         fprintf(stderr, "sneppx-bench: gemm %s: %s\n", shape->name, sneppx_last_error());
