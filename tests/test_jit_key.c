@@ -51,8 +51,8 @@ static void test_formats(test_tally *tally)
     const int64_t gemm_int8[] = {1408, 2048, 0, 3, 512, 112};
     check_key(tally, "gemm", gemm_int8, V16, "gemm-k1408-n2048-bias0-int8-kc512-mc112-v16");
     /* A host's tuned cache blocking is in the key: never the untuned kernel's. */
-    const int64_t gemm_tuned[] = {4096, 6144, 0, 0, 1024, 112};
-    check_key(tally, "gemm", gemm_tuned, V16, "gemm-k4096-n6144-bias0-float32-kc1024-mc112-v16");
+    const int64_t gemm_tuned[] = {4096, 6144, 0, 0, 128, 14};
+    check_key(tally, "gemm", gemm_tuned, V16, "gemm-k4096-n6144-bias0-float32-kc128-mc14-v16");
     const int64_t gemm_bf16dot[] = {4096, 6144, 0}; /* bfloat16 compute: its own family, no weight type */
     check_key(tally, "gemm_bf16dot", gemm_bf16dot, V16, "gemm_bf16dot-k4096-n6144-bias0-v16");
     const int64_t rope_half[] = {128, 0}, rope_inter[] = {64, 1};
@@ -96,8 +96,8 @@ static void test_errors(test_tally *tally)
     check_rejected(tally, "gemm", huge_n, V16, SNEPPX_KEY_MAX, "(n of gemm) = 3145729");
     /* The cache blocking: kc whole int8 groups within the targets' candidates, mc rows up to theirs. */
     const int64_t kc_100[] = {64, 64, 0, 0, 100, 56}, kc_4096[] = {64, 64, 0, 0, 4096, 56}, mc_0[] = {64, 64, 0, 0, 512, 0};
-    check_rejected(tally, "gemm", kc_100, V16, SNEPPX_KEY_MAX, "(kc of gemm) = 100 is outside [256, 1024]");
-    check_rejected(tally, "gemm", kc_4096, V16, SNEPPX_KEY_MAX, "(kc of gemm) = 4096 is outside [256, 1024]");
+    check_rejected(tally, "gemm", kc_100, V16, SNEPPX_KEY_MAX, "(kc of gemm) = 100 is outside [128, 512]");
+    check_rejected(tally, "gemm", kc_4096, V16, SNEPPX_KEY_MAX, "(kc of gemm) = 4096 is outside [128, 512]");
     check_rejected(tally, "gemm", mc_0, V16, SNEPPX_KEY_MAX, "(mc of gemm) = 0 is outside [1, 112]");
     const int64_t odd_rope[] = {7, 0}, zero_rope[] = {0, 1};
     check_rejected(tally, "rope", odd_rope, V16, SNEPPX_KEY_MAX, "(rotary_dim of rope) = 7 is not a multiple of 2");

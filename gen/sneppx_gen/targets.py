@@ -160,11 +160,11 @@ class Target:
 
 TARGETS: Tuple[Target, ...] = (
     Target("v16", 16, ("+avx512f",), ("avx512f",), gemm_mr=14, gemm_nr=32, gemm_small_mr=4, gemm_kc=512,
-           gemm_mc=56, gemm_int8_mc=112, gemm_kc_candidates=(256, 512, 1024),
-           gemm_mc_candidates=(28, 56, 112), gemm_decode_panels=4, gemm_decode_sums=4, flash_nj=8, flash_ne=8,
+           gemm_mc=56, gemm_int8_mc=112, gemm_kc_candidates=(128, 256, 512),
+           gemm_mc_candidates=(14, 28, 56), gemm_decode_panels=4, gemm_decode_sums=4, flash_nj=8, flash_ne=8,
            decode_rows=4, decode_nj=4, decode_ne=4),
     Target("v8", 8, (), (), gemm_mr=6, gemm_nr=16, gemm_small_mr=4, gemm_kc=512,
-           gemm_mc=24, gemm_int8_mc=48, gemm_kc_candidates=(256, 512, 1024),
+           gemm_mc=24, gemm_int8_mc=48, gemm_kc_candidates=(128, 256, 512),
            gemm_mc_candidates=(12, 24, 48), gemm_decode_panels=4, gemm_decode_sums=4, flash_nj=4, flash_ne=4,
            decode_rows=2, decode_nj=4, decode_ne=4),
 )

@@ -129,7 +129,7 @@ def test_registry_table_has_each_targets_tiles():
     (dict(gemm_mc=50), "gemm_mc 50 is not whole 14-row groups"),
     (dict(gemm_int8_mc=42), "gemm_int8_mc 42 is not whole 14-row groups of at least gemm_mc"),
     (dict(gemm_small_mr=14), "gemm_small_mr 14 is not in (0, gemm_mr)"),
-    (dict(gemm_kc=384), "gemm_kc 384 / gemm_mc 56 are not among their candidates (256, 512, 1024) / (28, 56, 112)"),
+    (dict(gemm_kc=384), "gemm_kc 384 / gemm_mc 56 are not among their candidates (128, 256, 512) / (14, 28, 56)"),
     (dict(gemm_kc_candidates=(256, 500, 512)), "gemm_kc_candidates (256, 500, 512) are not all multiples of 32"),
     (dict(gemm_mc_candidates=(56, 60)), "gemm_mc_candidates (56, 60) are not all whole 14-row groups"),
     (dict(gemm_kc_candidates=tuple(range(256, 2561, 256))), "gemm_kc_candidates / gemm_mc_candidates: 1 to 8"),
