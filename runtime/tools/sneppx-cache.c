@@ -213,17 +213,17 @@ static int warmup(int argc, char **argv)
 static int tune(int argc, char **argv)
 {
     struct sneppx_gemm_tune_shape shape = sneppx_gemm_tune_default_shape();
-    for (int i = 0; i < argc; i++) {
+    for (int i = 0; i < argc; i += 2) {
         char *end = NULL;
         long threads = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : -1;
         if (strcmp(argv[i], "--threads") != 0 || i + 1 >= argc || !end || *end || end == argv[i + 1] ||
             threads < 0 || threads > 1024) {
-            fprintf(stderr, "sneppx-cache: tune: expected --threads N (0 to 1024), not '%s'\n",
-                    sneppx_clip(argv[i]).text);
+            const int option = strcmp(argv[i], "--threads") == 0;
+            fprintf(stderr, "sneppx-cache: tune: expected --threads N (0 to 1024), not '%s%s%s'\n",
+                    sneppx_clip(argv[i]).text, option ? " " : "", option && i + 1 < argc ? sneppx_clip(argv[i + 1]).text : "");
             return 2;
         }
         shape.threads = (int)threads;
-        i++;
     }
     const struct sneppx_target *target = sneppx_host_target();
     struct sneppx_gemm_tune_result *result = malloc(sizeof *result);
