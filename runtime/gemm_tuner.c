@@ -2,6 +2,7 @@
 #include "gemm_tuner.h"
 
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -99,6 +100,7 @@ static sneppx_status resolve_candidates(const struct sneppx_target *target, int 
                                         struct sneppx_gemm_tune_result *result, const sneppx_kernel **kernels,
                                         int64_t k, int64_t n)
 {
+    static pthread_mutex_t failure_lock = PTHREAD_MUTEX_INITIALIZER; /* a named omp critical is an exported symbol */
     sneppx_status failed = SNEPPX_OK;
     char message[512] = "";
     sneppx_kernel_prepare();
@@ -108,11 +110,12 @@ static sneppx_status resolve_candidates(const struct sneppx_target *target, int 
         const int64_t values[] = {k, n, 0, SNEPPX_DTYPE_FLOAT32, tiles->kc, tiles->mc};
         const sneppx_status status = sneppx_kernel_resolve("gemm", values, target, &kernels[i]);
         if (status != SNEPPX_OK) {
-#pragma omp critical(sneppx_tune_failure)
+            pthread_mutex_lock(&failure_lock);
             if (failed == SNEPPX_OK) {
                 failed = status;
                 snprintf(message, sizeof message, "%s", sneppx_last_error());
             }
+            pthread_mutex_unlock(&failure_lock);
         }
     }
     return failed == SNEPPX_OK ? SNEPPX_OK : sneppx_fail(failed, "tune: %s", message);
