@@ -11,6 +11,7 @@
 #include <cblas.h>
 
 #include "bench.h"
+#include "gemm_tiles.h"
 #include "kernels.h"
 #include "report.h"
 #include "tiles.h"
@@ -116,9 +117,16 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
                        int tokens_count)
 {
     const int64_t max_tokens = tokens_list[tokens_count - 1];
-    const int64_t values[] = {shape->k, shape->n, 0, 0}; /* no bias, float32 weights */
-    const sneppx_kernel *kernel;
-    if (sneppx_kernel_resolve("gemm", values, ctx->target, &kernel) != SNEPPX_OK) {
+    /* no bias, float32 weights; kc and mc: this host's (tuned, or the target's defaults) */
+    int64_t values[] = {shape->k, shape->n, 0, 0, 0, 0};
+    sneppx_gemm_tiles(ctx->target, SNEPPX_DTYPE_FLOAT32, &values[4], &values[5]);
+    /* A host with a tuning record also runs the target's defaults, in the same run. */
+    int64_t untuned_values[] = {shape->k, shape->n, 0, 0, 0, 0};
+    sneppx_gemm_default_tiles(ctx->target, SNEPPX_DTYPE_FLOAT32, &untuned_values[4], &untuned_values[5]);
+    const int tuned = values[4] != untuned_values[4] || values[5] != untuned_values[5];
+    const sneppx_kernel *kernel, *untuned = NULL;
+    if (sneppx_kernel_resolve("gemm", values, ctx->target, &kernel) != SNEPPX_OK ||
+        (tuned && sneppx_kernel_resolve("gemm", untuned_values, ctx->target, &untuned) != SNEPPX_OK)) {
         fprintf(stderr, "sneppx-bench: gemm %s: %s\n", shape->name, sneppx_last_error());
         ctx->failures++;
         return;
@@ -180,6 +188,19 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
             if (error > 1e-4)
                 ctx->failures++;
             bench_report_pair(&ours, &theirs, note);
+            if (untuned) {
+                struct bench_result before = ours;
+                snprintf(before.impl, sizeof before.impl, "untuned");
+                run.kernel = untuned;
+                run.dst = dst;
+                run.uses = 0;
+                bench_measure(run_sneppx, &run, &plan, &before.seconds);
+                bench_settle();
+                run.kernel = kernel;
+                snprintf(note, sizeof note, "tuned kc%lld-mc%lld vs the target's kc%lld-mc%lld", (long long)values[4],
+                         (long long)values[5], (long long)untuned_values[4], (long long)untuned_values[5]);
+                bench_report_pair(&ours, &before, note);
+            }
         }
     }
 done:

@@ -15,6 +15,9 @@
 
 #define SNEPPX_KEY_MAX 160
 
+/* The most candidates of one tile a target lists (targets.py). */
+#define SNEPPX_MAX_TILE_CANDIDATES 8
+
 struct sneppx_kernel_family {
     const char *family;                                 /* "attn_flash" */
     int field_count;
@@ -40,6 +43,13 @@ struct sneppx_target {
     const char *const *features;        /* LLVM host features it requires, "+avx512f"; NULL-terminated */
     int gemm_mr;                        /* rows of the register tile: GEMM tasks are whole MR-row tiles */
     int gemm_nr;                        /* columns of a packed weight panel (sneppx_gemm_packed_floats) */
+    /* The GEMM key's cache blocking (its kc and mc fields) without a tuning
+     * record: the k slice, and the block's rows for float32 / 16-bit and int8 panels. */
+    int gemm_kc, gemm_mc, gemm_int8_mc;
+    /* What a host's tuning times (runtime/gemm_tuner.c), each kc with each mc. */
+    int gemm_kc_candidate_count, gemm_mc_candidate_count;
+    int gemm_kc_candidates[SNEPPX_MAX_TILE_CANDIDATES];
+    int gemm_mc_candidates[SNEPPX_MAX_TILE_CANDIDATES];
 };
 
 struct sneppx_embedded_bitcode {

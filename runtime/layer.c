@@ -8,6 +8,7 @@
 #include "config_internal.h"
 #include "error.h"
 #include "forward.h"
+#include "gemm_tiles.h"
 #include "kernel_registry.h"
 #include "rope_tables.h"
 #include "shard.h"
@@ -55,6 +56,7 @@ struct kernel_request {
 struct kernel_requests {
     struct kernel_request items[MAX_REQUESTS];
     int count;
+    const struct sneppx_target *target; /* the layer's */
 };
 
 static void request(struct kernel_requests *requests, const char *family, const int64_t *values, int value_count,
@@ -70,18 +72,20 @@ static void request(struct kernel_requests *requests, const char *family, const 
 }
 
 /* weight_type is the config's weight_dtype; bfloat16 compute (compute_dtype, which
- * validation allows with bfloat16 weights only) is the gemm_bf16dot family. */
+ * validation allows with bfloat16 weights only) is the gemm_bf16dot family. The
+ * gemm key's kc and mc are this host's (gemm_tiles.h: tuned, or the target's). */
 static void request_gemm(struct kernel_requests *requests, sneppx_dtype weight_type,
                          struct sneppx_packed_gemm *gemm, int64_t k, int64_t n, int has_bias)
 {
-    const int64_t values[] = {k, n, has_bias ? 1 : 0, (int64_t)weight_type};
+    int64_t values[] = {k, n, has_bias ? 1 : 0, (int64_t)weight_type, 0, 0};
+    sneppx_gemm_tiles(requests->target, weight_type, &values[4], &values[5]);
     gemm->k = k;
     gemm->n = n;
     gemm->weight_type = weight_type;
     if (gemm->bf16_pairs)
         request(requests, "gemm_bf16dot", values, 3, &gemm->kernel);
     else
-        request(requests, "gemm", values, 4, &gemm->kernel);
+        request(requests, "gemm", values, 6, &gemm->kernel);
 }
 
 static void request_rmsnorm(struct kernel_requests *requests, int64_t n, const sneppx_kernel **kernel)
@@ -204,7 +208,7 @@ static sneppx_status layer_init(const sneppx_config *config, int all_attention, 
     }
 
     /* The threads take requests in this order, the order of the layer's key list too. */
-    struct kernel_requests requests = {.count = 0};
+    struct kernel_requests requests = {.count = 0, .target = layer->target};
     if (layer->is_mla) {
         layer->head_dim = config->qk_nope_head_dim + config->qk_rope_head_dim;
         layer->v_head_dim = config->v_head_dim;

@@ -14,7 +14,7 @@
 #define RMSNORM_N 192
 
 static const int64_t rmsnorm_values[] = {RMSNORM_N};
-static const int64_t gemm_values[] = {GEMM_K, GEMM_N, 1, 0}; /* float32 weights */
+static const int64_t gemm_values[] = {GEMM_K, GEMM_N, 1, 0, 512, 56}; /* float32 weights; kc, mc */
 
 /* Packs W, runs the GEMM over GEMM_ROWS rows and returns the normalized error
  * against a float64 loop; the output goes to out[GEMM_ROWS * GEMM_N]. */

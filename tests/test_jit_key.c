@@ -41,15 +41,18 @@ static void test_formats(test_tally *tally)
     check_key(tally, "attn_sdpa", mla, V8, "attn_sdpa-d192-dv128-g1-w0-mask-v8");
     const int64_t unmasked[] = {64, 64, 7, 0, 0};
     check_key(tally, "attn_flash", unmasked, V16, "attn_flash-d64-dv64-g7-w0-none-v16");
-    const int64_t gemm[] = {4096, 6144, 0, 0};
-    check_key(tally, "gemm", gemm, V16, "gemm-k4096-n6144-bias0-float32-v16");
-    const int64_t gemm_bias[] = {896, 1152, 1, 0};
-    check_key(tally, "gemm", gemm_bias, V8, "gemm-k896-n1152-bias1-float32-v8");
-    const int64_t gemm_bf16[] = {4096, 6144, 0, 1}, gemm_f16[] = {896, 1152, 1, 2};
-    check_key(tally, "gemm", gemm_bf16, V16, "gemm-k4096-n6144-bias0-bfloat16-v16");
-    check_key(tally, "gemm", gemm_f16, V8, "gemm-k896-n1152-bias1-float16-v8");
-    const int64_t gemm_int8[] = {1408, 2048, 0, 3};
-    check_key(tally, "gemm", gemm_int8, V16, "gemm-k1408-n2048-bias0-int8-v16");
+    const int64_t gemm[] = {4096, 6144, 0, 0, 512, 56};
+    check_key(tally, "gemm", gemm, V16, "gemm-k4096-n6144-bias0-float32-kc512-mc56-v16");
+    const int64_t gemm_bias[] = {896, 1152, 1, 0, 512, 24};
+    check_key(tally, "gemm", gemm_bias, V8, "gemm-k896-n1152-bias1-float32-kc512-mc24-v8");
+    const int64_t gemm_bf16[] = {4096, 6144, 0, 1, 512, 56}, gemm_f16[] = {896, 1152, 1, 2, 512, 24};
+    check_key(tally, "gemm", gemm_bf16, V16, "gemm-k4096-n6144-bias0-bfloat16-kc512-mc56-v16");
+    check_key(tally, "gemm", gemm_f16, V8, "gemm-k896-n1152-bias1-float16-kc512-mc24-v8");
+    const int64_t gemm_int8[] = {1408, 2048, 0, 3, 512, 112};
+    check_key(tally, "gemm", gemm_int8, V16, "gemm-k1408-n2048-bias0-int8-kc512-mc112-v16");
+    /* A host's tuned cache blocking is in the key: never the untuned kernel's. */
+    const int64_t gemm_tuned[] = {4096, 6144, 0, 0, 128, 14};
+    check_key(tally, "gemm", gemm_tuned, V16, "gemm-k4096-n6144-bias0-float32-kc128-mc14-v16");
     const int64_t gemm_bf16dot[] = {4096, 6144, 0}; /* bfloat16 compute: its own family, no weight type */
     check_key(tally, "gemm_bf16dot", gemm_bf16dot, V16, "gemm_bf16dot-k4096-n6144-bias0-v16");
     const int64_t rope_half[] = {128, 0}, rope_inter[] = {64, 1};
@@ -84,12 +87,18 @@ static void test_errors(test_tally *tally)
     const int64_t bad_layout[] = {128, 2};
     check_rejected(tally, "rope", bad_layout, V16, SNEPPX_KEY_MAX, "interleaved");
     /* Values a valid config never makes: refused naming the field, by resolve too. */
-    const int64_t zero_k[] = {0, 64, 0, 0}, bias_7[] = {64, 64, 7, 0}, huge_n[] = {64, 3 * (1 << 20) + 1, 0, 0};
-    const int64_t no_weight_type[] = {64, 64, 0, 4};
+    const int64_t zero_k[] = {0, 64, 0, 0, 512, 56}, bias_7[] = {64, 64, 7, 0, 512, 56},
+                  huge_n[] = {64, 3 * (1 << 20) + 1, 0, 0, 512, 56};
+    const int64_t no_weight_type[] = {64, 64, 0, 4, 512, 56};
     check_rejected(tally, "gemm", no_weight_type, V16, SNEPPX_KEY_MAX, "(weight_type of gemm) = 4 is outside [0, 3]");
     check_rejected(tally, "gemm", zero_k, V16, SNEPPX_KEY_MAX, "(k of gemm) = 0 is outside [1, 1048576]");
     check_rejected(tally, "gemm", bias_7, V16, SNEPPX_KEY_MAX, "(bias of gemm) = 7 is outside [0, 1]");
     check_rejected(tally, "gemm", huge_n, V16, SNEPPX_KEY_MAX, "(n of gemm) = 3145729");
+    /* The cache blocking: kc whole int8 groups within the targets' candidates, mc rows up to theirs. */
+    const int64_t kc_100[] = {64, 64, 0, 0, 100, 56}, kc_4096[] = {64, 64, 0, 0, 4096, 56}, mc_0[] = {64, 64, 0, 0, 512, 0};
+    check_rejected(tally, "gemm", kc_100, V16, SNEPPX_KEY_MAX, "(kc of gemm) = 100 is outside [128, 512]");
+    check_rejected(tally, "gemm", kc_4096, V16, SNEPPX_KEY_MAX, "(kc of gemm) = 4096 is outside [128, 512]");
+    check_rejected(tally, "gemm", mc_0, V16, SNEPPX_KEY_MAX, "(mc of gemm) = 0 is outside [1, 112]");
     const int64_t odd_rope[] = {7, 0}, zero_rope[] = {0, 1};
     check_rejected(tally, "rope", odd_rope, V16, SNEPPX_KEY_MAX, "(rotary_dim of rope) = 7 is not a multiple of 2");
     check_rejected(tally, "rope", zero_rope, V16, SNEPPX_KEY_MAX, "rotary_dim of rope");

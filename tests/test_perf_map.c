@@ -71,7 +71,7 @@ static int child_with_planted_map(enum plant plant, const char *victim, const ch
         return 3;
     setenv("SNEPPX_PERF_MAP", "1", 1);
     setenv("SNEPPX_VERBOSE", "1", 1);
-    const int64_t first[] = {64, 32, 0, 0}, second[] = {32, 64, 0, 0};
+    const int64_t first[] = {64, 32, 0, 0, 512, 56}, second[] = {32, 64, 0, 0, 512, 56};
     const sneppx_kernel *kernel;
     const struct sneppx_target *target = sneppx_host_target();
     return sneppx_kernel_resolve("gemm", first, target, &kernel) == SNEPPX_OK &&
@@ -135,18 +135,18 @@ int main(void)
     snprintf(path, sizeof path, "/tmp/perf-%ld.map", (long)getpid());
     unlink(path);
     setenv("SNEPPX_PERF_MAP", "1", 1);
-    const int64_t gemm_values[] = {64, 96, 0, 0};
+    const int64_t gemm_values[] = {64, 96, 0, 0, 512, 56};
     const struct sneppx_target *target = sneppx_host_target();
     const sneppx_kernel *gemm;
     if (!TEST_CHECK(&tally, sneppx_kernel_resolve("gemm", gemm_values, target, &gemm) == SNEPPX_OK,
                     "resolve: %s", sneppx_last_error()))
         return test_finish(&tally);
     char name[256];
-    snprintf(name, sizeof name, "sneppx_gemm_k64_n96_bias0_float32_%s [%s]", target->name, gemm->key);
+    snprintf(name, sizeof name, "sneppx_gemm_k64_n96_bias0_float32_kc512_mc56_%s [%s]", target->name, gemm->key);
     unsigned long long size = mapped_size(path, (uintptr_t)gemm->entry[SNEPPX_ENTRY_RUN], name);
     TEST_CHECK(&tally, size > 64 && size < (1 << 20), "%s: the entry '%s' at %p, size %llu", path, name,
                (void *)(uintptr_t)gemm->entry[SNEPPX_ENTRY_RUN], size);
-    snprintf(name, sizeof name, "sneppx_gemm_k64_n96_bias0_float32_%s_pack [%s]", target->name, gemm->key);
+    snprintf(name, sizeof name, "sneppx_gemm_k64_n96_bias0_float32_kc512_mc56_%s_pack [%s]", target->name, gemm->key);
     size = mapped_size(path, (uintptr_t)gemm->entry[SNEPPX_ENTRY_PACK], name);
     TEST_CHECK(&tally, size > 0, "%s: the pack entry '%s' at %p", path, name,
                (void *)(uintptr_t)gemm->entry[SNEPPX_ENTRY_PACK]);
@@ -156,7 +156,7 @@ int main(void)
     const sneppx_kernel *again;
     if (TEST_CHECK(&tally, sneppx_kernel_resolve("gemm", gemm_values, target, &again) == SNEPPX_OK,
                    "resolve again: %s", sneppx_last_error())) {
-        snprintf(name, sizeof name, "sneppx_gemm_k64_n96_bias0_float32_%s [%s]", target->name, again->key);
+        snprintf(name, sizeof name, "sneppx_gemm_k64_n96_bias0_float32_kc512_mc56_%s [%s]", target->name, again->key);
         TEST_CHECK(&tally, mapped_size(path, (uintptr_t)again->entry[SNEPPX_ENTRY_RUN], name) > 0,
                    "%s: '%s' at %p after a reload", path, name, (void *)(uintptr_t)again->entry[SNEPPX_ENTRY_RUN]);
     }

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemm_tiles.h"
 #include "host.h"
 #include "kernel_registry.h"
 #include "kernels.h"
@@ -134,7 +135,8 @@ static void check_type(const struct sneppx_target *target, int dtype, const stru
 {
     const int bf16 = dtype == SNEPPX_DTYPE_BFLOAT16;
     const int64_t k = count, n = 3, nr = target->gemm_nr;
-    const int64_t values[] = {k, n, 0, dtype};
+    int64_t values[] = {k, n, 0, dtype, 0, 0};
+    sneppx_gemm_default_tiles(target, (sneppx_dtype)dtype, &values[4], &values[5]);
     const sneppx_kernel *kernel;
     if (!TEST_CHECK(&tally, sneppx_kernel_resolve("gemm", values, target, &kernel) == SNEPPX_OK, "%s %s: %s",
                     target->name, sneppx_dtype_name(dtype), sneppx_last_error()))
@@ -257,7 +259,8 @@ static int same_float(float a, float b)
 static void check_int8(const struct sneppx_target *target)
 {
     const int64_t k = I8_K, n = I8_N, nr = target->gemm_nr;
-    const int64_t values[] = {k, n, 0, SNEPPX_DTYPE_INT8};
+    int64_t values[] = {k, n, 0, SNEPPX_DTYPE_INT8, 0, 0};
+    sneppx_gemm_default_tiles(target, SNEPPX_DTYPE_INT8, &values[4], &values[5]);
     const sneppx_kernel *kernel;
     if (!TEST_CHECK(&tally, sneppx_kernel_resolve("gemm", values, target, &kernel) == SNEPPX_OK, "%s int8: %s",
                     target->name, sneppx_last_error()))

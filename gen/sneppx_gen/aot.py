@@ -12,7 +12,7 @@ from typing import Dict, List, Tuple
 
 from . import config_fields, render, runtime_names
 from .archs import Arch
-from .kernels import MASK_MODES, check_values, kernel_key, symbol_of_key
+from .kernels import MASK_MODES, check_values, default_tiles, kernel_key, symbol_of_key
 from .output import write_if_changed
 from .tables import ROPE_TYPE_NAMES, c_double, c_value
 from .targets import Target
@@ -73,7 +73,8 @@ def _gemm(arch: Arch, values: Dict[str, int], target: Target) -> Kernel:
     (compute_dtype, bfloat16 weights only) the gemm_bf16dot kernel of bfloat16 pair panels."""
     if config_fields.DTYPES[arch.compute_dtype] == "bfloat16":
         return _kernel("gemm_bf16dot", values, target)
-    return _kernel("gemm", dict(values, weight_type=arch.weight_dtype), target)
+    values = dict(values, weight_type=arch.weight_dtype)
+    return _kernel("gemm", dict(values, **default_tiles("gemm", target, arch.weight_dtype)), target)
 
 
 def _attention_kernels(attention: str, head_dim: int, v_head_dim: int, group: int, window: int,

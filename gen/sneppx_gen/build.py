@@ -15,7 +15,8 @@
     build jit-source --family F --target NAME -o FILE
     build aot-source --family F --target NAME --value NAME=V ... -o FILE
                                       one key's kernel alone, values as literals (a choice
-                                      field takes its name: mask_mode=causal)
+                                      field takes its name: mask_mode=causal; a GEMM's kc and
+                                      mc default to the target's)
     build kernel-table --bitcode FAMILY:TARGET:PATH ... -o FILE
 """
 import argparse
@@ -23,7 +24,7 @@ import sys
 from typing import Dict, List
 
 from . import archs, python_fields, render, tables
-from .kernels import KERNELS
+from .kernels import KERNELS, default_tiles
 from .targets import TARGET_NAMES, target_named
 from .output import write_if_changed
 
@@ -102,7 +103,10 @@ def main(argv: List[str]) -> int:
     elif args.what == "aot-source":
         try:
             values = _key_values(args.family, args.value)
-            text = render.render_kernel(args.family, target_named(args.target), "aot", values)
+            target = target_named(args.target)
+            # Tile fields not given (a GEMM's kc, mc) are the target's defaults.
+            defaults = default_tiles(args.family, target, values.get("weight_type", 0))
+            text = render.render_kernel(args.family, target, "aot", dict(defaults, **values))
         except ValueError as error:
             print(f"sneppx-gen build aot-source: {error}", file=sys.stderr)
             return 1

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .config_fields import DTYPES, WEIGHT_DTYPES
 from .limits import HEAD_DIM_MULTIPLE, MAX_DIM, MAX_HEAD_DIM, MAX_HEADS, MAX_LATENT_DIM, MAX_POSITIONS
-from .targets import Target
+from .targets import GEMM_KC_MULTIPLE, TARGETS, Target
 
 MASK_MODES = ("none", "causal", "mask")  # SNEPPX_MASK_NONE / CAUSAL / EXPLICIT
 
@@ -69,9 +69,19 @@ ATTN_FIELDS = (
 # most MAX_DIM each); n: the fused q|k|v width, at most three such. weight_type:
 # the packed panels' element type (config_fields.WEIGHT_DTYPES, the config's
 # weight_dtype), so a narrow and a float32 GEMM never share a kernel.
+# kc, mc: the cache blocking, the k slice and the activation block's rows
+# (targets.py: each target's defaults and tuning candidates, which bound them:
+# the block is on the kernel's stack). The runtime and sneppx-gen fill in the
+# target's defaults, or a host's tuning record (runtime/gemm_tiles.c).
+GEMM_TILE_FIELDS = (
+    Field("kc", "kc", min(min(t.gemm_kc_candidates) for t in TARGETS), max(max(t.gemm_kc_candidates) for t in TARGETS),
+          GEMM_KC_MULTIPLE),
+    Field("mc", "mc", 1, max(max(t.gemm_mc_candidates + (t.gemm_int8_mc,)) for t in TARGETS)),
+)
 KERNELS: Dict[str, Kernel] = {k.family: k for k in (
     Kernel("gemm", "gemm.c.j2", (Field("k", "k", 1, MAX_DIM), Field("n", "n", 1, 3 * MAX_DIM),
-                                 Field("bias", "bias", 0, 1), choice_field("weight_type", "", WEIGHT_DTYPES)),
+                                 Field("bias", "bias", 0, 1), choice_field("weight_type", "", WEIGHT_DTYPES))
+           + GEMM_TILE_FIELDS,
            entries=("", "_pack")),
     # The opt-in bfloat16-compute GEMM (config compute_dtype): bfloat16 weights in pair
     # panels and activations rounded to bfloat16, so its numbers differ from gemm's.
@@ -98,6 +108,15 @@ def check_values(family: str, values: Dict[str, int]) -> None:
         raise ValueError(f"{family}: missing key fields {', '.join(missing)}")
     for f in kernel.fields:
         f.check(family, int(values[f.name]))
+
+
+def default_tiles(family: str, target: Target, weight_type: int = 0) -> Dict[str, int]:
+    """The key's tile fields at the target's defaults (none for a family without):
+    a GEMM's kc and mc, the taller int8 block for int8 panels."""
+    if family != "gemm":
+        return {}
+    int8 = WEIGHT_DTYPES.index("int8")
+    return {"kc": target.gemm_kc, "mc": target.gemm_int8_mc if weight_type == int8 else target.gemm_mc}
 
 
 def kernel_key(family: str, values: Dict[str, int], target: Target) -> str:

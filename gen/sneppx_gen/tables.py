@@ -237,8 +237,15 @@ def _targets_table() -> str:
         out.append(f"static const char *const target_features_{index}[] = {{{features}NULL}};\n")
     out.append("\nconst struct sneppx_target sneppx_targets[] = {\n")
     for index, t in enumerate(TARGETS):
+        def c_list(values):
+            return "{" + ", ".join(map(str, values)) + "}"
         out.append(f"    {{.name = {c_string(t.name)}, .vector_width = {t.vector_width}, "
-                   f".features = target_features_{index}, .gemm_mr = {t.gemm_mr}, .gemm_nr = {t.gemm_nr}}},\n")
+                   f".features = target_features_{index}, .gemm_mr = {t.gemm_mr}, .gemm_nr = {t.gemm_nr},\n"
+                   f"     .gemm_kc = {t.gemm_kc}, .gemm_mc = {t.gemm_mc}, .gemm_int8_mc = {t.gemm_int8_mc},\n"
+                   f"     .gemm_kc_candidate_count = {len(t.gemm_kc_candidates)}, "
+                   f".gemm_kc_candidates = {c_list(t.gemm_kc_candidates)},\n"
+                   f"     .gemm_mc_candidate_count = {len(t.gemm_mc_candidates)}, "
+                   f".gemm_mc_candidates = {c_list(t.gemm_mc_candidates)}}},\n")
     out.append("};\n")
     out.append(f"const int sneppx_target_count = {len(TARGETS)};\n")
     return "".join(out)

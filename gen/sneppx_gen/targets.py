@@ -44,7 +44,15 @@ Why each value:
   MR-row groups (56 rows, 112 KiB at v16) ran 2-7% faster at T = 128..2048
   than 256 x 8 groups (the same block: C is loaded and stored once per k
   slice, half as often); KC 128 and 1024 were slower. v8 keeps KC and the 4
-  groups (a 48 KiB block).
+  groups (a 48 KiB block). Both are the defaults: the GEMM key carries its
+  KC and MC (`gemm-k4096-n6144-bias0-float32-kc512-mc56-v16`), which a host's
+  tuning record may change (below).
+- gemm_kc_candidates, gemm_mc_candidates: what `sneppx-cache tune` (or
+  SNEPPX_TUNE=1 at first use) times on a host for float32 panels, each KC with
+  each MC, and keeps the fastest in the disk cache (runtime/gemm_tuner.c); the
+  defaults are among them. They bound the key's kc and mc (kernels.py): a
+  kernel's block lives on its stack (MC x KC floats, plus a KC x NR widened
+  int8 slice), so the largest stays under 1 MiB.
 - gemm_int8_mc: the activation block's rows for int8 weights. Their panel
   slice is widened to float32 once per block (templates/gemm.c.j2), so a
   taller block widens less often: 8 groups (112 rows, 224 KiB at v16) took
@@ -77,6 +85,15 @@ from typing import Tuple
 from .limits import HEAD_DIM_MULTIPLE
 
 
+# A GEMM k slice is whole int8 groups (abi.h.j2's SNEPPX_GEMM_INT8_GROUP).
+GEMM_KC_MULTIPLE = 32
+# The most stack a GEMM kernel's blocks may take (MC x KC activations and a
+# KC x NR widened int8 slice): OpenMP's worker threads have 4 MiB by default.
+GEMM_MAX_BLOCK_BYTES = 1 << 20
+# The most candidates of one tile (runtime/kernel_registry.h's SNEPPX_MAX_TILE_CANDIDATES).
+MAX_TILE_CANDIDATES = 8
+
+
 @dataclass(frozen=True)
 class Target:
     name: str                        # key suffix: "v16"
@@ -89,6 +106,8 @@ class Target:
     gemm_kc: int
     gemm_mc: int
     gemm_int8_mc: int
+    gemm_kc_candidates: Tuple[int, ...]
+    gemm_mc_candidates: Tuple[int, ...]
     gemm_decode_panels: int
     gemm_decode_sums: int
     flash_nj: int
@@ -114,6 +133,20 @@ class Target:
         require(self.gemm_mc % self.gemm_mr == 0, f"gemm_mc {self.gemm_mc} is not whole {self.gemm_mr}-row groups")
         require(self.gemm_int8_mc % self.gemm_mr == 0 and self.gemm_int8_mc >= self.gemm_mc,
                 f"gemm_int8_mc {self.gemm_int8_mc} is not whole {self.gemm_mr}-row groups of at least gemm_mc")
+        require(self.gemm_kc in self.gemm_kc_candidates and self.gemm_mc in self.gemm_mc_candidates,
+                f"gemm_kc {self.gemm_kc} / gemm_mc {self.gemm_mc} are not among their candidates "
+                f"{self.gemm_kc_candidates} / {self.gemm_mc_candidates}")
+        require(0 < len(self.gemm_kc_candidates) <= MAX_TILE_CANDIDATES
+                and 0 < len(self.gemm_mc_candidates) <= MAX_TILE_CANDIDATES,
+                f"gemm_kc_candidates / gemm_mc_candidates: 1 to {MAX_TILE_CANDIDATES} values each")
+        require(all(kc > 0 and kc % GEMM_KC_MULTIPLE == 0 for kc in self.gemm_kc_candidates),
+                f"gemm_kc_candidates {self.gemm_kc_candidates} are not all multiples of {GEMM_KC_MULTIPLE}")
+        require(all(mc > 0 and mc % self.gemm_mr == 0 for mc in self.gemm_mc_candidates),
+                f"gemm_mc_candidates {self.gemm_mc_candidates} are not all whole {self.gemm_mr}-row groups")
+        largest_block = (max(self.gemm_mc_candidates + (self.gemm_int8_mc,)) + self.gemm_nr) * \
+            max(self.gemm_kc_candidates) * 4
+        require(largest_block <= GEMM_MAX_BLOCK_BYTES,
+                f"the largest GEMM block, {largest_block} bytes of stack, is over {GEMM_MAX_BLOCK_BYTES}")
         require(self.gemm_decode_sums % self.gemm_decode_panels == 0,
                 f"gemm_decode_sums {self.gemm_decode_sums} is not a multiple of gemm_decode_panels")
         require(HEAD_DIM_MULTIPLE % self.flash_ne == 0,
@@ -127,10 +160,12 @@ class Target:
 
 TARGETS: Tuple[Target, ...] = (
     Target("v16", 16, ("+avx512f",), ("avx512f",), gemm_mr=14, gemm_nr=32, gemm_small_mr=4, gemm_kc=512,
-           gemm_mc=56, gemm_int8_mc=112, gemm_decode_panels=4, gemm_decode_sums=4, flash_nj=8, flash_ne=8,
+           gemm_mc=56, gemm_int8_mc=112, gemm_kc_candidates=(128, 256, 512),
+           gemm_mc_candidates=(14, 28, 56), gemm_decode_panels=4, gemm_decode_sums=4, flash_nj=8, flash_ne=8,
            decode_rows=4, decode_nj=4, decode_ne=4),
     Target("v8", 8, (), (), gemm_mr=6, gemm_nr=16, gemm_small_mr=4, gemm_kc=512,
-           gemm_mc=24, gemm_int8_mc=48, gemm_decode_panels=4, gemm_decode_sums=4, flash_nj=4, flash_ne=4,
+           gemm_mc=24, gemm_int8_mc=48, gemm_kc_candidates=(128, 256, 512),
+           gemm_mc_candidates=(12, 24, 48), gemm_decode_panels=4, gemm_decode_sums=4, flash_nj=4, flash_ne=4,
            decode_rows=2, decode_nj=4, decode_ne=4),
 )
 

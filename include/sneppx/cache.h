@@ -31,6 +31,11 @@
  *                        the same key (fractions allowed; default 30, 0 = do
  *                        not wait), then builds it too, with one warning: the
  *                        other may be stopped (SIGSTOP, a debugger)
+ *   SNEPPX_TUNE=1        the first layer a process creates times the GEMM's tile
+ *                        candidates when the cache holds no valid tuning record
+ *                        for this host (a few seconds, once) and keeps the
+ *                        winner: GEMM keys then carry it (`sneppx-cache tune`
+ *                        does it on demand; docs/API.md)
  *   SNEPPX_JIT=0         never compile: a kernel missing from both caches fails
  *                        with SNEPPX_ERR_JIT and a message naming its key
  *   SNEPPX_VERBOSE=1     log each compile (key and milliseconds)

@@ -6,6 +6,8 @@
  *   sneppx-cache warmup --arch NAME...  compiles (or loads) every kernel of the
  *                                       presets' layers; --all for every preset;
  *                      --config PATH    a checkpoint's config.json (or its directory)
+ *   sneppx-cache tune [--threads N]     times the host target's GEMM tile candidates
+ *                                       and keeps the winner (runtime/gemm_tuner.h)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,22 +17,27 @@
 #include "disk_cache.h"
 #include "error.h"
 #include "fingerprint.h"
+#include "gemm_tuner.h"
 #include "host.h"
 #include "jit.h"
 #include "kernels.h"
 #include "sneppx/cache.h"
 #include "sneppx/config.h"
 #include "sneppx/layer.h"
+#include "tuning_record.h"
 
 static void usage(FILE *out)
 {
     fputs("usage: sneppx-cache show | list | clear | warmup (--arch NAME | --config PATH)... | warmup --all\n"
+          "       | tune [--threads N]\n"
           "  show    the cache directory, its size and bound, and the host it compiles for\n"
           "  list    every entry: key, bytes, last use, and whether this build would load it\n"
           "  clear   remove every entry\n"
           "  warmup  compile (or verify) every kernel of the named presets' layers, or of the layer a\n"
           "          checkpoint's config.json (PATH: the file or its directory) describes\n"
-          "Environment: SNEPPX_CACHE_DIR, SNEPPX_CACHE_MAX_MB, SNEPPX_CACHE_LOCK_TIMEOUT, SNEPPX_VERBOSE\n"
+          "  tune    time the GEMM's tile candidates on this host (a few seconds) and keep the fastest in\n"
+          "          the cache: kernels compiled from then on use it (N threads: OpenMP's default)\n"
+          "Environment: SNEPPX_CACHE_DIR, SNEPPX_CACHE_MAX_MB, SNEPPX_CACHE_LOCK_TIMEOUT, SNEPPX_TUNE, SNEPPX_VERBOSE\n"
           "(see sneppx/cache.h).\n",
           out);
 }
@@ -43,11 +50,13 @@ static int fail(const char *what, sneppx_status status)
     return 1;
 }
 
-/* Why this build would not load the entry of key, or NULL when it would. */
+/* Why this build would not load the entry of key (a kernel or a tuning record),
+ * or NULL when it would. */
 static const char *verdict(const char *key, char *reason, size_t reason_size)
 {
     uint8_t fingerprint[SNEPPX_SHA256_SIZE];
-    if (sneppx_kernel_fingerprint(key, fingerprint) != SNEPPX_OK) {
+    if (sneppx_kernel_fingerprint(key, fingerprint) != SNEPPX_OK &&
+        sneppx_tuning_fingerprint(key, fingerprint) != SNEPPX_OK) {
         snprintf(reason, reason_size, "no such kernel in this build");
         return reason;
     }
@@ -200,6 +209,61 @@ static int warmup(int argc, char **argv)
     return failures ? 1 : 0;
 }
 
+/* Times the host target's GEMM candidates, prints each and the winner, keeps it. */
+static int tune(int argc, char **argv)
+{
+    struct sneppx_gemm_tune_shape shape = sneppx_gemm_tune_default_shape();
+    for (int i = 0; i < argc; i += 2) {
+        char *end = NULL;
+        long threads = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : -1;
+        if (strcmp(argv[i], "--threads") != 0 || i + 1 >= argc || !end || *end || end == argv[i + 1] ||
+            threads < 0 || threads > 1024) {
+            const int option = strcmp(argv[i], "--threads") == 0;
+            fprintf(stderr, "sneppx-cache: tune: expected --threads N (0 to 1024), not '%s%s%s'\n",
+                    sneppx_clip(argv[i]).text, option ? " " : "", option && i + 1 < argc ? sneppx_clip(argv[i + 1]).text : "");
+            return 2;
+        }
+        shape.threads = (int)threads;
+    }
+    const struct sneppx_target *target = sneppx_host_target();
+    struct sneppx_gemm_tune_result *result = malloc(sizeof *result);
+    if (!result)
+        return fail("tune", SNEPPX_ERR_OUT_OF_MEMORY);
+    printf("gemm %s: [%lld, %lld] x [%lld, %lld], best of %d rounds, float32 panels\n", target->name,
+           (long long)shape.rows, (long long)shape.k, (long long)shape.k, (long long)shape.n, shape.rounds);
+    sneppx_status status = sneppx_gemm_tune(target, &shape, result);
+    if (status != SNEPPX_OK) {
+        free(result);
+        return fail("tune", status);
+    }
+    printf("%6s %5s %9s %9s %8s\n", "KC", "MC", "MS", "GFLOP/S", "VS DEF");
+    const double base = result->defaults >= 0 ? result->times[result->defaults].ms : 0;
+    for (int i = 0; i < result->count; i++) {
+        const struct sneppx_gemm_tune_time *t = &result->times[i];
+        printf("%6lld %5lld %9.2f %9.1f %7.3fx%s%s\n", (long long)t->tiles.kc, (long long)t->tiles.mc, t->ms,
+               t->gflops, base > 0 ? base / t->ms : 0.0, i == result->defaults ? "  default" : "",
+               i == result->winner ? "  <- winner" : "");
+    }
+    const struct sneppx_gemm_tuning kept = result->times[result->winner].tiles, *winner = &kept;
+    printf("winner      kc %lld, mc %lld: %.3fx the defaults (a candidate must gain %.0f%% to replace them)\n",
+           (long long)winner->kc, (long long)winner->mc, base > 0 ? base / result->times[result->winner].ms : 0.0,
+           SNEPPX_TUNE_MIN_GAIN * 100);
+    printf("time        %.0f ms (%.0f ms resolving %d kernels)\n", result->total_ms, result->compile_ms,
+           result->count);
+    status = sneppx_gemm_tuning_store(target, winner);
+    free(result);
+    if (status != SNEPPX_OK)
+        return fail("tune", status);
+    char key[SNEPPX_KEY_MAX];
+    sneppx_gemm_tuning_key(target, key, sizeof key);
+    if (sneppx_cache_dir()[0])
+        printf("kept        %s/%s.o: GEMM keys compiled from now on end in -kc%lld-mc%lld-%s\n", sneppx_cache_dir(),
+               key, (long long)winner->kc, (long long)winner->mc, target->name);
+    else
+        fprintf(stderr, "sneppx-cache: warning: no disk cache, nothing was kept\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -213,6 +277,8 @@ int main(int argc, char **argv)
     }
     if (strcmp(command, "warmup") == 0)
         return warmup(argc - 2, argv + 2);
+    if (strcmp(command, "tune") == 0)
+        return tune(argc - 2, argv + 2);
     if (argc > 2) {
         fprintf(stderr, "sneppx-cache: %s takes no arguments\n", sneppx_clip(command).text);
         return 2;

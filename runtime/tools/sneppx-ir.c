@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemm_tiles.h"
 #include "host.h"
 #include "jit.h"
 #include "kernel_registry.h"
@@ -35,7 +36,8 @@ static void usage(FILE *out)
           "--print-key prints the key's canonical text instead.\n"
           "--target picks a target by name (default: the host's), --vector-width the first\n"
           "of that vector width; --list-targets lists them, in order of preference, the host's marked.\n"
-          "A choice field takes its name or its index (mask_mode=causal, mask_mode=1).\n",
+          "A choice field takes its name or its index (mask_mode=causal, mask_mode=1).\n"
+          "A GEMM's kc and mc, when neither is given, are the target's defaults (not a host's tuning).\n",
           out);
 }
 
@@ -47,8 +49,13 @@ static void list_targets(void)
         printf("%s vector_width=%d features=", target->name, target->vector_width);
         for (const char *const *feature = target->features; *feature; feature++)
             printf("%s%s", feature == target->features ? "" : ",", *feature);
-        printf(" gemm_mr=%d gemm_nr=%d%s\n", target->gemm_mr, target->gemm_nr,
-               target == sneppx_host_info()->target ? " host" : "");
+        printf(" gemm_mr=%d gemm_nr=%d gemm_kc=%d gemm_mc=%d gemm_int8_mc=%d", target->gemm_mr, target->gemm_nr,
+               target->gemm_kc, target->gemm_mc, target->gemm_int8_mc);
+        for (int c = 0; c < target->gemm_kc_candidate_count; c++)
+            printf("%s%d", c ? "," : " gemm_kc_candidates=", target->gemm_kc_candidates[c]);
+        for (int c = 0; c < target->gemm_mc_candidate_count; c++)
+            printf("%s%d", c ? "," : " gemm_mc_candidates=", target->gemm_mc_candidates[c]);
+        printf("%s\n", target == sneppx_host_info()->target ? " host" : "");
     }
 }
 
@@ -212,13 +219,21 @@ int main(int argc, char **argv)
     for (int i = 0; i < assignment_count; i++)
         if (!parse_value(family, assignments[i], values, seen))
             return 2;
+    if (!target)
+        target = sneppx_host_target();
+    /* A GEMM's kc and mc not given are the target's defaults for its weight type. */
+    const int weight_type = field_index(family, "weight_type", 11), kc = field_index(family, "kc", 2),
+              mc = field_index(family, "mc", 2);
+    if (strcmp(family->family, "gemm") == 0 && weight_type >= 0 && kc >= 0 && mc >= 0 && seen[weight_type] &&
+        !seen[kc] && !seen[mc]) {
+        sneppx_gemm_default_tiles(target, (sneppx_dtype)values[weight_type], &values[kc], &values[mc]);
+        seen[kc] = seen[mc] = 1;
+    }
     for (int i = 0; i < family->field_count; i++)
         if (!seen[i]) {
             fprintf(stderr, "sneppx-ir: %s needs --value %s=...\n", family->family, family->field_names[i]);
             return 2;
         }
-    if (!target)
-        target = sneppx_host_target();
 
     if (print_key) {
         char key[SNEPPX_KEY_MAX];

@@ -2,7 +2,8 @@
 
 - the C runtime's table (as `sneppx-ir --list-targets` prints it: order, names,
   vector widths, required LLVM features, and the GEMM tiles gemm_mr / gemm_nr
-  its callers take from struct sneppx_target) equals TARGETS, and the target
+  its callers take from struct sneppx_target, the GEMM's default kc / mc and
+  their tuning candidates) equals TARGETS, and the target
   libsneppx picks from LLVM's host features is the one /proc/cpuinfo's flags
   pick (avx512f -> v16);
 - the templates take their tiles from the target they render for: a target
@@ -69,6 +70,10 @@ def test_c_table_is_targets():
         assert tuple(f for f in fields["features"].split(",") if f) == t.llvm_features, name
         assert int(fields["gemm_mr"]) == t.gemm_mr, name
         assert int(fields["gemm_nr"]) == t.gemm_nr, name
+        assert (int(fields["gemm_kc"]), int(fields["gemm_mc"]), int(fields["gemm_int8_mc"])) == \
+            (t.gemm_kc, t.gemm_mc, t.gemm_int8_mc), name
+        assert tuple(map(int, fields["gemm_kc_candidates"].split(","))) == t.gemm_kc_candidates, name
+        assert tuple(map(int, fields["gemm_mc_candidates"].split(","))) == t.gemm_mc_candidates, name
 
 
 def test_host_target_matches_cpuinfo():
@@ -84,11 +89,19 @@ def _render_with(target: Target, family: str) -> str:
 
 def test_templates_take_tiles_from_target():
     other = dataclasses.replace(TARGETS[0], gemm_mr=12, gemm_small_mr=2, gemm_kc=256, gemm_mc=36, gemm_int8_mc=72,
-                                gemm_decode_panels=2, gemm_decode_sums=8, flash_nj=4, flash_ne=2)
+                                gemm_mc_candidates=(36, 72), gemm_decode_panels=2, gemm_decode_sums=8, flash_nj=4,
+                                flash_ne=2)
     gemm = _render_with(other, "gemm")
     assert "sneppx_gemm_micro12(" in gemm and "sneppx_gemm_micro2(" in gemm
-    assert "float block[72 * 256]" in gemm and "SNEPPX_GEMM_INT8 ? 72 : 36;" in gemm
-    assert "sneppx_gemm_decode2(" in gemm and "whole = kc - kc % 4;" in gemm and "k0 += 256)" in gemm
+    # The cache blocking is the key's (spec_kc, spec_mc), in whole MR-row groups.
+    assert "float block[(spec_mc + 11) / 12 * 12 * spec_kc]" in gemm and "k0 += spec_kc)" in gemm
+    assert "sneppx_gemm_decode2(" in gemm and "whole = kc - kc % 4;" in gemm
+    # aot: the target's defaults as literals (int8: the taller block), or a tuned key's.
+    values = dict(k=4096, n=6144, bias=0, weight_type=3)
+    int8 = render.render_kernel("gemm", other, "aot", dict(values, **kernels.default_tiles("gemm", other, 3)))
+    assert "float block[72 * 256]" in int8 and "k0 += 256)" in int8
+    tuned = render.render_kernel("gemm", other, "aot", dict(values, weight_type=0, kc=512, mc=40))
+    assert "float block[48 * 512]" in tuned and "k0 += 512)" in tuned and "block_rows = 40;" in tuned
     assert "sneppx_gemm_micro14(" not in gemm and "sneppx_gemm_decode4(" not in gemm
     flash = _render_with(other, "attn_flash")
     assert "_Static_assert(SNEPPX_ATTN_BLOCK_KV % 4 == 0," in flash
@@ -105,7 +118,8 @@ def test_registry_table_has_each_targets_tiles():
     table = tables.kernel_table([])
     for index, t in enumerate(TARGETS):
         assert (f'    {{.name = "{t.name}", .vector_width = {t.vector_width}, .features = target_features_{index}, '
-                f'.gemm_mr = {t.gemm_mr}, .gemm_nr = {t.gemm_nr}}},\n') in table
+                f'.gemm_mr = {t.gemm_mr}, .gemm_nr = {t.gemm_nr},\n'
+                f'     .gemm_kc = {t.gemm_kc}, .gemm_mc = {t.gemm_mc}, .gemm_int8_mc = {t.gemm_int8_mc},\n') in table
     assert "vector_width" not in render.render_abi()
 
 
@@ -115,6 +129,11 @@ def test_registry_table_has_each_targets_tiles():
     (dict(gemm_mc=50), "gemm_mc 50 is not whole 14-row groups"),
     (dict(gemm_int8_mc=42), "gemm_int8_mc 42 is not whole 14-row groups of at least gemm_mc"),
     (dict(gemm_small_mr=14), "gemm_small_mr 14 is not in (0, gemm_mr)"),
+    (dict(gemm_kc=384), "gemm_kc 384 / gemm_mc 56 are not among their candidates (128, 256, 512) / (14, 28, 56)"),
+    (dict(gemm_kc_candidates=(256, 500, 512)), "gemm_kc_candidates (256, 500, 512) are not all multiples of 32"),
+    (dict(gemm_mc_candidates=(56, 60)), "gemm_mc_candidates (56, 60) are not all whole 14-row groups"),
+    (dict(gemm_kc_candidates=tuple(range(256, 2561, 256))), "gemm_kc_candidates / gemm_mc_candidates: 1 to 8"),
+    (dict(gemm_kc_candidates=(512, 2048)), "the largest GEMM block, 1179648 bytes of stack, is over 1048576"),
     (dict(gemm_decode_sums=2), "gemm_decode_sums 2 is not a multiple of gemm_decode_panels"),
     (dict(flash_ne=3), "flash_ne 3 does not divide the head dim step 16"),
     (dict(decode_nj=3), "decode_nj 3 does not divide the 64-key tile"),
@@ -137,7 +156,8 @@ def test_unknown_target_named():
 
 
 def test_table_takes_a_width_twice_but_a_name_once(monkeypatch):
-    twin = dataclasses.replace(TARGETS[0], name="v16bf", gemm_mr=12, gemm_mc=36, gemm_int8_mc=72)
+    twin = dataclasses.replace(TARGETS[0], name="v16bf", gemm_mr=12, gemm_mc=36, gemm_int8_mc=72,
+                               gemm_mc_candidates=(36, 72))
     monkeypatch.setattr(targets, "TARGETS", (TARGETS[0], twin, TARGETS[1]))
     targets._check_table()
     monkeypatch.setattr(targets, "TARGETS", (TARGETS[0], dataclasses.replace(twin, name="v16"), TARGETS[1]))
@@ -150,8 +170,8 @@ def test_vector_width_alias_takes_the_first_of_a_width(second_v16):
 
 
 # Tiles of the second v16 target, other than v16's in every value the templates take.
-TWIN_TILES = dict(gemm_mr=12, gemm_small_mr=2, gemm_kc=256, gemm_mc=36, gemm_int8_mc=72, gemm_decode_panels=2,
-                  gemm_decode_sums=8, flash_nj=4, flash_ne=2)
+TWIN_TILES = dict(gemm_mr=12, gemm_small_mr=2, gemm_kc=256, gemm_mc=36, gemm_int8_mc=72, gemm_mc_candidates=(36, 72),
+                  gemm_decode_panels=2, gemm_decode_sums=8, flash_nj=4, flash_ne=2)
 
 
 @pytest.fixture
@@ -181,8 +201,11 @@ def test_second_target_of_a_width_has_its_own_sources_and_keys(second_v16, tmp_p
     assert "sneppx_gemm_micro14(" in (tmp_path / "gemm.v16.c").read_text()
 
     values = {"k": 4096, "n": 6144, "bias": 0, "weight_type": 0}
-    assert kernels.kernel_key("gemm", values, second_v16) == "gemm-k4096-n6144-bias0-float32-v16bf"
-    assert kernels.kernel_key("gemm", values, targets.target_named("v16")) == "gemm-k4096-n6144-bias0-float32-v16"
+    assert kernels.kernel_key("gemm", dict(values, **kernels.default_tiles("gemm", second_v16)), second_v16) == \
+        "gemm-k4096-n6144-bias0-float32-kc256-mc36-v16bf"
+    v16 = targets.target_named("v16")
+    assert kernels.kernel_key("gemm", dict(values, **kernels.default_tiles("gemm", v16)), v16) == \
+        "gemm-k4096-n6144-bias0-float32-kc512-mc56-v16"
     plan = aot.plan(archs.find_preset("llama3-8B"), second_v16, True)
     assert plan.unique_kernels() and all(k.key.endswith("-v16bf") for k in plan.unique_kernels())
     assert aot.manifest(plan)["vector_width"] == 16
@@ -191,9 +214,9 @@ def test_second_target_of_a_width_has_its_own_sources_and_keys(second_v16, tmp_p
     (tmp_path / "b.bc").write_bytes(b"B")
     table = tables.kernel_table([tables.parse_bitcode_spec(f"gemm:{name}:{tmp_path / f}")[:2] + (data,)
                                  for name, f, data in (("v16", "a.bc", b"A"), ("v16bf", "b.bc", b"B"))])
-    assert ('    {.name = "v16", .vector_width = 16, .features = target_features_0, .gemm_mr = 14, .gemm_nr = 32},\n'
+    assert ('    {.name = "v16", .vector_width = 16, .features = target_features_0, .gemm_mr = 14, .gemm_nr = 32,\n'
             in table)
-    assert ('    {.name = "v16bf", .vector_width = 16, .features = target_features_1, .gemm_mr = 12, .gemm_nr = 32},\n'
+    assert ('    {.name = "v16bf", .vector_width = 16, .features = target_features_1, .gemm_mr = 12, .gemm_nr = 32,\n'
             in table)
     assert 'static const char *const target_features_1[] = {"+avx512f", "+avx512bf16", NULL};' in table
     assert '{"gemm", &sneppx_targets[0], bitcode_gemm_v16, sizeof bitcode_gemm_v16,' in table
