@@ -14,7 +14,7 @@ tiles need that the templates do not yet do (Target.__post_init__ refuses
 what they cannot).
 
 A target's name is its identity: the suffix of every key of its kernels
-(`gemm-k4096-n6144-bias0-v16`), of its JIT sources (`gemm.v16.c`) and what
+(`gemm-k4096-n6144-bias0-float32-kc512-mc56-v16`), of its JIT sources (`gemm.v16.c`) and what
 the runtime finds its bitcode by. Its vector width is a property, which
 several targets may share (an AVX-512 target with other tiles or features
 beside v16).

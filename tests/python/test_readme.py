@@ -48,7 +48,7 @@ def test_readme_has_two_python_examples():
     assert len(python_blocks()) == 2, "README.md should hold two ```python blocks: the forward and generation"
 
 
-@pytest.mark.parametrize("index, expected", [(0, "gemm-k4096-n6144-bias0-float32-v"), (1, "cached tokens [14, 22]")])
+@pytest.mark.parametrize("index, expected", [(0, "gemm-k4096-n6144-bias0-float32-kc"), (1, "cached tokens [14, 22]")])
 def test_readme_python_example_runs(tmp_path, index, expected):
     script = tmp_path / "readme_example.py"
     script.write_text(python_blocks()[index])

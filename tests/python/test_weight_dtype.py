@@ -28,6 +28,7 @@
 """
 # ctest: 2 shards (tests/CMakeLists.txt), each under a minute on 2 cores
 import json
+import re
 import subprocess
 import sys
 
@@ -122,7 +123,7 @@ def test_vendored_layer(family, dtype, target, tmp_path, rng):
     config_file.write_text(json.dumps(dict(hf_config, name=family)))
     layer = _generate(["--config", str(config_file), "--target", target, "--weight-dtype", dtype], tmp_path / dtype)
     float32 = _generate(["--config", str(config_file), "--target", target], tmp_path / "float32")
-    assert all(f"-{dtype}-{target}" in key for key in layer.keys if key.startswith("gemm-"))
+    assert all(f"-{dtype}-kc" in key and key.endswith(f"-{target}") for key in layer.keys if key.startswith("gemm-"))
     # Half the bytes for the panels (int8: 9/32, more where short groups' scales weigh more):
     # the float32 buffer less its biases and norms, scaled, plus them.
     narrow_floats, wide_floats = layer._packed_floats(), float32._packed_floats()
@@ -244,7 +245,8 @@ def test_int8_pack_matches_numpy_quantizer(tmp_path):
     subprocess.run([sys.executable, str(SNEPPX_GEN), "build", "aot-source", "--family", "gemm", "--target", "v8",
                     "--value", f"k={k}", "--value", f"n={n}", "--value", "bias=0", "--value", "weight_type=int8",
                     "-o", str(source)], check=True)
-    entry = f"sneppx_gemm_k{k}_n{n}_bias0_int8_v8_pack"
+    # The key's cache blocking (kc, mc) is the target's default for int8: read it off the source.
+    entry = re.search(rf"sneppx_gemm_k{k}_n{n}_bias0_int8_kc\d+_mc\d+_v8_pack", source.read_text()).group(0)
     (tmp_path / "shim.c").write_text(f"""#include "gemm.c"
 #include <string.h>
 int64_t packed_bytes(void) {{ return sneppx_gemm_packed_bytes({k}, {n}, {nr}, SNEPPX_GEMM_INT8); }}
