@@ -6,6 +6,8 @@
 #include <stdlib.h>
 
 #include "bench.h"
+#include "host.h"
+#include "kernel_registry.h"
 #include "report.h"
 
 /* Independent accumulator chains: 2 FMA pipes x 4 cycles of latency keep 8 in
@@ -110,7 +112,9 @@ double bench_read_bandwidth_beside(struct bench_context *ctx, int threads)
 
 void bench_stage_peak(struct bench_context *ctx)
 {
-    const int wide = read_probe_host_is_wide();
+    /* The peak of the vectors the kernels use: 8 lanes for the v8 target, also when
+     * SNEPPX_TARGET runs it on an AVX-512 host. */
+    const int wide = read_probe_host_is_wide() && sneppx_host_target()->vector_width >= 16;
     const int lanes = wide ? 16 : 8;
     bench_report_section("machine: FMA peak and read bandwidth",
                          "FMA: register-resident vector FMA chains; read: vector sum over a buffer far larger "

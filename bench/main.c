@@ -14,14 +14,26 @@
 
 #include "bench.h"
 #include "child.h"
+#include "host.h"
+#include "kernel_registry.h"
 #include "kernels.h"
 #include "report.h"
 #include "sneppx/sneppx.h"
 #include "tiles.h"
 
-/* OpenBLAS reads these when it loads. This machine sets them to force AVX2
- * kernels (1.7-3.9x slower on 2 threads); a fair baseline runs without them. */
-static const char *const blas_environment[] = {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", NULL};
+/* The baselines' instruction sets, read when their libraries load. This machine
+ * sets the OpenBLAS pair to force AVX2 kernels (1.7-3.9x slower on 2 threads); a
+ * fair baseline runs without them, unless sneppx itself runs a narrower target
+ * than the host's (SNEPPX_TARGET=v8 on an AVX-512 host): then every baseline runs
+ * its AVX2 code too (OpenBLAS's Haswell kernels, PyTorch's and MKL's AVX2). */
+static const struct {
+    const char *name;
+    const char *narrowed; /* its value when sneppx runs the narrower target; NULL: unset */
+} blas_environment[] = {{"OPENBLAS_CORETYPE", "Haswell"},
+                        {"OPENBLAS_L2_SIZE", NULL},
+                        {"ATEN_CPU_CAPABILITY", "avx2"},
+                        {"MKL_ENABLE_INSTRUCTIONS", "AVX2"}};
+#define BLAS_ENVIRONMENT (sizeof blas_environment / sizeof *blas_environment)
 
 static const struct {
     const char *name;
@@ -84,20 +96,28 @@ struct bench_plan bench_plan_for(const struct bench_context *ctx, int min_reps, 
                                .budget_seconds = budget_seconds};
 }
 
-/* Re-executes the bench without the OpenBLAS overrides: they are read when
- * libopenblas loads, before main, so unsetting them here is too late. */
-static void reexec_without_blas_overrides(char **argv)
+/* Re-executes the bench with the baselines' environment above: OpenBLAS reads it
+ * when libopenblas loads, before main, so setting it here is too late. */
+static void reexec_with_baseline_environment(char **argv)
 {
-    int present = 0;
-    for (const char *const *name = blas_environment; *name; name++)
-        present |= getenv(*name) != NULL;
-    if (!present)
+    const int narrowed = read_probe_host_is_wide() && sneppx_host_target()->vector_width < 16;
+    int differs = 0;
+    for (size_t i = 0; i < BLAS_ENVIRONMENT; i++) {
+        const char *want = narrowed ? blas_environment[i].narrowed : NULL, *have = getenv(blas_environment[i].name);
+        differs |= want ? !have || strcmp(have, want) != 0 : have != NULL;
+    }
+    if (!differs)
         return;
-    for (const char *const *name = blas_environment; *name; name++)
-        unsetenv(*name);
+    for (size_t i = 0; i < BLAS_ENVIRONMENT; i++) {
+        const char *want = narrowed ? blas_environment[i].narrowed : NULL;
+        if (want)
+            setenv(blas_environment[i].name, want, 1);
+        else
+            unsetenv(blas_environment[i].name);
+    }
     execv(BENCH_SELF_EXE, argv);
-    perror("sneppx-bench: re-exec without OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE");
-    fprintf(stderr, "sneppx-bench: the OpenBLAS baseline runs with the overrides (unfair)\n");
+    perror("sneppx-bench: re-exec with the baselines' environment");
+    fprintf(stderr, "sneppx-bench: the OpenBLAS baseline runs with this environment's overrides (unfair)\n");
 }
 
 static void print_cpu_model(void)
@@ -170,7 +190,7 @@ static int run_plot(const char *csv_path, const char *png_path)
 
 int main(int argc, char **argv)
 {
-    reexec_without_blas_overrides(argv);
+    reexec_with_baseline_environment(argv);
     if (argc >= 2 && strcmp(argv[1], "--child-start") == 0)
         return bench_child_start(argc - 2, argv + 2);
     if (argc >= 2 && strcmp(argv[1], "--child-memory") == 0)
@@ -228,10 +248,13 @@ int main(int argc, char **argv)
            "arithmetic the mask keeps\n",
            ctx.quick ? " --quick (tiny sizes, one repeat: not a measurement)" : "");
     print_cpu_model();
-    printf("cores: %d, sneppx vector width %d, OpenBLAS core %s (OPENBLAS_CORETYPE/L2_SIZE %s), kernel cache %s\n",
-           cores, ctx.target->vector_width, openblas_get_corename(),
-           getenv("OPENBLAS_CORETYPE") || getenv("OPENBLAS_L2_SIZE") ? "SET: baseline forced" : "unset",
-           sneppx_cache_dir()[0] ? sneppx_cache_dir() : "(memory only)");
+    const char *coretype = getenv("OPENBLAS_CORETYPE");
+    printf("cores: %d, sneppx target %s (vector width %d), OpenBLAS core %s (OPENBLAS_CORETYPE %s), kernel cache %s\n",
+           cores, ctx.target->name, ctx.target->vector_width, openblas_get_corename(),
+           coretype ? coretype : "unset", sneppx_cache_dir()[0] ? sneppx_cache_dir() : "(memory only)");
+    if (coretype)
+        printf("SNEPPX_TARGET runs a narrower target than this host's: the baselines run their AVX2 code too "
+               "(OPENBLAS_CORETYPE=%s, ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS)\n", coretype);
 
     const struct sneppx_gemm_tiles tile = bench_gemm_tile(ctx.target, 2048, 6144, cores);
     printf("GEMM tasks %lldx%lld (rows x columns, qkv at T = 2048 on %d threads), attention tasks up to %d query rows x 1 K/V head, "
