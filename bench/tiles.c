@@ -4,17 +4,12 @@
 #include <omp.h>
 #include <string.h>
 
+#include "kernel_args.h"
+
 /* --gemm-tile's shape; zero: the runtime's (templates/partition.h.j2). */
 static int64_t gemm_tile_rows, gemm_tile_cols;
 
-struct sneppx_args bench_new_args(void)
-{
-    struct sneppx_args args;
-    memset(&args, 0, sizeof args);
-    args.struct_size = sizeof args;
-    args.abi_version = SNEPPX_ABI_VERSION;
-    return args;
-}
+struct sneppx_args bench_new_args(void) { return sneppx_kernel_args(); }
 
 void bench_set_gemm_tile(int64_t rows, int64_t cols)
 {

@@ -6,18 +6,10 @@
 #include <string.h>
 
 #include "forward.h"
+#include "kernel_args.h"
 #include "shard.h"
 #include "threads.h"
 #include "sneppx_abi.h"
-
-static struct sneppx_args new_args(void)
-{
-    struct sneppx_args args;
-    memset(&args, 0, sizeof args);
-    args.struct_size = sizeof args;
-    args.abi_version = SNEPPX_ABI_VERSION;
-    return args;
-}
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -38,7 +30,7 @@ static void run_gemm(const sneppx_layer *layer, const struct sneppx_packed_gemm 
         const int64_t instance = task / (row_tiles * col_tiles);
         const int64_t col_tile = task / row_tiles % col_tiles;
         const int64_t row_tile = task % row_tiles;
-        struct sneppx_args args = new_args();
+        struct sneppx_args args = sneppx_kernel_args();
         args.row_begin = row_tile * tile.rows;
         args.row_end = args.row_begin + tile.rows < rows ? args.row_begin + tile.rows : rows;
         args.col_begin = col_tile * tile.cols;
@@ -94,7 +86,7 @@ static void run_rope(const sneppx_layer *layer, const struct sneppx_workspace *w
     const int64_t tasks = ceil_div(rows, SNEPPX_ROW_TASK_ROWS);
 #pragma omp parallel for schedule(static) num_threads(sneppx_thread_count(layer))
     for (int64_t task = 0; task < tasks; task++) {
-        struct sneppx_args args = new_args();
+        struct sneppx_args args = sneppx_kernel_args();
         args.row_begin = task * SNEPPX_ROW_TASK_ROWS;
         args.row_end = args.row_begin + SNEPPX_ROW_TASK_ROWS < rows ? args.row_begin + SNEPPX_ROW_TASK_ROWS : rows;
         args.dst = data;
@@ -113,7 +105,7 @@ static void run_rmsnorm(const sneppx_layer *layer, const sneppx_kernel *kernel, 
     const int64_t tasks = ceil_div(rows, SNEPPX_ROW_TASK_ROWS);
 #pragma omp parallel for schedule(static) num_threads(sneppx_thread_count(layer))
     for (int64_t task = 0; task < tasks; task++) {
-        struct sneppx_args args = new_args();
+        struct sneppx_args args = sneppx_kernel_args();
         args.row_begin = task * SNEPPX_ROW_TASK_ROWS;
         args.row_end = args.row_begin + SNEPPX_ROW_TASK_ROWS < rows ? args.row_begin + SNEPPX_ROW_TASK_ROWS : rows;
         args.src = data;
@@ -148,7 +140,7 @@ static void run_attention(const sneppx_layer *layer, const struct sneppx_workspa
         const struct sneppx_attention_task at =
             sneppx_attention_task_at(task, layer->kv_heads, q_tiles, tile_rows, seq_len);
         const int64_t b = at.sequence, kv_head = at.kv_head;
-        struct sneppx_args args = new_args();
+        struct sneppx_args args = sneppx_kernel_args();
         args.row_begin = at.row_begin;
         args.row_end = at.row_end;
         args.q = ops->q + b * ops->q_batch_step + kv_head * ops->q_head_step;

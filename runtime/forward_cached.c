@@ -16,6 +16,7 @@
 #include "config_internal.h"
 #include "error.h"
 #include "forward.h"
+#include "kernel_args.h"
 #include "kv_cache_internal.h"
 #include "kv_elements.h"
 #include "rope_tables.h"
@@ -224,10 +225,7 @@ static void attend_decode(const sneppx_layer *layer, const sneppx_kv_cache *cach
         if (!s->mask && window > 0 && s->past - s->first_held - window + 1 > 0)
             visible_from = s->past - s->first_held - window + 1;
         const int64_t span = kv_len - visible_from;
-        struct sneppx_args args;
-        memset(&args, 0, sizeof args);
-        args.struct_size = sizeof args;
-        args.abi_version = SNEPPX_ABI_VERSION;
+        struct sneppx_args args = sneppx_kernel_args();
         args.row_begin = 0;
         args.row_end = s->q_len;
         args.q = q_base + s->token0 * q_stride + kv_head * group * dq;
@@ -324,10 +322,7 @@ static void attend(const sneppx_layer *layer, const sneppx_kv_cache *cache, int6
         float *v = layer->is_mla ? k : k + (key_hi - key_lo) * dq;
         gather_sequence_kv(cache, s->seq, layer_index, kv_head, key_lo, key_hi, k, v);
 
-        struct sneppx_args args;
-        memset(&args, 0, sizeof args);
-        args.struct_size = sizeof args;
-        args.abi_version = SNEPPX_ABI_VERSION;
+        struct sneppx_args args = sneppx_kernel_args();
         args.row_begin = 0;
         args.row_end = row_end - row_begin;
         args.q = q_base + (s->token0 + row_begin) * q_stride + kv_head * group * dq;

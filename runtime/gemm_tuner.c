@@ -9,6 +9,7 @@
 
 #include "error.h"
 #include "host.h"
+#include "kernel_args.h"
 #include "kernels.h"
 #include "sneppx/limits.h"
 #include "sneppx_abi.h"
@@ -29,15 +30,6 @@ static double now_ms(void)
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
 }
 
-static struct sneppx_args new_args(void)
-{
-    struct sneppx_args args;
-    memset(&args, 0, sizeof args);
-    args.struct_size = sizeof args;
-    args.abi_version = SNEPPX_ABI_VERSION;
-    return args;
-}
-
 struct operands {
     const struct sneppx_gemm_tune_shape *shape;
     int threads;
@@ -56,7 +48,7 @@ static double run_once(const sneppx_kernel *kernel, const struct operands *ops)
     const double start = now_ms();
 #pragma omp parallel for schedule(static) num_threads(ops->threads)
     for (int64_t task = 0; task < row_tiles * col_tiles; task++) {
-        struct sneppx_args args = new_args();
+        struct sneppx_args args = sneppx_kernel_args();
         args.row_begin = task % row_tiles * tile.rows;
         args.row_end = args.row_begin + tile.rows < rows ? args.row_begin + tile.rows : rows;
         args.col_begin = task / row_tiles * tile.cols;
@@ -166,7 +158,7 @@ sneppx_status sneppx_gemm_tune(const struct sneppx_target *target, const struct 
     /* Every candidate reads the same panels: kc and mc change no layout. */
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t c0 = 0; c0 < n; c0 += PACK_COLUMNS) {
-        struct sneppx_args args = new_args();
+        struct sneppx_args args = sneppx_kernel_args();
         args.col_begin = c0;
         args.col_end = c0 + PACK_COLUMNS < n ? c0 + PACK_COLUMNS : n;
         args.src = weights;

@@ -10,6 +10,7 @@
 
 #include "big_alloc.h"
 #include "error.h"
+#include "kernel_args.h"
 #include "weights.h"
 #include "threads.h"
 #include "sneppx/safetensors.h"
@@ -121,9 +122,7 @@ sneppx_status sneppx_pack_gemm_sources(struct sneppx_packed_gemm *gemm, int64_t 
                 }
                 src = rebased(scratch, c0, k);
             }
-            struct sneppx_args args = {0};
-            args.struct_size = sizeof args;
-            args.abi_version = SNEPPX_ABI_VERSION;
+            struct sneppx_args args = sneppx_kernel_args();
             args.col_begin = c0;
             args.col_end = c1;
             args.src = src;
