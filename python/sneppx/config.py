@@ -19,7 +19,8 @@ from ._library import lib
 from ._tensors import output_like
 from ._weights import CheckpointWeights, StateDictWeights, SyntheticWeights, expected_tensors
 from .errors import FileError, check
-from ._tensor_parallel import agreed, is_sharded, keep_sharding, layer_config, refused_on_every_rank, shard_info, tensor_parallel
+from ._tensor_parallel import (agreed, is_sharded, keep_sharding, layer_config, refused_on_every_rank, shard_info,
+                               tensor_parallel)
 
 
 def _size(name: str, value: Any, default: int = 0, c_type: str = "int64") -> int:
