@@ -63,28 +63,30 @@ static void apply_target_override(void)
     const char *name = getenv("SNEPPX_TARGET");
     if (!name || !*name || strcmp(name, host.target->name) == 0)
         return;
-    const struct sneppx_target *chosen = NULL;
-    for (int i = 0; i < sneppx_target_count; i++)
-        if (strcmp(sneppx_targets[i].name, name) == 0)
-            chosen = &sneppx_targets[i];
+    const struct sneppx_target *chosen = sneppx_target_named(name);
     if (!chosen || chosen < host.target) {
-        sneppx_log(0, "SNEPPX_TARGET: '%s' is %s; running %s", name,
+        sneppx_log(0, "warning: SNEPPX_TARGET: '%s' is %s; running %s", sneppx_clip(name).text,
                    chosen ? "wider than this host can run" : "not a target of this build", host.target->name);
         return;
     }
-    host.target = chosen;
-    if (chosen->vector_width > 8) /* another AVX-512 target: the host's features are its superset */
+    if (chosen->vector_width > 8) { /* another AVX-512 target: the host's features are its superset */
+        host.target = chosen;
         return;
+    }
     const size_t size = strlen(host.features) + 1;
     char *narrowed = malloc(size);
-    if (!narrowed)
+    if (!narrowed) {
+        sneppx_log(0, "warning: SNEPPX_TARGET: no memory to narrow the host's features; running %s",
+                   host.target->name);
         return;
+    }
     memcpy(narrowed, host.features, size);
-    for (char *at = narrowed; at; at = strchr(at, ',') ? strchr(at, ',') + 1 : NULL)
+    for (char *at = narrowed; at; at = strchr(at, ','), at = at ? at + 1 : NULL)
         if (at[0] == '+' && wider_than_8_floats(at + 1))
             at[0] = '-';
     LLVMDisposeMessage((char *)host.features);
     host.features = narrowed;
+    host.target = chosen;
     sneppx_log(1, "SNEPPX_TARGET: running %s, host features narrowed to it", chosen->name);
 }
 
