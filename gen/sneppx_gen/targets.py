@@ -63,11 +63,16 @@ Why each value:
   where a panel at a time read 28-30), with this many partial sums (lo/hi
   pairs) in flight in all: one per panel over 4 panels, 4 over a last lone
   panel, enough FMAs in flight to keep up with W's stream.
-- flash_nj, flash_ne: flash attention's register tiles, 2 row vectors x NJ
-  keys for Q.K and 2 row vectors x NE value dims for P.V: at v16, 16
-  accumulators + 2 loads of 32 zmm; at v8 2 x 8 would not fit 16 ymm, and
-  both must divide what they step over (a 64-key tile, 16-dim head steps),
-  so 4. One NJ-key score tile: a last partial group repeats its last key.
+- flash_rows, flash_nj, flash_ne: flash attention's register tiles,
+  flash_rows row vectors x NJ keys for Q.K and flash_rows row vectors x NE
+  value dims for P.V. At v16 2 x 8: 16 accumulators + 2 loads of 32 zmm (the
+  key is a broadcast operand of the FMA). At v8 2 x 8 would not fit 16 ymm,
+  and NJ and NE must divide what they step over (a 64-key tile, 16-dim head
+  steps), so 4 keys; 3 row vectors x 4 keys is 12 accumulators + 3 q loads
+  + 1 broadcast register (AVX2 has no broadcast operand): 7 loads per 12
+  FMAs, where 2 x 4 took 6 per 8. One NJ-key score tile: a last partial
+  group repeats its last key; a block's rows past its last whole tile go
+  through tiles of fewer row vectors.
 - decode_rows, decode_nj, decode_ne: attn_decode's register tiles when the
   group is narrower than a vector (head dims are the lanes): decode_rows query
   rows x decode_nj keys of Q.K partial sums (plus a key vector each and one q
@@ -110,11 +115,17 @@ class Target:
     gemm_mc_candidates: Tuple[int, ...]
     gemm_decode_panels: int
     gemm_decode_sums: int
+    flash_rows: int
     flash_nj: int
     flash_ne: int
     decode_rows: int
     decode_nj: int
     decode_ne: int
+
+    @property
+    def flash_tile_rows(self) -> int:
+        """Query rows (lanes) of one flash register tile."""
+        return self.flash_rows * self.vector_width
 
     def __post_init__(self) -> None:
         """Refuses tiles the templates are not written for, naming the value."""
@@ -149,6 +160,7 @@ class Target:
                 f"the largest GEMM block, {largest_block} bytes of stack, is over {GEMM_MAX_BLOCK_BYTES}")
         require(self.gemm_decode_sums % self.gemm_decode_panels == 0,
                 f"gemm_decode_sums {self.gemm_decode_sums} is not a multiple of gemm_decode_panels")
+        require(self.flash_rows >= 1, f"flash_rows {self.flash_rows} is not at least 1")
         require(HEAD_DIM_MULTIPLE % self.flash_ne == 0,
                 f"flash_ne {self.flash_ne} does not divide the head dim step {HEAD_DIM_MULTIPLE}")
         require(64 % self.decode_nj == 0, f"decode_nj {self.decode_nj} does not divide the 64-key tile")
@@ -161,12 +173,12 @@ class Target:
 TARGETS: Tuple[Target, ...] = (
     Target("v16", 16, ("+avx512f",), ("avx512f",), gemm_mr=14, gemm_nr=32, gemm_small_mr=4, gemm_kc=512,
            gemm_mc=56, gemm_int8_mc=112, gemm_kc_candidates=(128, 256, 512),
-           gemm_mc_candidates=(14, 28, 56), gemm_decode_panels=4, gemm_decode_sums=4, flash_nj=8, flash_ne=8,
-           decode_rows=4, decode_nj=4, decode_ne=4),
+           gemm_mc_candidates=(14, 28, 56), gemm_decode_panels=4, gemm_decode_sums=4,
+           flash_rows=2, flash_nj=8, flash_ne=8, decode_rows=4, decode_nj=4, decode_ne=4),
     Target("v8", 8, (), (), gemm_mr=6, gemm_nr=16, gemm_small_mr=4, gemm_kc=512,
            gemm_mc=24, gemm_int8_mc=48, gemm_kc_candidates=(128, 256, 512),
-           gemm_mc_candidates=(12, 24, 48), gemm_decode_panels=4, gemm_decode_sums=4, flash_nj=4, flash_ne=4,
-           decode_rows=2, decode_nj=4, decode_ne=4),
+           gemm_mc_candidates=(12, 24, 48), gemm_decode_panels=4, gemm_decode_sums=4,
+           flash_rows=3, flash_nj=4, flash_ne=4, decode_rows=2, decode_nj=4, decode_ne=4),
 )
 
 # The widths there are, each once, in the order of their first target.
