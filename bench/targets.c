@@ -7,7 +7,9 @@
 #include "report.h"
 
 #define LAYER_TARGET_MODEL "llama3-8B"
+/* Flash and the projections' share of peak are held to their targets from this T up. */
 #define FLASH_TARGET_TOKENS 2048
+#define PROJECTION_PEAK_TOKENS 2048
 #define LAYER_TARGET_TOKENS 2048
 
 static int is(const struct bench_row_view *row, const char *stage, const char *impl)
@@ -21,11 +23,12 @@ static void verdict(int measured, int met, const char *target, const char *detai
            measured ? detail : "not measured in this run");
 }
 
-/* Projections at T >= 512: >= 1.0x OpenBLAS and >= 80% of FMA peak; T = 1: >= 85% of read bandwidth. */
+/* Projections at T >= 512: >= 1.0x OpenBLAS, and >= 85% of FMA peak at T = 2048; T = 1 (decode):
+ * >= 90% of read bandwidth and >= 1.0x OpenBLAS's sgemv. */
 static void check_projections(int threads)
 {
-    double worst_speedup = 1e300, worst_fraction = 1e300, worst_stream = 1e300;
-    char speedup_case[96] = "", fraction_case[96] = "", stream_case[96] = "";
+    double worst_speedup = 1e300, worst_fraction = 1e300, worst_stream = 1e300, worst_gemv = 1e300;
+    char speedup_case[96] = "", fraction_case[96] = "", stream_case[96] = "", gemv_case[96] = "";
     for (size_t i = 0; i < bench_row_count(); i++) {
         struct bench_row_view row;
         bench_row_at(i, &row);
@@ -37,13 +40,17 @@ static void check_projections(int threads)
             snprintf(stream_case, sizeof stream_case, "worst %s: %.0f%% of read bandwidth", r->case_name,
                      100 * worst_stream);
         }
+        if (r->tokens == 1 && row.baseline_impl[0] && row.speedup < worst_gemv) {
+            worst_gemv = row.speedup;
+            snprintf(gemv_case, sizeof gemv_case, "worst %s: %.2fx", r->case_name, row.speedup);
+        }
         if (r->tokens < 512)
             continue;
         if (row.speedup < worst_speedup) {
             worst_speedup = row.speedup;
             snprintf(speedup_case, sizeof speedup_case, "%s T=%lld: %.2fx", r->case_name, r->tokens, row.speedup);
         }
-        if (bench_peak_fraction(r) < worst_fraction) {
+        if (r->tokens >= PROJECTION_PEAK_TOKENS && bench_peak_fraction(r) < worst_fraction) {
             worst_fraction = bench_peak_fraction(r);
             snprintf(fraction_case, sizeof fraction_case, "%s T=%lld: %.0f%%", r->case_name, r->tokens,
                      100 * worst_fraction);
@@ -51,27 +58,31 @@ static void check_projections(int threads)
     }
     char detail[256];
     snprintf(detail, sizeof detail, "worst %s; worst %s", speedup_case, fraction_case);
-    verdict(speedup_case[0] != 0, worst_speedup >= 1.0 && worst_fraction >= 0.8,
-            "projections T >= 512: >= 1.0x OpenBLAS, >= 80% of FMA peak", detail);
-    verdict(stream_case[0] != 0, worst_stream >= 0.85, "projections T = 1: >= 85% of read bandwidth", stream_case);
+    verdict(speedup_case[0] != 0 && fraction_case[0] != 0, worst_speedup >= 1.0 && worst_fraction >= 0.85,
+            "projections T >= 512: >= 1.0x OpenBLAS; T = 2048: >= 85% of peak", detail);
+    snprintf(detail, sizeof detail, "%s; %s", stream_case, gemv_case[0] ? gemv_case : "no sgemv row");
+    verdict(stream_case[0] != 0, worst_stream >= 0.9 && gemv_case[0] && worst_gemv >= 1.0,
+            "projections T = 1: >= 90% of read bandwidth, >= 1.0x sgemv", detail);
 }
 
+/* Flash attention, causal, d 128, no window, at every T >= 2048: >= 70% of FMA peak. */
 static void check_flash(int threads)
 {
+    static const char target[] = "flash attention causal T >= 2048, d 128: >= 70% of FMA peak";
+    double worst = 1e300;
+    char detail[96] = "";
     for (size_t i = 0; i < bench_row_count(); i++) {
         struct bench_row_view row;
         bench_row_at(i, &row);
         const struct bench_result *r = row.result;
-        if (is(&row, "attention", "flash") && r->threads == threads && r->tokens == FLASH_TARGET_TOKENS &&
-            strncmp(r->case_name, "causal ", 7) == 0 && !strstr(r->case_name, " w")) {
-            char detail[96];
-            snprintf(detail, sizeof detail, "%.0f%% of FMA peak", 100 * bench_peak_fraction(r));
-            verdict(1, bench_peak_fraction(r) >= 0.5, "flash attention causal T = 2048, d 128: >= 50% of FMA peak",
-                    detail);
-            return;
+        if (is(&row, "attention", "flash") && r->threads == threads && r->tokens >= FLASH_TARGET_TOKENS &&
+            strncmp(r->case_name, "causal ", 7) == 0 && !strstr(r->case_name, " w") &&
+            bench_peak_fraction(r) < worst) {
+            worst = bench_peak_fraction(r);
+            snprintf(detail, sizeof detail, "worst T=%lld: %.0f%% of FMA peak", r->tokens, 100 * worst);
         }
     }
-    verdict(0, 0, "flash attention causal T = 2048, d 128: >= 50% of FMA peak", "");
+    verdict(detail[0] != 0, worst >= 0.7, target, detail);
 }
 
 /* Decode attention, llama3-8B's shape at 4096 keys, batch 1: K/V streamed at >= 85% of read bandwidth. */
@@ -120,11 +131,11 @@ static void check_layer(int threads)
     }
     char detail[96];
     snprintf(detail, sizeof detail, "%.0f%% of FMA peak", 100 * fraction);
-    verdict(found, fraction >= 0.7, "layer llama3-8B T = 2048: >= 70% of FMA peak end to end", detail);
-    verdict(compared, all_faster, "layer llama3-8B: faster than PyTorch at every T", slowest);
+    verdict(found, fraction >= 0.8, "layer llama3-8B T = 2048: >= 80% of FMA peak end to end", detail);
+    verdict(compared, all_faster, "layer llama3-8B: faster than PyTorch at every T and thread count", slowest);
 }
 
-/* Every stage at T >= 512: all-core time >= 1.8x faster than one core. */
+/* Every stage at T >= 512: all-core time >= 1.85x faster than one core. */
 static void check_scaling(int threads)
 {
     double worst = 1e300;
@@ -152,8 +163,8 @@ static void check_scaling(int threads)
         }
     }
     char target[80];
-    snprintf(target, sizeof target, "%d threads >= 1.8x 1 thread, every stage at T >= 512", threads);
-    verdict(worst_case[0] != 0, worst >= 1.8, target, worst_case);
+    snprintf(target, sizeof target, "%d threads >= 1.85x 1 thread, every stage at T >= 512", threads);
+    verdict(worst_case[0] != 0, worst >= 1.85, target, worst_case);
 }
 
 static void check_jit(void)
@@ -186,7 +197,7 @@ static void check_jit(void)
     }
     char detail[160];
     snprintf(detail, sizeof detail, "slowest %.1f ms (%s)", compile, compile_key);
-    verdict(compiles > 0, compile <= 150, "cold compile <= 150 ms per key", detail);
+    verdict(compiles > 0, compile <= 100, "cold compile <= 100 ms per key", detail);
     snprintf(detail, sizeof detail, "slowest %.2f ms (%s)", load, load_key);
     verdict(loads > 0, load <= 5, "disk-cache load <= 5 ms per key", detail);
     snprintf(detail, sizeof detail, "slowest layer %.1f ms (all its kernels from the disk cache)", warm);
