@@ -1,0 +1,195 @@
+/* attn_flash called directly, against a float64 reference computed here, with K
+ * and V laid out three ways, as callers hand them over:
+ *   - token-major rows of all heads ([T][kv_heads x d], 4 KiB-like strides: the
+ *     kernel copies each V tile into contiguous rows first);
+ *   - one head's rows contiguous ([kv_heads][T][d], v_stride == v_head_dim: V is
+ *     read in place);
+ *   - K and V interleaved in one [T][q | k | v] buffer (a layer's projection).
+ * Shapes cross every tile edge: T not a multiple of the 64-key tile or the query
+ * block, groups 1, 3, 4 and 7 (block rows that leave 1 or 2 row vectors for the
+ * narrower register tiles), causal with and without a window, an explicit mask
+ * with a fully masked row. Each target the host runs (v16 and v8 on AVX-512 hosts).
+ * The three layouts must also agree with each other to the last bit: the copy
+ * changes where V is read from, not the arithmetic. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host.h"
+#include "kernel_args.h"
+#include "kernels.h"
+#include "test_util.h"
+
+/* fp32 against float64: dot products over up to 64 dims, softmax over up to 200 keys. */
+#define REF_TOL 2e-5
+
+enum layout { TOKEN_MAJOR, HEAD_MAJOR, PROJECTION, LAYOUT_COUNT };
+static const char *const layout_names[] = {"token-major", "head-major", "projection"};
+
+struct shape {
+    int64_t head_dim, group, kv_heads, seq_len, window, mask_mode;
+};
+
+static test_tally tally;
+
+static int visible(const struct shape *s, const float *mask, int64_t i, int64_t j)
+{
+    if (s->mask_mode == SNEPPX_MASK_EXPLICIT)
+        return mask[i * s->seq_len + j] > SNEPPX_MASKED_BELOW;
+    return j <= i && (s->window == 0 || i - j < s->window);
+}
+
+/* o[i][h][e] for query head h of K/V head h / group, in float64. */
+static void reference(const struct shape *s, const float *q, const float *k, const float *v, const float *mask,
+                      double *o)
+{
+    const int64_t d = s->head_dim, heads = s->kv_heads * s->group, t = s->seq_len;
+    const double scale = 1.0 / sqrt((double)d);
+    double *p = malloc((size_t)t * sizeof(double));
+    for (int64_t i = 0; i < t; i++)
+        for (int64_t h = 0; h < heads; h++) {
+            const int64_t kv = h / s->group;
+            double max = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < t; j++) {
+                p[j] = -INFINITY;
+                if (!visible(s, mask, i, j))
+                    continue;
+                double dot = 0;
+                for (int64_t x = 0; x < d; x++)
+                    dot += (double)q[(i * heads + h) * d + x] * k[(j * s->kv_heads + kv) * d + x];
+                p[j] = dot * scale + (s->mask_mode == SNEPPX_MASK_EXPLICIT ? mask[i * t + j] : 0.0);
+                max = p[j] > max ? p[j] : max;
+            }
+            for (int64_t j = 0; j < t; j++) {
+                p[j] = p[j] == -INFINITY ? 0.0 : exp(p[j] - max);
+                sum += p[j];
+            }
+            for (int64_t e = 0; e < d; e++) {
+                double acc = 0;
+                for (int64_t j = 0; j < t; j++)
+                    acc += p[j] * v[(j * s->kv_heads + kv) * d + e];
+                o[(i * heads + h) * d + e] = sum > 0 ? acc / sum : 0.0;
+            }
+        }
+    free(p);
+}
+
+/* Runs the kernel over every K/V head, with K and V (token-major in k, v) copied
+ * into `layout` first; o comes out token-major [T][heads x d]. */
+static void run(const sneppx_kernel *kernel, const struct shape *s, enum layout layout, const float *q,
+                const float *k, const float *v, const float *mask, float *o)
+{
+    const int64_t d = s->head_dim, t = s->seq_len, kvh = s->kv_heads, q_width = kvh * s->group * d;
+    const int64_t width = layout == PROJECTION ? q_width + 2 * kvh * d : kvh * d;
+    float *kb = calloc((size_t)(t * width), sizeof(float)), *vb = layout == PROJECTION ? kb : calloc((size_t)(t * width), sizeof(float));
+    const int64_t scratch_floats = sneppx_attn_flash_scratch_floats(s->group, d, d);
+    float *scratch = aligned_alloc(64, (size_t)((scratch_floats * 4 + 63) / 64 * 64));
+    for (int64_t j = 0; j < t; j++)
+        for (int64_t h = 0; h < kvh; h++)
+            for (int64_t x = 0; x < d; x++) {
+                const float kx = k[(j * kvh + h) * d + x], vx = v[(j * kvh + h) * d + x];
+                if (layout == TOKEN_MAJOR) {
+                    kb[j * width + h * d + x] = kx;
+                    vb[j * width + h * d + x] = vx;
+                } else if (layout == HEAD_MAJOR) {
+                    kb[(h * t + j) * d + x] = kx;
+                    vb[(h * t + j) * d + x] = vx;
+                } else {
+                    kb[j * width + q_width + h * d + x] = kx;
+                    kb[j * width + q_width + kvh * d + h * d + x] = vx;
+                }
+            }
+    for (int64_t h = 0; h < kvh; h++) {
+        struct sneppx_args args = sneppx_kernel_args();
+        args.row_begin = 0;
+        args.row_end = t;
+        args.q = q + h * s->group * d;
+        args.q_stride = q_width;
+        args.o = o + h * s->group * d;
+        args.o_stride = q_width;
+        if (layout == HEAD_MAJOR) {
+            args.k = kb + h * t * d;
+            args.v = vb + h * t * d;
+            args.k_stride = args.v_stride = d;
+        } else {
+            args.k = kb + (layout == PROJECTION ? q_width : 0) + h * d;
+            args.v = vb + (layout == PROJECTION ? q_width + kvh * d : 0) + h * d;
+            args.k_stride = args.v_stride = width;
+        }
+        args.q_len = args.kv_len = t;
+        args.softmax_scale = 1.0f / sqrtf((float)d);
+        args.mask = mask;
+        args.mask_stride = t;
+        args.scratch = scratch;
+        kernel->entry[SNEPPX_ENTRY_RUN](&args);
+    }
+    free(scratch);
+    if (vb != kb)
+        free(vb);
+    free(kb);
+}
+
+static void test_shape(const struct shape *s, const struct sneppx_target *target, test_rng *rng)
+{
+    const int64_t values[] = {s->head_dim, s->head_dim, s->group, s->window, s->mask_mode};
+    const sneppx_kernel *kernel = NULL;
+    const sneppx_status status = sneppx_kernel_resolve("attn_flash", values, target, &kernel);
+    if (!TEST_CHECK(&tally, status == SNEPPX_OK, "resolve attn_flash d%lld g%lld on %s: %s", (long long)s->head_dim,
+                    (long long)s->group, target->name, sneppx_last_error()))
+        return;
+    const int64_t d = s->head_dim, t = s->seq_len, heads = s->kv_heads * s->group;
+    const int64_t q_floats = t * heads * d, kv_floats = t * s->kv_heads * d;
+    float *q = malloc((size_t)q_floats * sizeof(float)), *k = malloc((size_t)kv_floats * sizeof(float));
+    float *v = malloc((size_t)kv_floats * sizeof(float)), *mask = malloc((size_t)(t * t) * sizeof(float));
+    double *want = malloc((size_t)q_floats * sizeof(double));
+    float *got[LAYOUT_COUNT];
+    for (int l = 0; l < LAYOUT_COUNT; l++)
+        got[l] = malloc((size_t)q_floats * sizeof(float));
+    test_fill_uniform(rng, q, q_floats, 1.0f);
+    test_fill_uniform(rng, k, kv_floats, 1.0f);
+    test_fill_uniform(rng, v, kv_floats, 1.0f);
+    /* An explicit mask: random hidden keys and biases, row 1 fully masked. */
+    for (int64_t i = 0; i < t; i++)
+        for (int64_t j = 0; j < t; j++)
+            mask[i * t + j] = i == 1 || test_rng_uniform(rng) < 0.3 ? -3.4e38f : test_rng_symmetric(rng, 1.0f);
+    reference(s, q, k, v, mask, want);
+    char what[160];
+    for (int l = 0; l < LAYOUT_COUNT; l++) {
+        run(kernel, s, (enum layout)l, q, k, v, s->mask_mode == SNEPPX_MASK_EXPLICIT ? mask : NULL, got[l]);
+        snprintf(what, sizeof what, "%s d%lld g%lld kv%lld T%lld w%lld mode %lld, %s", target->name,
+                 (long long)d, (long long)s->group, (long long)s->kv_heads, (long long)t, (long long)s->window,
+                 (long long)s->mask_mode, layout_names[l]);
+        const test_error error = test_compare(got[l], want, q_floats);
+        TEST_CHECK(&tally, test_error_within(&error, REF_TOL, REF_TOL),
+                   "%s: max-normalized error %.3g against float64 (<= %g), %lld non-finite", what,
+                   error.max_normalized, REF_TOL, (long long)error.non_finite);
+        if (l > 0)
+            TEST_CHECK(&tally, memcmp(got[l], got[0], (size_t)q_floats * sizeof(float)) == 0,
+                       "%s: not bit-identical to the token-major layout", what);
+    }
+    for (int l = 0; l < LAYOUT_COUNT; l++)
+        free(got[l]);
+    free(want);
+    free(mask);
+    free(v);
+    free(k);
+    free(q);
+}
+
+int main(void)
+{
+    const struct shape shapes[] = {
+        {32, 4, 2, 137, 0, SNEPPX_MASK_CAUSAL},  {32, 3, 2, 100, 0, SNEPPX_MASK_CAUSAL},
+        {16, 7, 1, 75, 0, SNEPPX_MASK_CAUSAL},   {48, 1, 3, 200, 0, SNEPPX_MASK_CAUSAL},
+        {32, 4, 2, 150, 40, SNEPPX_MASK_CAUSAL}, {32, 4, 2, 90, 0, SNEPPX_MASK_EXPLICIT},
+    };
+    const struct sneppx_target *host = sneppx_host_target();
+    const struct sneppx_target *targets[] = {host, sneppx_target_named("v8")};
+    const int target_count = targets[1] && targets[1] != host ? 2 : 1;
+    test_rng rng = test_rng_seeded(2027);
+    for (int t = 0; t < target_count; t++)
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            test_shape(&shapes[i], targets[t], &rng);
+    return test_finish(&tally);
+}
