@@ -19,6 +19,7 @@
 #include "host.h"
 #include "kernel_args.h"
 #include "kernels.h"
+#include "mha_reference.h"
 #include "test_util.h"
 
 /* fp32 against float64: dot products over up to 64 dims, softmax over up to 200 keys. */
@@ -33,46 +34,29 @@ struct shape {
 
 static test_tally tally;
 
-static int visible(const struct shape *s, const float *mask, int64_t i, int64_t j)
-{
-    if (s->mask_mode == SNEPPX_MASK_EXPLICIT)
-        return mask[i * s->seq_len + j] > SNEPPX_MASKED_BELOW;
-    return j <= i && (s->window == 0 || i - j < s->window);
-}
-
-/* o[i][h][e] for query head h of K/V head h / group, in float64. */
+/* o[i][h][e] for query head h of K/V head h / group, in float64 (mha_reference.c). */
 static void reference(const struct shape *s, const float *q, const float *k, const float *v, const float *mask,
                       double *o)
 {
     const int64_t d = s->head_dim, heads = s->kv_heads * s->group, t = s->seq_len;
-    const double scale = 1.0 / sqrt((double)d);
-    double *p = malloc((size_t)t * sizeof(double));
-    for (int64_t i = 0; i < t; i++)
-        for (int64_t h = 0; h < heads; h++) {
-            const int64_t kv = h / s->group;
-            double max = -INFINITY, sum = 0;
-            for (int64_t j = 0; j < t; j++) {
-                p[j] = -INFINITY;
-                if (!visible(s, mask, i, j))
-                    continue;
-                double dot = 0;
-                for (int64_t x = 0; x < d; x++)
-                    dot += (double)q[(i * heads + h) * d + x] * k[(j * s->kv_heads + kv) * d + x];
-                p[j] = dot * scale + (s->mask_mode == SNEPPX_MASK_EXPLICIT ? mask[i * t + j] : 0.0);
-                max = p[j] > max ? p[j] : max;
-            }
-            for (int64_t j = 0; j < t; j++) {
-                p[j] = p[j] == -INFINITY ? 0.0 : exp(p[j] - max);
-                sum += p[j];
-            }
-            for (int64_t e = 0; e < d; e++) {
-                double acc = 0;
-                for (int64_t j = 0; j < t; j++)
-                    acc += p[j] * v[(j * s->kv_heads + kv) * d + e];
-                o[(i * heads + h) * d + e] = sum > 0 ? acc / sum : 0.0;
-            }
-        }
-    free(p);
+    const int64_t q_floats = t * heads * d, kv_floats = t * s->kv_heads * d;
+    double *qd = malloc((size_t)q_floats * sizeof(double)), *kd = malloc((size_t)kv_floats * sizeof(double));
+    double *vd = malloc((size_t)kv_floats * sizeof(double));
+    for (int64_t i = 0; i < q_floats; i++)
+        qd[i] = q[i];
+    for (int64_t i = 0; i < kv_floats; i++) {
+        kd[i] = k[i];
+        vd[i] = v[i];
+    }
+    for (int64_t h = 0; h < heads; h++) {
+        const int64_t kv = h / s->group;
+        ref_attention_head(qd + h * d, heads * d, kd + kv * d, s->kv_heads * d, vd + kv * d, s->kv_heads * d, t, d,
+                           d, 1.0 / sqrt((double)d), s->mask_mode == SNEPPX_MASK_EXPLICIT ? mask : NULL, s->window,
+                           o + h * d, heads * d);
+    }
+    free(vd);
+    free(kd);
+    free(qd);
 }
 
 /* Runs the kernel over every K/V head, with K and V (token-major in k, v) copied
