@@ -782,11 +782,14 @@ static int evict(const char *keep_key, uint64_t *total_left)
  * store scans the directory (evict) only when it is the process's first, or
  * when the estimate passes the bound, so a directory of 50k entries is not
  * read again at every store. Other processes' stores are not seen until the
- * next scan; every process scans at its first store. */
+ * next scan; every process scans at its first store. Stores by other threads
+ * while one scans add to added_while_scanning, and the scanning thread scans
+ * again if they may have passed the bound: a process's last store leaves the
+ * directory within the bound whichever thread stored it. */
 static struct {
     pthread_mutex_t lock;
     int known, scanning;
-    uint64_t bytes;
+    uint64_t bytes, added_while_scanning;
 } usage = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Accounts a store of key that grew the directory by added bytes (less what
@@ -794,23 +797,44 @@ static struct {
 static int account_store(const char *key, int64_t added)
 {
     pthread_mutex_lock(&usage.lock);
+    if (usage.scanning) {
+        if (added > 0)
+            usage.added_while_scanning += (uint64_t)added;
+        pthread_mutex_unlock(&usage.lock);
+        return 0;
+    }
     const uint64_t estimate = added < 0 && (uint64_t)-added > usage.bytes ? 0 : usage.bytes + (uint64_t)added;
-    const int scan = !usage.scanning && (!usage.known || (cache.max_bytes && estimate > cache.max_bytes));
-    if (scan)
-        usage.scanning = 1; /* other threads' stores meanwhile just add (the scan may count them or not) */
-    else
+    const int scan = !usage.known || (cache.max_bytes && estimate > cache.max_bytes);
+    if (scan) {
+        usage.scanning = 1;
+        usage.added_while_scanning = 0;
+    } else {
         usage.bytes = estimate;
+    }
     pthread_mutex_unlock(&usage.lock);
     if (!scan)
         return 0;
-    uint64_t total = 0;
-    const int evicted = evict(key, &total);
-    pthread_mutex_lock(&usage.lock);
-    usage.scanning = 0;
-    usage.known = evicted >= 0;
-    usage.bytes = total;
-    pthread_mutex_unlock(&usage.lock);
-    return evicted > 0 ? evicted : 0;
+    int evicted_total = 0;
+    for (;;) {
+        uint64_t total = 0;
+        const int evicted = evict(key, &total);
+        if (evicted > 0)
+            evicted_total += evicted;
+        pthread_mutex_lock(&usage.lock);
+        const uint64_t pending = usage.added_while_scanning;
+        usage.added_while_scanning = 0;
+        /* The scan may or may not have seen those stores: counting them
+         * again overestimates, which only brings the next scan sooner. */
+        if (evicted >= 0 && pending > 0 && cache.max_bytes && total + pending > cache.max_bytes) {
+            pthread_mutex_unlock(&usage.lock);
+            continue;
+        }
+        usage.scanning = 0;
+        usage.known = evicted >= 0;
+        usage.bytes = total + pending;
+        pthread_mutex_unlock(&usage.lock);
+        return evicted_total;
+    }
 }
 
 /* Forgets the estimate (after a clear): the next store scans. */
