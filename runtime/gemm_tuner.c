@@ -20,7 +20,21 @@
 
 struct sneppx_gemm_tune_shape sneppx_gemm_tune_default_shape(void)
 {
-    return (struct sneppx_gemm_tune_shape){.rows = 512, .k = 4096, .n = 4096, .threads = 0, .rounds = 3};
+    return (struct sneppx_gemm_tune_shape){.rows = 512, .k = 4096, .n = 4096, .threads = 0, .rounds = 5};
+}
+
+/* The median of count (at most SNEPPX_TUNE_MAX_ROUNDS) times; sorts a copy. */
+static double median(const double *ms, int count)
+{
+    double sorted[SNEPPX_TUNE_MAX_ROUNDS];
+    memcpy(sorted, ms, sizeof *ms * (size_t)count);
+    for (int i = 1; i < count; i++)
+        for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
+            const double swap = sorted[j];
+            sorted[j] = sorted[j - 1];
+            sorted[j - 1] = swap;
+        }
+    return count % 2 ? sorted[count / 2] : 0.5 * (sorted[count / 2 - 1] + sorted[count / 2]);
 }
 
 static double now_ms(void)
@@ -82,8 +96,9 @@ static sneppx_status check_shape(const struct sneppx_target *target, const struc
     if (shape->threads < 0 || shape->threads > SNEPPX_MAX_THREADS)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "tune: shape threads %d is outside [0, %d]", shape->threads,
                            (int)SNEPPX_MAX_THREADS);
-    if (shape->rounds < 1 || shape->rounds > 100)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "tune: shape rounds %d is outside [1, 100]", shape->rounds);
+    if (shape->rounds < 1 || shape->rounds > SNEPPX_TUNE_MAX_ROUNDS)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "tune: shape rounds %d is outside [1, %d]", shape->rounds,
+                           SNEPPX_TUNE_MAX_ROUNDS);
     return SNEPPX_OK;
 }
 
@@ -144,8 +159,9 @@ sneppx_status sneppx_gemm_tune(const struct sneppx_target *target, const struct 
     float *src = sneppx_alloc_floats((size_t)(rows * k)), *dst = sneppx_alloc_floats((size_t)(rows * n));
     float *weights = sneppx_alloc_floats((size_t)(n * k));
     void *panels = sneppx_alloc_floats(panel_bytes / sizeof(float));
-    if (!src || !dst || !weights || !panels) {
-        free(src), free(dst), free(weights), free(panels);
+    double *round_ms = malloc(sizeof(double) * (size_t)result->count * (size_t)shape->rounds);
+    if (!src || !dst || !weights || !panels || !round_ms) {
+        free(src), free(dst), free(weights), free(panels), free(round_ms);
         return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "tune: no memory for a [%lld, %lld] x [%lld, %lld] product",
                            (long long)rows, (long long)k, (long long)k, (long long)n);
     }
@@ -179,6 +195,7 @@ sneppx_status sneppx_gemm_tune(const struct sneppx_target *target, const struct 
         for (int j = 0; j < result->count; j++) {
             const int i = (j + round) % result->count;
             const double ms = run_once(kernels[i], &ops);
+            round_ms[i * shape->rounds + round] = ms;
             if (ms < result->times[i].ms)
                 result->times[i].ms = ms;
         }
@@ -187,13 +204,20 @@ sneppx_status sneppx_gemm_tune(const struct sneppx_target *target, const struct 
     result->fastest = 0;
     for (int i = 0; i < result->count; i++) {
         result->times[i].gflops = 2.0 * (double)rows * (double)k * (double)n / (result->times[i].ms * 1e6);
+        result->times[i].median_ms = median(round_ms + i * shape->rounds, shape->rounds);
         if (result->times[i].ms < result->times[result->fastest].ms)
             result->fastest = i;
     }
+    /* On a host whose speed drifts (a shared VM: rounds of one candidate 10%
+     * apart), the fastest round alone picked candidates that lost to the
+     * defaults at other shapes: the winner must beat them on its median round too. */
+    const struct sneppx_gemm_tune_time *fastest = &result->times[result->fastest];
     result->winner = result->fastest;
     if (result->defaults >= 0 &&
-        result->times[result->fastest].ms * (1.0 + SNEPPX_TUNE_MIN_GAIN) > result->times[result->defaults].ms)
+        (fastest->ms * (1.0 + SNEPPX_TUNE_MIN_GAIN) > result->times[result->defaults].ms ||
+         fastest->median_ms * (1.0 + SNEPPX_TUNE_MIN_GAIN) > result->times[result->defaults].median_ms))
         result->winner = result->defaults;
+    free(round_ms);
     result->total_ms = now_ms() - start;
     return SNEPPX_OK;
 }

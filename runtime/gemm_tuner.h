@@ -4,7 +4,8 @@
  * the forward pass partitions it (templates/partition.h.j2), in interleaved
  * rounds; a candidate's time is its fastest round. The winner is the fastest
  * candidate, except that the default is kept unless a candidate beats it by
- * more than SNEPPX_TUNE_MIN_GAIN (a difference within noise changes no key).
+ * more than SNEPPX_TUNE_MIN_GAIN on both its fastest and its median round (a
+ * difference within noise changes no key).
  * Nothing is stored here: runtime/tuning_record.h keeps a result. */
 #ifndef SNEPPX_RUNTIME_GEMM_TUNER_H
 #define SNEPPX_RUNTIME_GEMM_TUNER_H
@@ -16,6 +17,9 @@
 /* A candidate must run this fraction faster than the default to replace it. */
 #define SNEPPX_TUNE_MIN_GAIN 0.01
 
+/* Timed rounds a tuning may ask for. */
+#define SNEPPX_TUNE_MAX_ROUNDS 100
+
 #define SNEPPX_TUNE_MAX_CANDIDATES (SNEPPX_MAX_TILE_CANDIDATES * SNEPPX_MAX_TILE_CANDIDATES)
 
 /* The product timed: [rows, k] x [k, n] on `threads` threads (0: OpenMP's
@@ -26,13 +30,14 @@ struct sneppx_gemm_tune_shape {
 };
 
 /* The shape `sneppx-cache tune` and SNEPPX_TUNE use: llama3-8B's O projection
- * at T = 512, [512, 4096] x [4096, 4096], 3 rounds on OpenMP's default threads
- * (about 3 s on 2 cores, compiles included). */
+ * at T = 512, [512, 4096] x [4096, 4096], 5 rounds on OpenMP's default threads
+ * (about 5 s on 2 cores, compiles included). */
 struct sneppx_gemm_tune_shape sneppx_gemm_tune_default_shape(void);
 
 struct sneppx_gemm_tune_time {
     struct sneppx_gemm_tuning tiles;
-    double ms;      /* the fastest round */
+    double ms;        /* the fastest round */
+    double median_ms; /* the median round */
     double gflops;  /* 2 rows k n / that time */
 };
 

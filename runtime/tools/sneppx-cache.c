@@ -236,16 +236,16 @@ static int tune(int argc, char **argv)
         free(result);
         return fail("tune", status);
     }
-    printf("%6s %5s %9s %9s %8s\n", "KC", "MC", "MS", "GFLOP/S", "VS DEF");
+    printf("%6s %5s %9s %9s %9s %8s\n", "KC", "MC", "MS", "MEDIAN", "GFLOP/S", "VS DEF");
     const double base = result->defaults >= 0 ? result->times[result->defaults].ms : 0;
     for (int i = 0; i < result->count; i++) {
         const struct sneppx_gemm_tune_time *t = &result->times[i];
-        printf("%6lld %5lld %9.2f %9.1f %7.3fx%s%s\n", (long long)t->tiles.kc, (long long)t->tiles.mc, t->ms,
-               t->gflops, base > 0 ? base / t->ms : 0.0, i == result->defaults ? "  default" : "",
+        printf("%6lld %5lld %9.2f %9.2f %9.1f %7.3fx%s%s\n", (long long)t->tiles.kc, (long long)t->tiles.mc, t->ms,
+               t->median_ms, t->gflops, base > 0 ? base / t->ms : 0.0, i == result->defaults ? "  default" : "",
                i == result->winner ? "  <- winner" : "");
     }
     const struct sneppx_gemm_tuning kept = result->times[result->winner].tiles, *winner = &kept;
-    printf("winner      kc %lld, mc %lld: %.3fx the defaults (a candidate must gain %.0f%% to replace them)\n",
+    printf("winner      kc %lld, mc %lld: %.3fx the defaults (a candidate must gain %.0f%% on its fastest and median rounds to replace them)\n",
            (long long)winner->kc, (long long)winner->mc, base > 0 ? base / result->times[result->winner].ms : 0.0,
            SNEPPX_TUNE_MIN_GAIN * 100);
     printf("time        %.0f ms (%.0f ms resolving %d kernels)\n", result->total_ms, result->compile_ms,
