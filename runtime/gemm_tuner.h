@@ -31,14 +31,14 @@ struct sneppx_gemm_tune_shape {
 
 /* The shape `sneppx-cache tune` and SNEPPX_TUNE use: llama3-8B's O projection
  * at T = 512, [512, 4096] x [4096, 4096], 5 rounds on OpenMP's default threads
- * (about 5 s on 2 cores, compiles included). */
+ * (5-7 s on 2 cores, compiles included). */
 struct sneppx_gemm_tune_shape sneppx_gemm_tune_default_shape(void);
 
 struct sneppx_gemm_tune_time {
     struct sneppx_gemm_tuning tiles;
     double ms;        /* the fastest round */
     double median_ms; /* the median round */
-    double gflops;  /* 2 rows k n / that time */
+    double gflops;    /* 2 rows k n / the fastest round */
 };
 
 struct sneppx_gemm_tune_result {
