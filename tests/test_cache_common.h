@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #endif
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <ftw.h>
@@ -126,6 +127,20 @@ static inline int cache_test_run_child(const char *scenario, const char *const *
         unlink(log_path);
     }
     return code;
+}
+
+/* Number of cache entries (*.o) in dir (temporary files end in .o.tmp-*). */
+static inline int cache_test_count_entries(const char *dir)
+{
+    DIR *stream = opendir(dir);
+    int count = 0;
+    for (struct dirent *item; stream && (item = readdir(stream)) != NULL;) {
+        size_t length = strlen(item->d_name);
+        count += length > 2 && strcmp(item->d_name + length - 2, ".o") == 0;
+    }
+    if (stream)
+        closedir(stream);
+    return count;
 }
 
 /* Occurrences of needle in text. */

@@ -195,20 +195,6 @@ static void expect_child(test_tally *tally, const char *what, const char *scenar
     free(text);
 }
 
-/* Number of cache entries (*.o) in dir. */
-static int count_entries(const char *dir)
-{
-    DIR *stream = opendir(dir);
-    int count = 0;
-    for (struct dirent *item; stream && (item = readdir(stream)) != NULL;) {
-        size_t length = strlen(item->d_name);
-        count += length > 2 && strcmp(item->d_name + length - 2, ".o") == 0;
-    }
-    if (stream)
-        closedir(stream);
-    return count;
-}
-
 static void check_mode(test_tally *tally, const char *path, unsigned mode)
 {
     struct stat info;
@@ -235,7 +221,7 @@ static void test_locations(test_tally *tally)
     expect_child(tally, "SNEPPX_CACHE_DIR created", "resolve", explicit_env, 0, NULL);
     check_mode(tally, parent, 0700);
     check_mode(tally, dir, 0700);
-    TEST_CHECK(tally, count_entries(dir) == 2, "%s holds the 2 entries: %d", dir, count_entries(dir));
+    TEST_CHECK(tally, cache_test_count_entries(dir) == 2, "%s holds the 2 entries: %d", dir, cache_test_count_entries(dir));
 
     path_in_base(dir, sizeof dir, "xdg");
     snprintf(env_other, sizeof env_other, "XDG_CACHE_HOME=%s", dir);
@@ -266,7 +252,7 @@ static void expect_refused(test_tally *tally, const char *what, const char *name
     snprintf(env_dir, sizeof env_dir, "SNEPPX_CACHE_DIR=%s", dir);
     const char *env[] = {env_dir, EXPECT_DIR "=", NULL};
     expect_child(tally, what, "resolve", env, 1, reason);
-    TEST_CHECK(tally, count_entries(dir) == 0, "%s: nothing written into the refused %s", what, dir);
+    TEST_CHECK(tally, cache_test_count_entries(dir) == 0, "%s: nothing written into the refused %s", what, dir);
 }
 
 static void test_refusals(test_tally *tally)
@@ -349,7 +335,7 @@ static void test_stale_probe(test_tally *tally)
     snprintf(expect, sizeof expect, EXPECT_DIR "=%s", dir);
     const char *env[] = {env_dir, expect, EXPECT_READ_ONLY "=0", NULL};
     expect_child(tally, "stale probe files", "stale-probe", env, 0, NULL);
-    TEST_CHECK(tally, count_entries(dir) == 2, "%s holds the 2 entries: %d", dir, count_entries(dir));
+    TEST_CHECK(tally, cache_test_count_entries(dir) == 2, "%s holds the 2 entries: %d", dir, cache_test_count_entries(dir));
 }
 
 /* SNEPPX_CACHE_MAX_MB and SNEPPX_CACHE_LOCK_TIMEOUT as read: good values

@@ -10,7 +10,6 @@
  * the rescan, dozens of the rounds leave two entries. */
 #include "test_cache_common.h"
 
-#include <dirent.h>
 #include <pthread.h>
 
 #include "disk_cache.h"
@@ -32,20 +31,6 @@ static void *store_one(void *argument)
     int evicted = 0;
     statuses[thread] = sneppx_disk_cache_store(key, fingerprint, object, sizeof object, &evicted);
     return NULL;
-}
-
-/* Entries (*.o) in dir. */
-static int count_entries(const char *dir)
-{
-    int count = 0;
-    DIR *stream = opendir(dir);
-    for (struct dirent *item; stream && (item = readdir(stream)) != NULL;) {
-        size_t length = strlen(item->d_name);
-        count += length > 2 && item->d_name[0] != '.' && strcmp(item->d_name + length - 2, ".o") == 0;
-    }
-    if (stream)
-        closedir(stream);
-    return count;
 }
 
 /* Files a scan lists and leaves alone. */
@@ -81,7 +66,7 @@ int main(void)
             pthread_join(threads[t], NULL);
         for (int t = 0; t < THREADS; t++)
             failed_stores += statuses[t] != SNEPPX_OK;
-        const int entries = count_entries(dir);
+        const int entries = cache_test_count_entries(dir);
         over_bound_rounds += entries > 1;
         most_entries = entries > most_entries ? entries : most_entries;
     }
