@@ -221,7 +221,8 @@ static void test_locations(test_tally *tally)
     expect_child(tally, "SNEPPX_CACHE_DIR created", "resolve", explicit_env, 0, NULL);
     check_mode(tally, parent, 0700);
     check_mode(tally, dir, 0700);
-    TEST_CHECK(tally, cache_test_count_entries(dir) == 2, "%s holds the 2 entries: %d", dir, cache_test_count_entries(dir));
+    TEST_CHECK(tally, cache_test_count_entries(dir) == 2, "%s holds the 2 entries: %d", dir,
+               cache_test_count_entries(dir));
 
     path_in_base(dir, sizeof dir, "xdg");
     snprintf(env_other, sizeof env_other, "XDG_CACHE_HOME=%s", dir);
@@ -335,7 +336,8 @@ static void test_stale_probe(test_tally *tally)
     snprintf(expect, sizeof expect, EXPECT_DIR "=%s", dir);
     const char *env[] = {env_dir, expect, EXPECT_READ_ONLY "=0", NULL};
     expect_child(tally, "stale probe files", "stale-probe", env, 0, NULL);
-    TEST_CHECK(tally, cache_test_count_entries(dir) == 2, "%s holds the 2 entries: %d", dir, cache_test_count_entries(dir));
+    TEST_CHECK(tally, cache_test_count_entries(dir) == 2, "%s holds the 2 entries: %d", dir,
+               cache_test_count_entries(dir));
 }
 
 /* SNEPPX_CACHE_MAX_MB and SNEPPX_CACHE_LOCK_TIMEOUT as read: good values
