@@ -71,8 +71,8 @@ Why each value:
   steps), so 4 keys; 3 row vectors x 4 keys is 12 accumulators + 3 q loads
   + 1 broadcast register (AVX2 has no broadcast operand): 7 loads per 12
   FMAs, where 2 x 4 took 6 per 8. One NJ-key score tile: a last partial
-  group repeats its last key; a block's rows past its last whole tile go
-  through tiles of fewer row vectors.
+  group repeats its last key; a full block's rows past its last whole tile go
+  through one tile of fewer row vectors (the one width its group needs).
 - decode_rows, decode_nj, decode_ne: attn_decode's register tiles when the
   group is narrower than a vector (head dims are the lanes): decode_rows query
   rows x decode_nj keys of Q.K partial sums (plus a key vector each and one q
