@@ -71,8 +71,11 @@ Why each value:
   steps), so 4 keys; 3 row vectors x 4 keys is 12 accumulators + 3 q loads
   + 1 broadcast register (AVX2 has no broadcast operand): 7 loads per 12
   FMAs, where 2 x 4 took 6 per 8. One NJ-key score tile: a last partial
-  group repeats its last key; a full block's rows past its last whole tile go
-  through one tile of fewer row vectors (the one width its group needs).
+  group repeats its last key. A block takes a few more query positions than
+  16 when that makes its rows whole tiles (abi.h.j2's
+  sneppx_attn_flash_block_rows: 18 for a group of 4 at v8); else its rows past
+  the last whole tile go through one tile of fewer row vectors (the one width
+  its group needs, e.g. a group of 3 at v16).
 - decode_rows, decode_nj, decode_ne: attn_decode's register tiles when the
   group is narrower than a vector (head dims are the lanes): decode_rows query
   rows x decode_nj keys of Q.K partial sums (plus a key vector each and one q
