@@ -11,9 +11,10 @@
  * at token 10 of 20 turned all 20 rows NaN (SDPA: rows 10-19, as HF).
  *
  * Positions cover the first token, tokens inside and at the edges of the
- * 64-key tiles and 16-query blocks, and the last token; sequences of 150
- * tokens leave partly padded row vectors at the end; configs: GQA group 4,
- * MHA (group 1, 32-row blocks), a window of 13, and absorbed MLA. */
+ * 64-key tiles and the query blocks (16 positions, 18 for group 4 at v8), and
+ * the last token; sequences of 150 tokens leave partly padded row vectors at
+ * the end; configs: GQA group 4, MHA (group 1: blocks of 32 rows at v16, 24 at
+ * v8), a window of 13, and absorbed MLA. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +49,7 @@ enum poison {
 static const char *const poison_names[POISON_COUNT] = {"nan", "inf", "k-only", "v-only"};
 
 /* Poisoned tokens of batch row 0 and row 1, per case. */
-static const int64_t positions[][2] = {{10, 149}, {0, 63}, {64, 65}, {15, 16}, {100, 127}, {149, 0}};
+static const int64_t positions[][2] = {{10, 149}, {0, 63}, {64, 65}, {15, 16}, {17, 18}, {100, 127}, {149, 0}};
 
 static int sees(const test_inputs *in, int64_t window, int64_t b, int64_t i, int64_t j)
 {
