@@ -1,9 +1,10 @@
 /* The LLVM JIT: embedded bitcode -> specialized module -> host-optimized
  * object -> linked into one process-wide ORC LLJIT.
  *
- * The recipe (measured with LLVM 19): the bitcode is unoptimized
- * clang output; each spec_<field> global becomes a constant with the key's
- * value, the entries get names unique to the key, clang's per-function
+ * The recipe (measured with LLVM 19): the bitcode is clang output with only
+ * the key-independent cleanups run (gen/CMakeLists.txt); each spec_<field>
+ * global becomes a constant with the key's value, the entries get names
+ * unique to the key, clang's per-function
  * target-cpu/target-features/tune-cpu are replaced by the host's (they
  * override the target machine: without this there is no zmm), then
  * default<O2> runs with a host TargetMachine, which emits the object. (O3 was
