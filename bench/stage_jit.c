@@ -7,11 +7,16 @@
  *   cold and warm, all cores: the same in another directory, with the layer
  *     resolving its keys side by side on its threads, as a user's layer does
  *     (a key's time then includes waiting for the other threads' links).
+ * Each of the four runs START_ROUNDS times, in rounds (a fresh pair of
+ * directories per round), and is reported as its median [min-max]: one
+ * process's compile is one sample of a VM whose speed drifts, and a single
+ * sample let one slow moment decide a key's verdict.
  * Per key: compile ms and disk-cache load ms, one thread. Per
  * layer: the sum of its keys' resolves, the layer created (kernels +
  * synthetic weights + packing), its first forward, and the child's wall time
  * from fork to exit. */
 #include <ftw.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +26,7 @@
 #include "bench.h"
 #include "child.h"
 #include "report.h"
+#include "timing.h"
 #include "sneppx/sneppx.h"
 
 /* qwen2-72B is left out: its keys are of the same families (gemm, rope,
@@ -29,6 +35,7 @@ static const char *const full_models[] = {"llama3-8B", "mistral-7B", "deepseek-v
 static const char *const quick_models[] = {"deepseek-v2-lite"};
 #define FIRST_FORWARD_TOKENS 128
 #define MAX_KERNELS 32
+#define START_ROUNDS 3 /* --quick: 1 */
 
 struct kernel_line {
     char key[SNEPPX_CACHE_KEY_MAX];
@@ -160,72 +167,135 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
     return remove(path);
 }
 
-/* name: "cold" or "warm" with threads > 1, "cold-1t" / "warm-1t" for one-thread children. */
-static void print_start(const char *model, const char *name, int threads, const struct start_report *r)
+/* One kind of start (cold or warm, 1 thread or all cores) over the rounds. */
+struct start_runs {
+    struct start_report run[START_ROUNDS];
+    int count;
+};
+
+/* The line of key in report, or NULL. */
+static const struct kernel_line *find_key(const struct start_report *report, const char *key)
 {
+    for (int k = 0; k < report->kernel_count; k++)
+        if (strcmp(report->kernels[k].key, key) == 0)
+            return &report->kernels[k];
+    return NULL;
+}
+
+/* Median [min-max] over the runs of a double at `offset`: into the key's
+ * kernel line when key is given (runs without the key are skipped), else into
+ * the report. Returns how many runs had it. */
+static int run_stats(const struct start_runs *runs, const char *key, size_t offset, struct bench_stats *stats)
+{
+    double values[START_ROUNDS];
+    int n = 0;
+    for (int r = 0; r < runs->count; r++) {
+        const void *from = &runs->run[r];
+        if (key && !(from = find_key(&runs->run[r], key)))
+            continue;
+        values[n++] = *(const double *)((const char *)from + offset);
+    }
+    if (n > 0)
+        bench_stats_of(values, n, stats);
+    return n;
+}
+
+/* name: "cold" or "warm" with threads > 1, "cold-1t" / "warm-1t" for one-thread children. */
+static void print_start(const char *model, const char *name, int threads, const struct start_runs *runs)
+{
+    struct bench_stats kernels, created, forward, process;
+    run_stats(runs, NULL, offsetof(struct start_report, kernels_ms), &kernels);
+    run_stats(runs, NULL, offsetof(struct start_report, create_ms), &created);
+    run_stats(runs, NULL, offsetof(struct start_report, forward_ms), &forward);
+    run_stats(runs, NULL, offsetof(struct start_report, wall_ms), &process);
     printf("  %-17s %-7s start, %d thread%s: keys' resolves %7.1f ms summed (%d keys, incl. SDPA), layer created "
            "%7.1f ms (kernels + weights), first forward T=%d %6.1f ms, process fork->exit %7.1f ms\n",
-           model, name, threads, threads > 1 ? "s" : " ", r->kernels_ms, r->kernel_count, r->create_ms,
-           FIRST_FORWARD_TOKENS, r->forward_ms, r->wall_ms);
+           model, name, threads, threads > 1 ? "s" : " ", kernels.median, runs->run[0].kernel_count, created.median,
+           FIRST_FORWARD_TOKENS, forward.median, process.median);
     char metric[64];
     snprintf(metric, sizeof metric, "%s-start-kernels", name);
-    bench_record_value("jit", model, metric, 0, threads, r->kernels_ms, "ms");
+    bench_record_value("jit", model, metric, 0, threads, kernels.median, "ms");
     snprintf(metric, sizeof metric, "%s-start-created", name);
-    bench_record_value("jit", model, metric, 0, threads, r->create_ms, "ms");
+    bench_record_value("jit", model, metric, 0, threads, created.median, "ms");
     snprintf(metric, sizeof metric, "%s-start-process", name);
-    bench_record_value("jit", model, metric, 0, threads, r->wall_ms, "ms");
+    bench_record_value("jit", model, metric, 0, threads, process.median, "ms");
+}
+
+/* One round: the four starts, the cold ones in fresh empty directories. 0 when all ran. */
+static int run_round(struct bench_context *ctx, const char *model, int threads, struct start_runs runs[4])
+{
+    char serial_dir[] = "/tmp/sneppx-bench-cache-XXXXXX";
+    char parallel_dir[] = "/tmp/sneppx-bench-cache-XXXXXX";
+    if (!mkdtemp(serial_dir) || !mkdtemp(parallel_dir)) {
+        perror("sneppx-bench: mkdtemp");
+        rmdir(serial_dir); /* fails harmlessly when it was not made */
+        ctx->failures++;
+        return -1;
+    }
+    const int r = runs[0].count;
+    run_start(ctx, model, serial_dir, 0, 1, &runs[0].run[r]);
+    run_start(ctx, model, serial_dir, 1, 1, &runs[1].run[r]);
+    run_start(ctx, model, parallel_dir, 0, threads, &runs[2].run[r]);
+    run_start(ctx, model, parallel_dir, 1, threads, &runs[3].run[r]);
+    nftw(serial_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
+    nftw(parallel_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
+    for (int kind = 0; kind < 4; kind++)
+        if (!runs[kind].run[r].ok)
+            return -1;
+    for (int kind = 0; kind < 4; kind++)
+        runs[kind].count++;
+    return 0;
 }
 
 void bench_stage_jit(struct bench_context *ctx)
 {
+    const int rounds = ctx->quick ? 1 : START_ROUNDS;
+    char explanation[640];
+    snprintf(explanation, sizeof explanation,
+             "fresh processes, each start %d time%s: median [min-max]; compile = specialize + O2 + emit object, one "
+             "key at a time (a 1-thread layer); load = read + verify + link the object, one key at a time too; "
+             "total = the whole resolve, median (a process's first compile also sets up LLVM; the LLJIT is created "
+             "before the first key, counted in the start, not in a key); a layer on all cores resolves its keys "
+             "side by side",
+             rounds, rounds > 1 ? "s" : "");
     bench_report_section("JIT: per key, cold compile (empty cache dir) and disk-cache load (SNEPPX_JIT=0); "
                          "cold and warm start of a layer",
-                         "fresh processes; compile = specialize + O2 + emit object, one key at a time (a 1-thread "
-                         "layer); load = read + verify + link the object, one key at a time too; total = the whole "
-                         "resolve (a process's first compile also sets up LLVM; the LLJIT is created before the "
-                         "first key, counted in the start, not in a key); a layer on all cores resolves its keys "
-                         "side by side");
+                         explanation);
     const int threads = ctx->thread_counts[ctx->thread_count_n - 1];
     const char *const *models = ctx->quick ? quick_models : full_models;
     const int model_count = ctx->quick ? 1 : (int)(sizeof full_models / sizeof full_models[0]);
+    struct start_runs runs[4]; /* cold-1t, warm-1t, cold, warm */
     for (int m = 0; m < model_count; m++) {
-        char serial_dir[] = "/tmp/sneppx-bench-cache-XXXXXX";
-        char parallel_dir[] = "/tmp/sneppx-bench-cache-XXXXXX";
-        if (!mkdtemp(serial_dir) || !mkdtemp(parallel_dir)) {
-            perror("sneppx-bench: mkdtemp");
-            rmdir(serial_dir); /* fails harmlessly when it was not made */
-            ctx->failures++;
-            return;
-        }
-        struct start_report cold, warm, cold_parallel, warm_parallel;
-        run_start(ctx, models[m], serial_dir, 0, 1, &cold);
-        run_start(ctx, models[m], serial_dir, 1, 1, &warm);
-        run_start(ctx, models[m], parallel_dir, 0, threads, &cold_parallel);
-        run_start(ctx, models[m], parallel_dir, 1, threads, &warm_parallel);
-        nftw(serial_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
-        nftw(parallel_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
-        if (!cold.ok || !warm.ok || !cold_parallel.ok || !warm_parallel.ok)
+        memset(runs, 0, sizeof runs);
+        int failed = 0;
+        for (int r = 0; r < rounds && !failed; r++)
+            failed = run_round(ctx, models[m], threads, runs) != 0;
+        if (failed)
             continue;
-        printf("  %-56s | cold: source     compile    total | warm: source      load     total\n", models[m]);
-        for (int i = 0; i < cold.kernel_count; i++) {
-            const struct kernel_line *c = &cold.kernels[i];
-            const struct kernel_line *w = NULL;
-            for (int j = 0; j < warm.kernel_count && !w; j++)
-                if (strcmp(warm.kernels[j].key, c->key) == 0)
-                    w = &warm.kernels[j];
-            printf("    %-54s | %-8s %8.1f ms %6.1f ms | %-8s %6.2f ms %6.2f ms\n", c->key, source_name(c->source),
-                   c->compile_ms, c->total_ms, w ? source_name(w->source) : "-", w ? w->load_ms : 0.0,
-                   w ? w->total_ms : 0.0);
-            bench_record_value("jit", c->key, "cold-compile", 0, 0, c->compile_ms, "ms");
-            bench_record_value("jit", c->key, "cold-total", 0, 0, c->total_ms, "ms");
-            if (w) {
-                bench_record_value("jit", c->key, "disk-load", 0, 0, w->load_ms, "ms");
-                bench_record_value("jit", c->key, "disk-total", 0, 0, w->total_ms, "ms");
+        const struct start_report *cold = &runs[0].run[0];
+        printf("  %-56s | cold: source   compile median [min-max]  total | warm: source  load [min-max]     total\n",
+               models[m]);
+        for (int i = 0; i < cold->kernel_count; i++) {
+            const char *key = cold->kernels[i].key;
+            const struct kernel_line *warm = find_key(&runs[1].run[0], key);
+            struct bench_stats compile, total, load = {0}, load_total = {0};
+            run_stats(&runs[0], key, offsetof(struct kernel_line, compile_ms), &compile);
+            run_stats(&runs[0], key, offsetof(struct kernel_line, total_ms), &total);
+            const int loads = run_stats(&runs[1], key, offsetof(struct kernel_line, load_ms), &load);
+            run_stats(&runs[1], key, offsetof(struct kernel_line, total_ms), &load_total);
+            printf("    %-54s | %-8s %7.1f ms [%5.1f-%5.1f] %6.1f ms | %-6s %5.2f ms [%4.2f-%4.2f] %5.2f ms\n", key,
+                   source_name(cold->kernels[i].source), compile.median, compile.min, compile.max, total.median,
+                   warm ? source_name(warm->source) : "-", load.median, load.min, load.max, load_total.median);
+            bench_record_value("jit", key, "cold-compile", 0, 0, compile.median, "ms");
+            bench_record_value("jit", key, "cold-total", 0, 0, total.median, "ms");
+            if (loads) {
+                bench_record_value("jit", key, "disk-load", 0, 0, load.median, "ms");
+                bench_record_value("jit", key, "disk-total", 0, 0, load_total.median, "ms");
             }
         }
-        print_start(models[m], "cold-1t", 1, &cold);
-        print_start(models[m], "warm-1t", 1, &warm);
-        print_start(models[m], "cold", threads, &cold_parallel);
-        print_start(models[m], "warm", threads, &warm_parallel);
+        print_start(models[m], "cold-1t", 1, &runs[0]);
+        print_start(models[m], "warm-1t", 1, &runs[1]);
+        print_start(models[m], "cold", threads, &runs[2]);
+        print_start(models[m], "warm", threads, &runs[3]);
     }
 }

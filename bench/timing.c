@@ -54,12 +54,17 @@ int bench_measure(bench_body body, void *state, const struct bench_plan *plan, s
         if (plan->warmup == 0 && done >= min_reps && bench_now() > deadline)
             break;
     }
-    qsort(times, (size_t)done, sizeof times[0], compare_doubles);
-    stats->reps = done;
-    stats->min = times[0];
-    stats->max = times[done - 1];
-    stats->median = done % 2 ? times[done / 2] : 0.5 * (times[done / 2 - 1] + times[done / 2]);
+    bench_stats_of(times, done, stats);
     return 0;
+}
+
+void bench_stats_of(double *values, int count, struct bench_stats *stats)
+{
+    qsort(values, (size_t)count, sizeof values[0], compare_doubles);
+    stats->reps = count;
+    stats->min = values[0];
+    stats->max = values[count - 1];
+    stats->median = count % 2 ? values[count / 2] : 0.5 * (values[count / 2 - 1] + values[count / 2]);
 }
 
 void bench_settle(void)

@@ -29,6 +29,9 @@ typedef int (*bench_body)(void *state);
 /* Runs body per plan and fills stats. Returns the body's first nonzero result. */
 int bench_measure(bench_body body, void *state, const struct bench_plan *plan, struct bench_stats *stats);
 
+/* Fills stats from count >= 1 values measured elsewhere (sorts them in place). */
+void bench_stats_of(double *values, int count, struct bench_stats *stats);
+
 /* Sleeps long enough for the worker threads of the library measured last
  * (OpenBLAS spins ~2^28 cycles, libgomp ~300k spins) to go idle, so they do
  * not steal a core from the next measurement on this 2-core machine. */
