@@ -17,7 +17,8 @@ struct bench_plan {
     double budget_seconds;
 };
 
-/* Seconds per run: median, fastest, slowest, and how many runs they are of. */
+/* Seconds per run: median, fastest, slowest, and how many runs they are of (or
+ * the same of any values given to bench_stats_of). */
 struct bench_stats {
     double median, min, max;
     int reps;
