@@ -167,7 +167,10 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
     return remove(path);
 }
 
-/* One kind of start (cold or warm, 1 thread or all cores) over the rounds. */
+/* The four kinds of start, in the order a round runs them. */
+enum start_kind { COLD_1T, WARM_1T, COLD_ALL, WARM_ALL, START_KINDS };
+
+/* One kind of start over the rounds. */
 struct start_runs {
     struct start_report run[START_ROUNDS];
     int count;
@@ -222,7 +225,7 @@ static void print_start(const char *model, const char *name, int threads, const 
 }
 
 /* One round: the four starts, the cold ones in fresh empty directories. 0 when all ran. */
-static int run_round(struct bench_context *ctx, const char *model, int threads, struct start_runs runs[4])
+static int run_round(struct bench_context *ctx, const char *model, int threads, struct start_runs runs[START_KINDS])
 {
     char serial_dir[] = "/tmp/sneppx-bench-cache-XXXXXX";
     char parallel_dir[] = "/tmp/sneppx-bench-cache-XXXXXX";
@@ -232,17 +235,17 @@ static int run_round(struct bench_context *ctx, const char *model, int threads, 
         ctx->failures++;
         return -1;
     }
-    const int r = runs[0].count;
-    run_start(ctx, model, serial_dir, 0, 1, &runs[0].run[r]);
-    run_start(ctx, model, serial_dir, 1, 1, &runs[1].run[r]);
-    run_start(ctx, model, parallel_dir, 0, threads, &runs[2].run[r]);
-    run_start(ctx, model, parallel_dir, 1, threads, &runs[3].run[r]);
+    const int r = runs[COLD_1T].count;
+    run_start(ctx, model, serial_dir, 0, 1, &runs[COLD_1T].run[r]);
+    run_start(ctx, model, serial_dir, 1, 1, &runs[WARM_1T].run[r]);
+    run_start(ctx, model, parallel_dir, 0, threads, &runs[COLD_ALL].run[r]);
+    run_start(ctx, model, parallel_dir, 1, threads, &runs[WARM_ALL].run[r]);
     nftw(serial_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
     nftw(parallel_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
-    for (int kind = 0; kind < 4; kind++)
+    for (int kind = 0; kind < START_KINDS; kind++)
         if (!runs[kind].run[r].ok)
             return -1;
-    for (int kind = 0; kind < 4; kind++)
+    for (int kind = 0; kind < START_KINDS; kind++)
         runs[kind].count++;
     return 0;
 }
@@ -264,7 +267,7 @@ void bench_stage_jit(struct bench_context *ctx)
     const int threads = ctx->thread_counts[ctx->thread_count_n - 1];
     const char *const *models = ctx->quick ? quick_models : full_models;
     const int model_count = ctx->quick ? 1 : (int)(sizeof full_models / sizeof full_models[0]);
-    struct start_runs runs[4]; /* cold-1t, warm-1t, cold, warm */
+    struct start_runs runs[START_KINDS];
     for (int m = 0; m < model_count; m++) {
         memset(runs, 0, sizeof runs);
         int failed = 0;
@@ -272,17 +275,17 @@ void bench_stage_jit(struct bench_context *ctx)
             failed = run_round(ctx, models[m], threads, runs) != 0;
         if (failed)
             continue;
-        const struct start_report *cold = &runs[0].run[0];
+        const struct start_report *cold = &runs[COLD_1T].run[0];
         printf("  %-56s | cold: source   compile median [min-max]  total | warm: source  load [min-max]     total\n",
                models[m]);
         for (int i = 0; i < cold->kernel_count; i++) {
             const char *key = cold->kernels[i].key;
-            const struct kernel_line *warm = find_key(&runs[1].run[0], key);
+            const struct kernel_line *warm = find_key(&runs[WARM_1T].run[0], key);
             struct bench_stats compile, total, load = {0}, load_total = {0};
-            run_stats(&runs[0], key, offsetof(struct kernel_line, compile_ms), &compile);
-            run_stats(&runs[0], key, offsetof(struct kernel_line, total_ms), &total);
-            const int loads = run_stats(&runs[1], key, offsetof(struct kernel_line, load_ms), &load);
-            run_stats(&runs[1], key, offsetof(struct kernel_line, total_ms), &load_total);
+            run_stats(&runs[COLD_1T], key, offsetof(struct kernel_line, compile_ms), &compile);
+            run_stats(&runs[COLD_1T], key, offsetof(struct kernel_line, total_ms), &total);
+            const int loads = run_stats(&runs[WARM_1T], key, offsetof(struct kernel_line, load_ms), &load);
+            run_stats(&runs[WARM_1T], key, offsetof(struct kernel_line, total_ms), &load_total);
             printf("    %-54s | %-8s %7.1f ms [%5.1f-%5.1f] %6.1f ms | %-6s %5.2f ms [%4.2f-%4.2f] %5.2f ms\n", key,
                    source_name(cold->kernels[i].source), compile.median, compile.min, compile.max, total.median,
                    warm ? source_name(warm->source) : "-", load.median, load.min, load.max, load_total.median);
@@ -293,9 +296,9 @@ void bench_stage_jit(struct bench_context *ctx)
                 bench_record_value("jit", key, "disk-total", 0, 0, load_total.median, "ms");
             }
         }
-        print_start(models[m], "cold-1t", 1, &runs[0]);
-        print_start(models[m], "warm-1t", 1, &runs[1]);
-        print_start(models[m], "cold", threads, &runs[2]);
-        print_start(models[m], "warm", threads, &runs[3]);
+        print_start(models[m], "cold-1t", 1, &runs[COLD_1T]);
+        print_start(models[m], "warm-1t", 1, &runs[WARM_1T]);
+        print_start(models[m], "cold", threads, &runs[COLD_ALL]);
+        print_start(models[m], "warm", threads, &runs[WARM_ALL]);
     }
 }
