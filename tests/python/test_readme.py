@@ -109,3 +109,29 @@ def test_readme_cc_command_compiles_quickstart():
     result = subprocess.run(compile_only(arguments, build), capture_output=True, text=True, cwd=ROOT, env=env,
                             timeout=300)
     assert result.returncode == 0, f"README.md's cc command does not compile quickstart.c:\n{result.stderr}"
+
+
+DELIMITER_ROW = re.compile(r"^\|(\s*:?-+:?\s*\|)+\s*$")
+
+
+def table_shape_errors(text: str, name: str) -> List[str]:
+    """Tables whose delimiter row has another number of cells than their header: Markdown
+    then renders no table at all, only the rows' raw text."""
+    def cells(row: str) -> int:
+        return len(re.split(r"(?<!\\)\|", row.strip().strip("|")))
+    lines = text.splitlines()
+    return [f"{name}:{i + 1}: header has {cells(lines[i - 1])} cells, delimiter row {cells(line)}"
+            for i, line in enumerate(lines) if i > 0 and DELIMITER_ROW.match(line)
+            and cells(lines[i - 1]) != cells(line)]
+
+
+def test_table_shape_errors_counts_cells():
+    assert table_shape_errors("| a | b |\n|---|---|\n| 1 | 2 |\n", "t") == []
+    assert table_shape_errors("| a | b |\n|---|---|---|\n", "t") == ["t:2: header has 2 cells, delimiter row 3"]
+
+
+def test_markdown_tables_are_well_formed():
+    documents = [README] + sorted((ROOT / "docs").glob("*.md"))
+    errors = [error for path in documents
+              for error in table_shape_errors(path.read_text(), str(path.relative_to(ROOT)))]
+    assert errors == [], "\n".join(errors)
