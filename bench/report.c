@@ -71,19 +71,21 @@ static void print_result(const struct bench_result *r)
         printf(" %3.0f%%", 100 * bench_peak_fraction(r));
 }
 
-static void record(const struct bench_result *r, const struct bench_result *baseline)
+static void record(const struct bench_result *r, const struct bench_result *baseline, double speedup)
 {
     struct csv_row *row = new_row();
     if (!row)
         return;
     row->result = *r;
-    if (baseline && r->seconds.median > 0) {
+    if (baseline && speedup > 0) {
         snprintf(row->baseline_impl, sizeof row->baseline_impl, "%s", baseline->impl);
-        row->speedup = baseline->seconds.median / r->seconds.median;
+        row->speedup = speedup;
     }
 }
 
-void bench_report_pair(const struct bench_result *subject, const struct bench_result *baseline, const char *note)
+/* A line with speedup (0 = none) and its range over rounds (NULL = none). */
+static void report_line(const struct bench_result *subject, const struct bench_result *baseline, double speedup,
+                        const struct bench_stats *range, const char *note)
 {
     char tokens[24] = "";
     if (subject->tokens > 0)
@@ -93,15 +95,30 @@ void bench_report_pair(const struct bench_result *subject, const struct bench_re
     if (baseline) {
         printf(" | ");
         print_result(baseline);
-        printf(" | %5.2fx", subject->seconds.median > 0 ? baseline->seconds.median / subject->seconds.median : 0);
+        printf(" | %5.2fx", speedup);
+        if (range)
+            printf(" [%.2f-%.2f]", range->min, range->max);
     }
     if (note && note[0])
         printf("  %s", note);
     printf("\n");
     fflush(stdout);
-    record(subject, baseline);
+    record(subject, baseline, speedup);
     if (baseline)
-        record(baseline, NULL);
+        record(baseline, NULL, 0);
+}
+
+void bench_report_pair(const struct bench_result *subject, const struct bench_result *baseline, const char *note)
+{
+    const double speedup =
+        baseline && subject->seconds.median > 0 ? baseline->seconds.median / subject->seconds.median : 0;
+    report_line(subject, baseline, speedup, NULL, note);
+}
+
+void bench_report_rounds(const struct bench_result *subject, const struct bench_result *baseline,
+                         const struct bench_stats *speedup, const char *note)
+{
+    report_line(subject, baseline, speedup->median, speedup->reps > 1 ? speedup : NULL, note);
 }
 
 void bench_record_value(const char *stage, const char *case_name, const char *impl, long long tokens,

@@ -40,6 +40,12 @@ void bench_report_section(const char *title, const char *explanation);
  * same work). note (may be NULL) ends the line. Records both for the CSV. */
 void bench_report_pair(const struct bench_result *subject, const struct bench_result *baseline, const char *note);
 
+/* bench_report_pair for a subject and baseline timed in the same rounds
+ * (bench_measure_sides): the speedup is `speedup`, the median over the rounds
+ * of baseline time / subject time, printed with its [min-max]. */
+void bench_report_rounds(const struct bench_result *subject, const struct bench_result *baseline,
+                         const struct bench_stats *speedup, const char *note);
+
 /* Records a scalar for the CSV: a JIT time in ms, a memory size in MiB. */
 void bench_record_value(const char *stage, const char *case_name, const char *impl, long long tokens,
                         int threads, double value, const char *unit);

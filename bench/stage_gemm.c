@@ -138,9 +138,10 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
     float *src = bench_alloc_floats((size_t)(max_tokens * shape->k));
     float *dst = bench_alloc_floats((size_t)(max_tokens * shape->n));
     float *reference = bench_alloc_floats((size_t)(max_tokens * shape->n));
+    float *untuned_dst = untuned ? bench_alloc_floats((size_t)(max_tokens * shape->n)) : NULL;
     int copies = ctx->quick ? 2 : (int)(DECODE_ROTATION_BYTES / weight_bytes) + 1;
     copies = copies < MAX_COPIES ? copies : MAX_COPIES;
-    if (!src || !dst || !reference || make_copies(ctx, kernel, shape, copies, &rotation) != 0) {
+    if (!src || !dst || !reference || (untuned && !untuned_dst) || make_copies(ctx, kernel, shape, copies, &rotation) != 0) {
         fprintf(stderr, "sneppx-bench: gemm %s: out of memory\n", shape->name);
         ctx->failures++;
         goto done;
@@ -173,33 +174,44 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
             struct bench_result theirs = ours;
             snprintf(theirs.impl, sizeof theirs.impl, tokens == 1 ? "sgemv" : "sgemm");
 
+            /* sneppx, OpenBLAS and (a tuned host) the untuned kernel, side by side in rounds;
+             * a multithreaded side's threads go idle before the next side runs. */
+            struct gemm_run openblas_run = run, untuned_run = run;
             run.dst = dst;
-            bench_measure(run_sneppx, &run, &plan, &ours.seconds);
-            bench_settle();
+            openblas_run.dst = reference;
+            untuned_run.kernel = untuned;
+            untuned_run.dst = untuned_dst;
+            void (*settle)(void) = threads > 1 ? bench_settle : NULL;
+            const struct bench_side sides[] = {{run_sneppx, &run, settle},
+                                               {run_openblas, &openblas_run, settle},
+                                               {run_sneppx, &untuned_run, settle}};
+            struct bench_stats seconds[3];
+            struct bench_rounds rounds;
             openblas_set_num_threads(threads);
-            run.dst = reference;
-            run.uses = 0;
-            bench_measure(run_openblas, &run, &plan, &theirs.seconds);
-            bench_settle();
+            bench_measure_sides(sides, untuned ? 3 : 2, &plan, seconds, &rounds);
+            ours.seconds = seconds[0];
+            theirs.seconds = seconds[1];
 
             const double error = bench_relative_error(dst, reference, tokens * shape->n);
-            char note[64];
+            char note[96];
             snprintf(note, sizeof note, "err %.1e%s", error, error > 1e-4 ? " MISMATCH" : "");
             if (error > 1e-4)
                 ctx->failures++;
-            bench_report_pair(&ours, &theirs, note);
+            struct bench_stats speedup;
+            bench_round_ratio(&rounds, 1, 0, &speedup);
+            bench_report_rounds(&ours, &theirs, &speedup, note);
             if (untuned) {
                 struct bench_result before = ours;
                 snprintf(before.impl, sizeof before.impl, "untuned");
-                run.kernel = untuned;
-                run.dst = dst;
-                run.uses = 0;
-                bench_measure(run_sneppx, &run, &plan, &before.seconds);
-                bench_settle();
-                run.kernel = kernel;
-                snprintf(note, sizeof note, "tuned kc%lld-mc%lld vs the target's kc%lld-mc%lld", (long long)values[4],
-                         (long long)values[5], (long long)untuned_values[4], (long long)untuned_values[5]);
-                bench_report_pair(&ours, &before, note);
+                before.seconds = seconds[2];
+                bench_round_ratio(&rounds, 2, 0, &speedup);
+                const double untuned_error = bench_relative_error(untuned_dst, reference, tokens * shape->n);
+                snprintf(note, sizeof note, "tuned kc%lld-mc%lld vs the target's kc%lld-mc%lld, err %.1e%s",
+                         (long long)values[4], (long long)values[5], (long long)untuned_values[4],
+                         (long long)untuned_values[5], untuned_error, untuned_error > 1e-4 ? " MISMATCH" : "");
+                if (untuned_error > 1e-4)
+                    ctx->failures++;
+                bench_report_rounds(&ours, &before, &speedup, note);
             }
         }
     }
@@ -211,14 +223,15 @@ done:
     free(src);
     free(dst);
     free(reference);
+    free(untuned_dst);
 }
 
 void bench_stage_gemm(struct bench_context *ctx)
 {
     bench_report_section("projections: sneppx GEMM vs OpenBLAS (T = 1: sgemv, rated in GB/s of weights streamed, "
                          "% of read bandwidth)",
-                         "case KxN, T rows; speedup = OpenBLAS time / sneppx time; % = of FMA peak at that thread "
-                         "count; err = max |sneppx - OpenBLAS| / max |OpenBLAS|");
+                         "case KxN, T rows; the two alternate in rounds; speedup = OpenBLAS time / sneppx time in "
+                         "a round, median [min-max] over the rounds; % = of FMA peak at that thread count; err = max |sneppx - OpenBLAS| / max |OpenBLAS|");
     const struct gemm_case *cases = ctx->quick ? quick_cases : full_cases;
     const int64_t *tokens = ctx->quick ? quick_tokens : full_tokens;
     const int tokens_count = ctx->quick ? (int)(sizeof quick_tokens / sizeof quick_tokens[0])

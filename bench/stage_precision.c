@@ -103,20 +103,22 @@ static int forward(struct decode_run *run, int64_t q_len)
                : -1;
 }
 
+/* One step over run->length cached tokens: the step before it is rolled back, so that
+ * every step, timed or not, reads the same cache (the sides of a round run untimed
+ * steps too, a different number each). */
 static int decode_step(void *opaque)
 {
     struct decode_run *run = opaque;
-    if (forward(run, 1) != 0) {
+    if (sneppx_kv_cache_truncate(run->cache, run->seq_id, run->length) != SNEPPX_OK || forward(run, 1) != 0) {
         fprintf(stderr, "sneppx-bench: precision: decode: %s\n", sneppx_last_error());
         return 1;
     }
-    run->length++;
     return 0;
 }
 
 /* 0, or -1 with sneppx_last_error() saying why (the caller names what). */
 static int decode_run_make(struct decode_run *run, const sneppx_config *base, const struct precision_case *c,
-                           int64_t context, int64_t steps)
+                           int64_t context)
 {
     memset(run, 0, sizeof *run);
     sneppx_config config = *base;
@@ -124,7 +126,7 @@ static int decode_run_make(struct decode_run *run, const sneppx_config *base, co
     sneppx_kv_cache_options options;
     sneppx_kv_cache_options_init(&options);
     options.dtype = c->cache;
-    options.capacity_tokens = context + steps + 2 * SNEPPX_KV_DEFAULT_PAGE_SIZE;
+    options.capacity_tokens = context + 2 + 2 * SNEPPX_KV_DEFAULT_PAGE_SIZE;
     if (sneppx_layer_create(&config, NULL, &run->layer) != SNEPPX_OK ||
         sneppx_kv_cache_create(&config, &options, &run->cache) != SNEPPX_OK ||
         sneppx_kv_cache_add_sequence(run->cache, &run->seq_id) != SNEPPX_OK)
@@ -178,56 +180,62 @@ static void run_decode_baselines(const sneppx_config *config, int64_t context, i
     }
 }
 
-/* Times each case's decode step; the float32 case (first) is every other's baseline. */
+/* Times each case's decode step, all side by side in rounds; the float32 case (first) is
+ * every other's baseline. */
 static void report_decode(struct bench_context *ctx, const sneppx_config *config, int64_t context, int threads,
                           const struct decode_baselines *baselines)
 {
     const struct bench_plan plan = bench_plan_for(ctx, 8, 32, 2.0);
-    struct bench_result float32_step = {0};
-    float *float32_out = malloc(sizeof(float) * (size_t)config->hidden_size);
-    if (!float32_out) {
-        ctx->failures++;
-        return;
-    }
+    struct decode_run runs[DECODE_CASES];
+    const struct precision_case *cases[DECODE_CASES];
+    struct bench_side sides[DECODE_CASES];
+    int count = 0;
     for (size_t i = 0; i < DECODE_CASES; i++) {
-        const struct precision_case *c = &decode_cases[i];
-        struct decode_run run;
-        if (decode_run_make(&run, config, c, context, plan.warmup + plan.max_reps + 2) != 0) {
+        struct decode_run *run = &runs[count];
+        if (decode_run_make(run, config, &decode_cases[i], context) != 0 || decode_step(run) != 0) {
             char what[96];
-            snprintf(what, sizeof what, "decode, %s weights and cache", c->label);
+            snprintf(what, sizeof what, "decode, %s weights and cache", decode_cases[i].label);
             stage_failed(ctx, what);
-            decode_run_free(&run);
+            decode_run_free(run);
+            if (i == 0)
+                return; /* every other type is compared with float32 */
             continue;
         }
-        decode_step(&run); /* warm: the decode workspace */
-        /* The bytes of the median step: half the timed steps' growth on top. */
-        const double bytes =
-            run.weight_bytes + ((double)run.length + 1 + plan.max_reps / 2.0) * run.token_bytes;
-        struct bench_result ours = {.stage = "precision", .tokens = context, .threads = threads, .work = bytes,
-                                    .unit = BENCH_UNIT_BYTES};
+        cases[count] = &decode_cases[i];
+        sides[count] = (struct bench_side){decode_step, run, NULL};
+        count++;
+    }
+    struct bench_stats seconds[DECODE_CASES];
+    struct bench_rounds rounds;
+    const double before = bench_read_bandwidth_beside(ctx, threads);
+    const int failed = bench_measure_sides(sides, count, &plan, seconds, &rounds);
+    const double after = bench_read_bandwidth_beside(ctx, threads);
+    struct bench_result float32_step = {0};
+    for (int i = 0; !failed && i < count; i++) {
+        const struct precision_case *c = cases[i];
+        const struct decode_run *run = &runs[i];
+        /* A step reads the weights and the cache it extends by one token. */
+        struct bench_result ours = {.stage = "precision", .tokens = context, .threads = threads,
+                                    .work = run->weight_bytes + (double)(run->length + 1) * run->token_bytes,
+                                    .unit = BENCH_UNIT_BYTES, .seconds = seconds[i],
+                                    .peak_rate = before > after ? before : after};
         snprintf(ours.impl, sizeof ours.impl, "sneppx %s", c->label);
         snprintf(ours.case_name, sizeof ours.case_name, "decode b1 %s", c->label);
-        const double before = bench_read_bandwidth_beside(ctx, threads);
-        const int failed = bench_measure(decode_step, &run, &plan, &ours.seconds);
-        const double after = bench_read_bandwidth_beside(ctx, threads);
-        ours.peak_rate = before > after ? before : after;
         char note[160];
-        if (i == 0)
-            memcpy(float32_out, run.first_step, sizeof(float) * (size_t)config->hidden_size);
-        const int length = snprintf(note, sizeof note, "weights %.1f MB, cache %.1f KB/token", run.weight_bytes / 1e6,
-                                    run.token_bytes / 1e3);
-        if (i > 0)
-            snprintf(note + length, sizeof note - (size_t)length, ", error %.1e vs f32",
-                     normalized_error(run.first_step, float32_out, config->hidden_size));
-        decode_run_free(&run);
-        if (failed) {
-            ctx->failures++;
-            continue;
-        }
-        if (i == 0)
+        const int length = snprintf(note, sizeof note, "weights %.1f MB, cache %.1f KB/token", run->weight_bytes / 1e6,
+                                    run->token_bytes / 1e3);
+        if (i == 0) {
             float32_step = ours;
-        bench_report_pair(&ours, i == 0 ? NULL : &float32_step, note);
-        const struct decode_baseline_times *theirs_times[] = {&baselines->llama[i], &baselines->torch[i]};
+            bench_report_pair(&ours, NULL, note);
+        } else {
+            snprintf(note + length, sizeof note - (size_t)length, ", error %.1e vs f32",
+                     normalized_error(run->first_step, runs[0].first_step, config->hidden_size));
+            struct bench_stats speedup;
+            bench_round_ratio(&rounds, 0, i, &speedup);
+            bench_report_rounds(&ours, &float32_step, &speedup, note);
+        }
+        const size_t index = (size_t)(c - decode_cases);
+        const struct decode_baseline_times *theirs_times[] = {&baselines->llama[index], &baselines->torch[index]};
         for (int b = 0; b < 2; b++) {
             if (theirs_times[b]->seconds[0][0].reps == 0)
                 continue;
@@ -240,7 +248,10 @@ static void report_decode(struct bench_context *ctx, const sneppx_config *config
             bench_report_pair(&ours, &theirs, NULL);
         }
     }
-    free(float32_out);
+    if (failed)
+        ctx->failures++;
+    for (int i = 0; i < count; i++)
+        decode_run_free(&runs[i]);
 }
 
 struct prefill_run {
@@ -259,57 +270,84 @@ static int prefill_forward(void *opaque)
     return 1;
 }
 
-/* One forward of `tokens` tokens per weight type, against the float32 layer's. */
+/* One forward of `tokens` tokens per weight type, against the float32 layer's: every
+ * type's layer is made first, then all are timed side by side in rounds, so that the
+ * ratios to float32 hold on a host whose speed wanders between phases. */
 static void report_prefill(struct bench_context *ctx, const sneppx_config *base, int64_t tokens, int threads)
 {
     const struct bench_plan plan = bench_plan_for(ctx, 3, 8, 4.0);
+    struct prefill_run runs[PREFILL_CASES];
+    struct bench_result results[PREFILL_CASES];
+    struct bench_side sides[PREFILL_CASES];
+    int count = 0;
+    memset(runs, 0, sizeof runs);
     float *hidden = bench_alloc_floats((size_t)(tokens * base->hidden_size));
-    float *out = bench_alloc_floats((size_t)(tokens * base->hidden_size));
-    float *float32_out = bench_alloc_floats((size_t)(tokens * base->hidden_size));
-    if (!hidden || !out || !float32_out) {
+    if (!hidden) {
         fprintf(stderr, "sneppx-bench: precision: out of memory for %lld tokens\n", (long long)tokens);
         ctx->failures++;
-        goto done;
+        return;
     }
     bench_fill_uniform(hidden, tokens * base->hidden_size, 53, 1.0f);
-    struct bench_result float32_layer = {0};
-    const int64_t values = tokens * base->hidden_size;
     for (size_t i = 0; i < PREFILL_CASES; i++) {
         sneppx_config config = *base;
         config.weight_dtype = prefill_cases[i].weights;
         config.compute_dtype = prefill_cases[i].compute;
-        struct prefill_run run = {.tokens = tokens, .hidden = hidden, .out = i == 0 ? float32_out : out};
-        const sneppx_status status = sneppx_layer_create(&config, NULL, &run.layer);
+        struct prefill_run *run = &runs[count];
+        *run = (struct prefill_run){.tokens = tokens, .hidden = hidden};
+        const sneppx_status status = sneppx_layer_create(&config, NULL, &run->layer);
         if (status == SNEPPX_ERR_UNSUPPORTED && prefill_cases[i].compute != SNEPPX_DTYPE_FLOAT32) {
             printf("  prefill %-14s | left out: %s\n", prefill_cases[i].label, sneppx_last_error());
             continue;
         }
         if (status != SNEPPX_OK) {
             stage_failed(ctx, "prefill layer");
+            if (i == 0)
+                goto done; /* every other type is compared with float32 */
             continue;
         }
-        struct bench_result ours = {.stage = "precision", .tokens = tokens, .threads = threads,
-                                    .work = sneppx_layer_flops(run.layer, 1, tokens), .unit = BENCH_UNIT_FLOPS,
-                                    .peak_rate = bench_fma_peak(ctx, threads)};
-        snprintf(ours.impl, sizeof ours.impl, "sneppx %s", prefill_cases[i].label);
-        snprintf(ours.case_name, sizeof ours.case_name, "prefill %s", prefill_cases[i].label);
-        prefill_forward(&run); /* warm: the workspace */
-        const int failed = bench_measure(prefill_forward, &run, &plan, &ours.seconds);
-        sneppx_layer_destroy(run.layer);
-        if (failed) {
+        run->out = bench_alloc_floats((size_t)(tokens * base->hidden_size));
+        if (!run->out || prefill_forward(run) != 0) { /* warm: the workspace */
             ctx->failures++;
+            sneppx_layer_destroy(run->layer);
+            free(run->out);
+            if (i == 0)
+                goto done;
             continue;
         }
-        if (i == 0)
-            float32_layer = ours;
+        struct bench_result *ours = &results[count];
+        *ours = (struct bench_result){.stage = "precision", .tokens = tokens, .threads = threads,
+                                      .work = sneppx_layer_flops(run->layer, 1, tokens), .unit = BENCH_UNIT_FLOPS,
+                                      .peak_rate = bench_fma_peak(ctx, threads)};
+        snprintf(ours->impl, sizeof ours->impl, "sneppx %s", prefill_cases[i].label);
+        snprintf(ours->case_name, sizeof ours->case_name, "prefill %s", prefill_cases[i].label);
+        sides[count] = (struct bench_side){prefill_forward, run, NULL};
+        count++;
+    }
+    struct bench_stats seconds[PREFILL_CASES];
+    struct bench_rounds rounds;
+    if (bench_measure_sides(sides, count, &plan, seconds, &rounds) != 0) {
+        ctx->failures++;
+        goto done;
+    }
+    const int64_t values = tokens * base->hidden_size;
+    for (int i = 0; i < count; i++) {
+        results[i].seconds = seconds[i];
+        if (i == 0) {
+            bench_report_pair(&results[0], NULL, NULL);
+            continue;
+        }
+        struct bench_stats speedup;
+        bench_round_ratio(&rounds, 0, i, &speedup);
         char note[64];
-        snprintf(note, sizeof note, "error %.1e vs f32", normalized_error(run.out, float32_out, values));
-        bench_report_pair(&ours, i == 0 ? NULL : &float32_layer, i == 0 ? NULL : note);
+        snprintf(note, sizeof note, "error %.1e vs f32", normalized_error(runs[i].out, runs[0].out, values));
+        bench_report_rounds(&results[i], &results[0], &speedup, note);
     }
 done:
+    for (int i = 0; i < count; i++) {
+        sneppx_layer_destroy(runs[i].layer);
+        free(runs[i].out);
+    }
     free(hidden);
-    free(out);
-    free(float32_out);
 }
 
 void bench_stage_precision(struct bench_context *ctx)
@@ -320,7 +358,8 @@ void bench_stage_precision(struct bench_context *ctx)
                          "decode b1: ms per step, GB/s and % of the read bandwidth (probed beside each case) on "
                          "the bytes the step reads in its own types; speedup = the float32 step's time (or the "
                          "baseline's) / this type's. prefill: GFLOP/s, % of FMA peak; speedup = float32 "
-                         "weights' time / this type's");
+                         "weights' time / this type's. sneppx's types alternate in rounds: their speedup is "
+                         "the median [min-max] over the rounds");
     sneppx_config config;
     if (sneppx_config_from_name(MODEL, NULL, &config) != SNEPPX_OK) {
         stage_failed(ctx, "config");

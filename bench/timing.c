@@ -2,17 +2,28 @@
 #include "timing.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define BENCH_MAX_REPS 64
+/* A side whose runs are shorter than this runs untimed for at least this long
+ * before its turn in a round: after another side's turn (and a settle) its
+ * caches are cold and its threads asleep, which one millisecond run does not undo. */
+#define QUICK_RUN_SECONDS 0.05
 #define SETTLE_NANOSECONDS 250000000L /* > OpenBLAS's 2^28-cycle spin at ~2 GHz */
 
-double bench_now(void)
+static double monotonic_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+static double (*now_source)(void) = monotonic_now;
+
+double bench_now(void) { return now_source(); }
+
+void bench_set_clock(double (*now)(void)) { now_source = now ? now : monotonic_now; }
 
 static int compare_doubles(const void *a, const void *b)
 {
@@ -20,34 +31,49 @@ static int compare_doubles(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-int bench_measure(bench_body body, void *state, const struct bench_plan *plan, struct bench_stats *stats)
+/* How many timed runs a body gets after a warm-up run took warm_seconds: the
+ * warm-up predicts one repeat, so a slow body does not run max_reps times. */
+static int planned_reps(const struct bench_plan *plan, double warm_seconds)
 {
-    double times[BENCH_MAX_REPS];
-    double warm_seconds = 0;
+    int max_reps = plan->max_reps < BENCH_MAX_REPS ? plan->max_reps : BENCH_MAX_REPS;
+    int min_reps = plan->min_reps < max_reps ? plan->min_reps : max_reps;
+    if (min_reps < 1)
+        min_reps = 1;
+    int reps = max_reps;
+    if (warm_seconds > 0 && (double)reps * warm_seconds > plan->budget_seconds)
+        reps = (int)(plan->budget_seconds / warm_seconds);
+    return reps < min_reps ? min_reps : reps;
+}
+
+/* Runs body plan->warmup times untimed; *seconds is the last run's time. */
+static int warm_up(bench_body body, void *state, const struct bench_plan *plan, double *seconds)
+{
+    *seconds = 0;
     for (int i = 0; i < plan->warmup; i++) {
         const double start = bench_now();
         const int failed = body(state);
         if (failed)
             return failed;
-        warm_seconds = bench_now() - start;
+        *seconds = bench_now() - start;
     }
-    int max_reps = plan->max_reps < BENCH_MAX_REPS ? plan->max_reps : BENCH_MAX_REPS;
-    int min_reps = plan->min_reps < max_reps ? plan->min_reps : max_reps;
-    if (min_reps < 1)
-        min_reps = 1;
-    /* The warm-up run predicts one repeat; plan the count from it so that a
-     * slow body does not run max_reps times. */
-    int reps = max_reps;
-    if (warm_seconds > 0 && (double)reps * warm_seconds > plan->budget_seconds)
-        reps = (int)(plan->budget_seconds / warm_seconds);
-    if (reps < min_reps)
-        reps = min_reps;
+    return 0;
+}
+
+int bench_measure(bench_body body, void *state, const struct bench_plan *plan, struct bench_stats *stats)
+{
+    double times[BENCH_MAX_REPS];
+    double warm_seconds;
+    int failed = warm_up(body, state, plan, &warm_seconds);
+    if (failed)
+        return failed;
+    const int reps = planned_reps(plan, warm_seconds);
+    int min_reps = plan->min_reps > 1 ? plan->min_reps : 1;
+    min_reps = min_reps < reps ? min_reps : reps;
     const double deadline = bench_now() + plan->budget_seconds;
     int done = 0;
     while (done < reps) {
         const double start = bench_now();
-        const int failed = body(state);
-        if (failed)
+        if ((failed = body(state)) != 0)
             return failed;
         times[done++] = bench_now() - start;
         /* Without a warm-up there is no prediction: stop at the budget instead. */
@@ -56,6 +82,74 @@ int bench_measure(bench_body body, void *state, const struct bench_plan *plan, s
     }
     bench_stats_of(times, done, stats);
     return 0;
+}
+
+int bench_measure_sides(const struct bench_side *sides, int count, const struct bench_plan *plan,
+                        struct bench_stats *stats, struct bench_rounds *rounds)
+{
+    double times[BENCH_MAX_SIDES][BENCH_MAX_REPS], warm_seconds[BENCH_MAX_SIDES];
+    int reps[BENCH_MAX_SIDES], done[BENCH_MAX_SIDES] = {0};
+    count = count < BENCH_MAX_SIDES ? count : BENCH_MAX_SIDES;
+    int round_count = BENCH_MAX_ROUNDS;
+    for (int s = 0; s < count; s++) {
+        const int failed = warm_up(sides[s].body, sides[s].state, plan, &warm_seconds[s]);
+        if (sides[s].after)
+            sides[s].after();
+        if (failed)
+            return failed;
+        reps[s] = planned_reps(plan, warm_seconds[s]);
+        round_count = reps[s] < round_count ? reps[s] : round_count;
+    }
+    if (rounds) {
+        rounds->sides = count;
+        rounds->rounds = round_count;
+    }
+    for (int round = 0; round < round_count; round++)
+        for (int s = 0; s < count; s++) {
+            const struct bench_side *side = &sides[s];
+            if (plan->warmup > 0 && warm_seconds[s] < QUICK_RUN_SECONDS) {
+                const double until = bench_now() + QUICK_RUN_SECONDS;
+                do {
+                    const int failed = side->body(side->state);
+                    if (failed)
+                        return failed;
+                } while (bench_now() < until);
+            }
+            const int first = done[s];
+            for (int i = 0; i < reps[s] / round_count; i++) {
+                const double start = bench_now();
+                const int failed = side->body(side->state);
+                if (failed)
+                    return failed;
+                times[s][done[s]++] = bench_now() - start;
+            }
+            if (side->after)
+                side->after();
+            if (rounds) {
+                struct bench_stats in_round;
+                double round_times[BENCH_MAX_REPS];
+                memcpy(round_times, &times[s][first], sizeof(double) * (size_t)(done[s] - first));
+                bench_stats_of(round_times, done[s] - first, &in_round);
+                rounds->median[round][s] = in_round.median;
+            }
+        }
+    for (int s = 0; s < count; s++)
+        bench_stats_of(times[s], done[s], &stats[s]);
+    return 0;
+}
+
+void bench_round_ratio(const struct bench_rounds *rounds, int numerator, int denominator, struct bench_stats *ratio)
+{
+    double ratios[BENCH_MAX_ROUNDS];
+    int count = 0;
+    for (int round = 0; round < rounds->rounds; round++)
+        if (rounds->median[round][denominator] > 0)
+            ratios[count++] = rounds->median[round][numerator] / rounds->median[round][denominator];
+    if (count == 0) {
+        *ratio = (struct bench_stats){0};
+        return;
+    }
+    bench_stats_of(ratios, count, ratio);
 }
 
 void bench_stats_of(double *values, int count, struct bench_stats *stats)

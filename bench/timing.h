@@ -5,6 +5,10 @@
 /* Seconds on the monotonic clock. */
 double bench_now(void);
 
+/* Replaces the clock bench_now reads (NULL: the monotonic clock again), so that a
+ * test can drive the timing logic with runs of known length. */
+void bench_set_clock(double (*now)(void));
+
 /* How often to run a body: `warmup` untimed runs (they absorb first-touch page
  * faults, cold caches and thread start-up), then repeats until both
  * `min_reps` are done and `budget_seconds` is spent, but never more than
@@ -29,6 +33,42 @@ typedef int (*bench_body)(void *state);
 
 /* Runs body per plan and fills stats. Returns the body's first nonzero result. */
 int bench_measure(bench_body body, void *state, const struct bench_plan *plan, struct bench_stats *stats);
+
+/* One of the bodies bench_measure_sides times side by side. after (NULL for
+ * none) runs, untimed, when the side's turn in a round ends: bench_settle for a
+ * side whose library's threads spin on after a call. */
+struct bench_side {
+    bench_body body;
+    void *state;
+    void (*after)(void);
+};
+
+#define BENCH_MAX_SIDES 6
+#define BENCH_MAX_ROUNDS 8
+
+/* Each side's median seconds per run within each round. */
+struct bench_rounds {
+    int sides, rounds;
+    double median[BENCH_MAX_ROUNDS][BENCH_MAX_SIDES];
+};
+
+/* Times `count` bodies side by side: after each side's warm-up (which sizes
+ * its repeats as bench_measure does), rounds in which every side in turn runs
+ * its share of the repeats, first once untimed when a run is short (the other
+ * sides had the caches and cores). This host has slow phases of seconds to
+ * minutes: one lands on every side of a round, so a ratio of two sides within
+ * a round holds where a ratio of two sides timed one after the other would
+ * not. The repeats are spread over min(fewest side's repeats,
+ * BENCH_MAX_ROUNDS) rounds. stats[s]: side s over all its timed runs;
+ * rounds (may be NULL): the per-round medians. Returns the first nonzero
+ * result of a body. */
+int bench_measure_sides(const struct bench_side *sides, int count, const struct bench_plan *plan,
+                        struct bench_stats *stats, struct bench_rounds *rounds);
+
+/* Median [min-max] over the rounds of side `numerator`'s time / side
+ * `denominator`'s in the same round: how many times faster the denominator
+ * side ran (its speedup) when numerator is the baseline. */
+void bench_round_ratio(const struct bench_rounds *rounds, int numerator, int denominator, struct bench_stats *ratio);
 
 /* Fills stats from count >= 1 values measured elsewhere (sorts them in place). */
 void bench_stats_of(double *values, int count, struct bench_stats *stats);
