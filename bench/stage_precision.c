@@ -56,6 +56,8 @@ static const struct {
     {"bf16-compute", SNEPPX_DTYPE_BFLOAT16, SNEPPX_DTYPE_BFLOAT16},
 };
 #define PREFILL_CASES (sizeof prefill_cases / sizeof prefill_cases[0])
+_Static_assert(DECODE_CASES <= BENCH_MAX_SIDES && PREFILL_CASES <= BENCH_MAX_SIDES,
+               "every type is one side of bench_measure_sides");
 
 static void stage_failed(struct bench_context *ctx, const char *what)
 {
