@@ -23,6 +23,7 @@ struct bench_result {
     double work;          /* flops the mask keeps, or bytes, of one run */
     enum bench_unit unit;
     double peak_rate;     /* the rate that is 100% (GFLOP/s or GB/s); 0 = none */
+    double scaling;       /* 1-thread time / this time, median of per-round ratios; 0 = not measured so */
 };
 
 /* Rate of one run of r that took `seconds` (GFLOP/s or GB/s). */

@@ -156,7 +156,8 @@ static void check_scaling(int threads)
             if (one.value_unit || s->threads != 1 || s->tokens != r->tokens || strcmp(s->stage, r->stage) != 0 ||
                 strcmp(s->case_name, r->case_name) != 0 || strcmp(s->impl, r->impl) != 0)
                 continue;
-            const double scaling = s->seconds.median / r->seconds.median;
+            /* Timed side by side in rounds (r->scaling), else the two medians. */
+            const double scaling = r->scaling > 0 ? r->scaling : s->seconds.median / r->seconds.median;
             if (scaling < worst) {
                 worst = scaling;
                 snprintf(worst_case, sizeof worst_case, "worst %s %s T=%lld: %.2fx", r->stage, r->case_name,
