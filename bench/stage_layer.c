@@ -97,6 +97,7 @@ static void run_torch(const struct bench_context *ctx, const sneppx_config *conf
 struct layer_run {
     sneppx_layer *layer;
     int64_t tokens;
+    int threads; /* the layer runs on OpenMP's count: set per run */
     const float *hidden;
     float *out;
 };
@@ -104,6 +105,7 @@ struct layer_run {
 static int run_forward(void *opaque)
 {
     const struct layer_run *run = opaque;
+    omp_set_num_threads(run->threads);
     if (sneppx_layer_forward(run->layer, 1, run->tokens, run->hidden, NULL, NULL, NULL, run->out) == SNEPPX_OK)
         return 0;
     fprintf(stderr, "sneppx-bench: forward: %s\n", sneppx_last_error());
@@ -150,25 +152,42 @@ static void bench_model(struct bench_context *ctx, const char *model, const int6
         bench_fill_uniform(hidden, max_tokens * config.hidden_size, 31, 1.0f);
         const struct bench_plan plan = bench_plan_for(ctx, 3, 9, 4.0);
         for (int ti = 0; ti < tokens_count; ti++) {
+            /* Every thread count side by side in rounds: the all-core scaling is a ratio
+             * within rounds (libgomp's threads settle after a multithreaded turn). */
+            struct layer_run runs[BENCH_MAX_THREAD_COUNTS];
+            struct bench_side sides[BENCH_MAX_THREAD_COUNTS];
+            for (int t = 0; t < ctx->thread_count_n; t++) {
+                runs[t] = (struct layer_run){.layer = layer, .tokens = tokens_list[ti],
+                                             .threads = ctx->thread_counts[t], .hidden = hidden, .out = out};
+                sides[t] = (struct bench_side){run_forward, &runs[t], runs[t].threads > 1 ? bench_settle : NULL};
+            }
+            struct bench_stats seconds[BENCH_MAX_THREAD_COUNTS];
+            struct bench_rounds rounds;
+            if (bench_measure_sides(sides, ctx->thread_count_n, &plan, seconds, &rounds) != 0) {
+                ctx->failures++;
+                continue;
+            }
             for (int t = 0; t < ctx->thread_count_n; t++) {
                 const int threads = ctx->thread_counts[t];
-                omp_set_num_threads(threads);
-                struct layer_run run = {.layer = layer, .tokens = tokens_list[ti], .hidden = hidden, .out = out};
-                struct bench_result ours = {.stage = "layer", .impl = "sneppx", .tokens = run.tokens,
-                                            .threads = threads, .unit = BENCH_UNIT_FLOPS};
+                struct bench_result ours = {.stage = "layer", .impl = "sneppx", .tokens = tokens_list[ti],
+                                            .threads = threads, .unit = BENCH_UNIT_FLOPS, .seconds = seconds[t]};
                 snprintf(ours.case_name, sizeof ours.case_name, "%s", model);
-                ours.work = sneppx_layer_flops(layer, 1, run.tokens);
+                ours.work = sneppx_layer_flops(layer, 1, tokens_list[ti]);
                 ours.peak_rate = bench_fma_peak(ctx, threads);
-                if (bench_measure(run_forward, &run, &plan, &ours.seconds) != 0) {
-                    ctx->failures++;
-                    continue;
-                }
+                struct bench_stats scaling = {0};
+                if (t > 0) /* against the first thread count (1 thread) */
+                    bench_round_ratio(&rounds, 0, t, &scaling);
+                ours.scaling = scaling.median;
                 struct bench_result theirs = ours;
                 snprintf(theirs.impl, sizeof theirs.impl, "pytorch");
                 theirs.seconds = torch.seconds[ti][t];
-                char note[64] = "";
+                theirs.scaling = 0;
+                char note[96] = "";
                 if (ti == 0 && t == 0)
                     snprintf(note, sizeof note, "(layer created in %.2f s)", create_seconds);
+                else if (t > 0)
+                    snprintf(note, sizeof note, "%dt/1t %.2fx [%.2f-%.2f]", threads, scaling.median, scaling.min,
+                             scaling.max);
                 bench_report_pair(&ours, theirs.seconds.reps > 0 ? &theirs : NULL, note);
             }
         }
@@ -183,7 +202,8 @@ void bench_stage_layer(struct bench_context *ctx)
 {
     bench_report_section("whole layer: x -> QKV (+bias) -> RoPE -> flash attention (causal) -> O, batch 1",
                          "synthetic weights; speedup = PyTorch time / sneppx time; % = of FMA peak on the flops "
-                         "the mask keeps (sneppx_layer_flops), for both");
+                         "the mask keeps (sneppx_layer_flops), for both; sneppx's thread counts alternate in "
+                         "rounds, Nt/1t = the median [min-max] of their per-round ratio");
     const char *const *models = ctx->quick ? quick_models : full_models;
     const int model_count = ctx->quick ? (int)(sizeof quick_models / sizeof quick_models[0])
                                        : (int)(sizeof full_models / sizeof full_models[0]);
