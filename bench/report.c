@@ -121,6 +121,13 @@ void bench_report_rounds(const struct bench_result *subject, const struct bench_
     report_line(subject, baseline, speedup->median, speedup->reps > 1 ? speedup : NULL, note);
 }
 
+void bench_format_scaling(char *text, size_t size, int threads, const struct bench_stats *scaling)
+{
+    const int length = snprintf(text, size, "%dt/1t %.2fx", threads, scaling->median);
+    if (scaling->reps > 1 && length > 0 && (size_t)length < size)
+        snprintf(text + length, size - (size_t)length, " [%.2f-%.2f]", scaling->min, scaling->max);
+}
+
 void bench_record_value(const char *stage, const char *case_name, const char *impl, long long tokens,
                         int threads, double value, const char *unit)
 {

@@ -47,6 +47,10 @@ void bench_report_pair(const struct bench_result *subject, const struct bench_re
 void bench_report_rounds(const struct bench_result *subject, const struct bench_result *baseline,
                          const struct bench_stats *speedup, const char *note);
 
+/* "2t/1t 1.93x [1.85-2.01]" into text (the range when there was more than one
+ * round): a row's scaling, its 1-thread time / its `threads`-thread time. */
+void bench_format_scaling(char *text, size_t size, int threads, const struct bench_stats *scaling);
+
 /* Records a scalar for the CSV: a JIT time in ms, a memory size in MiB. */
 void bench_record_value(const char *stage, const char *case_name, const char *impl, long long tokens,
                         int threads, double value, const char *unit);

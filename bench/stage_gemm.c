@@ -33,7 +33,9 @@ static const int64_t quick_tokens[] = {1, 24};
  * the weights that add up to more than the caches hold. */
 #define DECODE_ROTATION_BYTES ((double)(1 << 30))
 #define MAX_COPIES 32
-_Static_assert(BENCH_MAX_THREAD_COUNTS * 3 <= BENCH_MAX_SIDES, "sneppx, OpenBLAS and untuned per thread count");
+/* The sides timed per thread count, in this order (untuned: only on a host with a tuning record). */
+enum { SIDE_SNEPPX, SIDE_OPENBLAS, SIDE_UNTUNED, SIDES_PER_COUNT };
+_Static_assert(BENCH_MAX_THREAD_COUNTS * SIDES_PER_COUNT <= BENCH_MAX_SIDES, "every thread count's sides in one set of rounds");
 
 /* Copies of one weight matrix, in both layouts; copy i is used by run i % count. */
 struct weight_copies {
@@ -66,11 +68,8 @@ static int run_openblas(void *opaque)
 {
     struct gemm_run *run = opaque;
     /* Sides of several thread counts take turns: each run sets its own (a no-op when unchanged). */
-    static int openblas_threads;
-    if (openblas_threads != run->threads) {
+    if (openblas_get_num_threads() != run->threads)
         openblas_set_num_threads(run->threads);
-        openblas_threads = run->threads;
-    }
     const float *weights = run->copies->weights[run->uses++ % run->copies->count];
     const int k = (int)run->k, n = (int)run->n;
     if (run->tokens == 1)
@@ -143,11 +142,12 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
     memset(&rotation, 0, sizeof rotation);
     const double weight_bytes = 4.0 * (double)(shape->n * shape->k);
     float *src = bench_alloc_floats((size_t)(max_tokens * shape->k));
-    /* Each side's output: [thread count][sneppx, OpenBLAS, untuned]. */
-    float *outputs[BENCH_MAX_THREAD_COUNTS][3] = {{NULL}};
+    /* Each side's output: [thread count][side]. */
+    const int per_count = untuned ? SIDES_PER_COUNT : SIDE_UNTUNED;
+    float *outputs[BENCH_MAX_THREAD_COUNTS][SIDES_PER_COUNT] = {{NULL}};
     int outputs_made = 1;
     for (int t = 0; t < ctx->thread_count_n; t++)
-        for (int i = 0; i < (untuned ? 3 : 2); i++)
+        for (int i = 0; i < per_count; i++)
             outputs_made &= (outputs[t][i] = bench_alloc_floats((size_t)(max_tokens * shape->n))) != NULL;
     int copies = ctx->quick ? 2 : (int)(DECODE_ROTATION_BYTES / weight_bytes) + 1;
     copies = copies < MAX_COPIES ? copies : MAX_COPIES;
@@ -165,7 +165,6 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
     /* At each T, every thread count's sneppx, OpenBLAS and (a tuned host) untuned kernel
      * run side by side in rounds, so that the speedups and the all-core scaling are
      * ratios within rounds; a multithreaded side's threads go idle before the next runs. */
-    const int per_count = untuned ? 3 : 2;
     for (int ti = 0; ti < tokens_count; ti++) {
         const int64_t tokens = tokens_list[ti];
         struct gemm_run runs[BENCH_MAX_SIDES];
@@ -175,20 +174,24 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
             void (*settle)(void) = threads > 1 ? bench_settle : NULL;
             for (int i = 0; i < per_count; i++) {
                 struct gemm_run *run = &runs[t * per_count + i];
-                *run = (struct gemm_run){.kernel = i == 2 ? untuned : kernel, .target = ctx->target, .k = shape->k,
+                *run = (struct gemm_run){.kernel = i == SIDE_UNTUNED ? untuned : kernel, .target = ctx->target, .k = shape->k,
                                          .n = shape->n, .tokens = tokens,
                                          .copies = tokens == 1 ? &rotation : &single, .src = src,
                                          .dst = outputs[t][i], .threads = threads};
-                sides[t * per_count + i] = (struct bench_side){i == 1 ? run_openblas : run_sneppx, run, settle};
+                sides[t * per_count + i] =
+                    (struct bench_side){i == SIDE_OPENBLAS ? run_openblas : run_sneppx, run, settle};
             }
         }
         struct bench_stats seconds[BENCH_MAX_SIDES];
         struct bench_rounds rounds;
-        bench_measure_sides(sides, ctx->thread_count_n * per_count, &plan, seconds, &rounds);
+        if (bench_measure_sides(sides, ctx->thread_count_n * per_count, &plan, seconds, &rounds) != 0) {
+            ctx->failures++;
+            break;
+        }
         for (int t = 0; t < ctx->thread_count_n; t++) {
             const int threads = ctx->thread_counts[t], first_side = t * per_count;
             struct bench_result ours = {.stage = "gemm", .impl = "sneppx", .tokens = tokens, .threads = threads,
-                                        .seconds = seconds[first_side]};
+                                        .seconds = seconds[first_side + SIDE_SNEPPX]};
             snprintf(ours.case_name, sizeof ours.case_name, "%s %lldx%lld", shape->name, (long long)shape->k,
                      (long long)shape->n);
             if (tokens == 1) { /* decode: bound by streaming the weights once */
@@ -202,31 +205,33 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
             }
             struct bench_stats scaling = {0};
             if (t > 0) /* against the first thread count's sneppx (1 thread) */
-                bench_round_ratio(&rounds, 0, first_side, &scaling);
+                bench_round_ratio(&rounds, SIDE_SNEPPX, first_side + SIDE_SNEPPX, &scaling);
             ours.scaling = scaling.median;
             struct bench_result theirs = ours;
             snprintf(theirs.impl, sizeof theirs.impl, tokens == 1 ? "sgemv" : "sgemm");
-            theirs.seconds = seconds[first_side + 1];
+            theirs.seconds = seconds[first_side + SIDE_OPENBLAS];
             theirs.scaling = 0;
 
-            const double error = bench_relative_error(outputs[t][0], outputs[t][1], tokens * shape->n);
+            const double error = bench_relative_error(outputs[t][SIDE_SNEPPX], outputs[t][SIDE_OPENBLAS], tokens * shape->n);
             char note[160];
-            int length = snprintf(note, sizeof note, "err %.1e%s", error, error > 1e-4 ? " MISMATCH" : "");
+            const int length = snprintf(note, sizeof note, "err %.1e%s", error, error > 1e-4 ? " MISMATCH" : "");
             if (error > 1e-4)
                 ctx->failures++;
-            if (t > 0)
-                snprintf(note + length, sizeof note - (size_t)length, "  %dt/1t %.2fx [%.2f-%.2f]", threads,
-                         scaling.median, scaling.min, scaling.max);
+            if (t > 0) {
+                char scaling_text[48];
+                bench_format_scaling(scaling_text, sizeof scaling_text, threads, &scaling);
+                snprintf(note + length, sizeof note - (size_t)length, "  %s", scaling_text);
+            }
             struct bench_stats speedup;
-            bench_round_ratio(&rounds, first_side + 1, first_side, &speedup);
+            bench_round_ratio(&rounds, first_side + SIDE_OPENBLAS, first_side + SIDE_SNEPPX, &speedup);
             bench_report_rounds(&ours, &theirs, &speedup, note);
             if (untuned) {
                 struct bench_result before = ours;
                 snprintf(before.impl, sizeof before.impl, "untuned");
-                before.seconds = seconds[first_side + 2];
+                before.seconds = seconds[first_side + SIDE_UNTUNED];
                 before.scaling = 0;
-                bench_round_ratio(&rounds, first_side + 2, first_side, &speedup);
-                const double untuned_error = bench_relative_error(outputs[t][2], outputs[t][1], tokens * shape->n);
+                bench_round_ratio(&rounds, first_side + SIDE_UNTUNED, first_side + SIDE_SNEPPX, &speedup);
+                const double untuned_error = bench_relative_error(outputs[t][SIDE_UNTUNED], outputs[t][SIDE_OPENBLAS], tokens * shape->n);
                 snprintf(note, sizeof note, "tuned kc%lld-mc%lld vs the target's kc%lld-mc%lld, err %.1e%s",
                          (long long)values[4], (long long)values[5], (long long)untuned_values[4],
                          (long long)untuned_values[5], untuned_error, untuned_error > 1e-4 ? " MISMATCH" : "");
@@ -243,7 +248,7 @@ done:
     }
     free(src);
     for (int t = 0; t < BENCH_MAX_THREAD_COUNTS; t++)
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < SIDES_PER_COUNT; i++)
             free(outputs[t][i]);
 }
 
@@ -251,8 +256,9 @@ void bench_stage_gemm(struct bench_context *ctx)
 {
     bench_report_section("projections: sneppx GEMM vs OpenBLAS (T = 1: sgemv, rated in GB/s of weights streamed, "
                          "% of read bandwidth)",
-                         "case KxN, T rows; both, on every thread count, alternate in rounds; speedup = OpenBLAS time "
-                         "/ sneppx time in a round, median [min-max] over the rounds (so is Nt/1t, sneppx's scaling); % = of FMA peak at that thread count; err = max |sneppx - OpenBLAS| / max |OpenBLAS|");
+                         "case KxN, T rows; sneppx and OpenBLAS on every thread count alternate in rounds; "
+                         "speedup = OpenBLAS time / sneppx time in a round, median [min-max] over the rounds; "
+                         "Nt/1t: sneppx's 1-thread time / N-thread time, the same way; % = of FMA peak at that thread count; err = max |sneppx - OpenBLAS| / max |OpenBLAS|");
     const struct gemm_case *cases = ctx->quick ? quick_cases : full_cases;
     const int64_t *tokens = ctx->quick ? quick_tokens : full_tokens;
     const int tokens_count = ctx->quick ? (int)(sizeof quick_tokens / sizeof quick_tokens[0])

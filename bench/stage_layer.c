@@ -186,8 +186,7 @@ static void bench_model(struct bench_context *ctx, const char *model, const int6
                 if (ti == 0 && t == 0)
                     snprintf(note, sizeof note, "(layer created in %.2f s)", create_seconds);
                 else if (t > 0)
-                    snprintf(note, sizeof note, "%dt/1t %.2fx [%.2f-%.2f]", threads, scaling.median, scaling.min,
-                             scaling.max);
+                    bench_format_scaling(note, sizeof note, threads, &scaling);
                 bench_report_pair(&ours, theirs.seconds.reps > 0 ? &theirs : NULL, note);
             }
         }

@@ -4,8 +4,8 @@
  * Decode (batch 1, one context): each type's step against the float32 step
  * (the speedup its narrower bytes buy) and against its own roofline (packed
  * weight bytes + the cache bytes its query reads, over the read bandwidth
- * probed beside the case), then against llama.cpp with the nearest GGUF types
- * (f16, bf16, q8_0 weights and KV) and HF transformers in bfloat16. Prefill
+ * probed before and after the types' rounds), then against llama.cpp with the
+ * nearest GGUF types (f16, bf16, q8_0 weights and KV) and HF transformers in bfloat16. Prefill
  * (one forward of T tokens): each weight type against the float32 layer,
  * where widening the panels must hide behind the FMAs. Each row also says what
  * the type costs in accuracy: max |output - float32's| / max |float32's|, on
@@ -357,7 +357,7 @@ void bench_stage_precision(struct bench_context *ctx)
     const int64_t context = ctx->quick ? 64 : 4096, prefill_tokens = ctx->quick ? 64 : 2048;
     const int threads = ctx->thread_counts[ctx->thread_count_n - 1];
     bench_report_section("precision: " MODEL " layer by weight and KV-cache type, every core",
-                         "decode b1: ms per step, GB/s and % of the read bandwidth (probed beside each case) on "
+                         "decode b1: ms per step, GB/s and % of the read bandwidth (probed before and after) on "
                          "the bytes the step reads in its own types; speedup = the float32 step's time (or the "
                          "baseline's) / this type's. prefill: GFLOP/s, % of FMA peak; speedup = float32 "
                          "weights' time / this type's. sneppx's types alternate in rounds: their speedup is "

@@ -2,14 +2,14 @@
 #include "timing.h"
 
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 #define BENCH_MAX_REPS 64
-/* A side whose runs are shorter than this runs untimed for at least this long
- * before its turn in a round: after another side's turn (and a settle) its
- * caches are cold and its threads asleep, which one millisecond run does not undo. */
-#define QUICK_RUN_SECONDS 0.05
+/* A side whose warm-up run took less than this runs untimed for at least this
+ * long before each of its turns in a round: after another side's turn (and a
+ * settle) its caches are cold and its threads asleep, which one millisecond run
+ * does not undo; a longer run hardly notices. */
+#define WARM_TURN_SECONDS 0.05
 #define SETTLE_NANOSECONDS 250000000L /* > OpenBLAS's 2^28-cycle spin at ~2 GHz */
 
 static double monotonic_now(void)
@@ -89,15 +89,19 @@ int bench_measure_sides(const struct bench_side *sides, int count, const struct 
 {
     double times[BENCH_MAX_SIDES][BENCH_MAX_REPS], warm_seconds[BENCH_MAX_SIDES];
     int reps[BENCH_MAX_SIDES], done[BENCH_MAX_SIDES] = {0};
-    count = count < BENCH_MAX_SIDES ? count : BENCH_MAX_SIDES;
-    int round_count = BENCH_MAX_ROUNDS;
+    if (count < 0 || count > BENCH_MAX_SIDES)
+        return -1;
+    /* The warm-up sizes the repeats: at least one, whatever the plan says. */
+    struct bench_plan warmed = *plan;
+    warmed.warmup = plan->warmup > 0 ? plan->warmup : 1;
+    int round_count = count > 0 ? BENCH_MAX_ROUNDS : 0;
     for (int s = 0; s < count; s++) {
-        const int failed = warm_up(sides[s].body, sides[s].state, plan, &warm_seconds[s]);
+        const int failed = warm_up(sides[s].body, sides[s].state, &warmed, &warm_seconds[s]);
         if (sides[s].after)
             sides[s].after();
         if (failed)
             return failed;
-        reps[s] = planned_reps(plan, warm_seconds[s]);
+        reps[s] = planned_reps(&warmed, warm_seconds[s]);
         round_count = reps[s] < round_count ? reps[s] : round_count;
     }
     if (rounds) {
@@ -105,18 +109,22 @@ int bench_measure_sides(const struct bench_side *sides, int count, const struct 
         rounds->rounds = round_count;
     }
     for (int round = 0; round < round_count; round++)
-        for (int s = 0; s < count; s++) {
+        /* Each round starts one side further on, so that no side always follows the same
+         * one (or always a settle): with two sides, A B, B A, A B, ... */
+        for (int turn = 0; turn < count; turn++) {
+            const int s = (round + turn) % count;
             const struct bench_side *side = &sides[s];
-            if (plan->warmup > 0 && warm_seconds[s] < QUICK_RUN_SECONDS) {
-                const double until = bench_now() + QUICK_RUN_SECONDS;
+            if (warm_seconds[s] < WARM_TURN_SECONDS) {
+                const double until = bench_now() + WARM_TURN_SECONDS;
                 do {
                     const int failed = side->body(side->state);
                     if (failed)
                         return failed;
                 } while (bench_now() < until);
             }
-            const int first = done[s];
-            for (int i = 0; i < reps[s] / round_count; i++) {
+            /* reps[s] spread over the rounds, the first reps[s] % round_count taking one more. */
+            const int first = done[s], in_round = reps[s] / round_count + (round < reps[s] % round_count);
+            for (int i = 0; i < in_round; i++) {
                 const double start = bench_now();
                 const int failed = side->body(side->state);
                 if (failed)
@@ -126,11 +134,9 @@ int bench_measure_sides(const struct bench_side *sides, int count, const struct 
             if (side->after)
                 side->after();
             if (rounds) {
-                struct bench_stats in_round;
-                double round_times[BENCH_MAX_REPS];
-                memcpy(round_times, &times[s][first], sizeof(double) * (size_t)(done[s] - first));
-                bench_stats_of(round_times, done[s] - first, &in_round);
-                rounds->median[round][s] = in_round.median;
+                struct bench_stats this_round; /* sorts the round's slice in place: the final stats do not mind */
+                bench_stats_of(&times[s][first], in_round, &this_round);
+                rounds->median[round][s] = this_round.median;
             }
         }
     for (int s = 0; s < count; s++)
@@ -142,9 +148,10 @@ void bench_round_ratio(const struct bench_rounds *rounds, int numerator, int den
 {
     double ratios[BENCH_MAX_ROUNDS];
     int count = 0;
-    for (int round = 0; round < rounds->rounds; round++)
-        if (rounds->median[round][denominator] > 0)
-            ratios[count++] = rounds->median[round][numerator] / rounds->median[round][denominator];
+    if (numerator >= 0 && numerator < rounds->sides && denominator >= 0 && denominator < rounds->sides)
+        for (int round = 0; round < rounds->rounds; round++)
+            if (rounds->median[round][denominator] > 0)
+                ratios[count++] = rounds->median[round][numerator] / rounds->median[round][denominator];
     if (count == 0) {
         *ratio = (struct bench_stats){0};
         return;

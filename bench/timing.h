@@ -52,22 +52,24 @@ struct bench_rounds {
     double median[BENCH_MAX_ROUNDS][BENCH_MAX_SIDES];
 };
 
-/* Times `count` bodies side by side: after each side's warm-up (which sizes
- * its repeats as bench_measure does), rounds in which every side in turn runs
- * its share of the repeats, first once untimed when a run is short (the other
- * sides had the caches and cores). This host has slow phases of seconds to
- * minutes: one lands on every side of a round, so a ratio of two sides within
- * a round holds where a ratio of two sides timed one after the other would
- * not. The repeats are spread over min(fewest side's repeats,
- * BENCH_MAX_ROUNDS) rounds. stats[s]: side s over all its timed runs;
+/* Times `count` (at most BENCH_MAX_SIDES) bodies side by side: after each
+ * side's warm-up (at least one run, which sizes its repeats as bench_measure
+ * does), rounds in which every side in turn runs its share of the repeats, each
+ * round starting one side further on; a side whose runs are short first runs
+ * untimed for 50 ms (the other sides had the caches and cores). This host has
+ * slow phases of seconds to minutes: one lands on every side of a round, so a
+ * ratio of two sides within a round holds where a ratio of two sides timed one
+ * after the other would not. The repeats are spread over min(fewest side's
+ * repeats, BENCH_MAX_ROUNDS) rounds. stats[s]: side s over all its timed runs;
  * rounds (may be NULL): the per-round medians. Returns the first nonzero
- * result of a body. */
+ * result of a body, or -1 for a count out of range. */
 int bench_measure_sides(const struct bench_side *sides, int count, const struct bench_plan *plan,
                         struct bench_stats *stats, struct bench_rounds *rounds);
 
 /* Median [min-max] over the rounds of side `numerator`'s time / side
  * `denominator`'s in the same round: how many times faster the denominator
- * side ran (its speedup) when numerator is the baseline. */
+ * side ran (its speedup) when numerator is the baseline. All zero (reps 0) when
+ * a side is not among the rounds'. */
 void bench_round_ratio(const struct bench_rounds *rounds, int numerator, int denominator, struct bench_stats *ratio);
 
 /* Fills stats from count >= 1 values measured elsewhere (sorts them in place). */

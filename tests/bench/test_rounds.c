@@ -1,7 +1,8 @@
 /* The bench's side-by-side timing (bench/timing.c) on a fake clock: bodies whose
- * runs take known times, and a slow phase that lands on one round. Checks that
- * the sides alternate in rounds, that each gets the repeats its plan asks for,
- * and that the median of the ratios within rounds holds through a slow phase. */
+ * runs take known times, and a slow phase. Checks that the sides take turns in
+ * rounds (each round starting one side further on), that each gets the repeats
+ * its plan asks for, and that the median of the ratios within rounds holds
+ * through a slow phase. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,9 +35,9 @@ static int run_fake(void *state)
 
 static int turns; /* side 0's turns ended, its warm-up's included */
 
-/* A slow phase that straddles rounds: the host is 5x slower from the end of side 0's
- * turn in round 2 to the end of its turn in round 3, so side 1's turn of round 2
- * and side 0's of round 3 are slow. */
+/* A slow phase: the host is 5x slower from the end of side 0's turn in round 2
+ * (it goes first in even rounds) to the end of its turn in round 3 (second):
+ * side 1's turn of round 2 is slow alone, round 3 slow on both sides. */
 static void after_side0(void)
 {
     turns++;
@@ -60,31 +61,34 @@ static void test_rounds_hold_the_ratio_through_a_slow_phase(void)
     const struct bench_plan plan = {.warmup = 1, .min_reps = 4, .max_reps = 16, .budget_seconds = 0.2};
     struct bench_stats stats[2];
     struct bench_rounds rounds;
+    calls = 0;
     check(bench_measure_sides(sides, 2, &plan, stats, &rounds) == 0, "measure_sides returns 0");
     /* Side 0: 0.2 s / 10 ms = 20 repeats, capped at 16; side 1: 0.2 / 20 ms = 10.
-     * Rounds: min(16, 10, BENCH_MAX_ROUNDS) = 8; per round 16/8 = 2 and 10/8 = 1. */
+     * Rounds: min(16, 10, BENCH_MAX_ROUNDS) = 8; per round 2, and 1 or 2 (all 10 used). */
     check(rounds.rounds == 8 && rounds.sides == 2, "8 rounds of 2 sides");
-    check(stats[0].reps == 16 && stats[1].reps == 8, "16 and 8 timed runs");
+    check(stats[0].reps == 16 && stats[1].reps == 10, "every planned repeat: 16 and 10 timed runs");
     /* After the warm-ups (calls 0 and 1), each turn is one block of calls of one side
-     * (untimed runs for 50 ms, then the timed ones): 16 turns, so 15 changes of side. */
+     * (untimed runs for 50 ms, then the timed ones), in the order A B, B A, A B, ...:
+     * 16 turns, 15 boundaries, of which the 7 between rounds keep the side. */
     int changes = 0;
     for (int i = 3; i < calls && i < MAX_LOG; i++)
         changes += call_log[i] != call_log[i - 1];
     check(call_log[0] == 0 && call_log[1] == 1 && call_log[2] == 0, "warm-ups, then side 0 first");
-    check(changes == 15, "sides alternate: one block per turn");
+    check(changes == 8, "turns alternate, each round starting one side further on");
     struct bench_stats ratio;
     bench_round_ratio(&rounds, 1, 0, &ratio);
     check(ratio.reps == 8, "one ratio per round");
     check(fabs(ratio.median - 2.0) < 1e-9, "the median ratio within rounds is 2");
-    /* Round 2: side 1 slow, 100 ms against 10 ms; round 3: side 0 slow, 20 against 50 ms. */
-    check(fabs(ratio.max - 10.0) < 1e-9 && fabs(ratio.min - 0.4) < 1e-9,
-          "the slow phase shows in the range (0.4 and 10), not in the median");
+    /* Round 2: side 1 slow alone, 100 ms against 10 ms; round 3: both slow, ratio 2. */
+    check(fabs(ratio.max - 10.0) < 1e-9 && fabs(ratio.min - 2.0) < 1e-9,
+          "the slow turn shows in the range (10), not in the median");
     fprintf(stderr, "ratio %.3f [%.3f-%.3f]; overall medians %.4f / %.4f\n", ratio.median, ratio.min, ratio.max,
             stats[1].median, stats[0].median);
 }
 
 static void test_round_ratio_is_a_median_over_rounds(void)
 {
+    calls = 0;
     struct bench_rounds rounds = {.sides = 2, .rounds = 3};
     const double times[3][2] = {{1.0, 1.0}, {1.0, 3.0}, {2.0, 4.0}};
     for (int r = 0; r < 3; r++)
@@ -97,6 +101,8 @@ static void test_round_ratio_is_a_median_over_rounds(void)
     rounds.median[1][0] = 0; /* a round without a time for the denominator is left out */
     bench_round_ratio(&rounds, 1, 0, &ratio);
     check(ratio.reps == 2 && ratio.median == 1.5, "a zero denominator's round is skipped");
+    bench_round_ratio(&rounds, 2, 0, &ratio);
+    check(ratio.reps == 0 && ratio.median == 0, "a side the rounds do not have gives no ratio");
 }
 
 static void test_one_round_for_a_single_repeat(void)
@@ -110,6 +116,8 @@ static void test_one_round_for_a_single_repeat(void)
     check(bench_measure_sides(sides, 2, &plan, stats, &rounds) == 0, "measure_sides returns 0 (one repeat)");
     check(rounds.rounds == 1 && stats[0].reps == 1 && stats[1].reps == 1, "one round, one run each");
     check(calls == 4, "a warm-up and a timed run per side; no untimed run for runs of 50 ms or more");
+    check(bench_measure_sides(sides, BENCH_MAX_SIDES + 1, &plan, stats, &rounds) == -1,
+          "more sides than BENCH_MAX_SIDES are refused");
 }
 
 int main(void)
