@@ -5,12 +5,12 @@
  * (the speedup its narrower bytes buy) and against its own roofline (packed
  * weight bytes + the cache bytes its query reads, over the read bandwidth
  * probed before and after the types' rounds), then against llama.cpp with the
- * nearest GGUF types (f16, bf16, q8_0 weights and KV) and HF transformers in bfloat16. Prefill
- * (one forward of T tokens): each weight type against the float32 layer,
- * where widening the panels must hide behind the FMAs. Each row also says what
- * the type costs in accuracy: max |output - float32's| / max |float32's|, on
- * the same synthetic weights and inputs (decode: the first step after the
- * prefill). */
+ * nearest GGUF types (f16, bf16, q8_0 weights and KV) and HF transformers in
+ * bfloat16. Prefill (one forward of T tokens): each weight type against the
+ * float32 layer, where widening the panels must hide behind the FMAs. Each row
+ * also says what the type costs in accuracy: max |output - float32's| / max
+ * |float32's|, on the same synthetic weights and inputs (decode: the first step
+ * after the prefill). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

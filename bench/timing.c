@@ -31,15 +31,25 @@ static int compare_doubles(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+static int plan_max_reps(const struct bench_plan *plan)
+{
+    return plan->max_reps < BENCH_MAX_REPS ? plan->max_reps : BENCH_MAX_REPS;
+}
+
+/* The plan's fewest timed runs: at least 1, at most plan_max_reps. */
+static int plan_min_reps(const struct bench_plan *plan)
+{
+    const int max_reps = plan_max_reps(plan);
+    const int min_reps = plan->min_reps < max_reps ? plan->min_reps : max_reps;
+    return min_reps > 1 ? min_reps : 1;
+}
+
 /* How many timed runs a body gets after a warm-up run took warm_seconds: the
  * warm-up predicts one repeat, so a slow body does not run max_reps times. */
 static int planned_reps(const struct bench_plan *plan, double warm_seconds)
 {
-    int max_reps = plan->max_reps < BENCH_MAX_REPS ? plan->max_reps : BENCH_MAX_REPS;
-    int min_reps = plan->min_reps < max_reps ? plan->min_reps : max_reps;
-    if (min_reps < 1)
-        min_reps = 1;
-    int reps = max_reps;
+    const int min_reps = plan_min_reps(plan);
+    int reps = plan_max_reps(plan);
     if (warm_seconds > 0 && (double)reps * warm_seconds > plan->budget_seconds)
         reps = (int)(plan->budget_seconds / warm_seconds);
     return reps < min_reps ? min_reps : reps;
@@ -66,9 +76,7 @@ int bench_measure(bench_body body, void *state, const struct bench_plan *plan, s
     int failed = warm_up(body, state, plan, &warm_seconds);
     if (failed)
         return failed;
-    const int reps = planned_reps(plan, warm_seconds);
-    int min_reps = plan->min_reps > 1 ? plan->min_reps : 1;
-    min_reps = min_reps < reps ? min_reps : reps;
+    const int reps = planned_reps(plan, warm_seconds), min_reps = plan_min_reps(plan);
     const double deadline = bench_now() + plan->budget_seconds;
     int done = 0;
     while (done < reps) {
