@@ -4,7 +4,8 @@
  * T = 2048 also the flash kernel's other masks against its causal kernel: a
  * window that cuts keys at every T, and an explicit mask plane (the causal
  * one, as HF builds it), whose every tile runs the scalar mask pass and,
- * hiding keys, checks its values for NaN / Inf. */
+ * hiding keys, checks its values for NaN / Inf. At each T every kernel on
+ * every thread count is timed in one set of rounds (bench_measure_sides). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,12 +84,28 @@ static struct bench_result attention_result(const struct bench_context *ctx, con
     return result;
 }
 
-/* Operands of the longest T, shared by every measurement (shorter T use their first rows). */
+/* What runs at one T and thread count: the causal flash kernel, SDPA beside it,
+ * and up to MASK_CASES_MAX_TOKENS the flash kernels of a window that cuts keys
+ * and of an explicit mask plane; at the longest T, on all cores, also the
+ * mistral window against none (LONG_WINDOW, one side more). */
+enum attention_side { SIDE_FLASH, SIDE_SDPA, SIDE_WINDOW, SIDE_EXPLICIT, SIDE_LONG_WINDOW, SIDES_PER_COUNT };
+_Static_assert(BENCH_MAX_THREAD_COUNTS * SIDES_PER_COUNT <= BENCH_MAX_SIDES,
+               "every thread count's sides at one T in one set of rounds");
+
+/* Operands of the longest T, shared by every measurement (shorter T use their first
+ * rows), and an output per thread count and side, so that each is checked. */
 struct attention_buffers {
-    float *q, *k, *v, *o_flash, *o_sdpa, *scratch;
+    float *q, *k, *v, *scratch;
     int64_t scratch_floats;
+    float *o[BENCH_MAX_THREAD_COUNTS][SIDES_PER_COUNT];
     float *mask;        /* [mask_tokens, mask_tokens]: 0 where causal attention sees a key, else finfo.min */
     int64_t mask_tokens;
+};
+
+/* The kernels the stage resolved, one per side. */
+struct attention_kernels {
+    const sneppx_kernel *side[SIDES_PER_COUNT];
+    int64_t window[SIDES_PER_COUNT]; /* the keys each kernel's window keeps, 0 = none */
 };
 
 static struct attention_run new_run(const sneppx_kernel *kernel, int threads, int64_t tokens,
@@ -102,105 +119,149 @@ static struct attention_run new_run(const sneppx_kernel *kernel, int threads, in
                                           .mask_stride = b->mask_tokens}};
 }
 
-/* Flash against SDPA at one T and thread count; returns flash's result. */
-static struct bench_result flash_vs_sdpa(struct bench_context *ctx, const sneppx_kernel *flash,
-                                         const sneppx_kernel *sdpa, int64_t tokens, int threads,
-                                         const struct attention_buffers *b)
+/* Whether side runs at tokens on threads. SDPA's work grows as T^2 with no
+ * skipping: past SDPA_LONG_TOKENS it runs on all cores only. */
+static int side_runs(const struct bench_context *ctx, enum attention_side side, int64_t tokens, int threads,
+                     int64_t longest, const struct attention_buffers *b)
 {
-    const int long_run = !ctx->quick && tokens >= SDPA_LONG_TOKENS;
     const int max_threads = ctx->thread_counts[ctx->thread_count_n - 1];
-    struct bench_result ours = attention_result(ctx, "flash", tokens, threads, 0);
-    struct bench_result theirs = attention_result(ctx, "sdpa", tokens, threads, 0);
-    const struct bench_plan flash_plan = bench_plan_for(ctx, 3, 9, long_run ? 12.0 : 4.0);
-    const struct bench_plan sdpa_plan = bench_plan_for(ctx, long_run ? 1 : 3, 9, 4.0);
-    struct attention_run run = new_run(flash, threads, tokens, b, b->o_flash);
-    bench_measure(run_attention, &run, &flash_plan, &ours.seconds);
-    if (long_run && threads != max_threads) {
-        bench_report_pair(&ours, NULL, "(SDPA at this T: all cores only)");
-        return ours;
+    switch (side) {
+    case SIDE_FLASH: return 1;
+    case SIDE_SDPA: return ctx->quick || tokens < SDPA_LONG_TOKENS || threads == max_threads;
+    case SIDE_WINDOW:
+    case SIDE_EXPLICIT: return tokens <= b->mask_tokens;
+    case SIDE_LONG_WINDOW: return tokens == longest && threads == max_threads;
+    default: return 0;
     }
-    run = new_run(sdpa, threads, tokens, b, b->o_sdpa);
-    bench_measure(run_attention, &run, &sdpa_plan, &theirs.seconds);
-    const double error = bench_relative_error(b->o_flash, b->o_sdpa, tokens * KV_HEADS * GROUP * HEAD_DIM);
-    char note[64];
-    snprintf(note, sizeof note, "err %.1e%s", error, error > 1e-4 ? " MISMATCH" : "");
-    if (error > 1e-4)
-        ctx->failures++;
-    bench_report_pair(&ours, &theirs, note);
-    return ours;
 }
 
-/* The flash kernels of a window that cuts keys and of an explicit mask plane,
- * against the causal kernel at the same T and threads (causal, already
- * measured). The explicit plane is the causal mask: the same keys kept, every
- * tile through the scalar mask pass (the causal kernel skips the tiles it
- * hides and masks only those on the diagonal), so its ratio is that pass and
- * the hidden half of the tiles. Outputs: window against no reference; explicit
- * against the causal output, which it must equal. */
-static void mask_cases(struct bench_context *ctx, const sneppx_kernel *flash_window,
-                       const sneppx_kernel *flash_explicit, int64_t window, struct bench_result causal,
-                       const struct attention_buffers *b)
+/* A side's row: the flops its mask keeps, at its threads. */
+static struct bench_result side_result(const struct bench_context *ctx, const struct attention_kernels *kernels,
+                                       enum attention_side side, int64_t tokens, int threads)
 {
-    const int64_t tokens = causal.tokens;
-    const struct bench_plan plan = bench_plan_for(ctx, 3, 9, 4.0);
-    snprintf(causal.impl, sizeof causal.impl, "causal");
-
-    struct bench_result windowed = attention_result(ctx, "flash", tokens, causal.threads, window);
-    struct attention_run run = new_run(flash_window, causal.threads, tokens, b, b->o_sdpa);
-    bench_measure(run_attention, &run, &plan, &windowed.seconds);
-    char note[96];
-    snprintf(note, sizeof note, "window %lld: %.0f%% of the pairs", (long long)window,
-             100 * windowed.work / causal.work);
-    bench_report_pair(&windowed, &causal, note);
-
-    struct bench_result explicit_mask = attention_result(ctx, "flash", tokens, causal.threads, 0);
-    snprintf(explicit_mask.case_name, sizeof explicit_mask.case_name, "explicit d%d g%d", HEAD_DIM, GROUP);
-    run = new_run(flash_explicit, causal.threads, tokens, b, b->o_sdpa);
-    bench_measure(run_attention, &run, &plan, &explicit_mask.seconds);
-    const double error = bench_relative_error(b->o_sdpa, b->o_flash, tokens * KV_HEADS * GROUP * HEAD_DIM);
-    snprintf(note, sizeof note, "causal plane; err vs causal %.1e%s", error, error > 1e-5 ? " MISMATCH" : "");
-    if (error > 1e-5)
-        ctx->failures++;
-    bench_report_pair(&explicit_mask, &causal, note);
+    struct bench_result r = attention_result(ctx, side == SIDE_SDPA ? "sdpa" : "flash", tokens, threads,
+                                             kernels->window[side]);
+    if (side == SIDE_EXPLICIT)
+        snprintf(r.case_name, sizeof r.case_name, "explicit d%d g%d", HEAD_DIM, GROUP);
+    return r;
 }
 
-/* The same flash kernel with a window folded in, against no window (no_window, already measured). */
-static void window_vs_none(struct bench_context *ctx, const sneppx_kernel *flash_window, int64_t window,
-                           struct bench_result no_window, const struct attention_buffers *b)
+/* One T: every thread count's sides timed side by side in rounds, so that each
+ * speedup (SDPA / flash, causal / another mask) and each scaling (1 thread / all
+ * cores) is a median of ratios within rounds. slot[t][side]: the side's index
+ * among the rounds' (-1: it does not run). */
+static void measure_tokens(struct bench_context *ctx, const struct attention_kernels *kernels, int64_t tokens,
+                           int64_t longest, const struct attention_buffers *b)
 {
-    struct attention_run run = new_run(flash_window, no_window.threads, no_window.tokens, b, b->o_flash);
-    struct bench_result windowed = attention_result(ctx, "flash", no_window.tokens, no_window.threads, window);
-    const struct bench_plan plan = bench_plan_for(ctx, 3, 9, 12.0);
-    bench_measure(run_attention, &run, &plan, &windowed.seconds);
-    char note[96];
-    snprintf(note, sizeof note, "window %lld vs none: %.0f%% of the pairs, speedup = no-window time / window time",
-             (long long)window, 100 * windowed.work / no_window.work);
-    snprintf(no_window.impl, sizeof no_window.impl, "no-win");
-    bench_report_pair(&windowed, &no_window, note);
+    struct attention_run runs[BENCH_MAX_SIDES];
+    struct bench_side sides[BENCH_MAX_SIDES];
+    int slot[BENCH_MAX_THREAD_COUNTS][SIDES_PER_COUNT], count = 0;
+    for (int t = 0; t < ctx->thread_count_n; t++)
+        for (int side = 0; side < SIDES_PER_COUNT; side++) {
+            const int threads = ctx->thread_counts[t];
+            slot[t][side] = -1;
+            if (!side_runs(ctx, side, tokens, threads, longest, b))
+                continue;
+            runs[count] = new_run(kernels->side[side], threads, tokens, b, b->o[t][side]);
+            sides[count] = (struct bench_side){run_attention, &runs[count], NULL};
+            slot[t][side] = count++;
+        }
+    const int long_run = !ctx->quick && tokens >= SDPA_LONG_TOKENS;
+    /* A long SDPA run takes seconds: once is enough for it, while flash repeats within the budget. */
+    const struct bench_plan plan = bench_plan_for(ctx, long_run ? 1 : 3, 9, long_run ? 12.0 : 4.0);
+    struct bench_stats seconds[BENCH_MAX_SIDES];
+    struct bench_rounds rounds;
+    if (bench_measure_sides(sides, count, &plan, seconds, &rounds) != 0) {
+        ctx->failures++;
+        return;
+    }
+    const int64_t floats = tokens * KV_HEADS * GROUP * HEAD_DIM;
+    for (int t = 0; t < ctx->thread_count_n; t++) {
+        const int threads = ctx->thread_counts[t];
+        struct bench_result row[SIDES_PER_COUNT];
+        struct bench_stats scaling[SIDES_PER_COUNT] = {{0}};
+        for (int side = 0; side < SIDES_PER_COUNT; side++) {
+            if (slot[t][side] < 0)
+                continue;
+            row[side] = side_result(ctx, kernels, side, tokens, threads);
+            row[side].seconds = seconds[slot[t][side]];
+            if (t > 0 && side != SIDE_SDPA) /* against the same kernel on 1 thread (absent: 0) */
+                bench_round_ratio(&rounds, slot[0][side], slot[t][side], &scaling[side]);
+            row[side].scaling = scaling[side].median;
+        }
+        char note[160], scaling_text[48] = "";
+        struct bench_stats speedup;
+        if (t > 0) {
+            char text[44];
+            bench_format_scaling(text, sizeof text, threads, &scaling[SIDE_FLASH]);
+            snprintf(scaling_text, sizeof scaling_text, "  %s", text);
+        }
+        if (slot[t][SIDE_SDPA] >= 0) {
+            const double error = bench_relative_error(b->o[t][SIDE_FLASH], b->o[t][SIDE_SDPA], floats);
+            snprintf(note, sizeof note, "err %.1e%s%s", error, error > 1e-4 ? " MISMATCH" : "", scaling_text);
+            if (error > 1e-4)
+                ctx->failures++;
+            bench_round_ratio(&rounds, slot[t][SIDE_SDPA], slot[t][SIDE_FLASH], &speedup);
+            bench_report_rounds(&row[SIDE_FLASH], &row[SIDE_SDPA], &speedup, note);
+        } else {
+            snprintf(note, sizeof note, "(SDPA at this T: all cores only)%s", scaling_text);
+            speedup = (struct bench_stats){0};
+            bench_report_rounds(&row[SIDE_FLASH], NULL, &speedup, note);
+        }
+        struct bench_result causal = row[SIDE_FLASH];
+        snprintf(causal.impl, sizeof causal.impl, "causal");
+        causal.scaling = 0;
+        /* The explicit plane is the causal mask: the same keys kept, every tile through
+         * the scalar mask pass (the causal kernel skips the tiles it hides and masks
+         * only those on the diagonal), so its ratio is that pass and the hidden half
+         * of the tiles; its output must equal the causal one. */
+        if (slot[t][SIDE_WINDOW] >= 0) {
+            snprintf(note, sizeof note, "window %lld: %.0f%% of the pairs", (long long)kernels->window[SIDE_WINDOW],
+                     100 * row[SIDE_WINDOW].work / causal.work);
+            bench_round_ratio(&rounds, slot[t][SIDE_FLASH], slot[t][SIDE_WINDOW], &speedup);
+            bench_report_rounds(&row[SIDE_WINDOW], &causal, &speedup, note);
+        }
+        if (slot[t][SIDE_EXPLICIT] >= 0) {
+            const double error = bench_relative_error(b->o[t][SIDE_EXPLICIT], b->o[t][SIDE_FLASH], floats);
+            snprintf(note, sizeof note, "causal plane; err vs causal %.1e%s", error, error > 1e-5 ? " MISMATCH" : "");
+            if (error > 1e-5)
+                ctx->failures++;
+            bench_round_ratio(&rounds, slot[t][SIDE_FLASH], slot[t][SIDE_EXPLICIT], &speedup);
+            bench_report_rounds(&row[SIDE_EXPLICIT], &causal, &speedup, note);
+        }
+        if (slot[t][SIDE_LONG_WINDOW] >= 0) {
+            snprintf(note, sizeof note, "window %lld vs none: %.0f%% of the pairs, speedup = no-window time / window time",
+                     (long long)kernels->window[SIDE_LONG_WINDOW], 100 * row[SIDE_LONG_WINDOW].work / causal.work);
+            snprintf(causal.impl, sizeof causal.impl, "no-win");
+            bench_round_ratio(&rounds, slot[t][SIDE_FLASH], slot[t][SIDE_LONG_WINDOW], &speedup);
+            bench_report_rounds(&row[SIDE_LONG_WINDOW], &causal, &speedup, note);
+        }
+    }
 }
 
 void bench_stage_attention(struct bench_context *ctx)
 {
     bench_report_section("attention: flash vs SDPA, causal, head_dim 128, group 4 (32 query / 8 K/V heads)",
-                         "speedup = SDPA time / flash time; % = of FMA peak on the flops the mask keeps; "
-                         "err = max |flash - SDPA| / max |SDPA|");
+                         "at each T every kernel and thread count timed side by side in rounds; speedup = SDPA "
+                         "time / flash time, median of per-round ratios [min-max]; % = of FMA peak on the flops "
+                         "the mask keeps; err = max |flash - SDPA| / max |SDPA|");
     const int64_t *tokens_list = ctx->quick ? quick_tokens : full_tokens;
     const int tokens_count = ctx->quick ? (int)(sizeof quick_tokens / sizeof quick_tokens[0])
                                         : (int)(sizeof full_tokens / sizeof full_tokens[0]);
     const int64_t max_tokens = tokens_list[tokens_count - 1];
     const int max_threads = ctx->thread_counts[ctx->thread_count_n - 1];
-    /* --quick: a window shorter than its longest T, so that the window still cuts keys. */
-    const int64_t window = ctx->quick ? 64 : MISTRAL_WINDOW;
-    const int64_t mask_window = ctx->quick ? 32 : MASK_CASES_WINDOW;
-    const sneppx_kernel *flash, *sdpa, *flash_window, *flash_mask_window, *flash_explicit;
-    if (resolve(ctx, "attn_flash", 0, &flash) || resolve(ctx, "attn_sdpa", 0, &sdpa) ||
-        resolve(ctx, "attn_flash", window, &flash_window) ||
-        resolve(ctx, "attn_flash", mask_window, &flash_mask_window) ||
-        resolve_mode(ctx, "attn_flash", 0, SNEPPX_MASK_EXPLICIT, &flash_explicit))
+    /* --quick: windows shorter than its longest T, so that they still cut keys. */
+    struct attention_kernels kernels = {.window = {[SIDE_WINDOW] = ctx->quick ? 32 : MASK_CASES_WINDOW,
+                                                   [SIDE_LONG_WINDOW] = ctx->quick ? 64 : MISTRAL_WINDOW}};
+    if (resolve(ctx, "attn_flash", 0, &kernels.side[SIDE_FLASH]) ||
+        resolve(ctx, "attn_sdpa", 0, &kernels.side[SIDE_SDPA]) ||
+        resolve(ctx, "attn_flash", kernels.window[SIDE_WINDOW], &kernels.side[SIDE_WINDOW]) ||
+        resolve_mode(ctx, "attn_flash", 0, SNEPPX_MASK_EXPLICIT, &kernels.side[SIDE_EXPLICIT]) ||
+        resolve(ctx, "attn_flash", kernels.window[SIDE_LONG_WINDOW], &kernels.side[SIDE_LONG_WINDOW]))
         return;
 
     const int64_t q_width = KV_HEADS * GROUP * HEAD_DIM, kv_width = KV_HEADS * HEAD_DIM;
-    struct attention_buffers b;
+    struct attention_buffers b = {0};
     b.scratch_floats = sneppx_attn_flash_scratch_floats(GROUP, HEAD_DIM, HEAD_DIM);
     if (sneppx_attn_sdpa_scratch_floats(GROUP, max_tokens) > b.scratch_floats)
         b.scratch_floats = sneppx_attn_sdpa_scratch_floats(GROUP, max_tokens);
@@ -208,26 +269,26 @@ void bench_stage_attention(struct bench_context *ctx)
     b.q = bench_alloc_floats((size_t)(max_tokens * q_width));
     b.k = bench_alloc_floats((size_t)(max_tokens * kv_width));
     b.v = bench_alloc_floats((size_t)(max_tokens * kv_width));
-    b.o_flash = bench_alloc_floats((size_t)(max_tokens * q_width));
-    b.o_sdpa = bench_alloc_floats((size_t)(max_tokens * q_width));
     b.scratch = bench_alloc_floats((size_t)(max_threads * b.scratch_floats));
     b.mask_tokens = max_tokens < MASK_CASES_MAX_TOKENS ? max_tokens : MASK_CASES_MAX_TOKENS;
     b.mask = bench_alloc_floats((size_t)(b.mask_tokens * b.mask_tokens));
-    if (b.q && b.k && b.v && b.o_flash && b.o_sdpa && b.scratch && b.mask) {
+    int allocated = b.q && b.k && b.v && b.scratch && b.mask;
+    for (int t = 0; t < ctx->thread_count_n; t++)
+        for (int side = 0; side < SIDES_PER_COUNT; side++) {
+            /* The mask cases stop at mask_tokens; the rest may run at the longest T. */
+            const int64_t rows = side == SIDE_WINDOW || side == SIDE_EXPLICIT ? b.mask_tokens : max_tokens;
+            if (side != SIDE_LONG_WINDOW || t == ctx->thread_count_n - 1)
+                allocated &= (b.o[t][side] = bench_alloc_floats((size_t)(rows * q_width))) != NULL;
+        }
+    if (allocated) {
         bench_fill_uniform(b.q, max_tokens * q_width, 21, 1.0f);
         bench_fill_uniform(b.k, max_tokens * kv_width, 22, 1.0f);
         bench_fill_uniform(b.v, max_tokens * kv_width, 23, 1.0f);
         for (int64_t i = 0; i < b.mask_tokens; i++)
             for (int64_t j = 0; j < b.mask_tokens; j++)
                 b.mask[i * b.mask_tokens + j] = j <= i ? 0.0f : -3.4028234663852886e38f;
-        struct bench_result longest = {.threads = 0};
         for (int ti = 0; ti < tokens_count; ti++)
-            for (int t = 0; t < ctx->thread_count_n; t++) {
-                longest = flash_vs_sdpa(ctx, flash, sdpa, tokens_list[ti], ctx->thread_counts[t], &b);
-                if (tokens_list[ti] <= b.mask_tokens)
-                    mask_cases(ctx, flash_mask_window, flash_explicit, mask_window, longest, &b);
-            }
-        window_vs_none(ctx, flash_window, window, longest, &b);
+            measure_tokens(ctx, &kernels, tokens_list[ti], max_tokens, &b);
     } else {
         fprintf(stderr, "sneppx-bench: attention: out of memory\n");
         ctx->failures++;
@@ -235,8 +296,9 @@ void bench_stage_attention(struct bench_context *ctx)
     free(b.q);
     free(b.k);
     free(b.v);
-    free(b.o_flash);
-    free(b.o_sdpa);
     free(b.scratch);
     free(b.mask);
+    for (int t = 0; t < BENCH_MAX_THREAD_COUNTS; t++)
+        for (int side = 0; side < SIDES_PER_COUNT; side++)
+            free(b.o[t][side]);
 }
