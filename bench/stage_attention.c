@@ -211,16 +211,16 @@ static void measure_tokens(struct bench_context *ctx, const struct attention_ker
         struct bench_result causal = row[SIDE_FLASH];
         snprintf(causal.impl, sizeof causal.impl, "causal");
         causal.scaling = 0;
-        /* The explicit plane is the causal mask: the same keys kept, every tile through
-         * the scalar mask pass (the causal kernel skips the tiles it hides and masks
-         * only those on the diagonal), so its ratio is that pass and the hidden half
-         * of the tiles; its output must equal the causal one. */
         if (slot[t][SIDE_WINDOW] >= 0) {
             snprintf(note, sizeof note, "window %lld: %.0f%% of the pairs", (long long)kernels->window[SIDE_WINDOW],
                      100 * row[SIDE_WINDOW].work / causal.work);
             bench_round_ratio(&rounds, slot[t][SIDE_FLASH], slot[t][SIDE_WINDOW], &speedup);
             bench_report_rounds(&row[SIDE_WINDOW], &causal, &speedup, note);
         }
+        /* The explicit plane is the causal mask: the same keys kept, every tile through
+         * the scalar mask pass (the causal kernel skips the tiles it hides and masks
+         * only those on the diagonal), so its ratio is that pass and the hidden half
+         * of the tiles; its output must equal the causal one. */
         if (slot[t][SIDE_EXPLICIT] >= 0) {
             const double error = bench_relative_error(b->o[t][SIDE_EXPLICIT], b->o[t][SIDE_FLASH], floats);
             snprintf(note, sizeof note, "causal plane; err vs causal %.1e%s", error, error > 1e-5 ? " MISMATCH" : "");
