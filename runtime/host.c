@@ -14,6 +14,10 @@
 
 static sneppx_host host;
 static pthread_once_t host_once = PTHREAD_ONCE_INIT;
+/* The target to run instead of the host's, and who asked: sneppx_host_request_target,
+ * else $SNEPPX_TARGET. */
+static const char *requested_name;
+static const char *requested_by = "SNEPPX_TARGET";
 
 /* features is LLVM's comma-separated "+name"/"-name" list. */
 static int has_feature(const char *features, const char *feature)
@@ -60,12 +64,12 @@ static int wider_than_8_floats(const char *feature)
  * run, is ignored with a warning naming SNEPPX_TARGET. */
 static void apply_target_override(void)
 {
-    const char *name = getenv("SNEPPX_TARGET");
+    const char *name = requested_name ? requested_name : getenv("SNEPPX_TARGET");
     if (!name || !*name || strcmp(name, host.target->name) == 0)
         return;
     const struct sneppx_target *chosen = sneppx_target_named(name);
     if (!chosen || chosen < host.target) {
-        sneppx_log(0, "warning: SNEPPX_TARGET: '%s' is %s; running %s", sneppx_clip(name).text,
+        sneppx_log(0, "warning: %s: '%s' is %s; running %s", requested_by, sneppx_clip(name).text,
                    chosen ? "wider than this host can run" : "not a target of this build", host.target->name);
         return;
     }
@@ -76,7 +80,7 @@ static void apply_target_override(void)
     const size_t size = strlen(host.features) + 1;
     char *narrowed = malloc(size);
     if (!narrowed) {
-        sneppx_log(0, "warning: SNEPPX_TARGET: no memory to narrow the host's features; running %s",
+        sneppx_log(0, "warning: %s: no memory to narrow the host's features; running %s", requested_by,
                    host.target->name);
         return;
     }
@@ -87,7 +91,7 @@ static void apply_target_override(void)
     LLVMDisposeMessage((char *)host.features);
     host.features = narrowed;
     host.target = chosen;
-    sneppx_log(1, "SNEPPX_TARGET: running %s, host features narrowed to it", chosen->name);
+    sneppx_log(1, "%s: running %s, host features narrowed to it", requested_by, chosen->name);
 }
 
 static void resolve_host(void)
@@ -101,6 +105,12 @@ static void resolve_host(void)
     host.features = LLVMGetHostCPUFeatures();
     host.target = host_target(host.features);
     apply_target_override();
+}
+
+void sneppx_host_request_target(const struct sneppx_target *target, const char *requested_by_whom)
+{
+    requested_name = target->name;
+    requested_by = requested_by_whom;
 }
 
 const sneppx_host *sneppx_host_info(void)

@@ -13,6 +13,11 @@ typedef struct sneppx_host {
     const struct sneppx_target *target; /* the first of sneppx_targets whose features the host has */
 } sneppx_host;
 
+/* Runs target (the host's or a narrower one) as SNEPPX_TARGET=<its name> would,
+ * whatever the environment says; requested_by names the asker in warnings
+ * ("--target"). Only before the first sneppx_host_info, from one thread. */
+void sneppx_host_request_target(const struct sneppx_target *target, const char *requested_by);
+
 /* Thread-safe; initializes LLVM's native target on first use. */
 const sneppx_host *sneppx_host_info(void);
 

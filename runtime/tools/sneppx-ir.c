@@ -36,6 +36,8 @@ static void usage(FILE *out)
           "--print-key prints the key's canonical text instead.\n"
           "--target picks a target by name (default: the host's), --vector-width the first\n"
           "of that vector width; --list-targets lists them, in order of preference, the host's marked.\n"
+          "A target narrower than the host's gets the host's features narrowed to it, as\n"
+          "SNEPPX_TARGET runs it (which --target overrides).\n"
           "A choice field takes its name or its index (mask_mode=causal, mask_mode=1).\n"
           "A GEMM's kc and mc, when neither is given, are the target's defaults (not a host's tuning).\n",
           out);
@@ -219,7 +221,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < assignment_count; i++)
         if (!parse_value(family, assignments[i], values, seen))
             return 2;
-    if (!target)
+    /* A target narrower than the host's runs on the host's features narrowed to it
+     * (SNEPPX_TARGET, runtime/host.c): so is its IR here, not on the wider ones. */
+    if (target)
+        sneppx_host_request_target(target, target_option);
+    else
         target = sneppx_host_target();
     /* A GEMM's kc and mc not given are the target's defaults for its weight type. */
     const int weight_type = field_index(family, "weight_type", 11), kc = field_index(family, "kc", 2),
