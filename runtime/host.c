@@ -56,12 +56,12 @@ static int wider_than_8_floats(const char *feature)
     return 0;
 }
 
-/* SNEPPX_TARGET=<name>: run another target the host can run, e.g. v8 (AVX2) on
- * an AVX-512 host, to measure it there. A target narrower than the host's gets
+/* SNEPPX_TARGET=<name> (or sneppx_host_request_target): run another target the
+ * host can run, e.g. v8 (AVX2) on an AVX-512 host, to measure it there. A target narrower than the host's gets
  * the host's features without the wider ones (the same CPU, as if it had
  * AVX2 only); the disk cache's fingerprint covers the features, so its kernels
  * never mix with the host's own. An unknown name, or a target the host cannot
- * run, is ignored with a warning naming SNEPPX_TARGET. */
+ * run, is ignored with a warning naming who asked for it. */
 static void apply_target_override(void)
 {
     const char *name = requested_name ? requested_name : getenv("SNEPPX_TARGET");
