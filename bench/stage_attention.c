@@ -275,9 +275,12 @@ void bench_stage_attention(struct bench_context *ctx)
     int allocated = b.q && b.k && b.v && b.scratch && b.mask;
     for (int t = 0; t < ctx->thread_count_n; t++)
         for (int side = 0; side < SIDES_PER_COUNT; side++) {
-            /* The mask cases stop at mask_tokens; the rest may run at the longest T. */
-            const int64_t rows = side == SIDE_WINDOW || side == SIDE_EXPLICIT ? b.mask_tokens : max_tokens;
-            if (side != SIDE_LONG_WINDOW || t == ctx->thread_count_n - 1)
+            /* Rows of the longest T the side runs at on these threads (side_runs; the list ascends). */
+            int64_t rows = 0;
+            for (int ti = 0; ti < tokens_count; ti++)
+                if (side_runs(ctx, side, tokens_list[ti], ctx->thread_counts[t], max_tokens, &b))
+                    rows = tokens_list[ti];
+            if (rows > 0)
                 allocated &= (b.o[t][side] = bench_alloc_floats((size_t)(rows * q_width))) != NULL;
         }
     if (allocated) {
