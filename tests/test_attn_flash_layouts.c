@@ -8,7 +8,10 @@
  * Shapes cross every tile edge: T not a multiple of the 64-key tile or the query
  * block, groups 1, 3, 4 and 7 (block rows that leave 1 or 2 row vectors for the
  * narrower register tiles), causal with and without a window, an explicit mask
- * with a fully masked row. Each target the host runs (v16 and v8 on AVX-512 hosts).
+ * with a fully masked row, and one laid out in 64-key stripes so that the kernel's
+ * tiles meet every kind of mask tile: all 0, hiding every key (its keys' K and V
+ * rows hold NaN and infinities, which must not reach any row), adding biases and
+ * hiding none, and mixed. Each target the host runs (v16 and v8 on AVX-512 hosts).
  * The three layouts must also agree with each other to the last bit: the copy
  * changes where V is read from, not the arithmetic. */
 #include <math.h>
@@ -28,9 +31,42 @@
 enum layout { TOKEN_MAJOR, HEAD_MAJOR, PROJECTION, LAYOUT_COUNT };
 static const char *const layout_names[] = {"token-major", "head-major", "projection"};
 
+/* An explicit mask: random entries, or one in stripes of the 64-key tile (fill_mask). */
+enum mask_fill { MASK_RANDOM, MASK_STRIPES };
+
 struct shape {
     int64_t head_dim, group, kv_heads, seq_len, window, mask_mode;
+    enum mask_fill mask_fill;
 };
+
+/* Keys of the stripe whose mask hides them from every query (MASK_STRIPES). */
+#define HIDDEN_STRIPE_BEGIN 192
+#define HIDDEN_STRIPE_END 256
+
+/* MASK_RANDOM: random hidden keys (30%) and biases, row 1 fully masked. MASK_STRIPES,
+ * by key: [0, 64) all 0; [64, 128) hidden before query 150 and 0 from it (the query
+ * block across 150 is mixed); [128, 192) biases, none hidden; [192, 256) hidden
+ * from every query; from 256 random as MASK_RANDOM. */
+static void fill_mask(const struct shape *s, test_rng *rng, float *mask)
+{
+    const int64_t t = s->seq_len;
+    for (int64_t i = 0; i < t; i++)
+        for (int64_t j = 0; j < t; j++) {
+            const float random = i == 1 || test_rng_uniform(rng) < 0.3 ? -3.4e38f : test_rng_symmetric(rng, 1.0f);
+            float entry = random;
+            if (s->mask_fill == MASK_STRIPES) {
+                if (j < 64)
+                    entry = 0.0f;
+                else if (j < 128)
+                    entry = i < 150 ? -3.4e38f : 0.0f;
+                else if (j < HIDDEN_STRIPE_BEGIN)
+                    entry = test_rng_symmetric(rng, 1.0f);
+                else if (j < HIDDEN_STRIPE_END)
+                    entry = -INFINITY;
+            }
+            mask[i * t + j] = entry;
+        }
+}
 
 static test_tally tally;
 
@@ -133,17 +169,22 @@ static void test_shape(const struct shape *s, const struct sneppx_target *target
     test_fill_uniform(rng, q, q_floats, 1.0f);
     test_fill_uniform(rng, k, kv_floats, 1.0f);
     test_fill_uniform(rng, v, kv_floats, 1.0f);
-    /* An explicit mask: random hidden keys and biases, row 1 fully masked. */
-    for (int64_t i = 0; i < t; i++)
-        for (int64_t j = 0; j < t; j++)
-            mask[i * t + j] = i == 1 || test_rng_uniform(rng) < 0.3 ? -3.4e38f : test_rng_symmetric(rng, 1.0f);
+    fill_mask(s, rng, mask);
+    /* Keys no query sees hold what would poison every row that touched them. */
+    if (s->mask_fill == MASK_STRIPES)
+        for (int64_t j = HIDDEN_STRIPE_BEGIN; j < HIDDEN_STRIPE_END && j < t; j++)
+            for (int64_t x = 0; x < s->kv_heads * d; x++) {
+                k[j * s->kv_heads * d + x] = x % 2 ? NAN : INFINITY;
+                v[j * s->kv_heads * d + x] = x % 3 ? -INFINITY : NAN;
+            }
     reference(s, q, k, v, mask, want);
     char what[160];
     for (int l = 0; l < LAYOUT_COUNT; l++) {
         run(kernel, s, (enum layout)l, q, k, v, s->mask_mode == SNEPPX_MASK_EXPLICIT ? mask : NULL, got[l]);
-        snprintf(what, sizeof what, "%s d%lld g%lld kv%lld T%lld w%lld mode %lld, %s", target->name,
+        snprintf(what, sizeof what, "%s d%lld g%lld kv%lld T%lld w%lld mode %lld%s, %s", target->name,
                  (long long)d, (long long)s->group, (long long)s->kv_heads, (long long)t, (long long)s->window,
-                 (long long)s->mask_mode, layout_names[l]);
+                 (long long)s->mask_mode, s->mask_fill == MASK_STRIPES ? " (mask in stripes)" : "",
+                 layout_names[l]);
         const test_error error = test_compare(got[l], want, q_floats);
         TEST_CHECK(&tally, test_error_within(&error, REF_TOL, REF_TOL),
                    "%s: max-normalized error %.3g against float64 (<= %g), %lld non-finite", what,
@@ -164,9 +205,10 @@ static void test_shape(const struct shape *s, const struct sneppx_target *target
 int main(void)
 {
     const struct shape shapes[] = {
-        {32, 4, 2, 137, 0, SNEPPX_MASK_CAUSAL},  {32, 3, 2, 100, 0, SNEPPX_MASK_CAUSAL},
-        {16, 7, 1, 75, 0, SNEPPX_MASK_CAUSAL},   {48, 1, 3, 200, 0, SNEPPX_MASK_CAUSAL},
-        {32, 4, 2, 150, 40, SNEPPX_MASK_CAUSAL}, {32, 4, 2, 90, 0, SNEPPX_MASK_EXPLICIT},
+        {32, 4, 2, 137, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM},  {32, 3, 2, 100, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM},
+        {16, 7, 1, 75, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM},   {48, 1, 3, 200, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM},
+        {32, 4, 2, 150, 40, SNEPPX_MASK_CAUSAL, MASK_RANDOM}, {32, 4, 2, 90, 0, SNEPPX_MASK_EXPLICIT, MASK_RANDOM},
+        {32, 4, 2, 300, 0, SNEPPX_MASK_EXPLICIT, MASK_STRIPES}, {16, 7, 1, 280, 0, SNEPPX_MASK_EXPLICIT, MASK_STRIPES},
     };
     const struct sneppx_target *host = sneppx_host_target();
     const struct sneppx_target *targets[] = {host, sneppx_target_named("v8")};
