@@ -7,7 +7,8 @@
  * k = v, v_head_dim 512); groups 1, 4, 8, 16; q_len 1..4; kv_len 1, page-1,
  * page, page+1, across pages, 4096; page sizes 1, 4, 16, 64; causal without
  * and with a window shorter than kv_len, an explicit mask with a fully masked
- * row, no mask. Each target the host runs (v16 and v8 on AVX-512 hosts).
+ * row, no mask, an explicit mask hiding whole tiles of NaN / Inf rows from every
+ * query. Each target the host runs (v16 and v8 on AVX-512 hosts).
  *
  * Checked: the output and log-sum-exp against the reference (max-normalized
  * error <= REF_TOL, lse within LSE_TOL); a fully masked row is zeros with lse
@@ -501,6 +502,48 @@ static void test_hidden_nonfinite(const struct sneppx_target *target, test_rng *
     }
 }
 
+/* Whole tiles an explicit mask hides from every query (a padded batch's padding) hold
+ * NaN keys and infinite values, and no row may see them: q_len 2 over 300 keys (pages
+ * of 16), group 4, d 128, keys [64, 128) and [200, 264) hidden. Unsplit, the first
+ * range is one whole 64-key tile, which the kernel skips; the splits' tiles start
+ * elsewhere and meet the ranges in part, which the mask pass hides. */
+static void test_hidden_tiles(const struct sneppx_target *target, test_rng *rng, sneppx_dtype dtype)
+{
+    const struct shape s = {128, 128, 4, 0, 16};
+    const int64_t kv_len = 300, q_len = 2, rows = q_len * s.group;
+    const sneppx_kernel *kernel = resolve(&s, 0, SNEPPX_MASK_EXPLICIT, target, dtype);
+    paged p;
+    float *q = malloc((size_t)(rows * s.head_dim) * sizeof(float));
+    float *mask = malloc((size_t)(q_len * kv_len) * sizeof(float));
+    const int made = paged_make(&p, &s, kv_len, rng, dtype);
+    if (kernel && TEST_CHECK(&tally, made && q && mask, "out of memory")) {
+        test_fill_uniform(rng, q, rows * s.head_dim, 1.0f);
+        for (int64_t i = 0; i < q_len; i++)
+            for (int64_t j = 0; j < kv_len; j++) {
+                const int hidden = (j >= 64 && j < 128) || (j >= 200 && j < 264);
+                mask[i * kv_len + j] = !hidden ? test_rng_symmetric(rng, 1.0f) : j < 128 ? -INFINITY : -3.4028235e38f;
+            }
+        for (int64_t j = 64; j < 264; j += j == 127 ? 73 : 1) {
+            float *k = key_row(&p, j), *v = value_row(&p, j);
+            for (int64_t e = 0; e < s.head_dim; e += 5)
+                k[e] = NAN;
+            for (int64_t e = 0; e < s.v_head_dim; e += 3)
+                v[e] = j % 2 ? INFINITY : -INFINITY;
+        }
+        paged_store(&p);
+        const struct scenario sc = {SNEPPX_MASK_EXPLICIT, 0, q_len, mask};
+        unsigned char rows_ok[8];
+        memset(rows_ok, 1, sizeof rows_ok);
+        char what[160];
+        snprintf(what, sizeof what, "%s %s explicit mask hiding whole tiles of NaN / Inf rows", target->name,
+                 sneppx_dtype_name(dtype));
+        check_scenario(kernel, &p, &sc, q, rows_ok, what);
+    }
+    paged_free(&p);
+    free(q);
+    free(mask);
+}
+
 /* The merge alone: a split without a key of a row adds nothing, even if its output is NaN. */
 static void test_merge_empty_split(void)
 {
@@ -539,6 +582,7 @@ int main(void)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
             test_shape(&shapes[i], targets[t], &rng, SNEPPX_DTYPE_FLOAT32);
         test_hidden_nonfinite(targets[t], &rng, SNEPPX_DTYPE_FLOAT32);
+        test_hidden_tiles(targets[t], &rng, SNEPPX_DTYPE_FLOAT32);
         /* Narrow caches: GQA 8 over pages of 4, llama3's heads, MLA (K and V in one row); the
          * host's target only (the other target: tests/lit/aot_attn_decode.test, jit_attn_decode.test). */
         for (int dtype = SNEPPX_DTYPE_BFLOAT16; t == 0 && dtype < SNEPPX_DTYPE_COUNT; dtype++) {
@@ -546,6 +590,7 @@ int main(void)
             test_shape(&shapes[2], targets[t], &rng, (sneppx_dtype)dtype);
             test_shape(&shapes[4], targets[t], &rng, (sneppx_dtype)dtype);
             test_hidden_nonfinite(targets[t], &rng, (sneppx_dtype)dtype);
+            test_hidden_tiles(targets[t], &rng, (sneppx_dtype)dtype);
         }
     }
     return test_finish(&tally);
