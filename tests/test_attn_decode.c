@@ -444,6 +444,34 @@ static void test_shape(const struct shape *s, const struct sneppx_target *target
     }
 }
 
+/* A poisoned-key case's inputs: a paged cache of kv_len keys, random queries for q_len
+ * positions and room for their [q_len][kv_len] mask. 0 (a failed check) when something
+ * was not allocated; hidden_case_free in either case. */
+typedef struct hidden_case {
+    paged p;
+    float *q, *mask;
+} hidden_case;
+
+static int hidden_case_make(hidden_case *c, const struct shape *s, int64_t kv_len, int64_t q_len, test_rng *rng,
+                            sneppx_dtype dtype)
+{
+    const int64_t rows = q_len * s->group;
+    c->q = malloc((size_t)(rows * s->head_dim) * sizeof(float));
+    c->mask = malloc((size_t)(q_len * kv_len) * sizeof(float));
+    const int made = paged_make(&c->p, s, kv_len, rng, dtype);
+    if (!TEST_CHECK(&tally, made && c->q && c->mask, "out of memory"))
+        return 0;
+    test_fill_uniform(rng, c->q, rows * s->head_dim, 1.0f);
+    return 1;
+}
+
+static void hidden_case_free(hidden_case *c)
+{
+    paged_free(&c->p);
+    free(c->q);
+    free(c->mask);
+}
+
 /* NaN / Inf in hidden keys: q_len 4 over 40 keys (pages of 16), group 4, d 64. */
 static void test_hidden_nonfinite(const struct sneppx_target *target, test_rng *rng, sneppx_dtype dtype)
 {
@@ -464,23 +492,21 @@ static void test_hidden_nonfinite(const struct sneppx_target *target, test_rng *
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const sneppx_kernel *kernel = resolve(&s, cases[c].window, cases[c].mode, target, dtype);
-        paged p;
-        float *q = malloc((size_t)(rows * s.head_dim) * sizeof(float));
-        float *mask = malloc((size_t)(q_len * kv_len) * sizeof(float));
-        const int made = paged_make(&p, &s, kv_len, rng, dtype);
-        if (kernel && TEST_CHECK(&tally, made && q && mask, "out of memory")) {
-            test_fill_uniform(rng, q, rows * s.head_dim, 1.0f);
+        hidden_case hc;
+        if (kernel && hidden_case_make(&hc, &s, kv_len, q_len, rng, dtype)) {
+            paged *const p = &hc.p;
+            float *const mask = hc.mask;
             for (int64_t i = 0; i < q_len * kv_len; i++)
                 mask[i] = test_rng_symmetric(rng, 1.0f);
             mask[1 * kv_len + cases[c].key] = -INFINITY;
             mask[2 * kv_len + cases[c].key] = -3.4028235e38f;
             const struct scenario sc = {cases[c].mode, cases[c].window, q_len,
                                         cases[c].mode == SNEPPX_MASK_EXPLICIT ? mask : NULL};
-            float *target_row = cases[c].part == 2 ? key_row(&p, cases[c].key) : value_row(&p, cases[c].key);
+            float *target_row = cases[c].part == 2 ? key_row(p, cases[c].key) : value_row(p, cases[c].key);
             const int64_t n = cases[c].part == 2 ? s.head_dim : s.v_head_dim;
             for (int64_t e = 0; e < n; e += 7)
                 target_row[e] = cases[c].part == 1 ? INFINITY : NAN;
-            paged_store(&p);
+            paged_store(p);
             unsigned char rows_ok[16];
             int hidden_rows = 0;
             for (int64_t r = 0; r < rows; r++) {
@@ -494,11 +520,10 @@ static void test_hidden_nonfinite(const struct sneppx_target *target, test_rng *
                      (long long)cases[c].key, (long long)cases[c].mode, (long long)cases[c].window);
             TEST_CHECK(&tally, hidden_rows > 0 && hidden_rows < rows, "%s: %d of %lld rows hidden", what, hidden_rows,
                        (long long)rows);
-            check_scenario(kernel, &p, &sc, q, rows_ok, what);
+            check_scenario(kernel, p, &sc, hc.q, rows_ok, what);
         }
-        paged_free(&p);
-        free(q);
-        free(mask);
+        if (kernel)
+            hidden_case_free(&hc);
     }
 }
 
@@ -510,38 +535,34 @@ static void test_hidden_nonfinite(const struct sneppx_target *target, test_rng *
 static void test_hidden_tiles(const struct sneppx_target *target, test_rng *rng, sneppx_dtype dtype)
 {
     const struct shape s = {128, 128, 4, 0, 16};
-    const int64_t kv_len = 300, q_len = 2, rows = q_len * s.group;
+    const int64_t kv_len = 300, q_len = 2;
     const sneppx_kernel *kernel = resolve(&s, 0, SNEPPX_MASK_EXPLICIT, target, dtype);
-    paged p;
-    float *q = malloc((size_t)(rows * s.head_dim) * sizeof(float));
-    float *mask = malloc((size_t)(q_len * kv_len) * sizeof(float));
-    const int made = paged_make(&p, &s, kv_len, rng, dtype);
-    if (kernel && TEST_CHECK(&tally, made && q && mask, "out of memory")) {
-        test_fill_uniform(rng, q, rows * s.head_dim, 1.0f);
+    hidden_case hc;
+    if (kernel && hidden_case_make(&hc, &s, kv_len, q_len, rng, dtype)) {
+        float *const mask = hc.mask;
         for (int64_t i = 0; i < q_len; i++)
             for (int64_t j = 0; j < kv_len; j++) {
                 const int hidden = (j >= 64 && j < 128) || (j >= 200 && j < 264);
                 mask[i * kv_len + j] = !hidden ? test_rng_symmetric(rng, 1.0f) : j < 128 ? -INFINITY : -3.4028235e38f;
             }
         for (int64_t j = 64; j < 264; j += j == 127 ? 73 : 1) {
-            float *k = key_row(&p, j), *v = value_row(&p, j);
+            float *k = key_row(&hc.p, j), *v = value_row(&hc.p, j);
             for (int64_t e = 0; e < s.head_dim; e += 5)
                 k[e] = NAN;
             for (int64_t e = 0; e < s.v_head_dim; e += 3)
                 v[e] = j % 2 ? INFINITY : -INFINITY;
         }
-        paged_store(&p);
+        paged_store(&hc.p);
         const struct scenario sc = {SNEPPX_MASK_EXPLICIT, 0, q_len, mask};
         unsigned char rows_ok[8];
         memset(rows_ok, 1, sizeof rows_ok);
         char what[160];
         snprintf(what, sizeof what, "%s %s explicit mask hiding whole tiles of NaN / Inf rows", target->name,
                  sneppx_dtype_name(dtype));
-        check_scenario(kernel, &p, &sc, q, rows_ok, what);
+        check_scenario(kernel, &hc.p, &sc, hc.q, rows_ok, what);
     }
-    paged_free(&p);
-    free(q);
-    free(mask);
+    if (kernel)
+        hidden_case_free(&hc);
 }
 
 /* The merge alone: a split without a key of a row adds nothing, even if its output is NaN. */
