@@ -3,7 +3,8 @@
  * the read bandwidth the peak stage measured. llama3-8B's shape (8 K/V heads,
  * group 4, d 128) and deepseek-v2-lite's absorbed MLA (one 576-float latent
  * row per token shared by K and V, 16 query heads, v 512), batch 1 and 16,
- * contexts 512 / 4096 / 32768, pages of 16 tokens in shuffled order. A batch
+ * contexts 512 / 4096 / 32768, pages of the KV cache's default size
+ * (SNEPPX_KV_DEFAULT_PAGE_SIZE tokens) in shuffled order. A batch
  * with fewer (sequence, K/V head) pairs than 2 per thread splits each
  * sequence's keys (split-KV) and merges the splits with
  * sneppx_attn_decode_merge(), inside the timed run. */
@@ -16,9 +17,11 @@
 #include "bench.h"
 #include "kernels.h"
 #include "report.h"
+#include "sneppx/kv_cache.h"
 #include "tiles.h"
 
-#define PAGE_SIZE 16
+/* What sneppx_kv_cache gives a caller who does not choose. */
+#define PAGE_SIZE SNEPPX_KV_DEFAULT_PAGE_SIZE
 /* Cases whose cache would exceed this are left out (llama3-8B at batch 16 x 32768: 4 GiB). */
 #define POOL_BUDGET_BYTES ((int64_t)3 << 29)
 
@@ -227,7 +230,10 @@ static void bench_shape(struct bench_context *ctx, const struct decode_shape *s)
 
 void bench_stage_decode(struct bench_context *ctx)
 {
-    bench_report_section("decode attention: one token against a paged K/V cache (pages of 16, shuffled)",
+    char title[96];
+    snprintf(title, sizeof title, "decode attention: one token against a paged K/V cache (pages of %d, shuffled)",
+             PAGE_SIZE);
+    bench_report_section(title,
                          "GB/s of K/V read (every key and value once; MLA's latent row once for both); "
                          "% = of the read bandwidth probed just before and after each case (best of both); "
                          "split = key ranges per sequence, merged");

@@ -32,7 +32,7 @@ int main(void)
         if (sneppx_layer_create(&config, NULL, &layers[l]) != SNEPPX_OK)
             return fail("sneppx_layer_create");
 
-    /* One cache for both layers: pages of 16 tokens, room for 256 tokens. */
+    /* One cache for both layers: pages of the default size, room for 256 tokens. */
     sneppx_kv_cache_options options;
     sneppx_kv_cache_options_init(&options);
     options.capacity_tokens = 256;

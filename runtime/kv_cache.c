@@ -21,6 +21,7 @@ void sneppx_kv_cache_options_init(sneppx_kv_cache_options *options)
         return;
     memset(options, 0, sizeof *options);
     options->struct_size = sizeof *options;
+    options->page_size = SNEPPX_KV_DEFAULT_PAGE_SIZE;
     options->num_layers = 1;
     options->dtype = SNEPPX_DTYPE_FLOAT32;
 }

@@ -168,13 +168,20 @@ static void test_create_options(void)
                (long long)stats.token_elements);
     EXPECT_ERROR(sneppx_kv_cache_stats_get(cache, NULL), SNEPPX_ERR_INVALID_ARGUMENT, "stats");
     sneppx_kv_cache_destroy(cache);
-    /* page_size 0 = 16; MLA: one latent row per token. */
+    /* options_init gives the default page size, and page_size 0 means it too; MLA: one latent
+     * row per token. */
+    sneppx_kv_cache_options defaults;
+    sneppx_kv_cache_options_init(&defaults);
+    TEST_CHECK(&tally, defaults.page_size == SNEPPX_KV_DEFAULT_PAGE_SIZE, "options_init: page_size %lld, not %d",
+               (long long)defaults.page_size, SNEPPX_KV_DEFAULT_PAGE_SIZE);
     options.page_size = 0;
     sneppx_config mla;
     EXPECT_OK(sneppx_config_from_name("deepseek-v2-lite", NULL, &mla));
     EXPECT_OK(sneppx_kv_cache_create(&mla, &options, &cache));
     EXPECT_OK(sneppx_kv_cache_stats_get(cache, &stats));
-    TEST_CHECK(&tally, stats.page_size == 16 && stats.total_pages == 2 && stats.token_elements == 512 + 64,
+    TEST_CHECK(&tally, stats.page_size == SNEPPX_KV_DEFAULT_PAGE_SIZE &&
+                           stats.total_pages == (17 + SNEPPX_KV_DEFAULT_PAGE_SIZE - 1) / SNEPPX_KV_DEFAULT_PAGE_SIZE &&
+                           stats.token_elements == 512 + 64,
                "deepseek-v2-lite cache: page %lld, %lld pages, %lld elements per token", (long long)stats.page_size,
                (long long)stats.total_pages, (long long)stats.token_elements);
     sneppx_kv_cache_destroy(cache);

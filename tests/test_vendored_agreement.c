@@ -623,7 +623,7 @@ static void check_cached(sneppx_layer *layer, struct vendored *v, const char *na
     for (int threads = 1; threads <= 2; threads++) {
         sneppx_kv_cache_options options;
         sneppx_kv_cache_options_init(&options);
-        options.capacity_tokens = CACHED_SEQS * (CACHED_CAPACITY + 16);
+        options.capacity_tokens = CACHED_SEQS * (CACHED_CAPACITY + SNEPPX_KV_DEFAULT_PAGE_SIZE);
         sneppx_kv_cache *cache = NULL;
         if (!TEST_CHECK(&tally, sneppx_kv_cache_create(&layer->config, &options, &cache) == SNEPPX_OK, "%s: %s",
                         name, sneppx_last_error()))

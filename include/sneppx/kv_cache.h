@@ -46,7 +46,10 @@
 extern "C" {
 #endif
 
-#define SNEPPX_KV_DEFAULT_PAGE_SIZE 16
+/* 64 tokens: one K/V head's keys in a page are a 32 KiB run at d 128 (float32), long
+ * enough for the hardware prefetchers; pages of 16 (8 KiB runs) made decode attention
+ * over a long cache 1.1-1.35x slower (docs/PERFORMANCE.md, Generation). */
+#define SNEPPX_KV_DEFAULT_PAGE_SIZE 64
 /* capacity_tokens is at most this (attention kernels index keys with int32). */
 #define SNEPPX_KV_MAX_CAPACITY_TOKENS (((int64_t)1 << 31) - 1)
 #define SNEPPX_KV_MAX_PAGE_SIZE 65536
@@ -76,8 +79,8 @@ typedef struct sneppx_kv_cache_options {
                                   [0, SNEPPX_KV_MAX_CAPACITY_TOKENS] */
 } sneppx_kv_cache_options;
 
-/* struct_size = sizeof, capacity_tokens 0 (must be set), page_size 0 (16),
- * num_layers 1, dtype float32, max_sequence_tokens 0 (the pool). */
+/* struct_size = sizeof, capacity_tokens 0 (must be set), page_size
+ * SNEPPX_KV_DEFAULT_PAGE_SIZE, num_layers 1, dtype float32, max_sequence_tokens 0 (the pool). */
 SNEPPX_API void sneppx_kv_cache_options_init(sneppx_kv_cache_options *options);
 
 typedef struct sneppx_kv_cache sneppx_kv_cache;

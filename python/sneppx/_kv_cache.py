@@ -76,18 +76,19 @@ class KVCache:
     __slots__ = ("_handle", "_destroy", "_rows", "_lock", "_config", "num_layers", "page_size",
                  "max_tokens", "dtype", "__weakref__")
 
-    def __init__(self, config: Any, batch: int, max_tokens: int, page_size: int, num_layers: int,
+    def __init__(self, config: Any, batch: int, max_tokens: int, page_size: Optional[int], num_layers: int,
                  dtype: Any = "float32"):
         self._handle = None
         dtype_value = kv_dtype(dtype)
         batch = _count("batch", batch, 1)
         max_tokens = _count("max_tokens", max_tokens, 1)
-        page_size = _count("page_size", page_size, 1)
         num_layers = _count("num_layers", num_layers, 1)
         self._destroy = lib.sneppx_kv_cache_destroy
         options = KVCacheOptions()
         lib.sneppx_kv_cache_options_init(ctypes.byref(options))
         options.struct_size = ctypes.sizeof(KVCacheOptions)
+        # None: the library's default, as sneppx_kv_cache_options_init gives it.
+        page_size = _count("page_size", options.page_size if page_size is None else page_size, 1)
         pages_per_row = -(-max_tokens // page_size)
         # The pool: every row at max_tokens, and one page per row for a fork's
         # copy-on-write of its last page.

@@ -523,11 +523,12 @@ class LLMConfig:
                 layer = self._layer
         return layer
 
-    def kv_cache(self, batch: int = 1, *, max_tokens: int, page_size: int = 16, num_layers: int = 1,
+    def kv_cache(self, batch: int = 1, *, max_tokens: int, page_size: Optional[int] = None, num_layers: int = 1,
                  dtype: Any = "float32") -> KVCache:
         """A paged KV cache for this layer's shape (sneppx_kv_cache_create): `batch` empty rows,
         each holding up to max_tokens tokens (the page pool is sized for every row full, plus
-        one page per row for copy-on-write after fork()); page_size a power of two;
+        one page per row for copy-on-write after fork()); page_size a power of two (None: the
+        library's default, SNEPPX_KV_DEFAULT_PAGE_SIZE in sneppx/kv_cache.h);
         num_layers: layers of this shape that share it (forward_mha's layer_idx).
         dtype: how K (after RoPE) and V are stored: "float32" (default), "bfloat16" or
         "float16" (rounded to nearest even), or "int8" (a float32 scale per token and K/V

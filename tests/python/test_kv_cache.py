@@ -163,6 +163,11 @@ def test_errors_name_the_argument_and_leave_the_cache(rng):
         cache.truncate(0, 4)
     with pytest.raises(ValueError, match="page_size"):
         cfg.kv_cache(batch=1, max_tokens=8, page_size=6)
+    # No page_size: the C library's default (sneppx_kv_cache_options_init), and the pool
+    # sized in pages of it: every row full plus one spare page per row.
+    default = cfg.kv_cache(batch=2, max_tokens=40).stats()
+    assert default["page_size"] >= 16 and default["page_size"] & (default["page_size"] - 1) == 0
+    assert default["total_pages"] == 2 * (-(-40 // default["page_size"]) + 1)
     with pytest.raises(ValueError, match="max_tokens: 0 must be at least 1"):
         cfg.kv_cache(batch=1, max_tokens=0)
     other = sneppx.LLMConfig(**FAMILIES["llama2"])

@@ -449,6 +449,7 @@ static void forward_failures(struct run *run, const sneppx_config *config)
     run->name = "a full cache on one rank";
     sneppx_kv_cache_options options;
     sneppx_kv_cache_options_init(&options);
+    options.page_size = 16; /* what the page counts below are in */
     options.capacity_tokens = rank == last ? 32 : 64; /* 2 pages or 4 */
     sneppx_kv_cache *cache = NULL, *whole_cache = NULL;
     int64_t id = -1, whole_id = -1;
