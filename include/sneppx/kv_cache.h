@@ -48,7 +48,7 @@ extern "C" {
 
 /* 64 tokens: one K/V head's keys in a page are a 32 KiB run at d 128 (float32), long
  * enough for the hardware prefetchers; pages of 16 (8 KiB runs) made decode attention
- * over a long cache 1.1-1.35x slower (docs/PERFORMANCE.md, Generation). */
+ * over a long cache 1.07-1.35x slower (docs/PERFORMANCE.md, What made the difference). */
 #define SNEPPX_KV_DEFAULT_PAGE_SIZE 64
 /* capacity_tokens is at most this (attention kernels index keys with int32). */
 #define SNEPPX_KV_MAX_CAPACITY_TOKENS (((int64_t)1 << 31) - 1)
