@@ -54,6 +54,11 @@ class Spec:
             raise KeyError(name)
         return self._values is None or int(self._values[name]) != 0
 
+    def code(self, name: str, value: str) -> str:
+        """The C value of a choice field's choice (kv_type "int8" is "3"), rendered from
+        the field's list of choices, for the jit mode's tests of spec_<name>."""
+        return str(self._value_of(name, value))
+
     def is_(self, name: str, value: Union[int, str]) -> bool:
         """False only when the aot value differs from value (a choice name or int)."""
         wanted = self._value_of(name, value)
@@ -91,6 +96,8 @@ def environment() -> jinja2.Environment:
         _environment.globals["rope_types"] = config_fields.ROPE_TYPES
         # sneppx_rope_scaling's parameters (rope_params.j2's struct sneppx_rope_params).
         _environment.globals["rope_parameters"] = config_fields.ROPE_PARAMETERS
+        # Each element type's size in bytes, by its value (config_fields.DTYPES' order).
+        _environment.globals["dtype_bytes"] = config_fields.DTYPE_BYTES
         # The bounds of limits.py (forward_checks.h.j2), as sneppx/limits.h has them.
         _environment.globals["limits"] = limits
     return _environment
