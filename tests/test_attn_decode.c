@@ -2,7 +2,7 @@
  * paged cache whose page table is shuffled and whose unused rows and pages
  * hold NaN (a read outside the sequence's keys shows up as NaN).
  *
- * Shapes: head_dim 64 / 128 (standard pages: K [kv_heads][page][d] then V,
+ * Shapes: head_dim 64 / 80 / 128 (standard pages: K [kv_heads][page][d] then V,
  * the second K/V head) and absorbed MLA (one 576-float latent row per token,
  * k = v, v_head_dim 512); groups 1, 4, 8, 16; q_len 1..4; kv_len 1, page-1,
  * page, page+1, across pages, 4096; page sizes 1, 4, 16, 64; causal without
@@ -23,7 +23,10 @@
  * int8 with its scales beside the pages as the ABI places them; the reference
  * reads the same rows widened back to float (so the tolerances are float32's),
  * on a subset of the shapes and the hidden NaN / Inf cases (an int8 row with
- * NaN or Inf has scale NaN: the hidden row must stay clean of it too). */
+ * NaN or Inf has scale NaN: the hidden row must stay clean of it too). A
+ * bfloat16 cache is read as pairs of elements over the head dims' whole 2-vector
+ * chunks (the values' over whole P.V chunks) and one at a time past them: d 80
+ * has both, on each target, and so do the hidden NaN / Inf cases. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -472,10 +475,10 @@ static void hidden_case_free(hidden_case *c)
     free(c->mask);
 }
 
-/* NaN / Inf in hidden keys: q_len 4 over 40 keys (pages of 16), group 4, d 64. */
+/* NaN / Inf in hidden keys: q_len 4 over 40 keys (pages of 16), group 4, d 80. */
 static void test_hidden_nonfinite(const struct sneppx_target *target, test_rng *rng, sneppx_dtype dtype)
 {
-    const struct shape s = {64, 64, 4, 0, 16};
+    const struct shape s = {80, 80, 4, 0, 16};
     const int64_t kv_len = 40, q_len = 4, rows = q_len * s.group;
     const struct {
         int64_t mode, window;
@@ -593,6 +596,7 @@ int main(void)
     const struct shape shapes[] = {
         {64, 64, 1, 0, 16},   {64, 64, 8, 0, 4},      {128, 128, 4, 0, 16},
         {128, 128, 16, 0, 1}, {576, 512, 16, 1, 16}, {576, 512, 4, 1, 64},
+        {80, 80, 4, 0, 16},
     };
     const struct sneppx_target *host = sneppx_host_target();
     const struct sneppx_target *targets[] = {host, sneppx_target_named("v8")};
@@ -604,12 +608,16 @@ int main(void)
             test_shape(&shapes[i], targets[t], &rng, SNEPPX_DTYPE_FLOAT32);
         test_hidden_nonfinite(targets[t], &rng, SNEPPX_DTYPE_FLOAT32);
         test_hidden_tiles(targets[t], &rng, SNEPPX_DTYPE_FLOAT32);
-        /* Narrow caches: GQA 8 over pages of 4, llama3's heads, MLA (K and V in one row); the
-         * host's target only (the other target: tests/lit/aot_attn_decode.test, jit_attn_decode.test). */
-        for (int dtype = SNEPPX_DTYPE_BFLOAT16; t == 0 && dtype < SNEPPX_DTYPE_COUNT; dtype++) {
+        /* Narrow caches: GQA 8 over pages of 4, llama3's heads, MLA (K and V in one row), d 80;
+         * the host's target, and bfloat16's pairs on the other too (the other types' text:
+         * tests/lit/aot_attn_decode.test, jit_attn_decode.test). */
+        for (int dtype = SNEPPX_DTYPE_BFLOAT16; dtype < SNEPPX_DTYPE_COUNT; dtype++) {
+            if (t > 0 && dtype != SNEPPX_DTYPE_BFLOAT16)
+                continue;
             test_shape(&shapes[1], targets[t], &rng, (sneppx_dtype)dtype);
             test_shape(&shapes[2], targets[t], &rng, (sneppx_dtype)dtype);
             test_shape(&shapes[4], targets[t], &rng, (sneppx_dtype)dtype);
+            test_shape(&shapes[6], targets[t], &rng, (sneppx_dtype)dtype);
             test_hidden_nonfinite(targets[t], &rng, (sneppx_dtype)dtype);
             test_hidden_tiles(targets[t], &rng, (sneppx_dtype)dtype);
         }

@@ -167,7 +167,9 @@ class Target:
         require(HEAD_DIM_MULTIPLE % self.flash_ne == 0,
                 f"flash_ne {self.flash_ne} does not divide the head dim step {HEAD_DIM_MULTIPLE}")
         require(64 % self.decode_nj == 0, f"decode_nj {self.decode_nj} does not divide the 64-key tile")
-        require(self.decode_ne >= 1, f"decode_ne {self.decode_ne} is not at least 1")
+        # attn_decode reads a bfloat16 cache's values as pairs of vectors.
+        require(self.decode_ne >= 2 and self.decode_ne % 2 == 0,
+                f"decode_ne {self.decode_ne} is not whole pairs of vectors")
         # attn_decode sums its decode_rows x decode_nj dot products into one vector's lanes.
         require(self.decode_rows * self.decode_nj == vw,
                 f"decode_rows {self.decode_rows} x decode_nj {self.decode_nj} is not the vector width {vw}")

@@ -138,7 +138,8 @@ def test_registry_table_has_each_targets_tiles():
     (dict(flash_ne=3), "flash_ne 3 does not divide the head dim step 16"),
     (dict(decode_nj=3), "decode_nj 3 does not divide the 64-key tile"),
     (dict(decode_rows=2), "decode_rows 2 x decode_nj 4 is not the vector width 16"),
-    (dict(decode_ne=0), "decode_ne 0 is not at least 1"),
+    (dict(decode_ne=0), "decode_ne 0 is not whole pairs of vectors"),
+    (dict(decode_ne=3), "decode_ne 3 is not whole pairs of vectors"),
     (dict(llvm_features=("avx512f",)), "llvm_features ('avx512f',) are not all +name"),
 ])
 def test_bad_target_refused(change, message):
