@@ -14,7 +14,7 @@ import jinja2
 
 from . import config_fields, limits, paths
 from .kernels import KERNELS, Kernel, check_values, kernel_key, symbol_of_key
-from .targets import TARGETS, Target
+from .targets import PACKED_ELEMENTS, TARGETS, Target
 
 MODES = ("aot", "jit")
 
@@ -98,6 +98,8 @@ def environment() -> jinja2.Environment:
         _environment.globals["rope_parameters"] = config_fields.ROPE_PARAMETERS
         # Each element type's size in bytes, by its value (config_fields.DTYPES' order).
         _environment.globals["dtype_bytes"] = config_fields.DTYPE_BYTES
+        # Elements per 32-bit lane of the cache types attn_decode can read packed.
+        _environment.globals["packed_elements"] = PACKED_ELEMENTS
         # The bounds of limits.py (forward_checks.h.j2), as sneppx/limits.h has them.
         _environment.globals["limits"] = limits
     return _environment

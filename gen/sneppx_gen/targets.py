@@ -86,6 +86,17 @@ Why each value:
   16 sums where 16 horizontal sums took ~3x the instructions), so
   decode_rows x decode_nj is the vector width; decode_nj divides the 64-key
   tile; a last partial row or key group repeats its last one.
+- decode_packed: the cache types attn_decode reads several elements to a 32-bit
+  lane, one load and a shift and a mask per vector (bfloat16: 2, int8: 4;
+  PACKED_ELEMENTS), where a widening load per vector (vpmovzxwd, vpmovsxbd) took
+  the vector pipes the FMAs need. llvm-mca's Zen 3 model of the v8 loops (d 128,
+  group 4): bfloat16 Q.K 41% -> 99% of the FMA bound, P.V 39% -> 81%; int8 53% ->
+  99% and 44% -> 73%; Zen 4's model of v8 the same way. v16 keeps int8's
+  widening loads: Zen 4's model has its Q.K at 99% of the 512-bit bound that way
+  and 86% packed (the shifts and masks run at half rate there), and on Zen 5 both
+  measured the same; its bfloat16 gains there (Q.K 88% -> 94%, P.V 79% -> 84%).
+  decode_ne is a multiple of each type's elements per lane (a P.V chunk is whole
+  loads).
 """
 from dataclasses import dataclass
 from typing import Tuple
@@ -98,6 +109,8 @@ GEMM_KC_MULTIPLE = 32
 # The most stack a GEMM kernel's blocks may take (MC x KC activations and a
 # KC x NR widened int8 slice): OpenMP's worker threads have 4 MiB by default.
 GEMM_MAX_BLOCK_BYTES = 1 << 20
+# Elements per 32-bit lane of each cache type attn_decode can read packed (decode_packed).
+PACKED_ELEMENTS = {"bfloat16": 2, "int8": 4}
 # The most candidates of one tile (runtime/kernel_registry.h's SNEPPX_MAX_TILE_CANDIDATES).
 MAX_TILE_CANDIDATES = 8
 
@@ -124,6 +137,7 @@ class Target:
     decode_rows: int
     decode_nj: int
     decode_ne: int
+    decode_packed: Tuple[str, ...]
 
     @property
     def flash_tile_rows(self) -> int:
@@ -167,9 +181,13 @@ class Target:
         require(HEAD_DIM_MULTIPLE % self.flash_ne == 0,
                 f"flash_ne {self.flash_ne} does not divide the head dim step {HEAD_DIM_MULTIPLE}")
         require(64 % self.decode_nj == 0, f"decode_nj {self.decode_nj} does not divide the 64-key tile")
-        # attn_decode reads a bfloat16 cache's values as pairs of vectors.
-        require(self.decode_ne >= 2 and self.decode_ne % 2 == 0,
-                f"decode_ne {self.decode_ne} is not whole pairs of vectors")
+        require(self.decode_ne >= 1, f"decode_ne {self.decode_ne} is not at least 1")
+        require(all(name in PACKED_ELEMENTS for name in self.decode_packed),
+                f"decode_packed {self.decode_packed}: only {tuple(PACKED_ELEMENTS)} can be read packed")
+        for name in self.decode_packed:
+            require(self.decode_ne % PACKED_ELEMENTS[name] == 0,
+                    f"decode_ne {self.decode_ne} is not whole loads of packed {name} "
+                    f"({PACKED_ELEMENTS[name]} vectors a load)")
         # attn_decode sums its decode_rows x decode_nj dot products into one vector's lanes.
         require(self.decode_rows * self.decode_nj == vw,
                 f"decode_rows {self.decode_rows} x decode_nj {self.decode_nj} is not the vector width {vw}")
@@ -179,11 +197,13 @@ TARGETS: Tuple[Target, ...] = (
     Target("v16", 16, ("+avx512f",), ("avx512f",), gemm_mr=14, gemm_nr=32, gemm_small_mr=4, gemm_kc=512,
            gemm_mc=56, gemm_int8_mc=112, gemm_kc_candidates=(128, 256, 512),
            gemm_mc_candidates=(14, 28, 56), gemm_decode_panels=4, gemm_decode_sums=4,
-           flash_rows=2, flash_nj=8, flash_ne=8, decode_rows=4, decode_nj=4, decode_ne=4),
+           flash_rows=2, flash_nj=8, flash_ne=8, decode_rows=4, decode_nj=4, decode_ne=4,
+           decode_packed=("bfloat16",)),
     Target("v8", 8, (), (), gemm_mr=6, gemm_nr=16, gemm_small_mr=4, gemm_kc=512,
            gemm_mc=24, gemm_int8_mc=48, gemm_kc_candidates=(128, 256, 512),
            gemm_mc_candidates=(12, 24, 48), gemm_decode_panels=4, gemm_decode_sums=4,
-           flash_rows=3, flash_nj=4, flash_ne=4, decode_rows=2, decode_nj=4, decode_ne=4),
+           flash_rows=3, flash_nj=4, flash_ne=4, decode_rows=2, decode_nj=4, decode_ne=4,
+           decode_packed=("bfloat16", "int8")),
 )
 
 # The widths there are, each once, in the order of their first target.

@@ -106,10 +106,10 @@ def test_templates_take_tiles_from_target():
     flash = _render_with(other, "attn_flash")
     assert "_Static_assert(SNEPPX_ATTN_BLOCK_KV % 4 == 0," in flash
     assert "e += 2)" in flash and "k3 = " in flash and "k4 = " not in flash
-    decode = _render_with(dataclasses.replace(TARGETS[0], decode_rows=2, decode_nj=8, decode_ne=2), "attn_decode")
+    decode = _render_with(dataclasses.replace(TARGETS[0], decode_rows=2, decode_nj=8, decode_ne=8), "attn_decode")
     assert "_Static_assert(SNEPPX_ATTN_BLOCK_KV % 8 == 0" in decode
     assert "q1 = " in decode and "q2 = " not in decode and "k7 = " in decode and "k8 = " not in decode
-    assert "sneppx_attn_decode_values2(" in decode and "sneppx_attn_decode_values4(" not in decode
+    assert "sneppx_attn_decode_values8(" in decode and "sneppx_attn_decode_values4(" not in decode
 
 
 def test_registry_table_has_each_targets_tiles():
@@ -138,8 +138,10 @@ def test_registry_table_has_each_targets_tiles():
     (dict(flash_ne=3), "flash_ne 3 does not divide the head dim step 16"),
     (dict(decode_nj=3), "decode_nj 3 does not divide the 64-key tile"),
     (dict(decode_rows=2), "decode_rows 2 x decode_nj 4 is not the vector width 16"),
-    (dict(decode_ne=0), "decode_ne 0 is not whole pairs of vectors"),
-    (dict(decode_ne=3), "decode_ne 3 is not whole pairs of vectors"),
+    (dict(decode_ne=0), "decode_ne 0 is not at least 1"),
+    (dict(decode_ne=3), "decode_ne 3 is not whole loads of packed bfloat16 (2 vectors a load)"),
+    (dict(decode_ne=6, decode_packed=("bfloat16", "int8")), "decode_ne 6 is not whole loads of packed int8 (4 vectors a load)"),
+    (dict(decode_packed=("float16",)), "decode_packed ('float16',): only ('bfloat16', 'int8') can be read packed"),
     (dict(llvm_features=("avx512f",)), "llvm_features ('avx512f',) are not all +name"),
 ])
 def test_bad_target_refused(change, message):
