@@ -23,10 +23,13 @@
  * int8 with its scales beside the pages as the ABI places them; the reference
  * reads the same rows widened back to float (so the tolerances are float32's),
  * on a subset of the shapes and the hidden NaN / Inf cases (an int8 row with
- * NaN or Inf has scale NaN: the hidden row must stay clean of it too). A
- * bfloat16 (int8) cache is read 2 (4) elements to a lane over the head dims' whole
- * 2-vector (4-vector) chunks, the values' over whole P.V chunks, and one at a time
- * past them: d 80 has both, on each target, and so do the hidden NaN / Inf cases. */
+ * NaN or Inf has scale NaN: the hidden row must stay clean of it too). The
+ * target's packed types (bfloat16 on both, int8 on v8) are read 2 or 4 elements to a
+ * lane over the head dims' whole chunks of 2 or 4 vectors, the values' over whole
+ * P.V chunks, and one vector at a time past them: d 80 has a tail in all but
+ * bfloat16's Q.K at v8 (16-dim chunks), and bfloat16's hidden NaN / Inf values take
+ * the packed path of the hidden-value pass (int8 values are finite: that pass is
+ * never needed). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
