@@ -1,5 +1,7 @@
 /* JIT: what a layer's kernels cost to get, in fresh processes (the bench
- * re-executes itself with --child-start MODEL THREADS):
+ * re-executes itself with --child-start MODEL THREADS WEIGHT_TYPE): the layer's
+ * own kernels, SDPA's, and the decode kernel of each KV cache element type
+ * (a one-token cached step per type), all that prefill and generation compile;
  *   cold, 1 thread: an empty SNEPPX_CACHE_DIR, every key specialized, optimized
  *     and compiled one after another: the compile time of each key alone;
  *   warm, 1 thread: that directory, now full, and SNEPPX_JIT=0 so a miss
@@ -30,9 +32,20 @@
 #include "sneppx/sneppx.h"
 
 /* qwen2-72B is left out: its keys are of the same families (gemm, rope,
- * attention), and its 2.4 GB of synthetic weights would swamp its start. */
-static const char *const full_models[] = {"llama3-8B", "mistral-7B", "deepseek-v2-lite"};
-static const char *const quick_models[] = {"deepseek-v2-lite"};
+ * attention), and its 2.4 GB of synthetic weights would swamp its start.
+ * llama3-8B also with int8 and bfloat16 weights: their GEMM keys are other code. */
+struct start_model {
+    const char *name;
+    sneppx_dtype weights;
+};
+static const struct start_model full_models[] = {{"llama3-8B", SNEPPX_DTYPE_FLOAT32},
+                                                 {"mistral-7B", SNEPPX_DTYPE_FLOAT32},
+                                                 {"deepseek-v2-lite", SNEPPX_DTYPE_FLOAT32},
+                                                 {"llama3-8B", SNEPPX_DTYPE_INT8},
+                                                 {"llama3-8B", SNEPPX_DTYPE_BFLOAT16}};
+static const struct start_model quick_models[] = {{"deepseek-v2-lite", SNEPPX_DTYPE_FLOAT32}};
+/* The KV cache types whose decode kernels a child compiles. */
+static const sneppx_dtype cache_types[] = {SNEPPX_DTYPE_FLOAT32, SNEPPX_DTYPE_BFLOAT16, SNEPPX_DTYPE_INT8};
 #define FIRST_FORWARD_TOKENS 128
 #define MAX_KERNELS 32
 #define START_ROUNDS 3 /* --quick: 1 */
@@ -62,11 +75,47 @@ static const char *source_name(int source)
 
 /* ---- the child: one fresh process creating one layer ---------------------- */
 
+/* A one-token cached step per KV cache type: each compiles that type's decode
+ * kernel, which the layer lists with its own. 0 when all ran. */
+static int decode_steps(sneppx_layer *layer, const sneppx_config *config, const float *hidden, float *out)
+{
+    for (size_t t = 0; t < sizeof cache_types / sizeof cache_types[0]; t++) {
+        sneppx_kv_cache_options options;
+        sneppx_kv_cache_options_init(&options);
+        options.capacity_tokens = SNEPPX_KV_DEFAULT_PAGE_SIZE;
+        options.dtype = cache_types[t];
+        sneppx_kv_cache *cache = NULL;
+        int64_t seq_id = 0;
+        const int64_t q_len = 1;
+        sneppx_status status = sneppx_kv_cache_create(config, &options, &cache);
+        if (status == SNEPPX_OK)
+            status = sneppx_kv_cache_add_sequence(cache, &seq_id);
+        if (status == SNEPPX_OK)
+            status = sneppx_layer_forward_cached(layer, cache, 0, 1, &seq_id, &q_len, hidden, NULL, NULL, out);
+        sneppx_kv_cache_destroy(cache);
+        if (status != SNEPPX_OK) {
+            fprintf(stderr, "sneppx-bench: %s cache step: %s\n", sneppx_dtype_name(cache_types[t]),
+                    sneppx_last_error());
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The sneppx_dtype named name, or -1. */
+static int dtype_named(const char *name)
+{
+    for (int t = 0; t < SNEPPX_DTYPE_COUNT; t++)
+        if (strcmp(sneppx_dtype_name(t), name) == 0)
+            return t;
+    return -1;
+}
+
 int bench_child_start(int argc, char **argv)
 {
     const double start = bench_now();
-    if (argc < 2) {
-        fprintf(stderr, "sneppx-bench --child-start MODEL THREADS\n");
+    if (argc < 3 || dtype_named(argv[2]) < 0) {
+        fprintf(stderr, "sneppx-bench --child-start MODEL THREADS WEIGHT_TYPE\n");
         return 2;
     }
     sneppx_config config;
@@ -74,6 +123,7 @@ int bench_child_start(int argc, char **argv)
     int ok = sneppx_config_from_name(argv[0], NULL, &config) == SNEPPX_OK;
     if (ok) {
         config.num_threads = atoi(argv[1]);
+        config.weight_dtype = (sneppx_dtype)dtype_named(argv[2]);
         ok = sneppx_layer_create(&config, NULL, &layer) == SNEPPX_OK;
     }
     if (!ok) {
@@ -86,15 +136,6 @@ int bench_child_start(int argc, char **argv)
         fprintf(stderr, "sneppx-bench: %s: %s\n", argv[0], sneppx_last_error());
         return 1;
     }
-    double kernels_ms = 0;
-    for (int i = 0; i < sneppx_layer_kernel_count(layer); i++) {
-        sneppx_kernel_timing timing;
-        if (sneppx_layer_kernel_timing(layer, i, &timing) != SNEPPX_OK)
-            continue;
-        printf("kernel %s %d %.4f %.4f %.4f\n", timing.key, (int)timing.source, timing.compile_ms, timing.load_ms,
-               timing.total_ms);
-        kernels_ms += timing.total_ms;
-    }
     const int64_t tokens = FIRST_FORWARD_TOKENS;
     float *hidden = bench_alloc_floats((size_t)(tokens * config.hidden_size));
     float *out = bench_alloc_floats((size_t)(tokens * config.hidden_size));
@@ -106,8 +147,19 @@ int bench_child_start(int argc, char **argv)
         fprintf(stderr, "sneppx-bench: %s forward: %s\n", argv[0], sneppx_last_error());
         return 1;
     }
-    printf("kernels_ms %.4f\ncreate_ms %.4f\nforward_ms %.4f\n", kernels_ms, (created - start) * 1e3,
-           (bench_now() - forward_start) * 1e3);
+    const double forward_ms = (bench_now() - forward_start) * 1e3;
+    if (decode_steps(layer, &config, hidden, out) != 0)
+        return 1;
+    double kernels_ms = 0;
+    for (int i = 0; i < sneppx_layer_kernel_count(layer); i++) {
+        sneppx_kernel_timing timing;
+        if (sneppx_layer_kernel_timing(layer, i, &timing) != SNEPPX_OK)
+            continue;
+        printf("kernel %s %d %.4f %.4f %.4f\n", timing.key, (int)timing.source, timing.compile_ms, timing.load_ms,
+               timing.total_ms);
+        kernels_ms += timing.total_ms;
+    }
+    printf("kernels_ms %.4f\ncreate_ms %.4f\nforward_ms %.4f\n", kernels_ms, (created - start) * 1e3, forward_ms);
     free(hidden);
     free(out);
     sneppx_layer_destroy(layer);
@@ -116,8 +168,8 @@ int bench_child_start(int argc, char **argv)
 
 /* ---- the parent ------------------------------------------------------------ */
 
-static void run_start(struct bench_context *ctx, const char *model, const char *cache_dir, int warm, int threads,
-                      struct start_report *report)
+static void run_start(struct bench_context *ctx, const struct start_model *model, const char *cache_dir, int warm,
+                      int threads, struct start_report *report)
 {
     memset(report, 0, sizeof *report);
     char cache_env[4200];
@@ -127,7 +179,8 @@ static void run_start(struct bench_context *ctx, const char *model, const char *
     const char *const unset_env[] = {"SNEPPX_JIT", "SNEPPX_CACHE_MAX_MB", NULL};
     char thread_arg[16];
     snprintf(thread_arg, sizeof thread_arg, "%d", threads);
-    char *const argv[] = {BENCH_SELF_EXE, "--child-start", (char *)model, thread_arg, NULL};
+    char *const argv[] = {BENCH_SELF_EXE, "--child-start", (char *)model->name, thread_arg,
+                          (char *)sneppx_dtype_name(model->weights), NULL};
     struct bench_child child;
     if (bench_child_run(argv, set_env, unset_env, &child) != 0) {
         ctx->failures++;
@@ -152,8 +205,8 @@ static void run_start(struct bench_context *ctx, const char *model, const char *
         report->create_ms = atof(create);
         report->forward_ms = atof(forward);
     } else {
-        fprintf(stderr, "sneppx-bench: %s %s start: child exited with status %d\n", model, warm ? "warm" : "cold",
-                child.exit_code);
+        fprintf(stderr, "sneppx-bench: %s (%s weights) %s start: child exited with status %d\n", model->name,
+                sneppx_dtype_name(model->weights), warm ? "warm" : "cold", child.exit_code);
         ctx->failures++;
     }
     free(child.output);
@@ -211,8 +264,8 @@ static void print_start(const char *model, const char *name, int threads, const 
     run_stats(runs, NULL, offsetof(struct start_report, create_ms), &created);
     run_stats(runs, NULL, offsetof(struct start_report, forward_ms), &forward);
     run_stats(runs, NULL, offsetof(struct start_report, wall_ms), &process);
-    printf("  %-17s %-7s start, %d thread%s: keys' resolves %7.1f ms summed (%d keys, incl. SDPA), layer created "
-           "%7.1f ms (kernels + weights), first forward T=%d %6.1f ms, process fork->exit %7.1f ms\n",
+    printf("  %-22s %-7s start, %d thread%s: keys' resolves %7.1f ms summed (%d keys, incl. SDPA and decode), "
+           "layer created %7.1f ms (kernels + weights), first forward T=%d %6.1f ms, process fork->exit %7.1f ms\n",
            model, name, threads, threads > 1 ? "s" : " ", kernels.median, runs->run[0].kernel_count, created.median,
            FIRST_FORWARD_TOKENS, forward.median, process.median);
     char metric[64];
@@ -225,7 +278,8 @@ static void print_start(const char *model, const char *name, int threads, const 
 }
 
 /* One round: the four starts, the cold ones in fresh empty directories. 0 when all ran. */
-static int run_round(struct bench_context *ctx, const char *model, int threads, struct start_runs runs[START_KINDS])
+static int run_round(struct bench_context *ctx, const struct start_model *model, int threads,
+                     struct start_runs runs[START_KINDS])
 {
     char serial_dir[] = "/tmp/sneppx-bench-cache-XXXXXX";
     char parallel_dir[] = "/tmp/sneppx-bench-cache-XXXXXX";
@@ -265,19 +319,23 @@ void bench_stage_jit(struct bench_context *ctx)
                          "cold and warm start of a layer",
                          explanation);
     const int threads = ctx->thread_counts[ctx->thread_count_n - 1];
-    const char *const *models = ctx->quick ? quick_models : full_models;
+    const struct start_model *models = ctx->quick ? quick_models : full_models;
     const int model_count = ctx->quick ? 1 : (int)(sizeof full_models / sizeof full_models[0]);
     struct start_runs runs[START_KINDS];
     for (int m = 0; m < model_count; m++) {
         memset(runs, 0, sizeof runs);
         int failed = 0;
         for (int r = 0; r < rounds && !failed; r++)
-            failed = run_round(ctx, models[m], threads, runs) != 0;
+            failed = run_round(ctx, &models[m], threads, runs) != 0;
         if (failed)
             continue;
+        /* "llama3-8B", or "llama3-8B int8" for narrow weights. */
+        char label[64];
+        snprintf(label, sizeof label, "%s%s%s", models[m].name, models[m].weights ? " " : "",
+                 models[m].weights ? sneppx_dtype_name(models[m].weights) : "");
         const struct start_report *cold = &runs[COLD_1T].run[0];
         printf("  %-56s | cold: source   compile median [min-max]  total | warm: source  load [min-max]     total\n",
-               models[m]);
+               label);
         for (int i = 0; i < cold->kernel_count; i++) {
             const char *key = cold->kernels[i].key;
             const struct kernel_line *warm = find_key(&runs[WARM_1T].run[0], key);
@@ -296,9 +354,9 @@ void bench_stage_jit(struct bench_context *ctx)
                 bench_record_value("jit", key, "disk-total", 0, 0, load_total.median, "ms");
             }
         }
-        print_start(models[m], "cold-1t", 1, &runs[COLD_1T]);
-        print_start(models[m], "warm-1t", 1, &runs[WARM_1T]);
-        print_start(models[m], "cold", threads, &runs[COLD_ALL]);
-        print_start(models[m], "warm", threads, &runs[WARM_ALL]);
+        print_start(label, "cold-1t", 1, &runs[COLD_1T]);
+        print_start(label, "warm-1t", 1, &runs[WARM_1T]);
+        print_start(label, "cold", threads, &runs[COLD_ALL]);
+        print_start(label, "warm", threads, &runs[WARM_ALL]);
     }
 }
