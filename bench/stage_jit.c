@@ -1,7 +1,8 @@
 /* JIT: what a layer's kernels cost to get, in fresh processes (the bench
  * re-executes itself with --child-start MODEL THREADS WEIGHT_TYPE): the layer's
- * own kernels, SDPA's, and the decode kernel of each KV cache element type
- * (a one-token cached step per type), all that prefill and generation compile;
+ * own kernels, SDPA's, and the decode kernel of the float32, bfloat16 and int8
+ * KV caches (a one-token cached step per type), all causal (explicit-mask keys
+ * and float16 caches are left out);
  *   cold, 1 thread: an empty SNEPPX_CACHE_DIR, every key specialized, optimized
  *     and compiled one after another: the compile time of each key alone;
  *   warm, 1 thread: that directory, now full, and SNEPPX_JIT=0 so a miss
