@@ -1,8 +1,9 @@
 /* JIT: what a layer's kernels cost to get, in fresh processes (the bench
  * re-executes itself with --child-start MODEL THREADS WEIGHT_TYPE): the layer's
- * own kernels, SDPA's, and the decode kernel of the float32, bfloat16 and int8
- * KV caches (a one-token cached step per type), all causal (explicit-mask keys
- * and float16 caches are left out);
+ * own kernels, SDPA's, the explicit-mask flash kernel (a masked forward), and
+ * the decode kernels of the float32, bfloat16 and int8 KV caches (a one-token
+ * cached step per type; float32 with an explicit mask too). Left out: SDPA with
+ * an explicit mask, float16 caches and weights, bfloat16 compute;
  *   cold, 1 thread: an empty SNEPPX_CACHE_DIR, every key specialized, optimized
  *     and compiled one after another: the compile time of each key alone;
  *   warm, 1 thread: that directory, now full, and SNEPPX_JIT=0 so a miss
@@ -19,6 +20,7 @@
  * synthetic weights + packing), its first forward, and the child's wall time
  * from fork to exit. */
 #include <ftw.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,28 +79,56 @@ static const char *source_name(int source)
 /* ---- the child: one fresh process creating one layer ---------------------- */
 
 /* A one-token cached step per KV cache type: each compiles that type's decode
- * kernel, which the layer lists with its own. 0 when all ran. */
+ * kernel, which the layer lists with its own; on the float32 cache a second
+ * sequence's step with an explicit mask plane compiles the masked one. 0 when
+ * all ran. */
 static int decode_steps(sneppx_layer *layer, const sneppx_config *config, const float *hidden, float *out)
 {
     for (size_t t = 0; t < sizeof cache_types / sizeof cache_types[0]; t++) {
         sneppx_kv_cache_options options;
         sneppx_kv_cache_options_init(&options);
-        options.capacity_tokens = SNEPPX_KV_DEFAULT_PAGE_SIZE;
+        options.capacity_tokens = 2 * SNEPPX_KV_DEFAULT_PAGE_SIZE; /* a page per sequence */
         options.dtype = cache_types[t];
         sneppx_kv_cache *cache = NULL;
-        int64_t seq_id = 0;
+        int64_t seq_id = 0, masked_id = 0;
         const int64_t q_len = 1;
+        const float plane[1] = {0.0f}; /* [q_len, 0 + q_len]: the token sees itself */
+        const float *const masks[1] = {plane};
         sneppx_status status = sneppx_kv_cache_create(config, &options, &cache);
         if (status == SNEPPX_OK)
             status = sneppx_kv_cache_add_sequence(cache, &seq_id);
         if (status == SNEPPX_OK)
             status = sneppx_layer_forward_cached(layer, cache, 0, 1, &seq_id, &q_len, hidden, NULL, NULL, out);
+        if (status == SNEPPX_OK && cache_types[t] == SNEPPX_DTYPE_FLOAT32)
+            status = sneppx_kv_cache_add_sequence(cache, &masked_id);
+        if (status == SNEPPX_OK && cache_types[t] == SNEPPX_DTYPE_FLOAT32)
+            status = sneppx_layer_forward_cached(layer, cache, 0, 1, &masked_id, &q_len, hidden, NULL, masks, out);
         sneppx_kv_cache_destroy(cache);
         if (status != SNEPPX_OK) {
             fprintf(stderr, "sneppx-bench: %s cache step: %s\n", sneppx_dtype_name(cache_types[t]),
                     sneppx_last_error());
             return 1;
         }
+    }
+    return 0;
+}
+
+/* A forward with an explicit mask (HF's causal plane): compiles the layer's
+ * explicit-mask attention kernel. 0 when it ran. */
+static int masked_forward(sneppx_layer *layer, int64_t tokens, const float *hidden, float *out)
+{
+    float *mask = bench_alloc_floats((size_t)(tokens * tokens));
+    if (!mask)
+        return 1;
+    for (int64_t i = 0; i < tokens; i++)
+        for (int64_t j = 0; j < tokens; j++)
+            mask[i * tokens + j] = j <= i ? 0.0f : -INFINITY;
+    const int64_t shape[4] = {1, 1, tokens, tokens};
+    const sneppx_status status = sneppx_layer_forward(layer, 1, tokens, hidden, mask, shape, NULL, out);
+    free(mask);
+    if (status != SNEPPX_OK) {
+        fprintf(stderr, "sneppx-bench: masked forward: %s\n", sneppx_last_error());
+        return 1;
     }
     return 0;
 }
@@ -149,7 +179,7 @@ int bench_child_start(int argc, char **argv)
         return 1;
     }
     const double forward_ms = (bench_now() - forward_start) * 1e3;
-    if (decode_steps(layer, &config, hidden, out) != 0)
+    if (masked_forward(layer, tokens, hidden, out) != 0 || decode_steps(layer, &config, hidden, out) != 0)
         return 1;
     double kernels_ms = 0;
     for (int i = 0; i < sneppx_layer_kernel_count(layer); i++) {
