@@ -94,14 +94,15 @@ static int decode_steps(sneppx_layer *layer, const sneppx_config *config, const 
         const int64_t q_len = 1;
         const float plane[1] = {0.0f}; /* [q_len, 0 + q_len]: the token sees itself */
         const float *const masks[1] = {plane};
+        const int masked_step = cache_types[t] == SNEPPX_DTYPE_FLOAT32;
         sneppx_status status = sneppx_kv_cache_create(config, &options, &cache);
         if (status == SNEPPX_OK)
             status = sneppx_kv_cache_add_sequence(cache, &seq_id);
         if (status == SNEPPX_OK)
             status = sneppx_layer_forward_cached(layer, cache, 0, 1, &seq_id, &q_len, hidden, NULL, NULL, out);
-        if (status == SNEPPX_OK && cache_types[t] == SNEPPX_DTYPE_FLOAT32)
+        if (status == SNEPPX_OK && masked_step)
             status = sneppx_kv_cache_add_sequence(cache, &masked_id);
-        if (status == SNEPPX_OK && cache_types[t] == SNEPPX_DTYPE_FLOAT32)
+        if (status == SNEPPX_OK && masked_step)
             status = sneppx_layer_forward_cached(layer, cache, 0, 1, &masked_id, &q_len, hidden, NULL, masks, out);
         sneppx_kv_cache_destroy(cache);
         if (status != SNEPPX_OK) {
