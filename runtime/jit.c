@@ -12,7 +12,8 @@
  * 160-205 for a GEMM key and 146 instead of 185 for flash d128, and the GEMM
  * and flash kernels it made ran as fast, bench/run.sh side by side.) Every
  * kernel, compiled or read from the disk cache, reaches the JIT as an object
- * file, so a cache hit runs exactly the code a miss compiled. */
+ * bundle (one object, or two when code generation ran on two threads:
+ * jit_codegen.c), so a cache hit runs exactly the code a miss compiled. */
 #include "jit.h"
 
 #include <llvm-c/BitReader.h>
@@ -25,6 +26,7 @@
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +34,8 @@
 
 #include "error.h"
 #include "host.h"
+#include "jit_codegen.h"
+#include "object_bundle.h"
 #include "perf_map.h"
 
 /* Changing any of these changes the code: the string below is part of every
@@ -39,7 +43,8 @@
 #define PASS_PIPELINE "default<O2>"
 #define JIT_OPTIONS                                                                  \
     PASS_PIPELINE " loop-vectorize loop-interleave slp-vectorize loop-unroll; "     \
-                  "codegen aggressive pic small-code-model; host attributes; internalized"
+                  "codegen aggressive pic small-code-model, by function in up to 2 parts; "      \
+                  "host attributes; internalized; object bundle"
 
 #define SPEC_PREFIX "spec_"
 #define TEMPLATE_ENTRY "sneppx_kernel"
@@ -71,19 +76,11 @@ static sneppx_status fail_llvm(LLVMErrorRef error, const char *step, const char 
 
 static LLVMTargetMachineRef create_host_target_machine(const char *key)
 {
-    const sneppx_host *h = sneppx_host_info();
-    LLVMTargetRef target;
-    char *message = NULL;
-    if (LLVMGetTargetFromTriple(h->triple, &target, &message)) {
-        sneppx_fail(SNEPPX_ERR_JIT, "LLVM has no target for host triple '%s' (kernel '%s'): %s",
-                    h->triple, key, message);
-        LLVMDisposeMessage(message);
-        return NULL;
-    }
-    /* Small code model with PIC: JITLink places each object's sections
-     * together and reaches the process (libm) through GOT/PLT stubs. */
-    return LLVMCreateTargetMachine(target, h->triple, h->cpu, h->features, LLVMCodeGenLevelAggressive,
-                                   LLVMRelocPIC, LLVMCodeModelSmall);
+    char error[256];
+    LLVMTargetMachineRef machine = sneppx_jit_host_machine(error, sizeof error);
+    if (!machine)
+        sneppx_fail(SNEPPX_ERR_JIT, "kernel '%s': %s", key, error);
+    return machine;
 }
 
 static void replace_string_attribute(LLVMContextRef context, LLVMValueRef function, const char *name,
@@ -282,32 +279,58 @@ sneppx_status sneppx_jit_module_ir(const struct sneppx_kernel_family *family, co
                                          family->family);
 }
 
-sneppx_status sneppx_jit_compile_object(const struct sneppx_kernel_family *family, const int64_t *values,
-                                        const struct sneppx_target *target, void **object, size_t *object_size)
+/* ---- how many threads a compile's code generation gets ------------------ */
+
+static atomic_int compiles_running;
+static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
+static int forced_threads; /* SNEPPX_JIT_THREADS, or 0 */
+static int process_cpus;
+
+static void read_thread_settings(void)
 {
+    cpu_set_t set;
+    process_cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    const char *env = getenv("SNEPPX_JIT_THREADS");
+    if (!env || !env[0])
+        return;
+    if (strcmp(env, "1") == 0 || strcmp(env, "2") == 0)
+        forced_threads = env[0] - '0';
+    else
+        sneppx_log(0, "warning: SNEPPX_JIT_THREADS='%s' is not 1 or 2; ignored (a compile uses 2 threads when "
+                   "2 cores are free)", sneppx_clip(env).text);
+}
+
+/* Two threads when the process may run on twice as many cores as there are
+ * compiles now (this one included): a layer already compiles its keys side
+ * by side, and then a second thread per key would only wait for a core. */
+static int codegen_threads(int running)
+{
+    pthread_once(&threads_once, read_thread_settings);
+    if (forced_threads)
+        return forced_threads;
+    return process_cpus >= 2 * running ? 2 : 1;
+}
+
+sneppx_status sneppx_jit_compile_object(const struct sneppx_kernel_family *family, const int64_t *values,
+                                        const struct sneppx_target *target, int threads, void **object,
+                                        size_t *object_size)
+{
+    const int running = atomic_fetch_add(&compiles_running, 1) + 1;
     LLVMContextRef context;
     LLVMModuleRef module;
     LLVMTargetMachineRef machine;
     sneppx_status status = build_module(family, values, target, SNEPPX_JIT_STAGE_OPTIMIZED,
                                         &context, &module, &machine);
-    if (status != SNEPPX_OK)
-        return status;
-    char *message = NULL;
-    LLVMMemoryBufferRef buffer = NULL;
-    if (LLVMTargetMachineEmitToMemoryBuffer(machine, module, LLVMObjectFile, &message, &buffer)) {
-        status = sneppx_fail(SNEPPX_ERR_JIT, "LLVM code generation failed for a %s kernel: %s", family->family,
-                             message);
-        LLVMDisposeMessage(message);
-    } else {
-        *object_size = LLVMGetBufferSize(buffer);
-        *object = malloc(*object_size);
-        if (*object)
-            memcpy(*object, LLVMGetBufferStart(buffer), *object_size);
-        else
-            status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "out of memory holding a %zu-byte object", *object_size);
-        LLVMDisposeMemoryBuffer(buffer);
+    if (status == SNEPPX_OK) {
+        char key[SNEPPX_KEY_MAX], symbol_prefix[SNEPPX_KEY_MAX + 16];
+        status = sneppx_kernel_key(family->family, values, target, key, sizeof key);
+        entry_symbol(key, "", symbol_prefix, sizeof symbol_prefix);
+        if (status == SNEPPX_OK)
+            status = sneppx_jit_emit_bundle(module, machine, key, symbol_prefix,
+                                            threads > 0 ? threads : codegen_threads(running), object, object_size);
+        dispose_module(context, module, machine);
     }
-    dispose_module(context, module, machine);
+    atomic_fetch_sub(&compiles_running, 1);
     return status;
 }
 
@@ -379,38 +402,58 @@ static sneppx_status remember_tracker(LLVMOrcResourceTrackerRef tracker, const c
     return SNEPPX_OK;
 }
 
+/* Where the JIT linked symbol; 0 if it did not (perf_map.h's lookup). */
+static uint64_t linked_address(const char *symbol, void *unused)
+{
+    (void)unused;
+    LLVMOrcExecutorAddress address = 0;
+    LLVMErrorRef error = LLVMOrcLLJITLookup(jit, &address, symbol);
+    if (error) {
+        LLVMConsumeError(error);
+        return 0;
+    }
+    return address;
+}
+
 sneppx_status sneppx_jit_link_object(const struct sneppx_kernel_family *family, const char *key,
                                      const void *object, size_t object_size,
                                      sneppx_kernel_fn entry[SNEPPX_ENTRY_COUNT])
 {
+    for (int i = 0; i < SNEPPX_ENTRY_COUNT; i++)
+        entry[i] = NULL;
     sneppx_status status = get_jit(key);
     if (status != SNEPPX_OK)
         return status;
-    LLVMMemoryBufferRef buffer = LLVMCreateMemoryBufferWithMemoryRangeCopy(object, object_size, key);
+    struct sneppx_object_span objects[SNEPPX_BUNDLE_MAX_OBJECTS];
+    int object_count = 0;
+    if ((status = sneppx_bundle_unpack(object, object_size, key, objects, &object_count)) != SNEPPX_OK)
+        return status;
     pthread_mutex_lock(&jit_lock);
     LLVMOrcResourceTrackerRef tracker = LLVMOrcJITDylibCreateResourceTracker(LLVMOrcLLJITGetMainJITDylib(jit));
-    LLVMErrorRef error = LLVMOrcLLJITAddObjectFileWithRT(jit, tracker, buffer); /* takes the buffer */
-    if (error)
-        status = fail_llvm(error, "adding the object", key);
-    for (int i = 0; i < SNEPPX_ENTRY_COUNT; i++)
-        entry[i] = NULL;
+    for (int i = 0; status == SNEPPX_OK && i < object_count; i++) {
+        LLVMMemoryBufferRef buffer =
+            LLVMCreateMemoryBufferWithMemoryRangeCopy(objects[i].data, objects[i].size, key);
+        LLVMErrorRef error = LLVMOrcLLJITAddObjectFileWithRT(jit, tracker, buffer); /* takes the buffer */
+        if (error)
+            status = fail_llvm(error, "adding the object", key);
+    }
     for (int i = 0; status == SNEPPX_OK && i < family->entry_count; i++) {
         char symbol[SNEPPX_KEY_MAX + 64];
         entry_symbol(key, family->entry_suffixes[i], symbol, sizeof symbol);
         LLVMOrcExecutorAddress address = 0;
-        /* The first lookup links the object: unresolved symbols fail here. */
-        if ((error = LLVMOrcLLJITLookup(jit, &address, symbol)))
+        /* The first lookup links the objects: unresolved symbols fail here. */
+        LLVMErrorRef error = LLVMOrcLLJITLookup(jit, &address, symbol);
+        if (error)
             status = fail_llvm(error, "linking", key);
         entry[i] = (sneppx_kernel_fn)(uintptr_t)address;
     }
-    if (status == SNEPPX_OK && family->entry_count > 0) {
-        char symbol[SNEPPX_KEY_MAX + 64];
-        entry_symbol(key, family->entry_suffixes[SNEPPX_ENTRY_RUN], symbol, sizeof symbol);
-        sneppx_perf_map_add(key, object, object_size, symbol,
-                            (uint64_t)(uintptr_t)entry[SNEPPX_ENTRY_RUN]);
-    }
-    if (status == SNEPPX_OK)
+    if (status == SNEPPX_OK) {
+        char symbol_prefix[SNEPPX_KEY_MAX + 16];
+        entry_symbol(key, "", symbol_prefix, sizeof symbol_prefix);
+        for (int i = 0; i < object_count; i++)
+            sneppx_perf_map_add(key, objects[i].data, objects[i].size, symbol_prefix, linked_address, NULL);
         status = remember_tracker(tracker, key);
+    }
     if (status != SNEPPX_OK) {
         /* Drop what was added, so that a retry can define the same symbols. */
         LLVMErrorRef remove_error = LLVMOrcResourceTrackerRemove(tracker);

@@ -154,7 +154,7 @@ static sneppx_status obtain_object(const struct sneppx_kernel_family *family, co
     }
     timing->source = SNEPPX_KERNEL_SOURCE_COMPILED;
     double compile_start = now_ms();
-    sneppx_status status = sneppx_jit_compile_object(family, values, target, object, object_size);
+    sneppx_status status = sneppx_jit_compile_object(family, values, target, 0, object, object_size);
     timing->compile_ms = now_ms() - compile_start;
     if (status == SNEPPX_OK) {
         if (sneppx_disk_cache_store(key, fingerprint, *object, *object_size, &events->evictions) == SNEPPX_OK)

@@ -1,6 +1,7 @@
 /* perf's map of JIT code (perf_map.h). The object's function symbols carry
- * offsets within its text section; the linked address of one entry gives
- * the section's base, and with it every function's address. */
+ * offsets within its text section; the linked address of one of its
+ * exported functions gives the section's base, and with it every
+ * function's address. */
 #include "perf_map.h"
 
 #include <errno.h>
@@ -69,14 +70,19 @@ static FILE *open_map(void)
     return map;
 }
 
-/* The section name and offset of symbol `name` in the object; 0 if found. */
-static int find_symbol(LLVMBinaryRef binary, const char *name, char *section, size_t section_size, uint64_t *offset)
+/* The section and offset of the object's first symbol that starts with
+ * prefix and that lookup finds, and its linked address; 0 if found. */
+static int find_anchor(LLVMBinaryRef binary, const char *prefix, sneppx_perf_map_lookup lookup, void *context,
+                       char *section, size_t section_size, uint64_t *offset, uint64_t *address)
 {
     int found = 0;
+    const size_t prefix_length = strlen(prefix);
     LLVMSymbolIteratorRef symbol = LLVMObjectFileCopySymbolIterator(binary);
     LLVMSectionIteratorRef containing = LLVMObjectFileCopySectionIterator(binary);
     for (; !found && !LLVMObjectFileIsSymbolIteratorAtEnd(binary, symbol); LLVMMoveToNextSymbol(symbol)) {
-        if (strcmp(LLVMGetSymbolName(symbol), name) != 0)
+        const char *name = LLVMGetSymbolName(symbol);
+        if (LLVMGetSymbolSize(symbol) == 0 || strncmp(name, prefix, prefix_length) != 0 ||
+            !(*address = lookup(name, context)))
             continue;
         LLVMMoveToContainingSection(containing, symbol);
         if (LLVMObjectFileIsSectionIteratorAtEnd(binary, containing))
@@ -90,8 +96,8 @@ static int find_symbol(LLVMBinaryRef binary, const char *name, char *section, si
     return found ? 0 : -1;
 }
 
-void sneppx_perf_map_add(const char *key, const void *object, size_t object_size, const char *entry_symbol,
-                         uint64_t entry_address)
+void sneppx_perf_map_add(const char *key, const void *object, size_t object_size, const char *symbol_prefix,
+                         sneppx_perf_map_lookup lookup, void *context)
 {
     pthread_once(&enabled_once, read_enabled);
     if (!enabled)
@@ -106,9 +112,9 @@ void sneppx_perf_map_add(const char *key, const void *object, size_t object_size
         return;
     }
     char text[64];
-    uint64_t entry_offset = 0;
-    if (find_symbol(binary, entry_symbol, text, sizeof text, &entry_offset) == 0) {
-        const uint64_t base = entry_address - entry_offset;
+    uint64_t anchor_offset = 0, anchor_address = 0;
+    if (find_anchor(binary, symbol_prefix, lookup, context, text, sizeof text, &anchor_offset, &anchor_address) == 0) {
+        const uint64_t base = anchor_address - anchor_offset;
         pthread_mutex_lock(&map_lock);
         FILE *out = open_map();
         LLVMSymbolIteratorRef symbol = LLVMObjectFileCopySymbolIterator(binary);
@@ -132,7 +138,8 @@ void sneppx_perf_map_add(const char *key, const void *object, size_t object_size
         LLVMDisposeSymbolIterator(symbol);
         pthread_mutex_unlock(&map_lock);
     } else {
-        sneppx_log(1, "SNEPPX_PERF_MAP: kernel '%s': no symbol %s in its object", key, entry_symbol);
+        sneppx_log(1, "SNEPPX_PERF_MAP: kernel '%s': no linked symbol %s... in one of its objects", key,
+                   symbol_prefix);
     }
     LLVMDisposeBinary(binary);
     LLVMDisposeMemoryBuffer(buffer);
