@@ -18,7 +18,10 @@ seconds="${1:-30}"
 shift || true
 harnesses=("$@")
 if [ ${#harnesses[@]} -eq 0 ]; then
-  harnesses=(config_name config_json config_validate cache_entry safetensors checkpoint_index layer_forward)
+  for source in "$root"/fuzz/fuzz_*.c; do # each harness file, as fuzz/CMakeLists.txt builds them
+    name="$(basename "$source" .c)"
+    harnesses+=("${name#fuzz_}")
+  done
 fi
 
 CC=clang-19 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

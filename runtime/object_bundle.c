@@ -1,6 +1,7 @@
 /* The bundle (object_bundle.h): the magic, the object count, each object's
- * size, then the objects, each at an offset that is a multiple of
- * BUNDLE_ALIGN (ELF readers want their headers aligned). Sizes are little
+ * size (the unused slots zero), then the objects, each at an offset that is a
+ * multiple of BUNDLE_ALIGN (ELF readers want their headers aligned), padded
+ * with zeros. Unpacking accepts exactly what packing makes. Sizes are little
  * endian as the host writes them: the disk cache's fingerprint names the
  * host, so a bundle is only ever read where it was written. */
 #include "object_bundle.h"
@@ -62,6 +63,10 @@ sneppx_status sneppx_bundle_unpack(const void *bundle, size_t bundle_size, const
         header.count < 1 || header.count > SNEPPX_BUNDLE_MAX_OBJECTS)
         return sneppx_fail(SNEPPX_ERR_JIT, "the code of kernel '%s' is not an object bundle (magic, count %u)",
                            key, header.count);
+    for (uint32_t i = header.count; i < SNEPPX_BUNDLE_MAX_OBJECTS; i++)
+        if (header.sizes[i] != 0)
+            return sneppx_fail(SNEPPX_ERR_JIT, "the object bundle of kernel '%s' sizes an object past its count %u",
+                               key, header.count);
     size_t offset = aligned(sizeof header);
     for (uint32_t i = 0; i < header.count; i++) {
         /* offset <= bundle_size holds here: checked below for every object before */
@@ -71,9 +76,14 @@ sneppx_status sneppx_bundle_unpack(const void *bundle, size_t bundle_size, const
                                bundle_size - offset);
         objects[i].data = (const unsigned char *)bundle + offset;
         objects[i].size = (size_t)header.sizes[i];
-        offset = aligned(offset + objects[i].size);
+        const size_t end = offset + objects[i].size;
+        offset = aligned(end);
         if (offset > bundle_size)
             return sneppx_fail(SNEPPX_ERR_JIT, "object %u of kernel '%s' lacks its padding in the bundle", i, key);
+        for (size_t pad = end; pad < offset; pad++)
+            if (((const unsigned char *)bundle)[pad] != 0)
+                return sneppx_fail(SNEPPX_ERR_JIT, "object %u of kernel '%s' is followed by padding that is not "
+                                   "zero", i, key);
     }
     if (offset != bundle_size)
         return sneppx_fail(SNEPPX_ERR_JIT, "the object bundle of kernel '%s' has %zu bytes after its objects",

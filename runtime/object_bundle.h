@@ -20,8 +20,9 @@ sneppx_status sneppx_bundle_pack(const struct sneppx_object_span *objects, int c
                                  size_t *bundle_size);
 
 /* Finds the objects of a bundle: objects[] point into it. The bundle may come
- * from a file: every field is checked against its size, and a bundle that
- * does not parse exactly is refused with SNEPPX_ERR_JIT naming key. */
+ * from a file: every field is checked against its size, and anything
+ * sneppx_bundle_pack would not have made (a length, count, size, slot or
+ * padding byte off) is refused with SNEPPX_ERR_JIT naming key. */
 sneppx_status sneppx_bundle_unpack(const void *bundle, size_t bundle_size, const char *key,
                                    struct sneppx_object_span objects[SNEPPX_BUNDLE_MAX_OBJECTS], int *count);
 
