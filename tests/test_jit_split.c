@@ -7,8 +7,8 @@
  *    magic are forged, is refused with an error naming the key, never read
  *    out of bounds;
  *  - per key (an int8 GEMM, flash, a bfloat16-cache decode): split in two
- *    objects, every function the same size as in the whole object, both
- *    bundles link; a key of one function (SDPA) or little code (rmsnorm)
+ *    objects that each hold at least a quarter of the code, every function
+ *    the same size as in the whole object, both bundles link; a key of one function (SDPA) or little code (rmsnorm)
  *    stays whole;
  *  - end to end: a layer forward (float32 and int8 weights) compiled in a
  *    child process with SNEPPX_JIT_THREADS=1 and in one with 2, each with a
@@ -143,6 +143,7 @@ static void check_key(const char *family_name, const int64_t *values, int expect
         return;
     struct function_sizes sizes[2] = {{0}, {0}};
     int parts[2] = {0, 0};
+    uint64_t part_bytes[SNEPPX_BUNDLE_MAX_OBJECTS] = {0}; /* of the split compile's objects */
     for (int threads = 1; threads <= 2; threads++) {
         void *bundle = NULL;
         size_t size = 0;
@@ -153,8 +154,12 @@ static void check_key(const char *family_name, const int64_t *values, int expect
         }
         struct sneppx_object_span objects[SNEPPX_BUNDLE_MAX_OBJECTS];
         CHECK(sneppx_bundle_unpack(bundle, size, key, objects, &parts[threads - 1]) == SNEPPX_OK);
-        for (int i = 0; i < parts[threads - 1]; i++)
+        for (int i = 0; i < parts[threads - 1]; i++) {
+            const int before = sizes[threads - 1].count;
             add_functions(&objects[i], &sizes[threads - 1]);
+            for (int f = before; threads == 2 && f < sizes[1].count; f++)
+                part_bytes[i] += sizes[1].size[f];
+        }
         sneppx_kernel_fn entry[SNEPPX_ENTRY_COUNT];
         CHECK(sneppx_jit_link_object(family, key, bundle, size, entry) == SNEPPX_OK);
         for (int i = 0; i < family->entry_count; i++)
@@ -165,10 +170,15 @@ static void check_key(const char *family_name, const int64_t *values, int expect
     int same = sizes[0].count == sizes[1].count && sizes[0].count > 0;
     for (int i = 0; same && i < sizes[0].count; i++)
         same = size_of(&sizes[1], sizes[0].name[i]) == sizes[0].size[i];
+    /* The parts share the work: neither holds less than a quarter of the code. */
+    const uint64_t total = part_bytes[0] + part_bytes[1];
+    const uint64_t smaller = part_bytes[0] < part_bytes[1] ? part_bytes[0] : part_bytes[1];
     CHECK(parts[0] == 1);
     CHECK(parts[1] == expect_parts);
     CHECK(same);
-    printf("  %-50s whole 1 object, split %d; %d functions, %s sizes\n", key, parts[1], sizes[0].count,
+    CHECK(expect_parts == 1 || 4 * smaller >= total);
+    printf("  %-50s whole 1 object, split %d (%llu + %llu code bytes); %d functions, %s sizes\n", key, parts[1],
+           (unsigned long long)part_bytes[0], (unsigned long long)part_bytes[1], sizes[0].count,
            same ? "the same" : "DIFFERENT");
 }
 
