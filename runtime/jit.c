@@ -218,15 +218,20 @@ static sneppx_status build_module(const struct sneppx_kernel_family *family, con
     /* A context per compile: LLVM contexts are not shared between threads. */
     *context = LLVMContextCreate();
     *module = NULL;
+    struct sneppx_jit_diagnostics diagnostics;
+    sneppx_jit_keep_diagnostics(*context, &diagnostics);
     LLVMMemoryBufferRef buffer = LLVMCreateMemoryBufferWithMemoryRange(
         (const char *)bitcode->data, bitcode->size, bitcode->family, 0);
     LLVMBool parse_failed = LLVMParseBitcodeInContext2(*context, buffer, module);
     LLVMDisposeMemoryBuffer(buffer);
     if (parse_failed) {
-        status = sneppx_fail(SNEPPX_ERR_JIT, "embedded bitcode of %s %s is unreadable by LLVM %s (kernel '%s')",
-                             family->family, target->name, SNEPPX_LLVM_VERSION, key);
+        status = sneppx_fail(SNEPPX_ERR_JIT, "embedded bitcode of %s %s is unreadable by LLVM %s (kernel '%s'): %s",
+                             family->family, target->name, SNEPPX_LLVM_VERSION, key, diagnostics.message);
         goto fail;
     }
+    /* Later diagnostics (none expected from a verified module) go to LLVM's handler again, since
+     * diagnostics lives on this stack frame only. */
+    LLVMContextSetDiagnosticHandler(*context, NULL, NULL);
     if ((status = specialize_globals(*module, family, values, key)) != SNEPPX_OK ||
         (status = rename_and_internalize(*module, family, key)) != SNEPPX_OK)
         goto fail;
@@ -281,7 +286,8 @@ sneppx_status sneppx_jit_module_ir(const struct sneppx_kernel_family *family, co
 
 /* ---- how many threads a compile's code generation gets ------------------ */
 
-static atomic_int compiles_running;
+/* Compiles running in the process, plus the second threads of divided ones. */
+static atomic_int compile_threads;
 static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
 static int forced_threads; /* SNEPPX_JIT_THREADS, or 0 */
 static int process_cpus;
@@ -296,41 +302,60 @@ static void read_thread_settings(void)
     if (strcmp(env, "1") == 0 || strcmp(env, "2") == 0)
         forced_threads = env[0] - '0';
     else
-        sneppx_log(0, "warning: SNEPPX_JIT_THREADS='%s' is not 1 or 2; ignored (a compile uses 2 threads when "
-                   "2 cores are free)", sneppx_clip(env).text);
+        sneppx_log(0, "warning: SNEPPX_JIT_THREADS='%s' is not 1 or 2; ignored (a compile takes a second "
+                   "thread when a core is free)", sneppx_clip(env).text);
 }
 
-/* Two threads when the process may run on twice as many cores as there are
- * compiles now (this one included): a layer already compiles its keys side
- * by side, and then a second thread per key would only wait for a core. */
-static int codegen_threads(int running)
+/* The threads code generation may use, taken when the module is ready (an
+ * optimize takes about as long as an emit, and other compiles start and end
+ * meanwhile): the caller's request, else SNEPPX_JIT_THREADS, else a second
+ * thread when the process may run on more cores than it has compile threads
+ * busy. A layer compiles its keys side by side, one per core: then there is
+ * no core to take, and a second thread per key would only wait for one. */
+static int take_codegen_threads(int requested)
 {
     pthread_once(&threads_once, read_thread_settings);
-    if (forced_threads)
-        return forced_threads;
-    return process_cpus >= 2 * running ? 2 : 1;
+    const int wanted = requested > 0 ? requested : forced_threads;
+    if (wanted == 1)
+        return 1;
+    if (wanted == 2) {
+        atomic_fetch_add(&compile_threads, 1);
+        return 2;
+    }
+    int busy = atomic_load(&compile_threads);
+    while (busy < process_cpus)
+        if (atomic_compare_exchange_weak(&compile_threads, &busy, busy + 1))
+            return 2;
+    return 1;
+}
+
+static void give_back_codegen_threads(int threads)
+{
+    if (threads == 2)
+        atomic_fetch_sub(&compile_threads, 1);
 }
 
 sneppx_status sneppx_jit_compile_object(const struct sneppx_kernel_family *family, const int64_t *values,
                                         const struct sneppx_target *target, int threads, void **object,
                                         size_t *object_size)
 {
-    const int running = atomic_fetch_add(&compiles_running, 1) + 1;
+    char key[SNEPPX_KEY_MAX], symbol_prefix[SNEPPX_KEY_MAX + 16];
+    sneppx_status status = sneppx_kernel_key(family->family, values, target, key, sizeof key);
+    if (status != SNEPPX_OK)
+        return status;
+    entry_symbol(key, "", symbol_prefix, sizeof symbol_prefix);
+    atomic_fetch_add(&compile_threads, 1);
     LLVMContextRef context;
     LLVMModuleRef module;
     LLVMTargetMachineRef machine;
-    sneppx_status status = build_module(family, values, target, SNEPPX_JIT_STAGE_OPTIMIZED,
-                                        &context, &module, &machine);
+    status = build_module(family, values, target, SNEPPX_JIT_STAGE_OPTIMIZED, &context, &module, &machine);
     if (status == SNEPPX_OK) {
-        char key[SNEPPX_KEY_MAX], symbol_prefix[SNEPPX_KEY_MAX + 16];
-        status = sneppx_kernel_key(family->family, values, target, key, sizeof key);
-        entry_symbol(key, "", symbol_prefix, sizeof symbol_prefix);
-        if (status == SNEPPX_OK)
-            status = sneppx_jit_emit_bundle(module, machine, key, symbol_prefix,
-                                            threads > 0 ? threads : codegen_threads(running), object, object_size);
+        const int codegen_threads = take_codegen_threads(threads);
+        status = sneppx_jit_emit_bundle(module, machine, key, symbol_prefix, codegen_threads, object, object_size);
+        give_back_codegen_threads(codegen_threads);
         dispose_module(context, module, machine);
     }
-    atomic_fetch_sub(&compiles_running, 1);
+    atomic_fetch_sub(&compile_threads, 1);
     return status;
 }
 
@@ -431,8 +456,10 @@ sneppx_status sneppx_jit_link_object(const struct sneppx_kernel_family *family, 
     pthread_mutex_lock(&jit_lock);
     LLVMOrcResourceTrackerRef tracker = LLVMOrcJITDylibCreateResourceTracker(LLVMOrcLLJITGetMainJITDylib(jit));
     for (int i = 0; status == SNEPPX_OK && i < object_count; i++) {
+        char name[SNEPPX_KEY_MAX + 16]; /* as LLVM's messages name the object */
+        snprintf(name, sizeof name, "%s#%d", key, i);
         LLVMMemoryBufferRef buffer =
-            LLVMCreateMemoryBufferWithMemoryRangeCopy(objects[i].data, objects[i].size, key);
+            LLVMCreateMemoryBufferWithMemoryRangeCopy(objects[i].data, objects[i].size, name);
         LLVMErrorRef error = LLVMOrcLLJITAddObjectFileWithRT(jit, tracker, buffer); /* takes the buffer */
         if (error)
             status = fail_llvm(error, "adding the object", key);

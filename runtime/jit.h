@@ -31,11 +31,10 @@ sneppx_status sneppx_jit_module_ir(const struct sneppx_kernel_family *family, co
 
 /* Specializes, optimizes and compiles the kernel key for the host to an
  * object bundle (object_bundle.h: the key's relocatable objects). threads is
- * how many threads its code generation may use (1 or 2, jit_codegen.h);
- * 0 chooses: SNEPPX_JIT_THREADS if set, else 2 when the process may run on
- * twice as many cores as there are compiles running in it, this one
- * included. *object is malloc'd; the caller frees it. Thread-safe (each
- * compile has its own LLVM contexts and target machines). */
+ * how many threads its code generation may use (1 or 2, jit_codegen.h); 0
+ * lets jit.c choose (take_codegen_threads). *object is malloc'd; the caller
+ * frees it. Thread-safe (each compile has its own LLVM contexts and target
+ * machines). */
 sneppx_status sneppx_jit_compile_object(const struct sneppx_kernel_family *family, const int64_t *values,
                                         const struct sneppx_target *target, int threads, void **object,
                                         size_t *object_size);
@@ -45,8 +44,9 @@ sneppx_status sneppx_jit_compile_object(const struct sneppx_kernel_family *famil
 void sneppx_jit_prepare(void);
 
 /* Links the object bundle made by sneppx_jit_compile_object for key into
- * the process JIT (a bundle that does not parse is refused) and writes the address of each entry of family to entry[] (unused
- * slots NULL). The code lives until process exit. Thread-safe. */
+ * the process JIT (a bundle that does not parse is refused) and writes the
+ * address of each entry of family to entry[] (unused slots NULL). The code
+ * lives until process exit. Thread-safe. */
 sneppx_status sneppx_jit_link_object(const struct sneppx_kernel_family *family, const char *key,
                                      const void *object, size_t object_size,
                                      sneppx_kernel_fn entry[SNEPPX_ENTRY_COUNT]);

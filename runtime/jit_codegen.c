@@ -30,9 +30,9 @@
  * loop; fitted to llc's times of an int8 GEMM key's eight functions, which
  * this predicts within about 1.5x). */
 #define BLOCK_COST 20
-/* Splitting costs a bitcode round trip and a thread, about 2 ms in all: a
- * part worth less than about 5 ms of codegen (~90 cost units a ms on Zen 5)
- * is not worth a thread. */
+/* A divided compile reads the bitcode twice, makes a second target machine
+ * and starts a thread, about 2 ms in all: a part worth less than about 5 ms
+ * of codegen (~90 cost units a ms on Zen 5) is not worth it. */
 #define SPLIT_MIN_PART_COST 450
 #define PARTS 2
 
@@ -50,6 +50,24 @@ LLVMTargetMachineRef sneppx_jit_host_machine(char *error, size_t error_size)
      * together and reaches the process (libm) through GOT/PLT stubs. */
     return LLVMCreateTargetMachine(target, h->triple, h->cpu, h->features, LLVMCodeGenLevelAggressive,
                                    LLVMRelocPIC, LLVMCodeModelSmall);
+}
+
+/* An LLVM context's error diagnostics, kept instead of LLVM's default
+ * handler printing them and exiting the process. */
+static void keep_error_diagnostic(LLVMDiagnosticInfoRef info, void *context)
+{
+    struct sneppx_jit_diagnostics *kept = context;
+    if (LLVMGetDiagInfoSeverity(info) != LLVMDSError || kept->message[0])
+        return;
+    char *description = LLVMGetDiagInfoDescription(info);
+    snprintf(kept->message, sizeof kept->message, "%s", description);
+    LLVMDisposeMessage(description);
+}
+
+void sneppx_jit_keep_diagnostics(LLVMContextRef context, struct sneppx_jit_diagnostics *kept)
+{
+    kept->message[0] = '\0';
+    LLVMContextSetDiagnosticHandler(context, keep_error_diagnostic, kept);
 }
 
 /* Emits module as one object; NULL with why in error. */
@@ -144,16 +162,53 @@ static int part_of_user(LLVMValueRef user, const struct costed_function *functio
     return -1;
 }
 
-/* Every function used outside its own part gets a name of the key's and
- * protected visibility: the other part declares it and calls it directly. */
-static void export_shared_functions(const struct costed_function *functions, int count, const char *symbol_prefix)
+/* 1 when a use of function f is a direct call of it (f the callee, not an argument). */
+static int is_direct_call(LLVMValueRef user, LLVMValueRef f)
+{
+    if (!LLVMIsACallInst(user) || LLVMGetCalledValue(user) != f)
+        return 0;
+    for (unsigned a = 0; a < LLVMGetNumArgOperands(user); a++)
+        if (LLVMGetOperand(user, a) == f)
+            return 0;
+    return 1;
+}
+
+/* 1 when function i is used outside its own part; -1 when such a use is not
+ * a direct call. A protected function is reached PC-relative; JITLink gives a
+ * call that cannot reach a stub, but not an address taken, and the parts'
+ * objects may land far apart. */
+static int shared_function(const struct costed_function *functions, int count, int i)
+{
+    int shared = 0;
+    for (LLVMUseRef use = LLVMGetFirstUse(functions[i].function); use; use = LLVMGetNextUse(use)) {
+        LLVMValueRef user = LLVMGetUser(use);
+        if (part_of_user(user, functions, count) == functions[i].part)
+            continue;
+        if (!is_direct_call(user, functions[i].function))
+            return -1;
+        shared = 1;
+    }
+    return shared;
+}
+
+/* 0 when every function used outside its part is only called there. */
+static int parts_only_call_across(const struct costed_function *functions, int count)
+{
+    for (int i = 0; i < count; i++)
+        if (shared_function(functions, count, i) < 0)
+            return -1;
+    return 0;
+}
+
+/* Every function called from the other part gets protected visibility (the
+ * other part declares it and calls it directly) and, if it was internal, a
+ * name of the key's. -1 when out of memory (some may be renamed: the module
+ * must not be emitted then, its code would differ from an undivided one). */
+static int export_shared_functions(const struct costed_function *functions, int count, const char *symbol_prefix)
 {
     for (int i = 0; i < count; i++) {
         LLVMValueRef f = functions[i].function;
-        int shared = 0;
-        for (LLVMUseRef use = LLVMGetFirstUse(f); use && !shared; use = LLVMGetNextUse(use))
-            shared = part_of_user(LLVMGetUser(use), functions, count) != functions[i].part;
-        if (!shared)
+        if (shared_function(functions, count, i) <= 0)
             continue;
         LLVMLinkage linkage = LLVMGetLinkage(f);
         if (linkage == LLVMInternalLinkage || linkage == LLVMPrivateLinkage) {
@@ -162,7 +217,7 @@ static void export_shared_functions(const struct costed_function *functions, int
             size_t size = strlen(symbol_prefix) + 2 + length + 1;
             char *exported = malloc(size);
             if (!exported)
-                continue; /* stays internal: each part then emits a copy of its own */
+                return -1;
             snprintf(exported, size, "%s__%.*s", symbol_prefix, (int)length, name);
             LLVMSetValueName2(f, exported, strlen(exported));
             free(exported);
@@ -170,6 +225,7 @@ static void export_shared_functions(const struct costed_function *functions, int
         }
         LLVMSetVisibility(f, LLVMProtectedVisibility);
     }
+    return 0;
 }
 
 /* The names of one part's externally visible functions: what the other part
@@ -238,10 +294,13 @@ static void *emit_part(void *argument)
 {
     struct part *part = argument;
     LLVMContextRef context = LLVMContextCreate();
+    struct sneppx_jit_diagnostics diagnostics;
+    sneppx_jit_keep_diagnostics(context, &diagnostics);
     LLVMModuleRef module = NULL;
     LLVMTargetMachineRef machine = part->machine;
     if (LLVMParseBitcodeInContext2(context, part->bitcode, &module)) {
-        snprintf(part->error, sizeof part->error, "reading back the module's bitcode failed");
+        snprintf(part->error, sizeof part->error, "reading back the module's bitcode failed: %s",
+                 diagnostics.message);
         module = NULL;
     } else if ((machine || (machine = sneppx_jit_host_machine(part->error, sizeof part->error))) &&
                (part->drop_count == 0 ||
@@ -264,19 +323,21 @@ sneppx_status sneppx_jit_emit_bundle(LLVMModuleRef module, LLVMTargetMachineRef 
     struct costed_function *functions = NULL;
     long part_cost[PARTS];
     const int count = threads >= PARTS && globals_copyable(module) ? divide(module, &functions, part_cost) : 0;
-    const int parts = count >= PARTS && part_cost[PARTS - 1] >= SPLIT_MIN_PART_COST ? PARTS : 1;
+    const long lighter = count >= PARTS ? (part_cost[0] < part_cost[1] ? part_cost[0] : part_cost[1]) : 0;
+    const int parts =
+        lighter >= SPLIT_MIN_PART_COST && parts_only_call_across(functions, count) == 0 ? PARTS : 1;
     struct part part[PARTS] = {{.machine = machine}, {.machine = NULL}};
+    sneppx_status status = SNEPPX_OK;
     if (parts == PARTS) {
-        export_shared_functions(functions, count, symbol_prefix);
-        for (int p = 0; p < PARTS; p++)
-            part[p].drop = names_of_part(functions, count, PARTS - 1 - p, &part[p].drop_count);
+        if (export_shared_functions(functions, count, symbol_prefix) != 0)
+            status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "out of memory dividing kernel '%s'", key);
+        for (int p = 0; p < PARTS && status == SNEPPX_OK; p++)
+            if (!(part[p].drop = names_of_part(functions, count, PARTS - 1 - p, &part[p].drop_count)))
+                status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "out of memory dividing kernel '%s'", key);
     }
     free(functions);
-    sneppx_status status = SNEPPX_OK;
-    if (parts == PARTS && (!part[0].drop || !part[1].drop)) {
-        status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "out of memory dividing kernel '%s'", key);
+    if (status != SNEPPX_OK)
         goto done;
-    }
     /* Every part, the one of an undivided module too, is emitted from the
      * bitcode: reading it back orders each value's uses as a copy does, and
      * some codegen passes walk uses in that order; so a key's code is the
@@ -287,10 +348,12 @@ sneppx_status sneppx_jit_emit_bundle(LLVMModuleRef module, LLVMTargetMachineRef 
     pthread_t thread;
     const int threaded = parts == PARTS && pthread_create(&thread, NULL, emit_part, &part[1]) == 0;
     emit_part(&part[0]);
-    if (threaded)
+    if (threaded) {
         pthread_join(thread, NULL);
-    else if (parts == PARTS)
-        emit_part(&part[1]); /* no thread to be had: the same work, one part after the other */
+    } else if (parts == PARTS) {
+        part[1].machine = machine; /* no thread to be had: the same work, one part after the other */
+        emit_part(&part[1]);
+    }
     LLVMDisposeMemoryBuffer(bitcode);
     struct sneppx_object_span spans[PARTS];
     for (int p = 0; p < parts && status == SNEPPX_OK; p++) {

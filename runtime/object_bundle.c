@@ -22,6 +22,9 @@ struct bundle_header {
     uint64_t sizes[SNEPPX_BUNDLE_MAX_OBJECTS];
 };
 
+/* The first object starts right after the header. */
+_Static_assert(sizeof(struct bundle_header) % BUNDLE_ALIGN == 0, "the header is not a whole number of alignments");
+
 static size_t aligned(size_t offset) { return (offset + BUNDLE_ALIGN - 1) & ~(size_t)(BUNDLE_ALIGN - 1); }
 
 sneppx_status sneppx_bundle_pack(const struct sneppx_object_span *objects, int count, void **bundle,
@@ -32,8 +35,10 @@ sneppx_status sneppx_bundle_pack(const struct sneppx_object_span *objects, int c
                            SNEPPX_BUNDLE_MAX_OBJECTS, count);
     struct bundle_header header = {.count = (uint32_t)count};
     memcpy(header.magic, BUNDLE_MAGIC, sizeof header.magic);
-    size_t size = aligned(sizeof header);
+    size_t size = sizeof header;
     for (int i = 0; i < count; i++) {
+        if (objects[i].size == 0 || objects[i].size > SIZE_MAX / 2 - size)
+            return sneppx_fail(SNEPPX_ERR_JIT, "object %d of a bundle has %zu bytes", i, objects[i].size);
         header.sizes[i] = objects[i].size;
         size = aligned(size + objects[i].size);
     }
@@ -41,7 +46,7 @@ sneppx_status sneppx_bundle_pack(const struct sneppx_object_span *objects, int c
     if (!out)
         return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "out of memory bundling %zu bytes of objects", size);
     memcpy(out, &header, sizeof header);
-    size_t offset = aligned(sizeof header);
+    size_t offset = sizeof header;
     for (int i = 0; i < count; i++) {
         memcpy(out + offset, objects[i].data, objects[i].size);
         offset = aligned(offset + objects[i].size);
@@ -67,7 +72,7 @@ sneppx_status sneppx_bundle_unpack(const void *bundle, size_t bundle_size, const
         if (header.sizes[i] != 0)
             return sneppx_fail(SNEPPX_ERR_JIT, "the object bundle of kernel '%s' sizes an object past its count %u",
                                key, header.count);
-    size_t offset = aligned(sizeof header);
+    size_t offset = sizeof header;
     for (uint32_t i = 0; i < header.count; i++) {
         /* offset <= bundle_size holds here: checked below for every object before */
         if (header.sizes[i] == 0 || header.sizes[i] > bundle_size - offset)

@@ -19,7 +19,9 @@ struct sneppx_object_span {
 sneppx_status sneppx_bundle_pack(const struct sneppx_object_span *objects, int count, void **bundle,
                                  size_t *bundle_size);
 
-/* Finds the objects of a bundle: objects[] point into it. The bundle may come
+/* Finds the objects of a bundle: objects[] point into it, at offsets that are
+ * multiples of 16 (a malloc'd bundle's objects are aligned as ELF readers
+ * want, so they may be read in place). The bundle may come
  * from a file: every field is checked against its size, and anything
  * sneppx_bundle_pack would not have made (a length, count, size, slot or
  * padding byte off) is refused with SNEPPX_ERR_JIT naming key. */

@@ -10,14 +10,21 @@
  *    objects that each hold at least a quarter of the code, every function
  *    the same size as in the whole object, both bundles link; a key of one function (SDPA) or little code (rmsnorm)
  *    stays whole;
+ *  - unset SNEPPX_JIT_THREADS, a compile alone takes a second thread on two
+ *    or more cores; a value other than 1 or 2 is refused with a warning;
  *  - end to end: a layer forward (float32 and int8 weights) compiled in a
  *    child process with SNEPPX_JIT_THREADS=1 and in one with 2, each with a
- *    cache directory of its own, gives the same output to the bit. */
+ *    cache directory of its own, gives the same output to the bit; the
+ *    second child's cache holds divided kernels and its perf map names their
+ *    split functions, the first's neither. */
 #include "test_cache_common.h"
 
 #include <llvm-c/Core.h>
 #include <llvm-c/Object.h>
 
+#include <sched.h>
+
+#include "disk_cache.h"
 #include "jit.h"
 #include "object_bundle.h"
 #include "sneppx/config.h"
@@ -76,7 +83,18 @@ static void check_bundles(void)
     memcpy(grown, bundle, size);
     grown[0] ^= 1;
     CHECK(sneppx_bundle_unpack(grown, size, "k", back, &count) == SNEPPX_ERR_JIT);
-    CHECK(sneppx_bundle_pack(objects, 0, &bundle, &size) == SNEPPX_ERR_JIT);
+    const size_t third_size_at = first_size_at + 2 * sizeof(uint64_t), padding_at = size - 1;
+    memcpy(grown, bundle, size);
+    grown[third_size_at] = 1; /* a size past the count */
+    CHECK(sneppx_bundle_unpack(grown, size, "k", back, &count) == SNEPPX_ERR_JIT);
+    memcpy(grown, bundle, size);
+    grown[padding_at] = 1; /* the second object is 37 bytes: the bundle ends in padding */
+    CHECK(sneppx_bundle_unpack(grown, size, "k", back, &count) == SNEPPX_ERR_JIT);
+    void *refused_bundle = NULL;
+    size_t refused_size = 0;
+    const struct sneppx_object_span with_empty[] = {{first, sizeof first}, {second, 0}};
+    CHECK(sneppx_bundle_pack(objects, 0, &refused_bundle, &refused_size) == SNEPPX_ERR_JIT);
+    CHECK(sneppx_bundle_pack(with_empty, 2, &refused_bundle, &refused_size) == SNEPPX_ERR_JIT && !refused_bundle);
     free(grown);
     free(bundle);
 }
@@ -206,8 +224,55 @@ static void check_split_keys(void)
 
 enum { HIDDEN = 256, SEQ = 24 };
 
+/* The kernels in this process's cache directory compiled in two objects. */
+static int divided_entries(void)
+{
+    const char *dir = sneppx_disk_cache_path();
+    DIR *stream = dir ? opendir(dir) : NULL;
+    int divided = 0;
+    for (struct dirent *entry; stream && (entry = readdir(stream));) {
+        char key[SNEPPX_KEY_MAX];
+        const size_t length = strlen(entry->d_name);
+        if (length < 3 || length - 2 >= sizeof key || strcmp(entry->d_name + length - 2, ".o") != 0)
+            continue;
+        memcpy(key, entry->d_name, length - 2);
+        key[length - 2] = '\0';
+        uint8_t fingerprint[SNEPPX_SHA256_SIZE];
+        void *payload = NULL;
+        size_t size = 0;
+        char reason[160];
+        struct sneppx_object_span objects[SNEPPX_BUNDLE_MAX_OBJECTS];
+        int count = 0;
+        if (sneppx_kernel_fingerprint(key, fingerprint) == SNEPPX_OK &&
+            sneppx_disk_cache_load(key, fingerprint, &payload, &size, reason, sizeof reason) == SNEPPX_DISK_HIT &&
+            sneppx_bundle_unpack(payload, size, key, objects, &count) == SNEPPX_OK)
+            divided += count > 1;
+        free(payload);
+    }
+    if (stream)
+        closedir(stream);
+    return divided;
+}
+
+/* perf map lines of this process that name a function a split exported. */
+static int mapped_split_functions(void)
+{
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/tmp/perf-%ld.map", (long)getpid());
+    FILE *map = fopen(path, "r");
+    int found = 0;
+    while (map && fgets(line, sizeof line, map))
+        found += strstr(line, "__sneppx_") != NULL;
+    if (map)
+        fclose(map);
+    unlink(path);
+    return found;
+}
+
 /* Child: a forward of a small GQA layer (head_dim 128, so flash's tiles are
- * the presets') with weight_dtype, written to $SPLIT_TEST_OUT. */
+ * the presets') with weight_dtype, written to $SPLIT_TEST_OUT; prints how
+ * many of its kernels were divided and how many split functions the perf
+ * map names. */
 static int child_forward(sneppx_dtype weight_dtype)
 {
     sneppx_config config;
@@ -228,6 +293,8 @@ static int child_forward(sneppx_dtype weight_dtype)
     int written = file && fwrite(out, sizeof out, 1, file) == 1;
     if (file)
         fclose(file);
+    printf("divided kernels: %d, split functions in the perf map: %d\n", divided_entries(),
+           mapped_split_functions());
     return written ? 0 : 1;
 }
 
@@ -240,26 +307,39 @@ static int read_output(const char *path, float *out, size_t count)
     return read;
 }
 
+/* Runs scenario in a child with its own cache directory and
+ * SNEPPX_JIT_THREADS=threads_value; its output into out, its log returned
+ * (malloc'd, or NULL). */
+static char *run_forward_child(const char *scenario, const char *threads_value, float *out)
+{
+    char dir[CACHE_TEST_DIR_MAX], out_path[CACHE_TEST_PATH_MAX];
+    char cache_env[CACHE_TEST_ENV_MAX], out_env[CACHE_TEST_ENV_MAX], threads_env[64];
+    CHECK(cache_test_make_dir(dir, sizeof dir, "split") == 0);
+    snprintf(out_path, sizeof out_path, "%s/out.bin", dir);
+    snprintf(cache_env, sizeof cache_env, "SNEPPX_CACHE_DIR=%s", dir);
+    snprintf(out_env, sizeof out_env, "SPLIT_TEST_OUT=%s", out_path);
+    snprintf(threads_env, sizeof threads_env, "SNEPPX_JIT_THREADS=%s", threads_value);
+    const char *changes[] = {cache_env, out_env, threads_env, "SNEPPX_PERF_MAP=1", NULL};
+    char *log = NULL;
+    const int code = cache_test_run_child(scenario, changes, &log);
+    CHECK(code == 0);
+    if (code != 0)
+        fprintf(stderr, "  child %s, SNEPPX_JIT_THREADS=%s: %s\n", scenario, threads_value, log ? log : "");
+    CHECK(read_output(out_path, out, SEQ * HIDDEN));
+    cache_test_remove_tree(dir);
+    return log;
+}
+
 static void check_forward(const char *scenario)
 {
     static float outputs[2][SEQ * HIDDEN];
+    int divided[2] = {-1, -1}, mapped[2] = {-1, -1};
     for (int threads = 1; threads <= 2; threads++) {
-        char dir[CACHE_TEST_DIR_MAX], out_path[CACHE_TEST_PATH_MAX];
-        char cache_env[CACHE_TEST_ENV_MAX], out_env[CACHE_TEST_ENV_MAX], threads_env[32];
-        CHECK(cache_test_make_dir(dir, sizeof dir, "split") == 0);
-        snprintf(out_path, sizeof out_path, "%s/out.bin", dir);
-        snprintf(cache_env, sizeof cache_env, "SNEPPX_CACHE_DIR=%s", dir);
-        snprintf(out_env, sizeof out_env, "SPLIT_TEST_OUT=%s", out_path);
-        snprintf(threads_env, sizeof threads_env, "SNEPPX_JIT_THREADS=%d", threads);
-        const char *changes[] = {cache_env, out_env, threads_env, NULL};
-        char *log = NULL;
-        const int code = cache_test_run_child(scenario, changes, &log);
-        CHECK(code == 0);
-        if (code != 0)
-            fprintf(stderr, "  child %s, %d threads: %s\n", scenario, threads, log ? log : "");
-        CHECK(read_output(out_path, outputs[threads - 1], SEQ * HIDDEN));
+        char *log = run_forward_child(scenario, threads == 1 ? "1" : "2", outputs[threads - 1]);
+        const char *counts = log ? strstr(log, "divided kernels:") : NULL;
+        CHECK(counts && sscanf(counts, "divided kernels: %d, split functions in the perf map: %d",
+                               &divided[threads - 1], &mapped[threads - 1]) == 2);
         free(log);
-        cache_test_remove_tree(dir);
     }
     int finite = 1;
     double magnitude = 0;
@@ -269,9 +349,47 @@ static void check_forward(const char *scenario)
     }
     const int same = memcmp(outputs[0], outputs[1], sizeof outputs[0]) == 0;
     CHECK(finite && magnitude > 0);
+    CHECK(divided[0] == 0 && mapped[0] == 0);
+    CHECK(divided[1] >= 2 && mapped[1] > 0); /* at least the two GEMM keys and flash's */
     CHECK(same);
-    printf("  forward (%s): whole and split compiles give %s output\n", scenario,
-           same ? "the same" : "DIFFERENT");
+    printf("  forward (%s): %d kernels divided (%d split functions in the perf map), the output %s as "
+           "undivided\n", scenario, divided[1], mapped[1], same ? "the same" : "DIFFERENT");
+}
+
+/* A value other than 1 or 2 is refused with a warning that names the variable. */
+static void check_bad_threads_value(void)
+{
+    static float output[SEQ * HIDDEN];
+    char *log = run_forward_child("forward-float32", "3", output);
+    CHECK(log && strstr(log, "SNEPPX_JIT_THREADS='3'") != NULL);
+    printf("  SNEPPX_JIT_THREADS=3: %s\n", log && strstr(log, "SNEPPX_JIT_THREADS='3'") ? "warned" : "NOT WARNED");
+    free(log);
+}
+
+/* Without SNEPPX_JIT_THREADS, a compile alone in a process on two or more
+ * cores takes the second thread; on one core it does not. */
+static void check_automatic_choice(void)
+{
+    const char *forced = getenv("SNEPPX_JIT_THREADS");
+    if (forced && forced[0]) {
+        printf("  automatic choice: not checked, SNEPPX_JIT_THREADS=%s\n", forced);
+        return;
+    }
+    cpu_set_t set;
+    const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    const struct sneppx_kernel_family *gemm = sneppx_kernel_family_find("gemm");
+    const struct sneppx_target *target = sneppx_host_target();
+    const int64_t int8_gemm[] = {512, 768, 0, choice(gemm, "weight_type", "int8"), target->gemm_kc,
+                                 target->gemm_int8_mc};
+    void *bundle = NULL;
+    size_t size = 0;
+    struct sneppx_object_span objects[SNEPPX_BUNDLE_MAX_OBJECTS];
+    int count = 0;
+    CHECK(sneppx_jit_compile_object(gemm, int8_gemm, target, 0, &bundle, &size) == SNEPPX_OK &&
+          sneppx_bundle_unpack(bundle, size, "gemm", objects, &count) == SNEPPX_OK);
+    CHECK(count == (cpus >= 2 ? 2 : 1));
+    printf("  automatic choice on %d cores: %d object%s\n", cpus, count, count == 1 ? "" : "s");
+    free(bundle);
 }
 
 int main(int argc, char **argv)
@@ -282,7 +400,9 @@ int main(int argc, char **argv)
         return child_forward(SNEPPX_DTYPE_INT8);
     check_bundles();
     check_split_keys();
+    check_automatic_choice();
     check_forward("forward-float32");
     check_forward("forward-int8");
+    check_bad_threads_value();
     return test_finish(&tally);
 }
