@@ -2,7 +2,8 @@
  * owns the cache directory, its environment overrides and its file format.
  *
  * An entry <dir>/<key>.o is a header (magic, format version, fingerprint,
- * payload size, payload SHA-256) and the object file. It is written to a temp
+ * payload size, payload SHA-256) and the payload (a kernel's object bundle,
+ * object_bundle.h, or a tuning record: opaque here). It is written to a temp
  * file in the same directory, fsynced and renamed, so readers see a whole
  * entry or none; <key>.lock serializes processes that build the same key.
  * Other files in the directory are the user's: listing, eviction and clear

@@ -1,6 +1,7 @@
 /* Internal: the LLVM side of the runtime. Specializes the embedded bitcode of
- * a kernel family for one key, optimizes it for the host, emits an object
- * file, and links object files into the one process-wide ORC LLJIT.
+ * a kernel family for one key, optimizes it for the host, emits its objects
+ * (jit_codegen.h) as a bundle, and links bundles into the one process-wide
+ * ORC LLJIT.
  * Knows nothing about caches: runtime/kernels.c decides what to compile,
  * load or reuse. */
 #ifndef SNEPPX_RUNTIME_JIT_H

@@ -125,7 +125,7 @@ static sneppx_disk_load load_entry(const char *key, const uint8_t fingerprint[SN
     return result;
 }
 
-/* The object file of the kernel: a verified disk cache entry, else compiled
+/* The object bundle of the kernel: a verified disk cache entry, else compiled
  * under the key's cross-process lock (after looking again, since the process
  * that held the lock may have written it) and stored. Without the lock
  * (memory-only or read-only cache, a refused lock file, or another process
