@@ -90,7 +90,14 @@ struct costed_function {
     LLVMValueRef function;
     long cost;
     int part;
+    int shared; /* called from the other part (mark_shared_functions) */
 };
+
+static int is_local(LLVMValueRef f)
+{
+    const LLVMLinkage linkage = LLVMGetLinkage(f);
+    return linkage == LLVMInternalLinkage || linkage == LLVMPrivateLinkage;
+}
 
 static long codegen_cost(LLVMValueRef function)
 {
@@ -173,30 +180,23 @@ static int is_direct_call(LLVMValueRef user, LLVMValueRef f)
     return 1;
 }
 
-/* 1 when function i is used outside its own part; -1 when such a use is not
- * a direct call. A protected function is reached PC-relative; JITLink gives a
+/* Marks each function used outside its own part; -1 when such a use is not a
+ * direct call. A protected function is reached PC-relative; JITLink gives a
  * call that cannot reach a stub, but not an address taken, and the parts'
  * objects may land far apart. */
-static int shared_function(const struct costed_function *functions, int count, int i)
+static int mark_shared_functions(struct costed_function *functions, int count)
 {
-    int shared = 0;
-    for (LLVMUseRef use = LLVMGetFirstUse(functions[i].function); use; use = LLVMGetNextUse(use)) {
-        LLVMValueRef user = LLVMGetUser(use);
-        if (part_of_user(user, functions, count) == functions[i].part)
-            continue;
-        if (!is_direct_call(user, functions[i].function))
-            return -1;
-        shared = 1;
+    for (int i = 0; i < count; i++) {
+        functions[i].shared = 0;
+        for (LLVMUseRef use = LLVMGetFirstUse(functions[i].function); use; use = LLVMGetNextUse(use)) {
+            LLVMValueRef user = LLVMGetUser(use);
+            if (part_of_user(user, functions, count) == functions[i].part)
+                continue;
+            if (!is_direct_call(user, functions[i].function))
+                return -1;
+            functions[i].shared = 1;
+        }
     }
-    return shared;
-}
-
-/* 0 when every function used outside its part is only called there. */
-static int parts_only_call_across(const struct costed_function *functions, int count)
-{
-    for (int i = 0; i < count; i++)
-        if (shared_function(functions, count, i) < 0)
-            return -1;
     return 0;
 }
 
@@ -208,10 +208,9 @@ static int export_shared_functions(const struct costed_function *functions, int 
 {
     for (int i = 0; i < count; i++) {
         LLVMValueRef f = functions[i].function;
-        if (shared_function(functions, count, i) <= 0)
+        if (!functions[i].shared)
             continue;
-        LLVMLinkage linkage = LLVMGetLinkage(f);
-        if (linkage == LLVMInternalLinkage || linkage == LLVMPrivateLinkage) {
+        if (is_local(f)) {
             size_t length;
             const char *name = LLVMGetValueName2(f, &length);
             size_t size = strlen(symbol_prefix) + 2 + length + 1;
@@ -228,6 +227,13 @@ static int export_shared_functions(const struct costed_function *functions, int 
     return 0;
 }
 
+static void free_names(char **names, int count)
+{
+    for (int i = 0; names && i < count; i++)
+        free(names[i]);
+    free(names);
+}
+
 /* The names of one part's externally visible functions: what the other part
  * drops. NULL when out of memory. */
 static char **names_of_part(const struct costed_function *functions, int count, int part, int *name_count)
@@ -235,24 +241,15 @@ static char **names_of_part(const struct costed_function *functions, int count, 
     char **names = calloc((size_t)count, sizeof *names);
     *name_count = 0;
     for (int i = 0; names && i < count; i++) {
-        LLVMLinkage linkage = LLVMGetLinkage(functions[i].function);
-        if (functions[i].part != part || linkage == LLVMInternalLinkage || linkage == LLVMPrivateLinkage)
+        if (functions[i].part != part || is_local(functions[i].function))
             continue;
-        if (!(names[(*name_count)++] = strdup(LLVMGetValueName(functions[i].function)))) {
-            for (int j = 0; j < *name_count - 1; j++)
-                free(names[j]);
-            free(names);
+        if (!(names[*name_count] = strdup(LLVMGetValueName(functions[i].function)))) {
+            free_names(names, *name_count);
             return NULL;
         }
+        ++*name_count;
     }
     return names;
-}
-
-static void free_names(char **names, int count)
-{
-    for (int i = 0; names && i < count; i++)
-        free(names[i]);
-    free(names);
 }
 
 /* Turns the named functions into declarations; the internal functions only
@@ -325,7 +322,7 @@ sneppx_status sneppx_jit_emit_bundle(LLVMModuleRef module, LLVMTargetMachineRef 
     const int count = threads >= PARTS && globals_copyable(module) ? divide(module, &functions, part_cost) : 0;
     const long lighter = count >= PARTS ? (part_cost[0] < part_cost[1] ? part_cost[0] : part_cost[1]) : 0;
     const int parts =
-        lighter >= SPLIT_MIN_PART_COST && parts_only_call_across(functions, count) == 0 ? PARTS : 1;
+        lighter >= SPLIT_MIN_PART_COST && mark_shared_functions(functions, count) == 0 ? PARTS : 1;
     struct part part[PARTS] = {{.machine = machine}, {.machine = NULL}};
     sneppx_status status = SNEPPX_OK;
     if (parts == PARTS) {
