@@ -341,7 +341,7 @@ void bench_stage_jit(struct bench_context *ctx)
     const int rounds = ctx->quick ? 1 : START_ROUNDS;
     char explanation[768];
     snprintf(explanation, sizeof explanation,
-             "fresh processes, each start %d time%s: median [min-max]; compile = specialize + O2 + emit objects, one "
+             "fresh processes, each start %d time%s: median [min-max]; compile = specialize + optimize + emit objects, one "
              "key at a time (a 1-thread layer; a key with enough code has its code generation split over 2 threads, "
              "as any compile alone in a process on 2+ cores); load = read + verify + link the objects, one key at a time too; "
              "total = the whole resolve, median (a process's first compile also sets up LLVM; the LLJIT is created "

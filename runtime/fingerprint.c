@@ -25,14 +25,15 @@ static void add_part(struct sha256_ctx *hash, const char *part)
 }
 
 void sneppx_fingerprint_kernel(const char *key, const char *bitcode_sha256_hex, const sneppx_host *host,
-                               const char *jit_options, uint8_t fingerprint[SNEPPX_SHA256_SIZE])
+                               const char *jit_options, const char *jit_pipeline,
+                               uint8_t fingerprint[SNEPPX_SHA256_SIZE])
 {
     char abi_version[16];
     snprintf(abi_version, sizeof abi_version, "%d", SNEPPX_ABI_VERSION);
     const char *parts[] = {
         "sneppx kernel fingerprint 1",
         bitcode_sha256_hex, key,
-        SNEPPX_VERSION, abi_version, SNEPPX_LLVM_VERSION, jit_options,
+        SNEPPX_VERSION, abi_version, SNEPPX_LLVM_VERSION, jit_options, jit_pipeline,
         host->triple, host->cpu, host->features,
     };
     struct sha256_ctx hash;

@@ -18,8 +18,10 @@
 void sneppx_sha256(const void *data, size_t size, uint8_t digest[SNEPPX_SHA256_SIZE]);
 
 /* The fingerprint of the kernel named by key, compiled from the bitcode whose
- * SHA-256 is bitcode_sha256_hex with the JIT's options for host. */
+ * SHA-256 is bitcode_sha256_hex with the JIT's options and its family's pass
+ * pipeline for host. */
 void sneppx_fingerprint_kernel(const char *key, const char *bitcode_sha256_hex, const sneppx_host *host,
-                               const char *jit_options, uint8_t fingerprint[SNEPPX_SHA256_SIZE]);
+                               const char *jit_options, const char *jit_pipeline,
+                               uint8_t fingerprint[SNEPPX_SHA256_SIZE]);
 
 #endif

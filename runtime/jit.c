@@ -7,10 +7,12 @@
  * unique to the key, clang's per-function
  * target-cpu/target-features/tune-cpu are replaced by the host's (they
  * override the target machine: without this there is no zmm), then
- * default<O2> runs with a host TargetMachine, which emits the object. (O3 was
- * the first choice; on these kernels O2 compiled 15-25% faster, 136-175 ms instead of
- * 160-205 for a GEMM key and 146 instead of 185 for flash d128, and the GEMM
- * and flash kernels it made ran as fast, bench/run.sh side by side.) Every
+ * the family's pass pipeline (its jit_pipeline: default<O2>, or O1 for GEMM)
+ * runs with a host TargetMachine, which emits the object. (O3 was the first
+ * choice; O2 compiled 15-25% faster for kernels as fast. O1 leaves out what
+ * O2 adds: GVN, dead store elimination, jump threading, ... GEMM's register
+ * tiles come out the same loops without them, 11-17% sooner; attention's
+ * kernels ran 2-6% slower: docs/PERFORMANCE.md.) Every
  * kernel, compiled or read from the disk cache, reaches the JIT as an object
  * bundle (one object, or two when code generation ran on two threads:
  * jit_codegen.c), so a cache hit runs exactly the code a miss compiled. */
@@ -39,10 +41,9 @@
 #include "perf_map.h"
 
 /* Changing any of these changes the code: the string below is part of every
- * disk cache fingerprint, so keep the two in step. */
-#define PASS_PIPELINE "default<O2>"
+ * disk cache fingerprint (with the family's pipeline), so keep the two in step. */
 #define JIT_OPTIONS                                                                  \
-    PASS_PIPELINE " loop-vectorize loop-interleave slp-vectorize loop-unroll; "     \
+    "loop-vectorize loop-interleave slp-vectorize loop-unroll; "                    \
                   "codegen aggressive pic small-code-model, by function in up to 2 parts; "      \
                   "host attributes; internalized; object bundle"
 
@@ -183,7 +184,8 @@ static void set_host_attributes(LLVMModuleRef module)
     }
 }
 
-static sneppx_status optimize(LLVMModuleRef module, LLVMTargetMachineRef machine, const char *key)
+static sneppx_status optimize(LLVMModuleRef module, LLVMTargetMachineRef machine, const char *pipeline,
+                              const char *key)
 {
     LLVMPassBuilderOptionsRef options = LLVMCreatePassBuilderOptions();
     /* The C API leaves SLP vectorization off; clang -O3 turns it on. */
@@ -191,9 +193,9 @@ static sneppx_status optimize(LLVMModuleRef module, LLVMTargetMachineRef machine
     LLVMPassBuilderOptionsSetLoopInterleaving(options, 1);
     LLVMPassBuilderOptionsSetSLPVectorization(options, 1);
     LLVMPassBuilderOptionsSetLoopUnrolling(options, 1);
-    LLVMErrorRef error = LLVMRunPasses(module, PASS_PIPELINE, machine, options);
+    LLVMErrorRef error = LLVMRunPasses(module, pipeline, machine, options);
     LLVMDisposePassBuilderOptions(options);
-    return error ? fail_llvm(error, PASS_PIPELINE, key) : SNEPPX_OK;
+    return error ? fail_llvm(error, pipeline, key) : SNEPPX_OK;
 }
 
 /* The one path that turns embedded bitcode into the module of a key, shared
@@ -248,7 +250,7 @@ static sneppx_status build_module(const struct sneppx_kernel_family *family, con
         goto fail;
     }
     LLVMDisposeMessage(message);
-    if (stage == SNEPPX_JIT_STAGE_OPTIMIZED && (status = optimize(*module, *machine, key)) != SNEPPX_OK)
+    if (stage == SNEPPX_JIT_STAGE_OPTIMIZED && (status = optimize(*module, *machine, family->jit_pipeline, key)) != SNEPPX_OK)
         goto fail;
     return SNEPPX_OK;
 

@@ -22,7 +22,7 @@ int sneppx_jit_allowed(void);
 
 typedef enum sneppx_jit_stage {
     SNEPPX_JIT_STAGE_SPECIALIZED,   /* spec_ globals constant, entries renamed, host attributes */
-    SNEPPX_JIT_STAGE_OPTIMIZED      /* and the default<O2> pipeline run for the host */
+    SNEPPX_JIT_STAGE_OPTIMIZED      /* and the JIT's pass pipeline run for the host */
 } sneppx_jit_stage;
 
 /* The textual LLVM IR of the kernel key (values in the family's field order)

@@ -30,6 +30,7 @@ struct sneppx_kernel_family {
     int64_t field_multiple[SNEPPX_MAX_KEY_FIELDS];
     int entry_count;
     const char *entry_suffixes[SNEPPX_ENTRY_COUNT];     /* by SNEPPX_ENTRY_*: "" and "_pack" */
+    const char *jit_pipeline;                           /* the LLVM passes the JIT runs: "default<O2>" */
 };
 
 /* An instruction-set target kernels are built for (gen/sneppx_gen/targets.py

@@ -39,7 +39,8 @@ sneppx_status sneppx_kernel_fingerprint(const char *key, uint8_t fingerprint[SNE
     if (!bitcode)
         return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "kernel '%s': this build embeds no %s bitcode for target %s",
                            key, family, target->name);
-    sneppx_fingerprint_kernel(key, bitcode->sha256_hex, sneppx_host_info(), sneppx_jit_options(), fingerprint);
+    sneppx_fingerprint_kernel(key, bitcode->sha256_hex, sneppx_host_info(), sneppx_jit_options(),
+                              sneppx_kernel_family_find(family)->jit_pipeline, fingerprint);
     return SNEPPX_OK;
 }
 
@@ -137,7 +138,8 @@ static sneppx_status obtain_object(const struct sneppx_kernel_family *family, co
 {
     uint8_t fingerprint[SNEPPX_SHA256_SIZE];
     const struct sneppx_embedded_bitcode *bitcode = sneppx_kernel_bitcode_find(family->family, target);
-    sneppx_fingerprint_kernel(key, bitcode->sha256_hex, sneppx_host_info(), sneppx_jit_options(), fingerprint);
+    sneppx_fingerprint_kernel(key, bitcode->sha256_hex, sneppx_host_info(), sneppx_jit_options(),
+                              family->jit_pipeline, fingerprint);
     timing->source = SNEPPX_KERNEL_SOURCE_DISK;
     if (load_entry(key, fingerprint, object, object_size, events) == SNEPPX_DISK_HIT)
         return SNEPPX_OK;

@@ -32,7 +32,8 @@ sneppx_status sneppx_tuning_fingerprint(const char *key, uint8_t fingerprint[SNE
     if (!bitcode)
         return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "this build embeds no " FAMILY " bitcode for target %s",
                            target->name);
-    sneppx_fingerprint_kernel(key, bitcode->sha256_hex, sneppx_host_info(), sneppx_jit_options(), fingerprint);
+    sneppx_fingerprint_kernel(key, bitcode->sha256_hex, sneppx_host_info(), sneppx_jit_options(),
+                              sneppx_kernel_family_find(FAMILY)->jit_pipeline, fingerprint);
     return SNEPPX_OK;
 }
 

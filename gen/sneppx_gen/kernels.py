@@ -53,6 +53,11 @@ class Kernel:
     template: str
     fields: Tuple[Field, ...]
     entries: Tuple[str, ...] = ("",)   # suffixes of the entry points, in SNEPPX_ENTRY_* order
+    # The LLVM pass pipeline the JIT runs on the family's keys (part of their fingerprint).
+    # GEMM's hot loops are register tiles spelled out in the template: O1 compiles them to
+    # the same loops as O2, 11-17% faster; attention's kernels measured 2-6% slower at O1
+    # (docs/PERFORMANCE.md).
+    jit_pipeline: str = "default<O2>"
 
 
 # Attention: q/k head dim up to absorbed MLA's kv_lora_rank + qk_rope_head_dim,
@@ -82,7 +87,7 @@ KERNELS: Dict[str, Kernel] = {k.family: k for k in (
     Kernel("gemm", "gemm.c.j2", (Field("k", "k", 1, MAX_DIM), Field("n", "n", 1, 3 * MAX_DIM),
                                  Field("bias", "bias", 0, 1), choice_field("weight_type", "", WEIGHT_DTYPES))
            + GEMM_TILE_FIELDS,
-           entries=("", "_pack")),
+           entries=("", "_pack"), jit_pipeline="default<O1>"),
     # The opt-in bfloat16-compute GEMM (config compute_dtype): bfloat16 weights in pair
     # panels and activations rounded to bfloat16, so its numbers differ from gemm's.
     Kernel("gemm_bf16dot", "gemm_bf16dot.c.j2", (Field("k", "k", 1, MAX_DIM), Field("n", "n", 1, 3 * MAX_DIM),

@@ -224,7 +224,7 @@ def _families_table() -> str:
         entries = ", ".join(c_string(e) for e in kernel.entries)
         out.append(f"    {{{c_string(kernel.family)}, {len(kernel.fields)}, {{{names}}}, {{{prefixes}}},\n"
                    f"     {{{choices}}},\n     {{{lows}}},\n     {{{highs}}},\n     {{{multiples}}},\n"
-                   f"     {len(kernel.entries)}, {{{entries}}}}},\n")
+                   f"     {len(kernel.entries)}, {{{entries}}}, {c_string(kernel.jit_pipeline)}}},\n")
     out.append("};\n")
     out.append(f"const int sneppx_kernel_family_count = {len(KERNELS)};\n")
     return "".join(out)

@@ -20,6 +20,7 @@
 #include "gemm_tuner.h"
 #include "host.h"
 #include "jit.h"
+#include "kernel_registry.h"
 #include "kernels.h"
 #include "sneppx/cache.h"
 #include "sneppx/config.h"
@@ -105,6 +106,10 @@ static int show(void)
     }
     printf("host        %s, cpu %s, vector width %d\n", host->triple, host->cpu, host->target->vector_width);
     printf("compile     %s\n", sneppx_jit_options());
+    printf("passes     ");
+    for (int i = 0; i < sneppx_kernel_family_count; i++)
+        printf(" %s %s%s", sneppx_kernel_families[i].family, sneppx_kernel_families[i].jit_pipeline,
+               i + 1 < sneppx_kernel_family_count ? "," : "\n");
     return 0;
 }
 

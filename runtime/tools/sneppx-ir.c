@@ -32,7 +32,7 @@ static void usage(FILE *out)
           "       sneppx-ir --list-targets\n"
           "Prints the LLVM IR of one kernel key as the JIT builds it for this host:\n"
           "  specialized  spec_ globals constant, entries renamed, host CPU attributes\n"
-          "  optimized    and the default<O2> pipeline run (the default)\n"
+          "  optimized    and the JIT's pass pipeline run (the default)\n"
           "--print-key prints the key's canonical text instead.\n"
           "--target picks a target by name (default: the host's), --vector-width the first\n"
           "of that vector width; --list-targets lists them, in order of preference, the host's marked.\n"
