@@ -35,12 +35,13 @@ sneppx_status sneppx_kernel_fingerprint(const char *key, uint8_t fingerprint[SNE
     sneppx_status status = sneppx_kernel_key_parse(key, family, sizeof family, &target);
     if (status != SNEPPX_OK)
         return status;
+    const struct sneppx_kernel_family *kernel_family = sneppx_kernel_family_find(family);
     const struct sneppx_embedded_bitcode *bitcode = sneppx_kernel_bitcode_find(family, target);
-    if (!bitcode)
+    if (!kernel_family || !bitcode)
         return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "kernel '%s': this build embeds no %s bitcode for target %s",
                            key, family, target->name);
     sneppx_fingerprint_kernel(key, bitcode->sha256_hex, sneppx_host_info(), sneppx_jit_options(),
-                              sneppx_kernel_family_find(family)->jit_pipeline, fingerprint);
+                              kernel_family->jit_pipeline, fingerprint);
     return SNEPPX_OK;
 }
 
