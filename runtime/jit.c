@@ -7,12 +7,8 @@
  * unique to the key, clang's per-function
  * target-cpu/target-features/tune-cpu are replaced by the host's (they
  * override the target machine: without this there is no zmm), then
- * the family's pass pipeline (its jit_pipeline: default<O2>, or O1 for GEMM)
- * runs with a host TargetMachine, which emits the object. (O3 was the first
- * choice; O2 compiled 15-25% faster for kernels as fast. O1 leaves out what
- * O2 adds: GVN, dead store elimination, jump threading, ... GEMM's register
- * tiles come out the same loops without them, 11-17% sooner; attention's
- * kernels ran 2-6% slower: docs/PERFORMANCE.md.) Every
+ * the family's pass pipeline (its jit_pipeline, gen/sneppx_gen/jit_pipelines.py
+ * says why each) runs with a host TargetMachine, which emits the object. Every
  * kernel, compiled or read from the disk cache, reaches the JIT as an object
  * bundle (one object, or two when code generation ran on two threads:
  * jit_codegen.c), so a cache hit runs exactly the code a miss compiled. */
@@ -202,8 +198,8 @@ static sneppx_status optimize(LLVMModuleRef module, LLVMTargetMachineRef machine
  * by the JIT and sneppx-ir. On success *module lives in *context (the
  * caller disposes both) and *machine is the host target machine. */
 static sneppx_status build_module(const struct sneppx_kernel_family *family, const int64_t *values,
-                                  const struct sneppx_target *target, sneppx_jit_stage stage, LLVMContextRef *context,
-                                  LLVMModuleRef *module, LLVMTargetMachineRef *machine)
+                                  const struct sneppx_target *target, sneppx_jit_stage stage, const char *passes,
+                                  LLVMContextRef *context, LLVMModuleRef *module, LLVMTargetMachineRef *machine)
 {
     char key[SNEPPX_KEY_MAX];
     sneppx_status status = sneppx_kernel_key(family->family, values, target, key, sizeof key);
@@ -250,7 +246,7 @@ static sneppx_status build_module(const struct sneppx_kernel_family *family, con
         goto fail;
     }
     LLVMDisposeMessage(message);
-    if (stage == SNEPPX_JIT_STAGE_OPTIMIZED && (status = optimize(*module, *machine, family->jit_pipeline, key)) != SNEPPX_OK)
+    if (stage == SNEPPX_JIT_STAGE_OPTIMIZED && (status = optimize(*module, *machine, passes ? passes : family->jit_pipeline, key)) != SNEPPX_OK)
         goto fail;
     return SNEPPX_OK;
 
@@ -270,12 +266,13 @@ static void dispose_module(LLVMContextRef context, LLVMModuleRef module, LLVMTar
 }
 
 sneppx_status sneppx_jit_module_ir(const struct sneppx_kernel_family *family, const int64_t *values,
-                                   const struct sneppx_target *target, sneppx_jit_stage stage, char **ir)
+                                   const struct sneppx_target *target, sneppx_jit_stage stage, const char *passes,
+                                   char **ir)
 {
     LLVMContextRef context;
     LLVMModuleRef module;
     LLVMTargetMachineRef machine;
-    sneppx_status status = build_module(family, values, target, stage, &context, &module, &machine);
+    sneppx_status status = build_module(family, values, target, stage, passes, &context, &module, &machine);
     if (status != SNEPPX_OK)
         return status;
     char *text = LLVMPrintModuleToString(module);
@@ -350,7 +347,7 @@ sneppx_status sneppx_jit_compile_object(const struct sneppx_kernel_family *famil
     LLVMContextRef context;
     LLVMModuleRef module;
     LLVMTargetMachineRef machine;
-    status = build_module(family, values, target, SNEPPX_JIT_STAGE_OPTIMIZED, &context, &module, &machine);
+    status = build_module(family, values, target, SNEPPX_JIT_STAGE_OPTIMIZED, NULL, &context, &module, &machine);
     if (status == SNEPPX_OK) {
         const int codegen_threads = take_codegen_threads(threads);
         status = sneppx_jit_emit_bundle(module, machine, key, symbol_prefix, codegen_threads, object, object_size);

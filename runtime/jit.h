@@ -26,9 +26,12 @@ typedef enum sneppx_jit_stage {
 } sneppx_jit_stage;
 
 /* The textual LLVM IR of the kernel key (values in the family's field order)
- * at stage. *ir is malloc'd; the caller frees it. Thread-safe. */
+ * at stage, optimized by passes (LLVM's pipeline text), or by the family's
+ * own pipeline when passes is NULL. *ir is malloc'd; the caller frees it.
+ * Thread-safe. */
 sneppx_status sneppx_jit_module_ir(const struct sneppx_kernel_family *family, const int64_t *values,
-                                   const struct sneppx_target *target, sneppx_jit_stage stage, char **ir);
+                                   const struct sneppx_target *target, sneppx_jit_stage stage, const char *passes,
+                                   char **ir);
 
 /* Specializes, optimizes and compiles the kernel key for the host to an
  * object bundle (object_bundle.h: the key's relocatable objects). threads is

@@ -31,6 +31,7 @@ struct sneppx_kernel_family {
     int entry_count;
     const char *entry_suffixes[SNEPPX_ENTRY_COUNT];     /* by SNEPPX_ENTRY_*: "" and "_pack" */
     const char *jit_pipeline;                           /* the LLVM passes the JIT runs: "default<O2>" */
+    const char *jit_pipeline_summary;                   /* for people: "default<O2> pared to 43 passes" */
 };
 
 /* An instruction-set target kernels are built for (gen/sneppx_gen/targets.py

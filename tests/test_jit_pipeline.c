@@ -6,7 +6,13 @@
  *    of a key is the one computed with its family's pipeline, and another
  *    pipeline gives another fingerprint, so a disk cache never hands out a
  *    kernel optimized otherwise;
- *  - a key of each family compiles with its pipeline (an object results). */
+ *  - a key of each family compiles with its pipeline (an object results);
+ *  - a family whose pipeline is default<O2> pared to fewer passes
+ *    (gen/sneppx_gen/jit_pipelines.py) gives its keys the IR default<O2>
+ *    gives them, on every target this host runs (a child process per target
+ *    narrower than the host's): keys other than those the pipeline was
+ *    derived on, so a template or LLVM change that needs a left out pass
+ *    fails here. */
 #include <llvm-c/Core.h>
 #include <llvm-c/Error.h>
 #include <llvm-c/Target.h>
@@ -16,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "fingerprint.h"
 #include "host.h"
@@ -96,9 +104,97 @@ static void check_fingerprints_and_compiles(void)
     }
 }
 
-int main(void)
+/* Keys of the families with a derived pipeline, values in field order. */
+static const struct {
+    const char *family;
+    int64_t values[SNEPPX_MAX_KEY_FIELDS];
+} derived_samples[] = {
+    /* head_dim, v_head_dim, group, window, mask_mode (none, causal, mask) */
+    {"attn_flash", {128, 128, 6, 0, 1}},
+    {"attn_flash", {128, 128, 2, 1024, 2}},
+    {"attn_flash", {576, 512, 8, 0, 2}},
+    {"attn_flash", {80, 80, 3, 0, 0}},
+    {"attn_flash", {256, 256, 12, 512, 1}},
+    /* k, n, bias, weight_type (float32, bfloat16, float16, int8), kc, mc */
+    {"gemm", {2048, 3072, 0, 3, 512, 112}},
+    {"gemm", {5120, 1536, 1, 0, 512, 56}},
+    {"gemm", {256, 96, 0, 1, 256, 24}},
+    {"gemm", {3584, 3584, 1, 2, 512, 56}},
+};
+
+static void check_derived_pipelines(void)
 {
+    for (size_t i = 0; i < sizeof derived_samples / sizeof derived_samples[0]; i++) {
+        const struct sneppx_kernel_family *family = sneppx_kernel_family_find(derived_samples[i].family);
+        CHECK(family != NULL, "no family %s", derived_samples[i].family);
+        if (!family)
+            continue;
+        {
+            const struct sneppx_target *target = sneppx_host_target();
+            char key[SNEPPX_KEY_MAX];
+            if (sneppx_kernel_key(family->family, derived_samples[i].values, target, key, sizeof key) != SNEPPX_OK) {
+                CHECK(0, "sample %zu of %s: %s", i, family->family, sneppx_last_error());
+                continue;
+            }
+            char *own = NULL, *o2 = NULL;
+            const int built =
+                sneppx_jit_module_ir(family, derived_samples[i].values, target, SNEPPX_JIT_STAGE_OPTIMIZED, NULL,
+                                     &own) == SNEPPX_OK &&
+                sneppx_jit_module_ir(family, derived_samples[i].values, target, SNEPPX_JIT_STAGE_OPTIMIZED,
+                                     "default<O2>", &o2) == SNEPPX_OK;
+            CHECK(built, "%s: %s", key, sneppx_last_error());
+            if (built)
+                CHECK(strcmp(own, o2) == 0,
+                      "%s: its family's pipeline gives other IR than default<O2> (rerun "
+                      "scripts/derive_jit_pipeline.py for %s)",
+                      key, family->family);
+            free(own);
+            free(o2);
+        }
+    }
+}
+
+static int host_has_features(const struct sneppx_target *target)
+{
+    for (const char *const *feature = target->features; *feature; feature++)
+        if (!sneppx_host_has_feature(*feature))
+            return 0;
+    return 1;
+}
+
+/* Runs this test for every other target the host can run, in a child
+ * process (a process runs one target). */
+static void check_other_targets(const char *self)
+{
+    for (int i = 0; i < sneppx_target_count; i++) {
+        const struct sneppx_target *target = &sneppx_targets[i];
+        if (target == sneppx_host_target() || !host_has_features(target))
+            continue;
+        pid_t child = fork();
+        if (child == 0) {
+            execl(self, self, "--target", target->name, (char *)NULL);
+            _exit(127);
+        }
+        int status = -1;
+        const int waited = child > 0 && waitpid(child, &status, 0) == child;
+        CHECK(waited && WIFEXITED(status) && WEXITSTATUS(status) == 0, "the checks at target %s failed (status %d)",
+              target->name, status);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const int child = argc == 3 && strcmp(argv[1], "--target") == 0;
+    if (child) {
+        const struct sneppx_target *target = sneppx_target_named(argv[2]);
+        if (!target)
+            return 2;
+        sneppx_host_request_target(target, "--target");
+    }
     check_pipelines_parse();
     check_fingerprints_and_compiles();
+    check_derived_pipelines();
+    if (!child)
+        check_other_targets(argv[0]);
     return test_finish(&tally);
 }

@@ -19,6 +19,7 @@ derives keys inside them.
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
+from . import jit_pipelines
 from .config_fields import DTYPES, WEIGHT_DTYPES
 from .limits import HEAD_DIM_MULTIPLE, MAX_DIM, MAX_HEAD_DIM, MAX_HEADS, MAX_LATENT_DIM, MAX_POSITIONS
 from .targets import GEMM_KC_MULTIPLE, TARGETS, Target
@@ -53,11 +54,9 @@ class Kernel:
     template: str
     fields: Tuple[Field, ...]
     entries: Tuple[str, ...] = ("",)   # suffixes of the entry points, in SNEPPX_ENTRY_* order
-    # The LLVM pass pipeline the JIT runs on the family's keys (part of their fingerprint).
-    # GEMM's hot loops are register tiles spelled out in the template: O1 compiles them to
-    # the same loops as O2, 11-17% faster; attention's kernels measured 2-6% slower at O1
-    # (docs/PERFORMANCE.md).
-    jit_pipeline: str = "default<O2>"
+    # The LLVM pass pipeline the JIT runs on the family's keys (jit_pipelines.py says why
+    # each); part of their fingerprints.
+    jit_pipeline: str = jit_pipelines.O2
 
 
 # Attention: q/k head dim up to absorbed MLA's kv_lora_rank + qk_rope_head_dim,
@@ -87,7 +86,7 @@ KERNELS: Dict[str, Kernel] = {k.family: k for k in (
     Kernel("gemm", "gemm.c.j2", (Field("k", "k", 1, MAX_DIM), Field("n", "n", 1, 3 * MAX_DIM),
                                  Field("bias", "bias", 0, 1), choice_field("weight_type", "", WEIGHT_DTYPES))
            + GEMM_TILE_FIELDS,
-           entries=("", "_pack"), jit_pipeline="default<O1>"),
+           entries=("", "_pack"), jit_pipeline=jit_pipelines.GEMM),
     # The opt-in bfloat16-compute GEMM (config compute_dtype): bfloat16 weights in pair
     # panels and activations rounded to bfloat16, so its numbers differ from gemm's.
     Kernel("gemm_bf16dot", "gemm_bf16dot.c.j2", (Field("k", "k", 1, MAX_DIM), Field("n", "n", 1, 3 * MAX_DIM),
@@ -96,7 +95,7 @@ KERNELS: Dict[str, Kernel] = {k.family: k for k in (
     Kernel("rope", "rope.c.j2", (Field("rotary_dim", "r", 2, MAX_HEAD_DIM, 2),
                                  choice_field("interleaved", "", ("half", "inter")))),
     Kernel("rmsnorm", "rmsnorm.c.j2", (Field("n", "n", 1, MAX_DIM),)),
-    Kernel("attn_flash", "attn_flash.c.j2", ATTN_FIELDS),
+    Kernel("attn_flash", "attn_flash.c.j2", ATTN_FIELDS, jit_pipeline=jit_pipelines.FLASH),
     Kernel("attn_sdpa", "attn_sdpa.c.j2", ATTN_FIELDS),
     # Decode over a paged K/V cache, few queries (q_len is run time), split-KV ready.
     # kv_type: the cache's element type (config_fields.DTYPES, the cache's dtype),

@@ -16,7 +16,7 @@
 import hashlib
 from typing import Any, Iterable, List, Tuple
 
-from . import config_fields, limits, model_types
+from . import config_fields, jit_pipelines, limits, model_types
 from .archs import Arch
 from .kernels import KERNELS
 from .targets import TARGETS, Target, target_named
@@ -224,7 +224,9 @@ def _families_table() -> str:
         entries = ", ".join(c_string(e) for e in kernel.entries)
         out.append(f"    {{{c_string(kernel.family)}, {len(kernel.fields)}, {{{names}}}, {{{prefixes}}},\n"
                    f"     {{{choices}}},\n     {{{lows}}},\n     {{{highs}}},\n     {{{multiples}}},\n"
-                   f"     {len(kernel.entries)}, {{{entries}}}, {c_string(kernel.jit_pipeline)}}},\n")
+                   f"     {len(kernel.entries)}, {{{entries}}},\n"
+                   f"     {c_string(kernel.jit_pipeline)},\n"
+                   f"     {c_string(jit_pipelines.summary(kernel.jit_pipeline))}}},\n")
     out.append("};\n")
     out.append(f"const int sneppx_kernel_family_count = {len(KERNELS)};\n")
     return "".join(out)

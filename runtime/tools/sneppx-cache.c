@@ -108,8 +108,8 @@ static int show(void)
     printf("compile     %s\n", sneppx_jit_options());
     printf("passes     ");
     for (int i = 0; i < sneppx_kernel_family_count; i++)
-        printf(" %s %s%s", sneppx_kernel_families[i].family, sneppx_kernel_families[i].jit_pipeline,
-               i + 1 < sneppx_kernel_family_count ? "," : "\n");
+        printf(" %s: %s%s", sneppx_kernel_families[i].family, sneppx_kernel_families[i].jit_pipeline_summary,
+               i + 1 < sneppx_kernel_family_count ? ";" : "\n");
     return 0;
 }
 

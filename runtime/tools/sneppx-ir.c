@@ -4,7 +4,8 @@
  *
  *   sneppx-ir --family attn_flash --value head_dim=128 --value v_head_dim=128 \
  *             --value group=4 --value window=0 --value mask_mode=causal \
- *             [--target v16 | --vector-width 16] [--stage specialized|optimized] [--print-key]
+ *             [--target v16 | --vector-width 16] [--stage specialized|optimized] [--passes TEXT]
+ *             [--print-key]
  *   sneppx-ir --list-targets
  *
  * --print-key prints the canonical key instead (tests/lit/jit_key.test checks
@@ -28,11 +29,12 @@
 static void usage(FILE *out)
 {
     fputs("usage: sneppx-ir --family NAME --value FIELD=VALUE... [--target NAME | --vector-width W]\n"
-          "                 [--stage specialized|optimized] [--print-key]\n"
+          "                 [--stage specialized|optimized] [--passes TEXT] [--print-key]\n"
           "       sneppx-ir --list-targets\n"
           "Prints the LLVM IR of one kernel key as the JIT builds it for this host:\n"
           "  specialized  spec_ globals constant, entries renamed, host CPU attributes\n"
-          "  optimized    and the JIT's pass pipeline run (the default)\n"
+          "  optimized    and the family's JIT pass pipeline run (the default)\n"
+          "--passes runs TEXT (LLVM's pipeline syntax, e.g. default<O2>) instead of the family's.\n"
           "--print-key prints the key's canonical text instead.\n"
           "--target picks a target by name (default: the host's), --vector-width the first\n"
           "of that vector width; --list-targets lists them, in order of preference, the host's marked.\n"
@@ -159,6 +161,7 @@ int main(int argc, char **argv)
     const struct sneppx_target *target = NULL;
     const char *target_option = NULL;
     sneppx_jit_stage stage = SNEPPX_JIT_STAGE_OPTIMIZED;
+    const char *passes = NULL;
     int print_key = 0;
     for (int i = 1; i < argc; i++) {
         const char *option = argv[i];
@@ -198,6 +201,8 @@ int main(int argc, char **argv)
             stage = SNEPPX_JIT_STAGE_SPECIALIZED;
         } else if (strcmp(option, "--stage") == 0 && strcmp(argument, "optimized") == 0) {
             stage = SNEPPX_JIT_STAGE_OPTIMIZED;
+        } else if (strcmp(option, "--passes") == 0) {
+            passes = argument;
         } else {
             fprintf(stderr, "sneppx-ir: unexpected %s %s\n", option, argument);
             usage(stderr);
@@ -252,7 +257,7 @@ int main(int argc, char **argv)
         return 0;
     }
     char *ir = NULL;
-    sneppx_status status = sneppx_jit_module_ir(family, values, target, stage, &ir);
+    sneppx_status status = sneppx_jit_module_ir(family, values, target, stage, passes, &ir);
     if (status != SNEPPX_OK) {
         fprintf(stderr, "sneppx-ir: %s: %s\n", sneppx_status_name(status), sneppx_last_error());
         return 1;

@@ -1,0 +1,122 @@
+"""The LLVM pass pipelines the JIT runs on a family's keys (kernels.py's
+Kernel.jit_pipeline; each is part of its keys' fingerprints).
+
+O2 is the default: it compiled 15-25% faster than O3 for kernels as fast.
+GEMM and FLASH are default<O2> (as LLVM 19's `opt -print-pipeline-passes`
+spells it) without the passes that change nothing in those families'
+kernels, which are tiled, vectorized and unrolled by hand: their keys
+compile to the IR default<O2> gives them, with a third less `opt` work
+(docs/PERFORMANCE.md). scripts/derive_jit_pipeline.py found them
+(dropping each pass in turn and keeping the drop when its sample keys' IR
+stayed the same, at both targets), and tests/test_jit_pipeline.c checks the
+sameness on keys of its own: rerun the script when a template or LLVM
+changes and that test fails. Decode attention and SDPA keep default<O2>:
+its printed text parsed back does not reproduce it on their keys.
+"""
+import re
+
+O2 = "default<O2>"
+
+
+def summary(pipeline: str) -> str:
+    """A line for people (sneppx-cache show): the pipeline, or for a pared one
+    how many passes it keeps."""
+    if pipeline.startswith("default<"):
+        return pipeline
+    passes = re.findall(r"[\w-]+(?=[,)]|$)", re.sub(r"<[^<>]*>", "", pipeline))  # not the adaptors
+    return f"default<O2> pared to {len(passes)} passes"
+
+
+_INSTCOMBINE = "instcombine<max-iterations=1;no-use-loop-info;no-verify-fixpoint>"
+# SimplifyCFG as the simplification passes run it (loops kept) ...
+_SIMPLIFYCFG = ("simplifycfg<bonus-inst-threshold=1;no-forward-switch-cond;switch-range-to-icmp;no-switch-to-lookup;"
+                "keep-loops;no-hoist-common-insts;no-sink-common-insts;speculate-blocks;simplify-cond-branch;"
+                "no-speculate-unpredictables>")
+# ... after vectorization (switches to lookups, common code hoisted and sunk) ...
+_SIMPLIFYCFG_LATE = ("simplifycfg<bonus-inst-threshold=1;forward-switch-cond;switch-range-to-icmp;switch-to-lookup;"
+                     "no-keep-loops;hoist-common-insts;sink-common-insts;speculate-blocks;simplify-cond-branch;"
+                     "no-speculate-unpredictables>")
+# ... and the last one.
+_SIMPLIFYCFG_LAST = ("simplifycfg<bonus-inst-threshold=1;no-forward-switch-cond;switch-range-to-icmp;"
+                     "no-switch-to-lookup;keep-loops;no-hoist-common-insts;no-sink-common-insts;speculate-blocks;"
+                     "simplify-cond-branch;speculate-unpredictables>")
+
+FLASH = ",".join((
+    "inferattrs",
+    "function<eager-inv>(early-cse<>)",
+    "ipsccp",
+    "globalopt",
+    f"function<eager-inv>({_INSTCOMBINE},{_SIMPLIFYCFG})",
+    "always-inline",
+    "cgscc(devirt<4>(inline,function<eager-inv;no-rerun>(" + ",".join((
+        "sroa<modify-cfg>",
+        "early-cse<memssa>",
+        _INSTCOMBINE,
+        _SIMPLIFYCFG,
+        "reassociate",
+        "loop-mssa(licm<no-allowspeculation>,loop-rotate<header-duplication;no-prepare-for-lto>,"
+        "licm<allowspeculation>)",
+        _SIMPLIFYCFG,
+        _INSTCOMBINE,
+        "loop(loop-idiom,indvars,loop-deletion)",
+        "gvn<>",
+        _INSTCOMBINE,
+        "jump-threading",
+        "correlated-propagation",
+        "loop-mssa(licm<allowspeculation>)",
+    )) + "),function-attrs))",
+    "deadargelim",
+    "function<eager-inv>(" + ",".join((
+        "loop-vectorize<no-interleave-forced-only;no-vectorize-forced-only;>",
+        _INSTCOMBINE,
+        _SIMPLIFYCFG_LATE,
+        "infer-alignment",
+        _INSTCOMBINE,
+        "loop-mssa(licm<allowspeculation>)",
+        "instsimplify",
+        "tailcallelim",
+        _SIMPLIFYCFG_LAST,
+    )) + ")",
+))
+
+GEMM = ",".join((
+    "inferattrs",
+    "function<eager-inv>(sroa<modify-cfg>,early-cse<>)",
+    "ipsccp",
+    "globalopt",
+    f"function<eager-inv>(mem2reg,{_INSTCOMBINE},{_SIMPLIFYCFG})",
+    "always-inline",
+    "cgscc(devirt<4>(inline,function<eager-inv;no-rerun>(" + ",".join((
+        "sroa<modify-cfg>",
+        "early-cse<memssa>",
+        "jump-threading",
+        "correlated-propagation",
+        _INSTCOMBINE,
+        _SIMPLIFYCFG,
+        "reassociate",
+        "loop-mssa(licm<no-allowspeculation>,loop-rotate<header-duplication;no-prepare-for-lto>,"
+        "licm<allowspeculation>)",
+        _SIMPLIFYCFG,
+        _INSTCOMBINE,
+        "loop(loop-idiom,indvars,loop-deletion)",
+        "sroa<modify-cfg>",
+        "mldst-motion<no-split-footer-bb>",
+        "gvn<>",
+        "jump-threading",
+        "correlated-propagation",
+        _INSTCOMBINE,
+    )) + "),function-attrs))",
+    "deadargelim",
+    "function<eager-inv>(" + ",".join((
+        "loop(loop-deletion)",
+        _SIMPLIFYCFG_LATE,
+        _INSTCOMBINE,
+        "loop-unroll<O2>",
+        "sroa<preserve-cfg>",
+        _INSTCOMBINE,
+        "loop-mssa(licm<allowspeculation>)",
+        "instsimplify",
+        "tailcallelim",
+        _SIMPLIFYCFG_LAST,
+    )) + ")",
+))
