@@ -41,6 +41,18 @@ _SIMPLIFYCFG_LAST = ("simplifycfg<bonus-inst-threshold=1;no-forward-switch-cond;
                      "no-switch-to-lookup;keep-loops;no-hoist-common-insts;no-sink-common-insts;speculate-blocks;"
                      "simplify-cond-branch;speculate-unpredictables>")
 
+# The middle of the CGSCC function simplification, which both keep whole:
+# cleanups, loops rotated with invariants hoisted, induction variables.
+_LOOP_SIMPLIFICATION = ",".join((
+    _INSTCOMBINE,
+    _SIMPLIFYCFG,
+    "reassociate",
+    "loop-mssa(licm<no-allowspeculation>,loop-rotate<header-duplication;no-prepare-for-lto>,licm<allowspeculation>)",
+    _SIMPLIFYCFG,
+    _INSTCOMBINE,
+    "loop(loop-idiom,indvars,loop-deletion)",
+))
+
 FLASH = ",".join((
     "inferattrs",
     "function<eager-inv>(early-cse<>)",
@@ -51,14 +63,7 @@ FLASH = ",".join((
     "cgscc(devirt<4>(inline,function<eager-inv;no-rerun>(" + ",".join((
         "sroa<modify-cfg>",
         "early-cse<memssa>",
-        _INSTCOMBINE,
-        _SIMPLIFYCFG,
-        "reassociate",
-        "loop-mssa(licm<no-allowspeculation>,loop-rotate<header-duplication;no-prepare-for-lto>,"
-        "licm<allowspeculation>)",
-        _SIMPLIFYCFG,
-        _INSTCOMBINE,
-        "loop(loop-idiom,indvars,loop-deletion)",
+        _LOOP_SIMPLIFICATION,
         "gvn<>",
         _INSTCOMBINE,
         "jump-threading",
@@ -91,14 +96,7 @@ GEMM = ",".join((
         "early-cse<memssa>",
         "jump-threading",
         "correlated-propagation",
-        _INSTCOMBINE,
-        _SIMPLIFYCFG,
-        "reassociate",
-        "loop-mssa(licm<no-allowspeculation>,loop-rotate<header-duplication;no-prepare-for-lto>,"
-        "licm<allowspeculation>)",
-        _SIMPLIFYCFG,
-        _INSTCOMBINE,
-        "loop(loop-idiom,indvars,loop-deletion)",
+        _LOOP_SIMPLIFICATION,
         "sroa<modify-cfg>",
         "mldst-motion<no-split-footer-bb>",
         "gvn<>",
