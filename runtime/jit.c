@@ -38,10 +38,10 @@
 
 /* Changing any of these changes the code: the string below is part of every
  * disk cache fingerprint (with the family's pipeline), so keep the two in step. */
-#define JIT_OPTIONS                                                                  \
-    "loop-vectorize loop-interleave slp-vectorize loop-unroll; "                    \
-                  "codegen aggressive pic small-code-model, by function in up to 2 parts; "      \
-                  "host attributes; internalized; object bundle"
+#define JIT_OPTIONS                                                                \
+    "loop-vectorize loop-interleave slp-vectorize loop-unroll; "                   \
+    "codegen aggressive pic small-code-model, by function in up to 2 parts; "      \
+    "host attributes; internalized; object bundle"
 
 #define SPEC_PREFIX "spec_"
 #define TEMPLATE_ENTRY "sneppx_kernel"
@@ -246,7 +246,8 @@ static sneppx_status build_module(const struct sneppx_kernel_family *family, con
         goto fail;
     }
     LLVMDisposeMessage(message);
-    if (stage == SNEPPX_JIT_STAGE_OPTIMIZED && (status = optimize(*module, *machine, passes ? passes : family->jit_pipeline, key)) != SNEPPX_OK)
+    const char *pipeline = passes ? passes : family->jit_pipeline;
+    if (stage == SNEPPX_JIT_STAGE_OPTIMIZED && (status = optimize(*module, *machine, pipeline, key)) != SNEPPX_OK)
         goto fail;
     return SNEPPX_OK;
 

@@ -12,9 +12,9 @@
 #include "sneppx/status.h"
 #include "sneppx_abi.h"
 
-/* Everything besides the bitcode, key and host that shapes the object code:
- * the pass pipeline and its tuning, the code generation options. Part of the
- * disk cache fingerprint. */
+/* Everything besides the bitcode, key, host and the family's pass pipeline
+ * (its jit_pipeline) that shapes the object code: the pipeline's tuning, the
+ * code generation options. Part of the disk cache fingerprint. */
 const char *sneppx_jit_options(void);
 
 /* 0 when SNEPPX_JIT=0 forbids compiling (read once). */

@@ -124,6 +124,17 @@ static const struct {
 
 static void check_derived_pipelines(void)
 {
+    /* A pared pipeline no key here checks would go unchecked. */
+    for (int f = 0; f < sneppx_kernel_family_count; f++) {
+        const struct sneppx_kernel_family *family = &sneppx_kernel_families[f];
+        if (strncmp(family->jit_pipeline, "default<", 8) == 0)
+            continue;
+        int samples = 0;
+        for (size_t i = 0; i < sizeof derived_samples / sizeof derived_samples[0]; i++)
+            samples += strcmp(derived_samples[i].family, family->family) == 0;
+        CHECK(samples > 0, "%s's pipeline is pared (%s) but no key here checks it", family->family,
+              family->jit_pipeline_summary);
+    }
     for (size_t i = 0; i < sizeof derived_samples / sizeof derived_samples[0]; i++) {
         const struct sneppx_kernel_family *family = sneppx_kernel_family_find(derived_samples[i].family);
         CHECK(family != NULL, "no family %s", derived_samples[i].family);
