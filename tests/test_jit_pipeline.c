@@ -15,8 +15,6 @@
  *    fails here. */
 #include <llvm-c/Core.h>
 #include <llvm-c/Error.h>
-#include <llvm-c/Target.h>
-#include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
 
 #include <stdio.h>
@@ -38,7 +36,6 @@ static test_tally tally;
 
 static void check_pipelines_parse(void)
 {
-    LLVMInitializeNativeTarget();
     for (int i = 0; i < sneppx_kernel_family_count; i++) {
         const struct sneppx_kernel_family *family = &sneppx_kernel_families[i];
         CHECK(family->jit_pipeline && family->jit_pipeline[0], "%s has no pipeline", family->family);

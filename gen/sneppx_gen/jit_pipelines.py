@@ -53,6 +53,15 @@ _LOOP_SIMPLIFICATION = ",".join((
     "loop(loop-idiom,indvars,loop-deletion)",
 ))
 
+# The end of the per-function optimization, which both keep whole.
+_LATE_CLEANUP = ",".join((
+    _INSTCOMBINE,
+    "loop-mssa(licm<allowspeculation>)",
+    "instsimplify",
+    "tailcallelim",
+    _SIMPLIFYCFG_LAST,
+))
+
 FLASH = ",".join((
     "inferattrs",
     "function<eager-inv>(early-cse<>)",
@@ -76,11 +85,7 @@ FLASH = ",".join((
         _INSTCOMBINE,
         _SIMPLIFYCFG_LATE,
         "infer-alignment",
-        _INSTCOMBINE,
-        "loop-mssa(licm<allowspeculation>)",
-        "instsimplify",
-        "tailcallelim",
-        _SIMPLIFYCFG_LAST,
+        _LATE_CLEANUP,
     )) + ")",
 ))
 
@@ -111,10 +116,6 @@ GEMM = ",".join((
         _INSTCOMBINE,
         "loop-unroll<O2>",
         "sroa<preserve-cfg>",
-        _INSTCOMBINE,
-        "loop-mssa(licm<allowspeculation>)",
-        "instsimplify",
-        "tailcallelim",
-        _SIMPLIFYCFG_LAST,
+        _LATE_CLEANUP,
     )) + ")",
 ))
