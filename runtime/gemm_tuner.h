@@ -2,10 +2,10 @@
  * the target's candidates with each mc (targets.py) is compiled (or loaded)
  * as a float32 GEMM key, and all of them run the same product, partitioned as
  * the forward pass partitions it (templates/partition.h.j2), in interleaved
- * rounds; a candidate's time is its fastest round. The winner is the fastest
- * candidate, except that the default is kept unless a candidate beats it by
- * more than SNEPPX_TUNE_MIN_GAIN on both its fastest and its median round (a
- * difference within noise changes no key).
+ * rounds; a candidate's time is its fastest round. The defaults are kept
+ * unless a candidate beats them by SNEPPX_TUNE_MIN_GAIN or more on both its
+ * fastest and its median round (a difference within noise changes no key);
+ * of those that do, the one with the fastest median round wins.
  * Nothing is stored here: runtime/tuning_record.h keeps a result. */
 #ifndef SNEPPX_RUNTIME_GEMM_TUNER_H
 #define SNEPPX_RUNTIME_GEMM_TUNER_H
@@ -44,9 +44,15 @@ struct sneppx_gemm_tune_time {
 struct sneppx_gemm_tune_result {
     int count;                    /* candidates timed */
     struct sneppx_gemm_tune_time times[SNEPPX_TUNE_MAX_CANDIDATES];
-    int fastest, defaults, winner; /* indices into times */
+    int fastest, defaults, winner; /* indices into times: the fastest round's, the defaults', the winner */
     double compile_ms, total_ms;  /* resolving the candidates; the whole tuning */
 };
+
+/* The winner among count candidates' times (sneppx_gemm_tune's rule above):
+ * the index of the candidate with the fastest median round among those that
+ * beat times[defaults] on both rounds, else defaults; with no defaults
+ * (defaults < 0), the fastest median round of all (-1 when count is 0). */
+int sneppx_gemm_tune_winner(const struct sneppx_gemm_tune_time *times, int count, int defaults);
 
 /* Times target's candidates over shape (rows, k, n at least 1, rounds at least
  * 1, threads 0..SNEPPX_MAX_THREADS: SNEPPX_ERR_INVALID_ARGUMENT naming the

@@ -63,8 +63,8 @@ static void check_tuner(const struct sneppx_target *target)
     TEST_CHECK(&tally, result.defaults >= 0 && result.times[result.defaults].tiles.kc == target->gemm_kc &&
                            result.times[result.defaults].tiles.mc == target->gemm_mc,
                "the defaults are candidate %d", result.defaults);
-    TEST_CHECK(&tally, result.winner == result.fastest || result.winner == result.defaults,
-               "winner %d is the fastest (%d) or the defaults", result.winner, result.fastest);
+    TEST_CHECK(&tally, result.winner == sneppx_gemm_tune_winner(result.times, result.count, result.defaults),
+               "winner %d is the rule's over the times", result.winner);
     if (result.winner != result.defaults)
         TEST_CHECK(&tally, result.times[result.winner].ms * (1 + SNEPPX_TUNE_MIN_GAIN) <=
                                    result.times[result.defaults].ms &&
@@ -81,6 +81,30 @@ static void check_tuner(const struct sneppx_target *target)
     status = sneppx_gemm_tune(target, &shape, &result);
     TEST_CHECK(&tally, status == SNEPPX_ERR_INVALID_ARGUMENT && strstr(sneppx_last_error(), "rounds 0"),
                "rounds 0: %s", sneppx_last_error());
+}
+
+/* The selection rule on made-up times (ms = fastest round, median_ms), candidate 0
+ * the defaults at 100 / 100 ms unless said otherwise. */
+static void check_winner_rule(void)
+{
+    struct sneppx_gemm_tune_time t[4] = {{.ms = 100, .median_ms = 100}};
+    /* Zen 5's table: the fastest round (1) fails the median; another (2) beats both. */
+    t[1] = (struct sneppx_gemm_tune_time){.ms = 95.5, .median_ms = 101.5};
+    t[2] = (struct sneppx_gemm_tune_time){.ms = 96.1, .median_ms = 96.4};
+    t[3] = (struct sneppx_gemm_tune_time){.ms = 99.5, .median_ms = 95.0};
+    TEST_CHECK(&tally, sneppx_gemm_tune_winner(t, 4, 0) == 2, "a candidate beating both rounds wins over the fastest "
+               "round that fails its median, and over a 0.5%% fastest round: %d", sneppx_gemm_tune_winner(t, 4, 0));
+    t[3] = (struct sneppx_gemm_tune_time){.ms = 98.9, .median_ms = 95.0};
+    TEST_CHECK(&tally, sneppx_gemm_tune_winner(t, 4, 0) == 3, "of two that beat both, the faster median wins: %d",
+               sneppx_gemm_tune_winner(t, 4, 0));
+    t[2].median_ms = t[3].median_ms = 99.2;
+    TEST_CHECK(&tally, sneppx_gemm_tune_winner(t, 4, 0) == 0, "gains under %g on the median keep the defaults: %d",
+               SNEPPX_TUNE_MIN_GAIN, sneppx_gemm_tune_winner(t, 4, 0));
+    TEST_CHECK(&tally, sneppx_gemm_tune_winner(t, 4, 1) == 1 && sneppx_gemm_tune_winner(t, 1, 0) == 0,
+               "defaults elsewhere or alone: %d, %d", sneppx_gemm_tune_winner(t, 4, 1), sneppx_gemm_tune_winner(t, 1, 0));
+    TEST_CHECK(&tally, sneppx_gemm_tune_winner(t, 4, -1) == 2 && sneppx_gemm_tune_winner(t, 0, -1) == -1,
+               "no defaults: the fastest median (ties: the fastest round): %d; none: %d",
+               sneppx_gemm_tune_winner(t, 4, -1), sneppx_gemm_tune_winner(t, 0, -1));
 }
 
 /* out = src x W^T + bias with kc and mc on the host's target. */
@@ -206,6 +230,7 @@ int main(int argc, char **argv)
     unsetenv("SNEPPX_TUNE");
     unsetenv("SNEPPX_JIT");
     const struct sneppx_target *target = sneppx_host_target();
+    check_winner_rule();
 
     /* No record: the defaults. */
     TEST_CHECK(&tally, is_default(target, SNEPPX_DTYPE_FLOAT32) && is_default(target, SNEPPX_DTYPE_INT8),

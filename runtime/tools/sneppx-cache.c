@@ -251,7 +251,7 @@ static int tune(int argc, char **argv)
     }
     const struct sneppx_gemm_tuning kept = result->times[result->winner].tiles, *winner = &kept;
     printf("winner      kc %lld, mc %lld: %.3fx the defaults (a candidate must gain %.0f%% on its fastest and "
-           "median rounds to replace them)\n",
+           "median rounds to replace them; of those, the fastest median wins)\n",
            (long long)winner->kc, (long long)winner->mc, base > 0 ? base / result->times[result->winner].ms : 0.0,
            SNEPPX_TUNE_MIN_GAIN * 100);
     printf("time        %.0f ms (%.0f ms resolving %d kernels)\n", result->total_ms, result->compile_ms,
