@@ -291,6 +291,7 @@ static void *emit_part(void *argument)
 {
     struct part *part = argument;
     LLVMContextRef context = LLVMContextCreate();
+    LLVMContextSetDiscardValueNames(context, 1); /* as the module's own context (jit.c) */
     struct sneppx_jit_diagnostics diagnostics;
     sneppx_jit_keep_diagnostics(context, &diagnostics);
     LLVMModuleRef module = NULL;

@@ -9,7 +9,8 @@
  *  - a key of each family compiles with its pipeline (an object results);
  *  - a family whose pipeline is default<O2> pared to fewer passes
  *    (gen/sneppx_gen/jit_pipelines.py) gives its keys the IR default<O2>
- *    gives them, on every target this host runs (a child process per target
+ *    gives them (the JIT keeps no value names, so the IR is compared as the
+ *    passes shape it), on every target this host runs (a child process per target
  *    narrower than the host's): keys other than those the pipeline was
  *    derived on, so a template or LLVM change that needs a left out pass
  *    fails here. */
@@ -112,6 +113,12 @@ static const struct {
     {"attn_flash", {576, 512, 8, 0, 2}},
     {"attn_flash", {80, 80, 3, 0, 0}},
     {"attn_flash", {256, 256, 12, 512, 1}},
+    /* head_dim, v_head_dim, group, window, mask_mode, kv_type (float32, bfloat16, float16, int8) */
+    {"attn_decode", {96, 96, 2, 0, 1, 2}},
+    {"attn_decode", {128, 128, 16, 0, 2, 3}},
+    {"attn_decode", {64, 64, 8, 1024, 1, 1}},
+    {"attn_decode", {256, 256, 5, 0, 2, 0}},
+    {"attn_decode", {576, 512, 128, 0, 1, 1}},
     /* k, n, bias, weight_type (float32, bfloat16, float16, int8), kc, mc */
     {"gemm", {2048, 3072, 0, 3, 512, 112}},
     {"gemm", {5120, 1536, 1, 0, 512, 56}},

@@ -100,7 +100,8 @@ KERNELS: Dict[str, Kernel] = {k.family: k for k in (
     # Decode over a paged K/V cache, few queries (q_len is run time), split-KV ready.
     # kv_type: the cache's element type (config_fields.DTYPES, the cache's dtype),
     # widened in registers, so caches of two types never share a kernel.
-    Kernel("attn_decode", "attn_decode.c.j2", ATTN_FIELDS + (choice_field("kv_type", "", DTYPES),)),
+    Kernel("attn_decode", "attn_decode.c.j2", ATTN_FIELDS + (choice_field("kv_type", "", DTYPES),),
+           jit_pipeline=jit_pipelines.DECODE),
 )}
 
 
