@@ -6,7 +6,7 @@ GEMM, FLASH and DECODE are default<O2> (as LLVM 19's `opt -print-pipeline-passes
 spells it) without the passes that change nothing in those families'
 kernels, which are tiled, vectorized and unrolled by hand: their keys
 compile to the IR default<O2> gives them (up to value names, which the JIT
-does not keep), with a third less `opt` work (docs/PERFORMANCE.md).
+does not keep), with a quarter to a third less `opt` work (docs/PERFORMANCE.md).
 scripts/derive_jit_pipeline.py found them (dropping each pass in turn and
 keeping the drop when its sample keys' IR stayed the same, at both targets),
 and tests/test_jit_pipeline.c checks the sameness on keys of its own: rerun
