@@ -35,6 +35,10 @@ SAMPLES = {
                     for (d, dv, g), (w, m), t in itertools.product(
                         ((128, 128, 4), (576, 512, 16), (80, 80, 3)), ((0, "causal"), (0, "mask"), (512, "causal")),
                         ("float32", "bfloat16", "float16", "int8"))],
+    "attn_sdpa": [dict(head_dim=d, v_head_dim=dv, group=g, window=w, mask_mode=m)
+                  for (d, dv, g), w, m in itertools.product(
+                      ((128, 128, 4), (576, 512, 16), (80, 80, 3), (64, 64, 8), (256, 256, 1), (96, 96, 2),
+                       (192, 128, 1)), (0, 512, 1024), ("none", "causal", "mask"))],
     "gemm": [dict(k=k, n=n, bias=b, weight_type=t)
              for (k, n), b, t in itertools.product(((4096, 6144), (2048, 576), (3584, 4608), (128, 512)), (0, 1),
                                                    ("float32", "bfloat16", "float16", "int8"))],

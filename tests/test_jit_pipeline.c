@@ -113,6 +113,11 @@ static const struct {
     {"attn_flash", {576, 512, 8, 0, 2}},
     {"attn_flash", {80, 80, 3, 0, 0}},
     {"attn_flash", {256, 256, 12, 512, 1}},
+    {"attn_sdpa", {128, 128, 6, 0, 1}},
+    {"attn_sdpa", {112, 112, 2, 256, 2}},
+    {"attn_sdpa", {576, 512, 128, 0, 1}},
+    {"attn_sdpa", {160, 160, 5, 2048, 0}},
+    {"attn_sdpa", {48, 48, 12, 0, 2}},
     /* head_dim, v_head_dim, group, window, mask_mode, kv_type (float32, bfloat16, float16, int8) */
     {"attn_decode", {96, 96, 2, 0, 1, 2}},
     {"attn_decode", {128, 128, 16, 0, 2, 3}},

@@ -2,7 +2,7 @@
 Kernel.jit_pipeline; each is part of its keys' fingerprints).
 
 O2 is the default: it compiled 15-25% faster than O3 for kernels as fast.
-GEMM, FLASH and DECODE are default<O2> (as LLVM 19's `opt -print-pipeline-passes`
+GEMM, FLASH, DECODE and SDPA are default<O2> (as LLVM 19's `opt -print-pipeline-passes`
 spells it) without the passes that change nothing in those families'
 kernels, which are tiled, vectorized and unrolled by hand: their keys
 compile to the IR default<O2> gives them (up to value names, which the JIT
@@ -11,10 +11,9 @@ scripts/derive_jit_pipeline.py found them (dropping each pass in turn and
 keeping the drop when its sample keys' IR stayed the same, at both targets),
 and tests/test_jit_pipeline.c checks the sameness on keys of its own: rerun
 the script when a template or LLVM changes and that test fails. For decode
-attention the printed text itself differs from default<O2> (it spells the
-function simplification's early-folds-only vector-combine as the full one,
-which reorders a 4-float sum): that pass is the first one dropped. SDPA keeps
-default<O2>.
+attention and SDPA the printed text itself differs from default<O2> (it
+spells the function simplification's early-folds-only vector-combine as the
+full one, which reorders a 4-float sum): that pass is the first one dropped.
 """
 import re
 
@@ -158,6 +157,37 @@ DECODE = ",".join((
         "loop-mssa(licm<allowspeculation>)",
         "alignment-from-assumptions",
         "instsimplify",
+        "tailcallelim",
+        _SIMPLIFYCFG_LAST,
+    )) + ")",
+))
+
+SDPA = ",".join((
+    "inferattrs",
+    "ipsccp",
+    f"function<eager-inv>({_INSTCOMBINE},{_SIMPLIFYCFG})",
+    "always-inline",
+    "cgscc(devirt<4>(inline,function<eager-inv;no-rerun>(" + ",".join((
+        "sroa<modify-cfg>",
+        "early-cse<memssa>",
+        _SIMPLIFYCFG,
+        "reassociate",
+        "loop-mssa(loop-rotate<header-duplication;no-prepare-for-lto>,licm<allowspeculation>)",
+        _SIMPLIFYCFG,
+        _INSTCOMBINE,
+        "loop(indvars,loop-unroll-full)",
+        "gvn<>",
+        "correlated-propagation",
+        _INSTCOMBINE,
+    )) + "),function-attrs))",
+    "globalopt",
+    "function<eager-inv>(" + ",".join((
+        _SIMPLIFYCFG_LATE,
+        "slp-vectorizer",
+        "vector-combine",
+        "loop-unroll<O2>",
+        "infer-alignment",
+        _INSTCOMBINE,
         "tailcallelim",
         _SIMPLIFYCFG_LAST,
     )) + ")",

@@ -96,7 +96,7 @@ KERNELS: Dict[str, Kernel] = {k.family: k for k in (
                                  choice_field("interleaved", "", ("half", "inter")))),
     Kernel("rmsnorm", "rmsnorm.c.j2", (Field("n", "n", 1, MAX_DIM),)),
     Kernel("attn_flash", "attn_flash.c.j2", ATTN_FIELDS, jit_pipeline=jit_pipelines.FLASH),
-    Kernel("attn_sdpa", "attn_sdpa.c.j2", ATTN_FIELDS),
+    Kernel("attn_sdpa", "attn_sdpa.c.j2", ATTN_FIELDS, jit_pipeline=jit_pipelines.SDPA),
     # Decode over a paged K/V cache, few queries (q_len is run time), split-KV ready.
     # kv_type: the cache's element type (config_fields.DTYPES, the cache's dtype),
     # widened in registers, so caches of two types never share a kernel.
