@@ -43,6 +43,21 @@ _SIMPLIFYCFG_LAST = ("simplifycfg<bonus-inst-threshold=1;no-forward-switch-cond;
                      "no-switch-to-lookup;keep-loops;no-hoist-common-insts;no-sink-common-insts;speculate-blocks;"
                      "simplify-cond-branch;speculate-unpredictables>")
 
+
+def _functions(*passes: str) -> str:
+    """passes run on every function."""
+    return "function<eager-inv>(" + ",".join(passes) + ")"
+
+
+def _inline_and_simplify(*passes: str) -> str:
+    """The inliner over the call graph, bottom up, with passes run on each
+    function after its callees are inlined."""
+    return "cgscc(devirt<4>(inline,function<eager-inv;no-rerun>(" + ",".join(passes) + "),function-attrs))"
+
+
+# The cleanup after the module's first constant propagation.
+_EARLY_CLEANUP = _functions(_INSTCOMBINE, _SIMPLIFYCFG)
+
 # The middle of the CGSCC function simplification, which both keep whole:
 # cleanups, loops rotated with invariants hoisted, induction variables.
 _LOOP_SIMPLIFICATION = ",".join((
@@ -66,12 +81,12 @@ _LATE_CLEANUP = ",".join((
 
 FLASH = ",".join((
     "inferattrs",
-    "function<eager-inv>(early-cse<>)",
+    _functions("early-cse<>"),
     "ipsccp",
     "globalopt",
-    f"function<eager-inv>({_INSTCOMBINE},{_SIMPLIFYCFG})",
+    _EARLY_CLEANUP,
     "always-inline",
-    "cgscc(devirt<4>(inline,function<eager-inv;no-rerun>(" + ",".join((
+    _inline_and_simplify(
         "sroa<modify-cfg>",
         "early-cse<memssa>",
         _LOOP_SIMPLIFICATION,
@@ -80,25 +95,25 @@ FLASH = ",".join((
         "jump-threading",
         "correlated-propagation",
         "loop-mssa(licm<allowspeculation>)",
-    )) + "),function-attrs))",
+    ),
     "deadargelim",
-    "function<eager-inv>(" + ",".join((
+    _functions(
         "loop-vectorize<no-interleave-forced-only;no-vectorize-forced-only;>",
         _INSTCOMBINE,
         _SIMPLIFYCFG_LATE,
         "infer-alignment",
         _LATE_CLEANUP,
-    )) + ")",
+    ),
 ))
 
 GEMM = ",".join((
     "inferattrs",
-    "function<eager-inv>(sroa<modify-cfg>,early-cse<>)",
+    _functions("sroa<modify-cfg>", "early-cse<>"),
     "ipsccp",
     "globalopt",
-    f"function<eager-inv>(mem2reg,{_INSTCOMBINE},{_SIMPLIFYCFG})",
+    _functions("mem2reg", _INSTCOMBINE, _SIMPLIFYCFG),
     "always-inline",
-    "cgscc(devirt<4>(inline,function<eager-inv;no-rerun>(" + ",".join((
+    _inline_and_simplify(
         "sroa<modify-cfg>",
         "early-cse<memssa>",
         "jump-threading",
@@ -110,25 +125,25 @@ GEMM = ",".join((
         "jump-threading",
         "correlated-propagation",
         _INSTCOMBINE,
-    )) + "),function-attrs))",
+    ),
     "deadargelim",
-    "function<eager-inv>(" + ",".join((
+    _functions(
         "loop(loop-deletion)",
         _SIMPLIFYCFG_LATE,
         _INSTCOMBINE,
         "loop-unroll<O2>",
         "sroa<preserve-cfg>",
         _LATE_CLEANUP,
-    )) + ")",
+    ),
 ))
 
 DECODE = ",".join((
     "inferattrs",
-    "function<eager-inv>(early-cse<>)",
+    _functions("early-cse<>"),
     "ipsccp",
-    f"function<eager-inv>({_INSTCOMBINE},{_SIMPLIFYCFG})",
+    _EARLY_CLEANUP,
     "always-inline",
-    "cgscc(devirt<4>(inline,function<eager-inv;no-rerun>(" + ",".join((
+    _inline_and_simplify(
         "sroa<modify-cfg>",
         "early-cse<memssa>",
         _INSTCOMBINE,
@@ -144,10 +159,10 @@ DECODE = ",".join((
         _INSTCOMBINE,
         "jump-threading",
         "correlated-propagation",
-    )) + "),function-attrs))",
+    ),
     "deadargelim",
     "globalopt",
-    "function<eager-inv>(" + ",".join((
+    _functions(
         _INSTCOMBINE,
         _SIMPLIFYCFG_LATE,
         "slp-vectorizer",
@@ -159,15 +174,15 @@ DECODE = ",".join((
         "instsimplify",
         "tailcallelim",
         _SIMPLIFYCFG_LAST,
-    )) + ")",
+    ),
 ))
 
 SDPA = ",".join((
     "inferattrs",
     "ipsccp",
-    f"function<eager-inv>({_INSTCOMBINE},{_SIMPLIFYCFG})",
+    _EARLY_CLEANUP,
     "always-inline",
-    "cgscc(devirt<4>(inline,function<eager-inv;no-rerun>(" + ",".join((
+    _inline_and_simplify(
         "sroa<modify-cfg>",
         "early-cse<memssa>",
         _SIMPLIFYCFG,
@@ -179,9 +194,9 @@ SDPA = ",".join((
         "gvn<>",
         "correlated-propagation",
         _INSTCOMBINE,
-    )) + "),function-attrs))",
+    ),
     "globalopt",
-    "function<eager-inv>(" + ",".join((
+    _functions(
         _SIMPLIFYCFG_LATE,
         "slp-vectorizer",
         "vector-combine",
@@ -190,5 +205,5 @@ SDPA = ",".join((
         _INSTCOMBINE,
         "tailcallelim",
         _SIMPLIFYCFG_LAST,
-    )) + ")",
+    ),
 ))
