@@ -36,12 +36,22 @@ sneppx_status sneppx_kernel_fingerprint(const char *key, uint8_t fingerprint[SNE
     if (status != SNEPPX_OK)
         return status;
     const struct sneppx_kernel_family *kernel_family = sneppx_kernel_family_find(family);
-    const struct sneppx_embedded_bitcode *bitcode = sneppx_kernel_bitcode_find(family, target);
-    if (!kernel_family || !bitcode)
+    if (!kernel_family)
         return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "kernel '%s': this build embeds no %s bitcode for target %s",
                            key, family, target->name);
+    return sneppx_kernel_fingerprint_for(kernel_family, target, key, fingerprint);
+}
+
+sneppx_status sneppx_kernel_fingerprint_for(const struct sneppx_kernel_family *family,
+                                            const struct sneppx_target *target, const char *key,
+                                            uint8_t fingerprint[SNEPPX_SHA256_SIZE])
+{
+    const struct sneppx_embedded_bitcode *bitcode = sneppx_kernel_bitcode_find(family->family, target);
+    if (!bitcode)
+        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "kernel '%s': this build embeds no %s bitcode for target %s",
+                           key, family->family, target->name);
     sneppx_fingerprint_kernel(key, bitcode->sha256_hex, sneppx_host_info(), sneppx_jit_options(),
-                              kernel_family->jit_pipeline, fingerprint);
+                              family->jit_pipeline, fingerprint);
     return SNEPPX_OK;
 }
 
@@ -138,9 +148,9 @@ static sneppx_status obtain_object(const struct sneppx_kernel_family *family, co
                                    sneppx_kernel_timing *timing, struct disk_events *events)
 {
     uint8_t fingerprint[SNEPPX_SHA256_SIZE];
-    const struct sneppx_embedded_bitcode *bitcode = sneppx_kernel_bitcode_find(family->family, target);
-    sneppx_fingerprint_kernel(key, bitcode->sha256_hex, sneppx_host_info(), sneppx_jit_options(),
-                              family->jit_pipeline, fingerprint);
+    sneppx_status status = sneppx_kernel_fingerprint_for(family, target, key, fingerprint);
+    if (status != SNEPPX_OK)
+        return status;
     timing->source = SNEPPX_KERNEL_SOURCE_DISK;
     if (load_entry(key, fingerprint, object, object_size, events) == SNEPPX_DISK_HIT)
         return SNEPPX_OK;
@@ -157,7 +167,7 @@ static sneppx_status obtain_object(const struct sneppx_kernel_family *family, co
     }
     timing->source = SNEPPX_KERNEL_SOURCE_COMPILED;
     double compile_start = now_ms();
-    sneppx_status status = sneppx_jit_compile_object(family, values, target, 0, object, object_size);
+    status = sneppx_jit_compile_object(family, values, target, 0, object, object_size);
     timing->compile_ms = now_ms() - compile_start;
     if (status == SNEPPX_OK) {
         if (sneppx_disk_cache_store(key, fingerprint, *object, *object_size, &events->evictions) == SNEPPX_OK)

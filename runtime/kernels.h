@@ -27,6 +27,14 @@ sneppx_status sneppx_kernel_resolve(const char *family, const int64_t *values, c
  * when the build embeds no such bitcode. */
 sneppx_status sneppx_kernel_fingerprint(const char *key, uint8_t fingerprint[SNEPPX_SHA256_SIZE]);
 
+/* The same for an entry named key made from family's bitcode for target
+ * (a kernel, or a tuning record, which borrows a family's bitcode): the one
+ * place that gathers the parts sneppx_fingerprint_kernel hashes.
+ * SNEPPX_ERR_UNSUPPORTED when the build embeds no such bitcode. */
+sneppx_status sneppx_kernel_fingerprint_for(const struct sneppx_kernel_family *family,
+                                            const struct sneppx_target *target, const char *key,
+                                            uint8_t fingerprint[SNEPPX_SHA256_SIZE]);
+
 /* Sets up what every resolve needs once per process (the LLJIT that links
  * each kernel's object, ~3 ms), so that threads resolving keys side by side
  * do not queue behind its creation. Optional; thread-safe. */

@@ -8,8 +8,7 @@
 
 #include "disk_cache.h"
 #include "error.h"
-#include "host.h"
-#include "jit.h"
+#include "kernels.h"
 
 #define RECORD_PREFIX "tuning-gemm-"
 #define FAMILY "gemm"
@@ -28,13 +27,7 @@ sneppx_status sneppx_tuning_fingerprint(const char *key, uint8_t fingerprint[SNE
     if (!target)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "'%s' is not " RECORD_PREFIX "<target>",
                            key ? sneppx_clip(key).text : "(null)");
-    const struct sneppx_embedded_bitcode *bitcode = sneppx_kernel_bitcode_find(FAMILY, target);
-    if (!bitcode)
-        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "this build embeds no " FAMILY " bitcode for target %s",
-                           target->name);
-    sneppx_fingerprint_kernel(key, bitcode->sha256_hex, sneppx_host_info(), sneppx_jit_options(),
-                              sneppx_kernel_family_find(FAMILY)->jit_pipeline, fingerprint);
-    return SNEPPX_OK;
+    return sneppx_kernel_fingerprint_for(sneppx_kernel_family_find(FAMILY), target, key, fingerprint);
 }
 
 static int is_candidate(int64_t value, const int *candidates, int count)
