@@ -81,10 +81,10 @@ static sneppx_status check_shape(const struct sneppx_target *target, const struc
 {
     if (!target)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "tune: target is NULL");
-    for (const char *const *feature = target->features; *feature; feature++)
-        if (!sneppx_host_has_feature(*feature))
-            return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "tune: target %s needs %s, which this host lacks",
-                               target->name, *feature);
+    const char *missing = sneppx_host_missing_feature(target);
+    if (missing)
+        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "tune: target %s needs %s, which this host lacks", target->name,
+                           missing);
     if (!shape)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "tune: shape is NULL");
     if (shape->rows < 1 || shape->rows > SNEPPX_MAX_TOKENS)

@@ -121,4 +121,12 @@ const sneppx_host *sneppx_host_info(void)
 
 int sneppx_host_has_feature(const char *feature) { return has_feature(sneppx_host_info()->features, feature); }
 
+const char *sneppx_host_missing_feature(const struct sneppx_target *target)
+{
+    for (const char *const *feature = target->features; *feature; feature++)
+        if (!sneppx_host_has_feature(*feature))
+            return *feature;
+    return NULL;
+}
+
 const struct sneppx_target *sneppx_host_target(void) { return sneppx_host_info()->target; }

@@ -24,6 +24,10 @@ const sneppx_host *sneppx_host_info(void);
 /* 1 if the host has the LLVM feature ("+avx512bf16"), else 0. */
 int sneppx_host_has_feature(const char *feature);
 
+/* The first LLVM feature target needs that the host lacks, NULL when the host
+ * runs target. */
+const char *sneppx_host_missing_feature(const struct sneppx_target *target);
+
 /* sneppx_host_info()->target: the target of the kernels this host runs. */
 const struct sneppx_target *sneppx_host_target(void);
 

@@ -174,21 +174,13 @@ static void check_derived_pipelines(void)
     }
 }
 
-static int host_has_features(const struct sneppx_target *target)
-{
-    for (const char *const *feature = target->features; *feature; feature++)
-        if (!sneppx_host_has_feature(*feature))
-            return 0;
-    return 1;
-}
-
 /* Runs this test for every other target the host can run, in a child
  * process (a process runs one target). */
 static void check_other_targets(const char *self)
 {
     for (int i = 0; i < sneppx_target_count; i++) {
         const struct sneppx_target *target = &sneppx_targets[i];
-        if (target == sneppx_host_target() || !host_has_features(target))
+        if (target == sneppx_host_target() || sneppx_host_missing_feature(target))
             continue;
         pid_t child = fork();
         if (child == 0) {
