@@ -25,8 +25,10 @@
 #include "mha_reference.h"
 #include "test_util.h"
 
-/* fp32 against float64: dot products over up to 64 dims, softmax over up to 200 keys. */
+/* fp32 against float64: dot products over up to 64 dims, softmax over up to 2300 keys. */
 #define REF_TOL 2e-5
+/* Keys past SNEPPX_ATTN_LONG_BLOCK_KEYS by more than a block, not a multiple of a tile. */
+#define LONG_T (SNEPPX_ATTN_LONG_BLOCK_KEYS + 237)
 
 enum layout { TOKEN_MAJOR, HEAD_MAJOR, PROJECTION, LAYOUT_COUNT };
 static const char *const layout_names[] = {"token-major", "head-major", "projection"};
@@ -209,7 +211,19 @@ int main(void)
         {16, 7, 1, 75, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM},   {48, 1, 3, 200, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM},
         {32, 4, 2, 150, 40, SNEPPX_MASK_CAUSAL, MASK_RANDOM}, {32, 4, 2, 90, 0, SNEPPX_MASK_EXPLICIT, MASK_RANDOM},
         {32, 4, 2, 300, 0, SNEPPX_MASK_EXPLICIT, MASK_STRIPES}, {16, 7, 1, 280, 0, SNEPPX_MASK_EXPLICIT, MASK_STRIPES},
+        /* Blocks whose keys reach back SNEPPX_ATTN_LONG_BLOCK_KEYS take twice the
+         * positions (groups 1 and 4; 3 keeps its blocks): short blocks then long ones
+         * and a short last one, a window that keeps them long, an explicit mask (every
+         * block sees all keys). */
+        {16, 4, 1, LONG_T, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM}, {16, 1, 2, LONG_T, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM},
+        {16, 3, 1, LONG_T, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM},
+        {16, 4, 1, LONG_T, SNEPPX_ATTN_LONG_BLOCK_KEYS + 50, SNEPPX_MASK_CAUSAL, MASK_RANDOM},
+        {16, 4, 1, LONG_T, 0, SNEPPX_MASK_EXPLICIT, MASK_RANDOM},
     };
+    /* The long shapes above test long blocks only if a group of 4 has them. */
+    TEST_CHECK(&tally, sneppx_attn_flash_scratch_floats(4, 16, 16) >= 2 * SNEPPX_ATTN_BLOCK_Q * 4 * (16 + 16 + 2),
+               "flash scratch for a group of 4 holds no long query block: %lld floats",
+               (long long)sneppx_attn_flash_scratch_floats(4, 16, 16));
     const struct sneppx_target *host = sneppx_host_target();
     const struct sneppx_target *targets[] = {host, sneppx_target_named("v8")};
     const int target_count = targets[1] && targets[1] != host ? 2 : 1;
