@@ -75,7 +75,9 @@ Why each value:
   16 when that makes its rows whole tiles (abi.h.j2's
   sneppx_attn_flash_block_rows: 18 for a group of 4 at v8); else its rows past
   the last whole tile go through one tile of fewer row vectors (the one width
-  its group needs, e.g. a group of 3 at v16).
+  its group needs, e.g. a group of 3 at v16). A block whose keys reach back
+  far takes twice the positions where that stays whole tiles
+  (sneppx_attn_flash_long_block_rows: 36 for a group of 4 at v8, 32 at v16).
 - decode_rows, decode_nj, decode_ne: attn_decode's register tiles when the
   group is narrower than a vector (head dims are the lanes): decode_rows query
   rows x decode_nj keys of Q.K partial sums (plus a key vector each and one q
