@@ -11,7 +11,9 @@
  * with a fully masked row, and one laid out in 64-key stripes so that the kernel's
  * tiles meet every kind of mask tile: all 0, hiding every key (its keys' K and V
  * rows hold NaN and infinities, which must not reach any row), adding biases and
- * hiding none, and mixed. Each target the host runs (v16 and v8 on AVX-512 hosts).
+ * hiding none, and mixed; sequences long enough for the kernel's taller blocks, and
+ * chunked prefills (queries after cached positions) across and past where they begin.
+ * Each target the host runs (v16 and v8 on AVX-512 hosts).
  * The three layouts must also agree with each other to the last bit: the copy
  * changes where V is read from, not the arithmetic. */
 #include <math.h>
@@ -39,6 +41,9 @@ enum mask_fill { MASK_RANDOM, MASK_STRIPES };
 struct shape {
     int64_t head_dim, group, kv_heads, seq_len, window, mask_mode;
     enum mask_fill mask_fill;
+    /* Cached positions before the queries (a chunked prefill): the kernel gets the
+     * last seq_len - past queries against all seq_len keys. */
+    int64_t past;
 };
 
 /* Keys of the stripe whose mask hides them from every query (MASK_STRIPES). */
@@ -125,10 +130,10 @@ static void run(const sneppx_kernel *kernel, const struct shape *s, enum layout 
     for (int64_t h = 0; h < kvh; h++) {
         struct sneppx_args args = sneppx_kernel_args();
         args.row_begin = 0;
-        args.row_end = t;
-        args.q = q + h * s->group * d;
+        args.row_end = t - s->past;
+        args.q = q + s->past * q_width + h * s->group * d;
         args.q_stride = q_width;
-        args.o = o + h * s->group * d;
+        args.o = o + s->past * q_width + h * s->group * d;
         args.o_stride = q_width;
         if (layout == HEAD_MAJOR) {
             args.k = kb + h * t * d;
@@ -139,9 +144,10 @@ static void run(const sneppx_kernel *kernel, const struct shape *s, enum layout 
             args.v = vb + (layout == PROJECTION ? q_width + kvh * d : 0) + h * d;
             args.k_stride = args.v_stride = width;
         }
-        args.q_len = args.kv_len = t;
+        args.q_len = t - s->past;
+        args.kv_len = t;
         args.softmax_scale = 1.0f / sqrtf((float)d);
-        args.mask = mask;
+        args.mask = mask ? mask + s->past * t : NULL;
         args.mask_stride = t;
         args.scratch = scratch;
         kernel->entry[SNEPPX_ENTRY_RUN](&args);
@@ -167,7 +173,7 @@ static void test_shape(const struct shape *s, const struct sneppx_target *target
     double *want = malloc((size_t)q_floats * sizeof(double));
     float *got[LAYOUT_COUNT];
     for (int l = 0; l < LAYOUT_COUNT; l++)
-        got[l] = malloc((size_t)q_floats * sizeof(float));
+        got[l] = calloc((size_t)q_floats, sizeof(float));
     test_fill_uniform(rng, q, q_floats, 1.0f);
     test_fill_uniform(rng, k, kv_floats, 1.0f);
     test_fill_uniform(rng, v, kv_floats, 1.0f);
@@ -183,16 +189,18 @@ static void test_shape(const struct shape *s, const struct sneppx_target *target
     char what[160];
     for (int l = 0; l < LAYOUT_COUNT; l++) {
         run(kernel, s, (enum layout)l, q, k, v, s->mask_mode == SNEPPX_MASK_EXPLICIT ? mask : NULL, got[l]);
-        snprintf(what, sizeof what, "%s d%lld g%lld kv%lld T%lld w%lld mode %lld%s, %s", target->name,
-                 (long long)d, (long long)s->group, (long long)s->kv_heads, (long long)t, (long long)s->window,
-                 (long long)s->mask_mode, s->mask_fill == MASK_STRIPES ? " (mask in stripes)" : "",
-                 layout_names[l]);
-        const test_error error = test_compare(got[l], want, q_floats);
+        snprintf(what, sizeof what, "%s d%lld g%lld kv%lld T%lld past %lld w%lld mode %lld%s, %s", target->name,
+                 (long long)d, (long long)s->group, (long long)s->kv_heads, (long long)t, (long long)s->past,
+                 (long long)s->window, (long long)s->mask_mode,
+                 s->mask_fill == MASK_STRIPES ? " (mask in stripes)" : "", layout_names[l]);
+        /* The queries' rows: the last t - past of the reference's. */
+        const int64_t first = s->past * heads * d;
+        const test_error error = test_compare(got[l] + first, want + first, q_floats - first);
         TEST_CHECK(&tally, test_error_within(&error, REF_TOL, REF_TOL),
                    "%s: max-normalized error %.3g against float64 (<= %g), %lld non-finite", what,
                    error.max_normalized, REF_TOL, (long long)error.non_finite);
         if (l > 0)
-            TEST_CHECK(&tally, memcmp(got[l], got[0], (size_t)q_floats * sizeof(float)) == 0,
+            TEST_CHECK(&tally, memcmp(got[l] + first, got[0] + first, (size_t)(q_floats - first) * sizeof(float)) == 0,
                        "%s: not bit-identical to the token-major layout", what);
     }
     for (int l = 0; l < LAYOUT_COUNT; l++)
@@ -207,18 +215,23 @@ static void test_shape(const struct shape *s, const struct sneppx_target *target
 int main(void)
 {
     const struct shape shapes[] = {
-        {32, 4, 2, 137, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM},  {32, 3, 2, 100, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM},
-        {16, 7, 1, 75, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM},   {48, 1, 3, 200, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM},
-        {32, 4, 2, 150, 40, SNEPPX_MASK_CAUSAL, MASK_RANDOM}, {32, 4, 2, 90, 0, SNEPPX_MASK_EXPLICIT, MASK_RANDOM},
-        {32, 4, 2, 300, 0, SNEPPX_MASK_EXPLICIT, MASK_STRIPES}, {16, 7, 1, 280, 0, SNEPPX_MASK_EXPLICIT, MASK_STRIPES},
+        {32, 4, 2, 137, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM, 0},  {32, 3, 2, 100, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM, 0},
+        {16, 7, 1, 75, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM, 0},   {48, 1, 3, 200, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM, 0},
+        {32, 4, 2, 150, 40, SNEPPX_MASK_CAUSAL, MASK_RANDOM, 0}, {32, 4, 2, 90, 0, SNEPPX_MASK_EXPLICIT, MASK_RANDOM, 0},
+        {32, 4, 2, 300, 0, SNEPPX_MASK_EXPLICIT, MASK_STRIPES, 0}, {16, 7, 1, 280, 0, SNEPPX_MASK_EXPLICIT, MASK_STRIPES, 0},
         /* Blocks whose keys reach back SNEPPX_ATTN_LONG_BLOCK_KEYS take twice the
-         * positions (groups 1 and 4; 3 keeps its blocks): short blocks then long ones
+         * positions (groups 1 and 4; 3 at v8, not at v16, whose 48-row block ends in a
+         * narrower tile): short blocks then long ones
          * and a short last one, a window that keeps them long, an explicit mask (every
          * block sees all keys). */
-        {16, 4, 1, LONG_T, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM}, {16, 1, 2, LONG_T, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM},
-        {16, 3, 1, LONG_T, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM},
-        {16, 4, 1, LONG_T, SNEPPX_ATTN_LONG_BLOCK_KEYS + 50, SNEPPX_MASK_CAUSAL, MASK_RANDOM},
-        {16, 4, 1, LONG_T, 0, SNEPPX_MASK_EXPLICIT, MASK_RANDOM},
+        {16, 4, 1, LONG_T, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM, 0}, {16, 1, 2, LONG_T, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM, 0},
+        {16, 3, 1, LONG_T, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM, 0},
+        {16, 4, 1, LONG_T, SNEPPX_ATTN_LONG_BLOCK_KEYS + 50, SNEPPX_MASK_CAUSAL, MASK_RANDOM, 0},
+        {16, 4, 1, LONG_T, 0, SNEPPX_MASK_EXPLICIT, MASK_RANDOM, 0},
+        /* A chunked prefill whose queries cross from short blocks to long ones, and one
+         * whose every block is long, with an explicit mask's rows for its queries. */
+        {16, 4, 1, LONG_T, 0, SNEPPX_MASK_CAUSAL, MASK_RANDOM, SNEPPX_ATTN_LONG_BLOCK_KEYS - 48},
+        {16, 1, 2, LONG_T, 0, SNEPPX_MASK_EXPLICIT, MASK_RANDOM, SNEPPX_ATTN_LONG_BLOCK_KEYS + 52},
     };
     /* The long shapes above test long blocks only if a group of 4 has them. */
     TEST_CHECK(&tally, sneppx_attn_flash_scratch_floats(4, 16, 16) >= 2 * SNEPPX_ATTN_BLOCK_Q * 4 * (16 + 16 + 2),
