@@ -58,19 +58,33 @@ def _inline_and_simplify(*passes: str) -> str:
 # The cleanup after the module's first constant propagation.
 _EARLY_CLEANUP = _functions(_INSTCOMBINE, _SIMPLIFYCFG)
 
-# The middle of the CGSCC function simplification, which both keep whole:
-# cleanups, loops rotated with invariants hoisted, induction variables.
+# Loops rotated, with invariants hoisted before and after.
+_ROTATE = "loop-mssa(licm<no-allowspeculation>,loop-rotate<header-duplication;no-prepare-for-lto>,licm<allowspeculation>)"
+
+# The middle of GEMM's CGSCC function simplification: cleanups, loops rotated,
+# induction variables.
 _LOOP_SIMPLIFICATION = ",".join((
     _INSTCOMBINE,
     _SIMPLIFYCFG,
     "reassociate",
-    "loop-mssa(licm<no-allowspeculation>,loop-rotate<header-duplication;no-prepare-for-lto>,licm<allowspeculation>)",
+    _ROTATE,
     _SIMPLIFYCFG,
     _INSTCOMBINE,
     "loop(loop-idiom,indvars,loop-deletion)",
 ))
 
-# The end of the per-function optimization, which both keep whole.
+# The end of default<O2>'s per-function optimization, whole, as flash and SDPA
+# keep it.
+_END = ",".join((
+    _INSTCOMBINE,
+    "loop-mssa(licm<allowspeculation>)",
+    "alignment-from-assumptions",
+    "instsimplify",
+    "tailcallelim",
+    _SIMPLIFYCFG_LAST,
+))
+
+# The same without alignment-from-assumptions: GEMM's.
 _LATE_CLEANUP = ",".join((
     _INSTCOMBINE,
     "loop-mssa(licm<allowspeculation>)",
@@ -89,7 +103,14 @@ FLASH = ",".join((
     _inline_and_simplify(
         "sroa<modify-cfg>",
         "early-cse<memssa>",
-        _LOOP_SIMPLIFICATION,
+        "jump-threading",
+        _SIMPLIFYCFG,
+        _INSTCOMBINE,
+        "reassociate",
+        _ROTATE,
+        _SIMPLIFYCFG,
+        _INSTCOMBINE,
+        "loop(loop-idiom,indvars)",
         "gvn<>",
         _INSTCOMBINE,
         "jump-threading",
@@ -102,7 +123,7 @@ FLASH = ",".join((
         _INSTCOMBINE,
         _SIMPLIFYCFG_LATE,
         "infer-alignment",
-        _LATE_CLEANUP,
+        _END,
     ),
 ))
 
@@ -168,12 +189,7 @@ DECODE = ",".join((
         "slp-vectorizer",
         "vector-combine",
         "loop-unroll<O2>",
-        _INSTCOMBINE,
-        "loop-mssa(licm<allowspeculation>)",
-        "alignment-from-assumptions",
-        "instsimplify",
-        "tailcallelim",
-        _SIMPLIFYCFG_LAST,
+        _END,
     ),
 ))
 
