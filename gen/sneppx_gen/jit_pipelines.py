@@ -73,8 +73,8 @@ _LOOP_SIMPLIFICATION = ",".join((
     "loop(loop-idiom,indvars,loop-deletion)",
 ))
 
-# The end of default<O2>'s per-function optimization, whole, as flash and SDPA
-# keep it.
+# The end of default<O2>'s per-function optimization, whole, as flash and decode
+# attention keep it.
 _END = ",".join((
     _INSTCOMBINE,
     "loop-mssa(licm<allowspeculation>)",
@@ -171,7 +171,7 @@ DECODE = ",".join((
         _SIMPLIFYCFG,
         "reassociate",
         "constraint-elimination",
-        "loop-mssa(licm<no-allowspeculation>,loop-rotate<header-duplication;no-prepare-for-lto>,licm<allowspeculation>)",
+        _ROTATE,
         _SIMPLIFYCFG,
         _INSTCOMBINE,
         "loop(loop-idiom,indvars,loop-deletion,loop-unroll-full)",
