@@ -75,23 +75,18 @@ _LOOP_SIMPLIFICATION = ",".join((
 
 # The end of default<O2>'s per-function optimization, whole, as flash and decode
 # attention keep it.
-_END = ",".join((
+_END_PASSES = (
     _INSTCOMBINE,
     "loop-mssa(licm<allowspeculation>)",
     "alignment-from-assumptions",
     "instsimplify",
     "tailcallelim",
     _SIMPLIFYCFG_LAST,
-))
+)
+_END = ",".join(_END_PASSES)
 
 # The same without alignment-from-assumptions: GEMM's.
-_LATE_CLEANUP = ",".join((
-    _INSTCOMBINE,
-    "loop-mssa(licm<allowspeculation>)",
-    "instsimplify",
-    "tailcallelim",
-    _SIMPLIFYCFG_LAST,
-))
+_LATE_CLEANUP = ",".join(p for p in _END_PASSES if p != "alignment-from-assumptions")
 
 FLASH = ",".join((
     "inferattrs",
