@@ -262,21 +262,33 @@ static sneppx_status layer_init(const sneppx_config *config, int all_attention, 
 
     const int64_t rope_values[] = {layer->rotary_dim, config->rope_interleaved ? 1 : 0};
     request(&requests, "rope", rope_values, 2, &layer->rope);
-    const sneppx_kernel *attention[SNEPPX_ATTN_KINDS][2] = {{NULL, NULL}, {NULL, NULL}, {NULL, NULL}};
+    /* A layer resolves the attention its use_flash_attn switch names; warmup every kernel
+     * a forward could ask for: both switches, explicit masks, and decode over a KV cache
+     * of each element type (a read-only cache under SNEPPX_JIT=0 must hold them all). */
+    const sneppx_kernel *attention[SNEPPX_ATTN_DECODE][2] = {{NULL, NULL}, {NULL, NULL}};
+    const sneppx_kernel *decode[SNEPPX_DTYPE_COUNT][2] = {{NULL, NULL}};
     const int use_flash = atomic_load(&layer->use_flash);
-    for (int kind = 0; kind < SNEPPX_ATTN_KINDS; kind++)
+    for (int kind = 0; kind < SNEPPX_ATTN_DECODE; kind++)
         for (int explicit_mask = 0; explicit_mask < 2; explicit_mask++)
             if (all_attention || (kind == use_flash && !explicit_mask))
                 request_attention(&requests, layer, kind, explicit_mask, SNEPPX_DTYPE_FLOAT32,
                                   &attention[kind][explicit_mask]);
+    for (int kv_type = 0; all_attention && kv_type < SNEPPX_DTYPE_COUNT; kv_type++)
+        for (int explicit_mask = 0; explicit_mask < 2; explicit_mask++)
+            request_attention(&requests, layer, SNEPPX_ATTN_DECODE, explicit_mask, (sneppx_dtype)kv_type,
+                              &decode[kv_type][explicit_mask]);
     if ((status = resolve_requests(layer, &requests)) != SNEPPX_OK)
         return status;
-    for (int kind = 0; kind < SNEPPX_ATTN_KINDS; kind++)
-        for (int explicit_mask = 0; explicit_mask < 2; explicit_mask++)
+    for (int explicit_mask = 0; explicit_mask < 2; explicit_mask++) {
+        for (int kind = 0; kind < SNEPPX_ATTN_DECODE; kind++)
             if (attention[kind][explicit_mask])
-                atomic_store_explicit(kind == SNEPPX_ATTN_DECODE ? &layer->decode[SNEPPX_DTYPE_FLOAT32][explicit_mask]
-                                                                 : &layer->attention[kind][explicit_mask],
-                                      attention[kind][explicit_mask], memory_order_release);
+                atomic_store_explicit(&layer->attention[kind][explicit_mask], attention[kind][explicit_mask],
+                                      memory_order_release);
+        for (int kv_type = 0; kv_type < SNEPPX_DTYPE_COUNT; kv_type++)
+            if (decode[kv_type][explicit_mask])
+                atomic_store_explicit(&layer->decode[kv_type][explicit_mask], decode[kv_type][explicit_mask],
+                                      memory_order_release);
+    }
 
     layer->inv_freq = malloc(sizeof(double) * (size_t)(layer->rotary_dim / 2));
     if (!layer->inv_freq)

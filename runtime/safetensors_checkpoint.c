@@ -44,6 +44,18 @@ struct found_tensor {
     int shard;
 };
 
+/* A tensor named "<prefix>layers.<L>.self_attn.<suffix>": the layer's, or another
+ * tower's of a multimodal checkpoint, until choose_prefix decides. */
+struct candidate {
+    char *name;
+    int shard;
+    size_t prefix_len;
+};
+
+/* More than a few prefixes' worth of one layer's tensors is no checkpoint sneppx reads
+ * (and the prefix grouping is quadratic in them). */
+enum { MAX_CANDIDATES = 16 * SNEPPX_ATTN_TENSORS_MAX };
+
 struct loader {
     const char *path;          /* what the caller passed */
     const sneppx_config *config;
@@ -52,6 +64,8 @@ struct loader {
     sneppx_attn_tensor specs[SNEPPX_ATTN_TENSORS_MAX];
     int spec_count;
     struct found_tensor found[SNEPPX_ATTN_TENSORS_MAX];
+    struct candidate candidates[MAX_CANDIDATES];
+    int candidate_count;
     struct shard_set shards;
 };
 
@@ -142,33 +156,118 @@ static void expected_names(const struct loader *loader, char *text, size_t size)
         used += (size_t)snprintf(text + used, size - used, "%s%s", i ? ", " : "", loader->specs[i].name);
 }
 
-/* Records full_name (held in shard) if it is one of the layer's self_attn tensors. */
+/* Records full_name (held in shard) if it names a self_attn tensor of the layer
+ * under any prefix; choose_prefix picks the layer's among them once all are seen. */
 static sneppx_status consider(struct loader *loader, const char *full_name, int shard)
 {
     const char *suffix = layer_suffix(loader, full_name);
     if (!suffix || sneppx_attn_tensor_is_ignored(suffix))
         return SNEPPX_OK;
-    for (int i = 0; i < loader->spec_count; i++) {
-        if (strcmp(loader->specs[i].name, suffix) != 0)
+    if (loader->candidate_count == MAX_CANDIDATES)
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "%s: more than %d tensors are named '...%s<name>'", loader->path,
+                           MAX_CANDIDATES, loader->pattern);
+    struct candidate *c = &loader->candidates[loader->candidate_count];
+    if (!(c->name = strdup(full_name)))
+        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "%s: out of memory", loader->path);
+    c->shard = shard;
+    c->prefix_len = (size_t)(suffix - full_name) - strlen(loader->pattern);
+    loader->candidate_count++;
+    return SNEPPX_OK;
+}
+
+static const char *candidate_suffix(const struct loader *loader, const struct candidate *c)
+{
+    return c->name + c->prefix_len + strlen(loader->pattern);
+}
+
+static int same_prefix(const struct candidate *a, const struct candidate *b)
+{
+    return a->prefix_len == b->prefix_len && strncmp(a->name, b->name, a->prefix_len) == 0;
+}
+
+/* The candidate of prefix `of` whose suffix is name, or -1. */
+static int find_candidate(const struct loader *loader, const struct candidate *of, const char *name)
+{
+    for (int d = 0; d < loader->candidate_count; d++)
+        if (same_prefix(&loader->candidates[d], of) &&
+            strcmp(candidate_suffix(loader, &loader->candidates[d]), name) == 0)
+            return d;
+    return -1;
+}
+
+static sneppx_status both_match(const struct loader *loader, const char *a, int a_shard, const char *b, int b_shard,
+                                const char *suffix)
+{
+    return sneppx_fail(SNEPPX_ERR_FORMAT, "%s: tensors '%s' (%s) and '%s' (%s) both match layer %lld's self_attn.%s",
+                       loader->path, a, loader->shards.paths[a_shard], b, loader->shards.paths[b_shard],
+                       (long long)loader->layer, suffix);
+}
+
+/* The layer's tensors are one prefix's: a multimodal checkpoint holds its language
+ * model's ("language_model.model.layers.<L>.self_attn.q_proj.weight") beside a
+ * vision tower's ("vision_tower.vision_model.encoder.layers.<L>.self_attn.q_proj.weight").
+ * The prefix that holds every tensor the config needs is the layer's; two such are
+ * ambiguous; with none, the one holding the most names the missing tensors. In the
+ * chosen prefix, a tensor the config does not take is an error (a config that does
+ * not match the checkpoint); other prefixes' tensors are passed over. */
+static sneppx_status choose_prefix(struct loader *loader)
+{
+    int chosen = -1, chosen_matches = -1, complete = -1;
+    for (int c = 0; c < loader->candidate_count; c++) {
+        const struct candidate *group = &loader->candidates[c];
+        int first_of_prefix = 1; /* each prefix once, at its first candidate */
+        for (int d = 0; d < c && first_of_prefix; d++)
+            first_of_prefix = !same_prefix(&loader->candidates[d], group);
+        if (!first_of_prefix)
             continue;
-        struct found_tensor *found = &loader->found[i];
-        if (found->name)
-            return sneppx_fail(SNEPPX_ERR_FORMAT,
-                               "%s: tensors '%s' (%s) and '%s' (%s) both match layer %lld's self_attn.%s",
-                               loader->path, found->name, loader->shards.paths[found->shard], full_name,
-                               loader->shards.paths[shard], (long long)loader->layer, suffix);
-        found->name = strdup(full_name);
-        found->shard = shard;
-        return found->name ? SNEPPX_OK : sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "%s: out of memory", loader->path);
+        int matches = 0;
+        for (int i = 0; i < loader->spec_count; i++)
+            matches += find_candidate(loader, group, loader->specs[i].name) >= 0;
+        if (matches == loader->spec_count) {
+            if (complete >= 0) {
+                const char *name = loader->specs[0].name;
+                const struct candidate *a =
+                    &loader->candidates[find_candidate(loader, &loader->candidates[complete], name)];
+                const struct candidate *b = &loader->candidates[find_candidate(loader, group, name)];
+                return both_match(loader, a->name, a->shard, b->name, b->shard, name);
+            }
+            complete = c;
+        }
+        if (matches > chosen_matches)
+            chosen = c, chosen_matches = matches;
     }
-    char expected[512];
-    expected_names(loader, expected, sizeof expected);
-    /* The shard is named only when it is not the path itself (a single file). */
-    const char *shard_path = loader->shards.paths[shard];
-    const int same_file = strcmp(shard_path, loader->path) == 0;
-    return sneppx_fail(SNEPPX_ERR_FORMAT, "%s: unexpected tensor '%s'%s%s%s: config '%s' has %s", loader->path,
-                       full_name, same_file ? "" : " (", same_file ? "" : shard_path, same_file ? "" : ")",
-                       loader->config->name, expected);
+    if (complete >= 0)
+        chosen = complete;
+    if (chosen < 0)
+        return SNEPPX_OK; /* no tensor of the layer: check_found says so */
+    /* A copy: the names move to found[] below (and stay alive there). */
+    const struct candidate group = loader->candidates[chosen];
+    for (int d = 0; d < loader->candidate_count; d++) {
+        const struct candidate *c = &loader->candidates[d];
+        if (!c->name || !same_prefix(c, &group))
+            continue;
+        const char *suffix = candidate_suffix(loader, c);
+        int spec = 0;
+        while (spec < loader->spec_count && strcmp(loader->specs[spec].name, suffix) != 0)
+            spec++;
+        if (spec == loader->spec_count) {
+            char expected[512];
+            expected_names(loader, expected, sizeof expected);
+            /* The shard is named only when it is not the path itself (a single file). */
+            const char *shard_path = loader->shards.paths[c->shard];
+            const int same_file = strcmp(shard_path, loader->path) == 0;
+            return sneppx_fail(SNEPPX_ERR_FORMAT, "%s: unexpected tensor '%s'%s%s%s: config '%s' has %s", loader->path,
+                               c->name, same_file ? "" : " (", same_file ? "" : shard_path, same_file ? "" : ")",
+                               loader->config->name, expected);
+        }
+        const struct found_tensor *found = &loader->found[spec];
+        if (found->name) /* one name in two shards of a directory */
+            return both_match(loader, found->name, found->shard, c->name, c->shard, suffix);
+        loader->found[spec].name = c->name;
+        loader->found[spec].shard = c->shard;
+        loader->candidates[d].name = NULL; /* found[] owns it now */
+    }
+    return SNEPPX_OK;
 }
 
 /* A shard name from an index must stay inside the checkpoint directory. */
@@ -273,8 +372,8 @@ static sneppx_status scan_index(struct loader *loader, const char *index_path)
  * holds a file descriptor, and a directory may have hundreds of shards. */
 static void shard_close_if_unused(struct loader *loader, int shard)
 {
-    for (int i = 0; i < loader->spec_count; i++)
-        if (loader->found[i].name && loader->found[i].shard == shard)
+    for (int i = 0; i < loader->candidate_count; i++)
+        if (loader->candidates[i].shard == shard)
             return;
     sneppx_safetensors_close(loader->shards.files[shard]);
     loader->shards.files[shard] = NULL;
@@ -465,6 +564,8 @@ static sneppx_status locate(struct loader *loader, const char *call, const char 
     sneppx_status status = sneppx_attn_tensors(config, loader->specs, &loader->spec_count);
     if (status == SNEPPX_OK)
         status = scan_checkpoint(loader);
+    if (status == SNEPPX_OK)
+        status = choose_prefix(loader);
     return status;
 }
 
@@ -472,6 +573,8 @@ static void loader_free(struct loader *loader)
 {
     for (int i = 0; i < loader->spec_count; i++)
         free(loader->found[i].name);
+    for (int i = 0; i < loader->candidate_count; i++)
+        free(loader->candidates[i].name);
     shards_close(&loader->shards);
 }
 

@@ -90,6 +90,24 @@ static int step_load(void)
             finite &= isfinite(y[i]) != 0;
         TEST_CHECK(&tally, status == SNEPPX_OK && finite, "forward with the loaded kernels: %s, finite %d",
                    sneppx_last_error(), finite);
+        /* Generation over a KV cache of every element type: the warm step made its decode keys. */
+        for (int dtype = 0; dtype < SNEPPX_DTYPE_COUNT; dtype++) {
+            sneppx_kv_cache_options options;
+            sneppx_kv_cache_options_init(&options);
+            options.capacity_tokens = 64, options.dtype = (sneppx_dtype)dtype;
+            sneppx_kv_cache *cache = NULL;
+            int64_t seq = -1, prompt = SEQ, step = 1;
+            status = sneppx_kv_cache_create(&config, &options, &cache);
+            if (status == SNEPPX_OK)
+                status = sneppx_kv_cache_add_sequence(cache, &seq);
+            if (status == SNEPPX_OK)
+                status = sneppx_layer_forward_cached(layer, cache, 0, 1, &seq, &prompt, x, NULL, NULL, y);
+            if (status == SNEPPX_OK)
+                status = sneppx_layer_forward_cached(layer, cache, 0, 1, &seq, &step, x, NULL, NULL, y);
+            TEST_CHECK(&tally, status == SNEPPX_OK, "a prompt and a decode step over a %s cache: %s %s",
+                       sneppx_dtype_name((sneppx_dtype)dtype), sneppx_status_name(status), sneppx_last_error());
+            sneppx_kv_cache_destroy(cache);
+        }
         sneppx_layer_destroy(layer);
     }
     status = sneppx_cache_clear();

@@ -1,8 +1,9 @@
 /* Loading one layer's self_attn out of a checkpoint: a sharded checkpoint
  * (index.json + BF16 and F32 shards, prefix "model.layers.<L>.self_attn."),
- * a single file, a directory of shards without an index; the tensor list of
+ * a single file, a directory of shards without an index, a multimodal file
+ * (a vision tower's self_attn beside the language model's); the tensor list of
  * GQA and MLA configs; and every error (missing, extra, mis-shaped, absent
- * layer, bad index), each naming the tensor or the file. */
+ * layer, bad index, two complete prefixes), each naming the tensor or the file. */
 #define _XOPEN_SOURCE 700
 #include <fcntl.h>
 #include <ftw.h>
@@ -438,6 +439,49 @@ static void test_single_file_and_errors(void)
 }
 
 /* MLA names round-trip (DeepSeek-V2 layout, scaled down) in BF16. */
+/* A multimodal checkpoint: a vision tower's encoder layers carry self_attn tensors too
+ * (another prefix, other names and shapes), listed before the language model's. The
+ * layer's are the one prefix that holds all the config needs; two such are ambiguous. */
+static void test_multimodal_checkpoint(void)
+{
+    sneppx_config config = small_config();
+    static const char *const vision[] = {"q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias",
+                                         "v_proj.weight", "v_proj.bias", "out_proj.weight", "out_proj.bias"};
+    enum { VISION = sizeof vision / sizeof vision[0] };
+    struct tensor_out tensors[VISION + 2 * SNEPPX_ATTN_TENSORS_MAX];
+    for (int i = 0; i < VISION; i++) {
+        struct tensor_out *t = &tensors[i];
+        snprintf(t->name, sizeof t->name, "vision_tower.vision_model.encoder.layers.2.self_attn.%s", vision[i]);
+        t->dtype = "F32";
+        t->rank = strstr(vision[i], "weight") ? 2 : 1;
+        t->shape[0] = 32, t->shape[1] = 32;
+        t->layer = 7, t->seed = 100 + i;
+    }
+    const int count = layer_tensors(&config, "language_model.model.", 2, "F32", tensors + VISION);
+    write_shard(path_in("llava.safetensors"), tensors, VISION + count);
+    sneppx_attn_weights *weights = NULL;
+    sneppx_status status = sneppx_attn_weights_load(path_in("llava.safetensors"), 2, &config, &weights);
+    CHECK(status == SNEPPX_OK);
+    if (status != SNEPPX_OK)
+        fprintf(stderr, "  %s\n", sneppx_last_error());
+    else
+        check_weights(&config, weights, 2);
+    sneppx_attn_weights_free(weights);
+    weights = NULL;
+
+    layer_tensors(&config, "model.language_model.", 2, "F32", tensors + VISION + count);
+    write_shard(path_in("twice.safetensors"), tensors, VISION + 2 * count);
+    CHECK_ERROR(sneppx_attn_weights_load(path_in("twice.safetensors"), 2, &config, &weights), SNEPPX_ERR_FORMAT,
+                "tensors 'language_model.model.layers.2.self_attn.q_proj.weight'");
+    CHECK_ERROR(sneppx_attn_weights_load(path_in("twice.safetensors"), 2, &config, &weights), SNEPPX_ERR_FORMAT,
+                "and 'model.language_model.layers.2.self_attn.q_proj.weight'");
+
+    /* No complete prefix: the fuller one names what it lacks. */
+    write_shard(path_in("partial.safetensors"), tensors, VISION + count - 1);
+    CHECK_ERROR(sneppx_attn_weights_load(path_in("partial.safetensors"), 2, &config, &weights), SNEPPX_ERR_FORMAT,
+                "missing tensor 'language_model.model.layers.2.self_attn.o_proj.bias'");
+}
+
 static void test_mla_checkpoint(void)
 {
     sneppx_config mla = small_config();
@@ -478,6 +522,7 @@ int main(void)
     test_tensor_lists();
     test_sharded_checkpoint();
     test_single_file_and_errors();
+    test_multimodal_checkpoint();
     test_mla_checkpoint();
     nftw(work_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     if (failures)

@@ -105,8 +105,9 @@ SNEPPX_API sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch
                                               float *out);
 
 /* Resolves (compiles or loads from the disk cache) every kernel a layer of this
- * config uses, flash and SDPA, causal and explicit-mask, side by side on
- * config->num_threads threads, without weights: for deployments that warm the cache. */
+ * config uses, flash and SDPA, causal and explicit-mask, and decode over a KV
+ * cache of each element type, side by side on config->num_threads threads,
+ * without weights: for deployments that warm the cache. */
 SNEPPX_API sneppx_status sneppx_layer_warmup(const sneppx_config *config);
 
 /* Switches flash (1) / SDPA (0) on an existing layer (resolves the kernel);

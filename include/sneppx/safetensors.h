@@ -109,8 +109,11 @@ typedef struct sneppx_attn_weights sneppx_attn_weights;
  * (model.safetensors.index.json, else model.safetensors, else its only
  * *.safetensors file), a .json index with a "weight_map", or a .safetensors
  * file. A tensor belongs to the layer when its name ends in
- * "layers.<layer>.self_attn.<HF name>" after any prefix ("model.",
- * "language_model.model.", or none). */
+ * "layers.<layer>.self_attn.<HF name>" after a prefix ("model.",
+ * "language_model.model.", or none) that holds every tensor the config needs:
+ * a multimodal checkpoint's vision tower, whose encoder layers have self_attn
+ * tensors of their own under another prefix, is passed over; two complete
+ * prefixes are SNEPPX_ERR_FORMAT, naming both. */
 SNEPPX_API sneppx_status sneppx_attn_weights_load(const char *path, int64_t layer,
                                                   const sneppx_config *config,
                                                   sneppx_attn_weights **weights);

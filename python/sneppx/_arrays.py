@@ -67,7 +67,7 @@ def _shape_text(shape: tuple) -> str:
     return "[" + ", ".join(str(extent) for extent in shape) + "]"
 
 
-def _float32_array(name: str, array: np.ndarray, to_minus_inf_ok: bool = False) -> np.ndarray:
+def float32_array(name: str, array: np.ndarray, to_minus_inf_ok: bool = False) -> np.ndarray:
     """array as C-contiguous float32 (the same object when it already is). A finite value
     beyond float32's range would become +-inf: a ValueError naming the argument, except
     towards -inf when to_minus_inf_ok. NaN / inf inputs stay as they are (they propagate
@@ -90,12 +90,29 @@ def _float32_array(name: str, array: np.ndarray, to_minus_inf_ok: bool = False) 
 def hidden_states_array(value: Any, hidden_size: int) -> np.ndarray:
     """[batch, seq_len, hidden_size] as C-contiguous float32 (the same object when it already is)."""
     name = "hidden_states"
+    array = real_array(name, value)
+    if array.ndim != 3 or array.shape[2] != hidden_size:
+        raise ValueError(f"{name}: expected shape [batch, seq_len, {hidden_size}], got {_shape_text(array.shape)}")
+    return float32_array(name, array)
+
+
+def real_array(name: str, value: Any) -> np.ndarray:
+    """value as an array of real numbers (bfloat16 widened), else a TypeError naming name."""
     array = as_array(name, value)
     if array.dtype.kind not in _REAL_KINDS:
         raise TypeError(f"{name}: expected real numbers (float32 preferred), got dtype {array.dtype}")
-    if array.ndim != 3 or array.shape[2] != hidden_size:
-        raise ValueError(f"{name}: expected shape [batch, seq_len, {hidden_size}], got {_shape_text(array.shape)}")
-    return _float32_array(name, array)
+    return array
+
+
+def token_rows_array(name: str, value: Any, hidden_size: int) -> np.ndarray:
+    """One row's new tokens, [q_len >= 1, hidden_size] (or [1, q_len, hidden_size]), as C-contiguous
+    float32 [q_len, hidden_size] (forward_ragged's hidden_states[i]); errors name `name` and show
+    the shape as given."""
+    array = real_array(name, value)
+    rows = array[0] if array.ndim == 3 and array.shape[0] == 1 else array
+    if rows.ndim != 2 or rows.shape[0] == 0 or rows.shape[1] != hidden_size:
+        raise ValueError(f"{name}: expected shape [q_len >= 1, {hidden_size}], got {_shape_text(array.shape)}")
+    return float32_array(name, rows)
 
 
 def attention_mask_array(value: Any, batch: int, seq_len: int) -> Optional[np.ndarray]:
@@ -116,7 +133,19 @@ def attention_mask_array(value: Any, batch: int, seq_len: int) -> Optional[np.nd
                         f"got dtype {array.dtype}")
     # A float64 mask's finfo.min (HF's) becomes -inf: masked all the same. A large positive
     # entry would become +inf, and its row NaN.
-    return _float32_array(name, array, to_minus_inf_ok=True)
+    return float32_array(name, array, to_minus_inf_ok=True)
+
+
+def _integer_array(name: str, value: Any) -> np.ndarray:
+    """value as an array of integers that fit in int64, else an error naming name."""
+    array, is_bfloat16 = array_or_bfloat16_bits(name, value)
+    if is_bfloat16:     # its bits are uint16, which would pass for integers
+        raise TypeError(f"{name}: expected integers, got dtype bfloat16")
+    if array.dtype.kind not in _INTEGER_KINDS:
+        raise TypeError(f"{name}: expected integers, got dtype {array.dtype}")
+    if array.dtype.kind == "u" and array.size and array.max() > np.uint64(np.iinfo(np.int64).max):
+        raise ValueError(f"{name}: {array.max()} does not fit in int64")
+    return array
 
 
 def position_ids_array(value: Any, batch: int, seq_len: int) -> Optional[np.ndarray]:
@@ -124,15 +153,19 @@ def position_ids_array(value: Any, batch: int, seq_len: int) -> Optional[np.ndar
     if value is None:
         return None
     name = "position_ids"
-    array = as_array(name, value)
-    if array.dtype.kind not in _INTEGER_KINDS:
-        raise TypeError(f"{name}: expected integers, got dtype {array.dtype}")
+    array = _integer_array(name, value)
     if array.ndim != 2 or array.shape[0] not in (batch, 1) or array.shape[1] != seq_len:
         either = f" (or [1, {seq_len}])" if batch != 1 else ""
         raise ValueError(f"{name}: expected shape [{batch}, {seq_len}]{either}, got {_shape_text(array.shape)}")
-    if array.dtype.kind == "u" and array.size and array.max() > np.uint64(np.iinfo(np.int64).max):
-        raise ValueError(f"{name}: {array.max()} does not fit in int64")
     return np.ascontiguousarray(np.broadcast_to(array, (batch, seq_len)), dtype=np.int64)
+
+
+def row_positions_array(name: str, value: Any, q_len: int) -> np.ndarray:
+    """One row's positions, [q_len] or [1, q_len] (forward_ragged's position_ids[i]), as int64 [q_len]."""
+    array = _integer_array(name, value)
+    if array.shape not in ((q_len,), (1, q_len)):
+        raise ValueError(f"{name}: expected shape [{q_len}] (or [1, {q_len}]), got {_shape_text(array.shape)}")
+    return np.ascontiguousarray(array.reshape(q_len), dtype=np.int64)
 
 
 def cached_mask_planes(value: Any, batch: int, seq_len: int, cached: int, window: int) -> Optional[list]:
@@ -171,7 +204,7 @@ def cached_mask_planes(value: Any, batch: int, seq_len: int, cached: int, window
     if array.dtype.kind == "b":
         planes = np.where(array, np.float32(0.0), np.float32(-np.inf))
     elif array.dtype.kind == "f":
-        planes = _float32_array(name, array, to_minus_inf_ok=True)
+        planes = float32_array(name, array, to_minus_inf_ok=True)
     else:
         raise TypeError(f"{name}: expected an additive float mask or a bool mask (True = attend), "
                         f"got dtype {array.dtype}")

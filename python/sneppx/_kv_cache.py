@@ -12,11 +12,13 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 
 from . import _structs as S
+from ._hf import c_count
 from ._library import lib
 from .errors import check
 
-# Mirrors of the public structs. Each call passes struct_size = sizeof the
-# mirror, so fields the C header adds later take their defaults there.
+# Mirrors of the public structs (tests/python/test_config_fields.py pins them to the
+# header's layout). Options carry struct_size = sizeof the mirror, so fields the C
+# header adds later take their defaults there; stats has no such field and is written whole.
 
 
 class KVCacheOptions(ctypes.Structure):
@@ -56,12 +58,18 @@ def kv_dtype(value: Any) -> int:
 
 
 def _count(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) and not hasattr(value, "__index__"):
+    """An integer of at least low that fits the C int64_t it goes to (ctypes would wrap it)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name}: expected an integer, got {value!r}")
     value = int(value.__index__())
     if value < low:
         raise ValueError(f"{name}: {value} must be at least {low}")
-    return value
+    return c_count(name, value)
+
+
+def layer_index(layer_idx: Any) -> int:
+    """forward_mha's and the cache's layer_idx, checked before it reaches C."""
+    return _count("layer_idx", layer_idx, 0)
 
 
 class KVCache:
@@ -143,6 +151,7 @@ class KVCache:
 
     def layer_lengths(self, layer_idx: int) -> List[int]:
         """Tokens cached per row at one layer."""
+        layer_idx = layer_index(layer_idx)
         with self._lock:
             result = []
             for seq_id in self._rows:
@@ -188,15 +197,17 @@ class KVCache:
         (latent rows [tokens, kv_lora_rank + qk_rope_head_dim], None). Tokens a sliding
         window released are gone (begin must be past them). New float32 ndarrays, whatever
         the forwards took (torch.from_numpy wraps them without a copy)."""
+        layer_idx = layer_index(layer_idx)
+        begin = _count("begin", begin, 0)
         with self._lock:
             seq_id = self._rows[self._row(row)]
-            if end is None:
-                length = ctypes.c_int64()
-                check(lib.sneppx_kv_cache_layer_length(self._handle, seq_id, layer_idx, ctypes.byref(length)))
-                end = length.value
-            begin, end = _count("begin", begin, 0), _count("end", end, 0)
+            length = ctypes.c_int64()
+            check(lib.sneppx_kv_cache_layer_length(self._handle, seq_id, layer_idx, ctypes.byref(length)))
+            end = length.value if end is None else _count("end", end, 0)
             elements = self.stats()["token_elements"]
-            tokens = max(end - begin, 0)
+            # Sized for what a valid range copies; C refuses the others, naming begin or end,
+            # before it writes (so an end far past the row allocates nothing first).
+            tokens = max(min(end, length.value) - begin, 0)
             if self._config.kv_lora_rank > 0:
                 k, v = np.empty((tokens, elements), np.float32), None
             else:

@@ -25,6 +25,7 @@ _PROTOTYPES = {
     "sneppx_config_init": (None, [_config_p]),
     "sneppx_config_from_name": (_status, [_str, _str, _config_p]),
     "sneppx_config_from_json": (_status, [_str, ctypes.c_size_t, _config_p]),
+    "sneppx_config_from_json_file": (_status, [_str, _config_p]),
     "sneppx_rope_scaling_from_json": (_status, [_str, ctypes.c_size_t, ctypes.POINTER(S.RopeScaling)]),
     "sneppx_preset_count": (_int, []),
     "sneppx_preset_name": (_str, [_int]),

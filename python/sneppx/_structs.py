@@ -5,10 +5,10 @@ include/sneppx/config.h  -> RopeScaling, Config: rendered at build time from
     with the field tables CONFIG_FIELDS and ROPE_SCALING_FIELDS
 include/sneppx/layer.h   -> Weights, TensorRef, TypedWeights
 include/sneppx/safetensors.h -> AttnTensor
-The last two are written here, field for field in declaration order; any change
-to those headers must be repeated here. tests/python/test_api.py pins Weights
-against the offsetof() values sneppx_attn_tensors() reports;
-tests/python/test_config_fields.py pins the config structs to the C ones.
+The last two are written here, field for field in declaration order, as are
+_kv_cache's and _tensor_parallel's structs; any change to those headers must be
+repeated here. tests/python/test_config_fields.py pins every mirror to the C
+layout (clang's) and the constants below to the headers' macros.
 """
 import ctypes
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _hf
 from . import _structs as S
-from ._arrays import array_or_bfloat16_bits
+from ._arrays import array_or_bfloat16_bits, float32_array
 from ._layer import Layer
 from ._library import lib
 from .errors import check
@@ -110,7 +110,10 @@ def _stored_tensor(full_name: str, value: Any, shape: Tuple[int, ...]) -> Tuple[
         return np.array(array, dtype=np.uint16, order="C", copy=True), _DTYPE_CODES["bfloat16"]
     if array.dtype == np.float16:
         return np.array(array, dtype=np.float16, order="C", copy=True), _DTYPE_CODES["float16"]
-    return np.array(array, dtype=np.float32, order="C", copy=True), _DTYPE_CODES["float32"]
+    if array.dtype == np.float32:
+        return np.array(array, order="C", copy=True), _DTYPE_CODES["float32"]
+    # float64: a finite value beyond float32's range is refused, naming the tensor, not made inf.
+    return float32_array(f"state_dict: tensor '{full_name}'", array), _DTYPE_CODES["float32"]
 
 
 class StateDictWeights:

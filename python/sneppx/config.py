@@ -3,7 +3,6 @@ import copy
 import ctypes
 import os
 import re
-import stat
 import threading
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -12,13 +11,14 @@ import numpy as np
 
 from . import _hf
 from . import _structs as S
-from ._arrays import as_array, attention_mask_array, cached_mask_planes, hidden_states_array, position_ids_array
-from ._kv_cache import KVCache
+from ._arrays import (attention_mask_array, cached_mask_planes, hidden_states_array, position_ids_array,
+                      row_positions_array, token_rows_array)
+from ._kv_cache import KVCache, layer_index
 from ._layer import Layer
 from ._library import lib
 from ._tensors import output_like
 from ._weights import CheckpointWeights, StateDictWeights, SyntheticWeights, expected_tensors
-from .errors import FileError, check
+from .errors import check
 from ._tensor_parallel import (agreed, is_sharded, keep_sharding, layer_config, refused_on_every_rank, shard_info,
                                tensor_parallel)
 
@@ -219,13 +219,13 @@ class LLMConfig:
         valid ones sneppx cannot run (another model_type, rope type, ...), OSError
         when the file cannot be read. The name is the directory holding the file, with
         characters other than A-Z a-z 0-9 . _ - made '_' (a name holds only those)."""
-        path = Path(path)
+        if not isinstance(path, (str, bytes, os.PathLike)):
+            raise TypeError(f"path: expected a file or directory path (str, bytes or os.PathLike), got {path!r}")
+        path = Path(os.fsdecode(path))
         if path.is_dir():
             path = path / "config.json"
-        text = _read_regular_file(path, _CONFIG_JSON_MAX_BYTES + 1)
         config = S.Config()
-        check(lib.sneppx_config_from_json(text, len(text), ctypes.byref(config)), str(path),
-              ("config.json: ", "json_text: "))
+        check(lib.sneppx_config_from_json_file(os.fsencode(path), ctypes.byref(config)))
         config.name = _name_bytes(_derived_name(path.resolve().parent.name) or config.name.decode())
         if overrides:
             kwargs = _hf.constructor_kwargs(config)
@@ -511,7 +511,8 @@ class LLMConfig:
 
     def warmup(self) -> None:
         """Compiles (or loads from the disk cache) every kernel this config uses, flash and
-        SDPA, with and without a mask, without creating a layer."""
+        SDPA, with and without a mask, and decode over a KV cache of each element type,
+        without creating a layer."""
         check(lib.sneppx_layer_warmup(ctypes.byref(self._config)))
 
     def _current_layer(self) -> Layer:
@@ -525,9 +526,11 @@ class LLMConfig:
 
     def kv_cache(self, batch: int = 1, *, max_tokens: int, page_size: Optional[int] = None, num_layers: int = 1,
                  dtype: Any = "float32") -> KVCache:
-        """A paged KV cache for this layer's shape (sneppx_kv_cache_create): `batch` empty rows,
-        each holding up to max_tokens tokens (the page pool is sized for every row full, plus
-        one page per row for copy-on-write after fork()); page_size a power of two (None: the
+        """A paged KV cache for this layer's shape (sneppx_kv_cache_create): `batch` empty rows
+        that share one page pool, sized for every row at max_tokens tokens plus one page per
+        row for copy-on-write after fork(). max_tokens sizes the pool, it does not cap a row:
+        one row may grow past it while pages are free, and a forward that finds the pool
+        short raises OutOfMemoryError and leaves the cache as it was. page_size a power of two (None: the
         library's default, SNEPPX_KV_DEFAULT_PAGE_SIZE in sneppx/kv_cache.h);
         num_layers: layers of this shape that share it (forward_mha's layer_idx).
         dtype: how K (after RoPE) and V are stored: "float32" (default), "bfloat16" or
@@ -585,6 +588,7 @@ class LLMConfig:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"past_key_value: expected a sneppx KVCache (LLMConfig.kv_cache()), got "
                                 f"{type(cache).__name__}")
+            layer_idx = layer_index(layer_idx)
             batch, seq_len = x.shape[0], x.shape[1]
             if seq_len == 0:
                 raise ValueError("hidden_states: seq_len is 0; a cached forward appends at least one token per row")
@@ -622,6 +626,7 @@ class LLMConfig:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache: expected a sneppx KVCache (LLMConfig.kv_cache()), got "
                                 f"{type(cache).__name__}")
+            layer_idx = layer_index(layer_idx)
             rows = list(rows)
             chunks = list(hidden_states)
             if len(chunks) != len(rows):
@@ -629,20 +634,14 @@ class LLMConfig:
             hidden_size = self._config.hidden_size
             packed = []
             for i, chunk in enumerate(chunks):
-                chunk = as_array(f"hidden_states[{i}]", chunk)   # a bfloat16 tensor: through its bits
-                array = hidden_states_array(chunk[None] if chunk.ndim == 2 else chunk, hidden_size)
-                if array.shape[0] != 1 or array.shape[1] == 0:
-                    raise ValueError(f"hidden_states[{i}]: expected shape [q_len >= 1, {hidden_size}], got "
-                                     f"{list(np.shape(chunk))}")
-                packed.append(array[0])
+                packed.append(token_rows_array(f"hidden_states[{i}]", chunk, hidden_size))
             q_lens = [chunk.shape[0] for chunk in packed]
             positions = None
             if position_ids is not None:
                 position_list = list(position_ids)
                 if len(position_list) != len(rows):
                     raise ValueError(f"position_ids: {len(position_list)} arrays for {len(rows)} rows")
-                positions = np.concatenate([position_ids_array(np.reshape(p, (1, -1)) if np.ndim(p) == 1 else p, 1,
-                                                               q_lens[i])[0]
+                positions = np.concatenate([row_positions_array(f"position_ids[{i}]", p, q_lens[i])
                                             for i, p in enumerate(position_list)])
         if not rows and not is_sharded(self):
             return []
@@ -689,27 +688,6 @@ def _set_field(config: S.Config, field: Any, value: Any) -> None:
         setattr(config, field.name, _dtype(field.name, value))
     else:   # sizes: int64_t, or int (num_threads)
         setattr(config, field.name, _size(field.name, value, c_type="int" if field.c_type == "int" else "int64"))
-
-
-# CONFIG_JSON_MAX_BYTES of runtime/config_json.c.
-_CONFIG_JSON_MAX_BYTES = 16 << 20
-
-
-def _read_regular_file(path: Path, limit: int) -> bytes:
-    """At most limit bytes of path (one past the C reader's bound, so it reports an
-    oversized file). Opened without blocking and refused unless a regular file: a FIFO
-    or a device would block the read forever or never end."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise FileError(f"{path}: not a regular file")
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb") as stream:
-            fd = -1
-            return stream.read(limit)
-    finally:
-        if fd >= 0:
-            os.close(fd)
 
 
 def _c_text(text: str) -> bytes:

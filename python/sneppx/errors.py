@@ -54,8 +54,13 @@ class CommError(Error, RuntimeError):
     status = "SNEPPX_ERR_COMM"
 
 
-_BY_STATUS = {1: InvalidArgumentError, 2: UnknownPresetError, 3: UnsupportedError,
-              4: OutOfMemoryError, 5: JITError, 6: FileError, 7: FormatError, 8: CommError}
+# Every class's code, found by the C runtime's own names of them (sneppx_status_name), so
+# the values live in include/sneppx/status.h alone. Statuses are small: 64 is far past the last.
+_CLASSES = (InvalidArgumentError, UnknownPresetError, UnsupportedError, OutOfMemoryError, JITError, FileError,
+            FormatError, CommError)
+_BY_NAME = {error_class.status: error_class for error_class in _CLASSES}
+_BY_STATUS = {code: _BY_NAME[name] for code, name in ((code, lib.sneppx_status_name(code).decode())
+                                                       for code in range(1, 64)) if name in _BY_NAME}
 
 
 def status_code(error_class: type) -> int:

@@ -49,10 +49,11 @@ def _clang() -> str:
 _LINE = re.compile(r"^\s*(\d+) \|( +)(.*\S)\s*$")
 
 
-def header_layout(include_dir: Path) -> Dict[str, List[Tuple[int, str, str]]]:
+def header_layout(include_dir: Path, header: str = "sneppx/config.h",
+                  types: Tuple[str, ...] = ("sneppx_config",)) -> Dict[str, List[Tuple[int, str, str]]]:
     """struct name -> [(offset, C type, field)] of its direct fields, and "<struct>.sizeof",
-    as clang lays out include_dir/sneppx/config.h."""
-    probe = "#include \"sneppx/config.h\"\nextern char probe[sizeof(sneppx_config)];\n"
+    as clang lays out include_dir/<header> (the structs types need, and theirs)."""
+    probe = f"#include \"{header}\"\n" + "".join(f"extern char probe_{i}[sizeof({t})];\n" for i, t in enumerate(types))
     result = subprocess.run([_clang(), "-x", "c", "-std=c11", f"-I{include_dir}", f"-I{GENERATED}", "-fsyntax-only",
                              "-Xclang", "-fdump-record-layouts", "-"], input=probe, capture_output=True,
                             text=True, timeout=120)
@@ -109,6 +110,34 @@ def test_ctypes_structs_have_the_c_layout(layout):
         assert ctypes.sizeof(struct) == layout[name][-1][0]
     for field in config_fields.CONFIG_FIELDS:
         assert getattr(S.Config, field.name).size == config_fields.type_size_align(field.c_type)[0], field.name
+
+
+# The structs the package mirrors by hand (sneppx._structs, _kv_cache, _tensor_parallel), by C name.
+def _hand_mirrors() -> Dict[str, type]:
+    from sneppx import _kv_cache, _tensor_parallel
+    return {"sneppx_weights": S.Weights, "sneppx_tensor_ref": S.TensorRef, "sneppx_typed_weights": S.TypedWeights,
+            "sneppx_attn_tensor": S.AttnTensor, "sneppx_kv_cache_options": _kv_cache.KVCacheOptions,
+            "sneppx_kv_cache_stats": _kv_cache.KVCacheStats, "sneppx_shard_transport": _tensor_parallel.ShardTransport,
+            "sneppx_shard": _tensor_parallel.Shard, "sneppx_shard_info": _tensor_parallel.ShardInfo}
+
+
+def test_hand_written_mirrors_have_the_c_layout():
+    """The ctypes structs written by hand against the public headers as clang lays them out:
+    the same fields in order, offsets and sizes (C writes a whole struct into the mirror's
+    buffer), and the constants the package restates."""
+    mirrors = _hand_mirrors()
+    layouts = header_layout(INCLUDE, "sneppx/sneppx.h", tuple(mirrors))
+    for name, struct in mirrors.items():
+        c_fields = [(offset, field) for offset, kind, field in layouts[name] if kind != "sizeof"]
+        assert [(getattr(struct, field).offset, field) for _, field in c_fields] == c_fields, name
+        assert [field for field, _ in struct._fields_] == [field for _, field in c_fields], name
+        assert ctypes.sizeof(struct) == layouts[name][-1][0], name
+    macros = subprocess.run([_clang(), "-x", "c", "-std=c11", f"-I{INCLUDE}", f"-I{GENERATED}", "-E", "-dM", "-"],
+                            input="#include \"sneppx/sneppx.h\"\n", capture_output=True, text=True, timeout=120)
+    assert macros.returncode == 0, macros.stderr
+    defined = dict(re.findall(r"^#define (SNEPPX_\w+) (.+)$", macros.stdout, re.M))
+    assert int(defined["SNEPPX_ATTN_TENSORS_MAX"]) == S.ATTN_TENSORS_MAX
+    assert int(defined["SNEPPX_SYNTHETIC_SEED"].rstrip("ULul"), 0) == S.SYNTHETIC_SEED
 
 
 def _edited_header(tmp_path: Path, old: str, new: str) -> Path:

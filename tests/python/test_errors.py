@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import sneppx
-from sneppx import _structs
+from sneppx import _structs, errors
+from sneppx._library import lib
 
 SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
 
@@ -106,8 +107,15 @@ def test_bad_config_json(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: not valid JSON"):
         sneppx.LLMConfig.from_config_json(path)
-    with pytest.raises(FileNotFoundError):
-        sneppx.LLMConfig.from_config_json(tmp_path / "absent.json")
+    # The C runtime reads the file (sneppx_config_from_json_file), as it reads a checkpoint.
+    absent = tmp_path / "absent.json"
+    with pytest.raises(sneppx.FileError, match=f"^{re.escape(str(absent))}: cannot open: No such file"):
+        sneppx.LLMConfig.from_config_json(absent)
+    with pytest.raises(sneppx.FileError, match=f"^{re.escape(str(absent))}: cannot open"):
+        sneppx.LLMConfig.from_config_json(os.fsencode(absent))
+    for not_a_path in (123, None, ["config.json"]):
+        with pytest.raises(TypeError, match="^path: expected a file or directory path"):
+            sneppx.LLMConfig.from_config_json(not_a_path)
     # A FIFO (or a device) would block the read forever: refused before reading.
     fifo = tmp_path / "fifo" / "config.json"
     fifo.parent.mkdir()
@@ -225,6 +233,11 @@ def test_bad_state_dicts(cfg, rng, x):
         cfg.load_state_dict(dict(good, **{"k_proj.weight": np.ones((32, 63), np.float32)}))
     with pytest.raises(TypeError, match="tensor 'v_proj.bias' has dtype int32; expected floating point"):
         cfg.load_state_dict(dict(good, **{"v_proj.bias": np.ones(32, np.int32)}))
+    huge = good["o_proj.weight"].astype(np.float64)
+    huge[3, 5] = 1e39
+    with pytest.raises(ValueError, match=r"^state_dict: tensor 'o_proj.weight': 1e\+39 at index \[3, 5\] is beyond "
+                                         r"the float32 range"):
+        cfg.load_state_dict(dict(good, **{"o_proj.weight": huge}))
     mixed = dict(good)
     mixed["model.layers.1.self_attn.q_proj.weight"] = mixed.pop("q_proj.weight")
     with pytest.raises(ValueError, match="different prefixes"):
@@ -232,6 +245,16 @@ def test_bad_state_dicts(cfg, rng, x):
     # Nothing above replaced the weights.
     assert cfg.weights_source == "synthetic(seed=0x5eed5eed)"
     np.testing.assert_array_equal(cfg.forward_mha(x), before)
+
+
+def test_every_error_class_has_its_c_status():
+    """The classes' codes come from the C names of the statuses: each class has one, and a
+    status the library names has a class (one added to status.h alone fails here)."""
+    assert sorted(errors._BY_STATUS.values(), key=lambda c: c.status) == sorted(errors._CLASSES, key=lambda c: c.status)
+    named = [code for code in range(1, 64) if lib.sneppx_status_name(code) != b"SNEPPX_ERR_UNKNOWN"]
+    assert sorted(errors._BY_STATUS) == named
+    for code, error_class in errors._BY_STATUS.items():
+        assert errors.status_code(error_class) == code
 
 
 def test_errors_are_sneppx_errors():
@@ -430,3 +453,48 @@ def test_beyond_max_positions_names_both_ways_and_which_is_hf(x):
     raised = sneppx.LLMConfig(**{**SMALL, "max_position_embeddings": 8192})
     out = raised.forward_mha(x, position_ids=np.array([[0, 1, 2, 3, 4096]]))
     assert np.all(np.isfinite(out))
+
+
+def test_kv_cache_integers_beyond_int64_are_refused(cfg, x):
+    """ctypes would store these modulo 2^64 (begin = 2^64 read as 0 copied a whole row into
+    arrays sized for none): every integer argument of the cache is checked first, naming it."""
+    cache = cfg.kv_cache(2, max_tokens=16)
+    cfg.forward_mha(x, past_key_value=cache)
+    beyond = r"does not fit in int64"
+    for call, name in [(lambda: cache.read(0, begin=2 ** 64), "begin"), (lambda: cache.read(0, end=2 ** 64), "end"),
+                       (lambda: cache.read(0, layer_idx=2 ** 64), "layer_idx"),
+                       (lambda: cache.truncate(0, 2 ** 64), "length"),
+                       (lambda: cache.layer_lengths(2 ** 64 + 1), "layer_idx"),
+                       (lambda: cfg.forward_mha(x[:, :1], past_key_value=cache, layer_idx=2 ** 64 + 1), "layer_idx"),
+                       (lambda: cfg.forward_ragged(cache, [0], [x[0, :1]], layer_idx=2 ** 64), "layer_idx"),
+                       (lambda: cfg.kv_cache(1, max_tokens=8, page_size=2 ** 64 + 16), "page_size"),
+                       (lambda: cfg.kv_cache(1, max_tokens=8, num_layers=2 ** 64 + 1), "num_layers")]:
+        with pytest.raises(ValueError, match=f"^{name}: \\d+ {beyond}"):
+            call()
+    for value in (True, 1.0, "1"):
+        with pytest.raises(TypeError, match="^layer_idx: expected an integer"):
+            cache.layer_lengths(value)
+        with pytest.raises(TypeError, match="^layer_idx: expected an integer"):
+            cfg.forward_mha(x[:, :1], past_key_value=cache, layer_idx=value)
+    # an end far past the row is refused by C, naming it, before anything is allocated for it
+    with pytest.raises(ValueError, match=r"begin, end: \[0, 1000000000000\) is not within"):
+        cache.read(0, end=10 ** 12)
+    assert cache.lengths == [5, 5]
+
+
+def test_forward_ragged_errors_name_the_row(cfg, x):
+    cache = cfg.kv_cache(2, max_tokens=16)
+    for chunks, pattern in [([np.ones(64, np.float32)], r"^hidden_states\[0\]: expected shape \[q_len >= 1, 64\], "
+                                                         r"got \[64\]$"),
+                            ([x[0, :2], np.ones((1, 32), np.float32)], r"^hidden_states\[1\]: .*got \[1, 32\]$"),
+                            ([x[0, :0]], r"^hidden_states\[0\]: .*got \[0, 64\]$")]:
+        with pytest.raises(ValueError, match=pattern):
+            cfg.forward_ragged(cache, list(range(len(chunks))), chunks)
+    with pytest.raises(ValueError, match=r"^position_ids\[1\]: expected shape \[2\] \(or \[1, 2\]\), got \[3\]$"):
+        cfg.forward_ragged(cache, [0, 1], [x[0, :1], x[1, :2]], [np.arange(1), np.arange(3)])
+    with pytest.raises(TypeError, match=r"^position_ids\[0\]: expected integers, got dtype float64$"):
+        cfg.forward_ragged(cache, [0], [x[0, :1]], [np.zeros(1)])
+    assert cache.lengths == [0, 0]
+    # [1, q_len, hidden] is one row's tokens too
+    out = cfg.forward_ragged(cache, [0], [x[0:1, :3]], [np.arange(3)[None]])
+    assert out[0].shape == (3, 64) and cache.lengths == [3, 0]

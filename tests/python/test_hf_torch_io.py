@@ -137,6 +137,9 @@ def test_other_devices_are_refused_naming_the_argument(layer):
         cfg.forward_mha(x, attention_mask=torch.zeros(1, 1, 4, 4, device="meta"))
     with pytest.raises(ValueError, match=r"^position_ids: a tensor on meta"):
         cfg.forward_mha(x, position_ids=torch.arange(4, device="meta")[None])
+    # bfloat16 positions are refused as floats, not read through their bits as integers
+    with pytest.raises(TypeError, match=r"^position_ids: expected integers, got dtype bfloat16$"):
+        cfg.forward_mha(x, position_ids=torch.arange(4, dtype=torch.bfloat16)[None])
     cache = cfg.kv_cache(max_tokens=8)
     with pytest.raises(ValueError, match=r"^hidden_states: a tensor on meta"):
         cfg.forward_mha(meta, past_key_value=cache)
