@@ -8,7 +8,6 @@
  * The text comes from outside (a downloaded checkpoint): every field read is
  * type-checked, and an error names the field. */
 #include <cjson/cJSON.h>
-#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +17,7 @@
 
 #include "config_internal.h"
 #include "error.h"
+#include "json_text.h"
 #include "model_types.h"
 #include "regular_file.h"
 #include "sneppx/config.h"
@@ -422,24 +422,6 @@ static sneppx_status read_config(const cJSON *root, sneppx_config *config)
     return read_family_fields(&top, type, config);
 }
 
-/* Where the first "\\u" not followed by four hex digits starts, or length if
- * none. cJSON reads such an escape as a NUL, which ends the C string: it took
- * "llama\\u00zz" for "llama", where JSON (and sneppx-gen's reader) refuses it. */
-static size_t bad_unicode_escape(const char *text, size_t length)
-{
-    for (size_t i = 0; i + 1 < length; i++) {
-        if (text[i] != '\\')
-            continue;
-        if (text[i + 1] == 'u') {
-            for (size_t digit = i + 2; digit < i + 6; digit++)
-                if (digit >= length || !isxdigit((unsigned char)text[digit]))
-                    return i;
-        }
-        i++; /* the escaped character: "\\\\u" is a backslash, then a plain u */
-    }
-    return length;
-}
-
 /* The JSON value of length bytes of text (any value: the callers check its
  * kind); NULL with the error set when the text is not JSON. */
 static sneppx_status parse_json(const char *json_text, size_t length, cJSON **root)
@@ -457,12 +439,13 @@ static sneppx_status parse_json(const char *json_text, size_t length, cJSON **ro
     memcpy(text, json_text, length);
     text[length] = '\0';
     const char *end = NULL;
-    const size_t bad_escape = bad_unicode_escape(text, length);
-    cJSON *parsed = bad_escape < length ? NULL : cJSON_ParseWithLengthOpts(text, length, &end, 0);
-    if (bad_escape < length)
-        end = text + bad_escape;
+    const size_t bad_text = sneppx_json_bad_text(text, length);
+    cJSON *parsed = bad_text < length ? NULL : cJSON_ParseWithLengthOpts(text, length, &end, 0);
     sneppx_status status = SNEPPX_OK;
-    if (!parsed) {
+    if (bad_text < length) {
+        status = sneppx_fail(SNEPPX_ERR_FORMAT, "json_text: not valid JSON, or a NUL in a string (at byte %zu: a NUL, "
+                             "a \\u escape that is not four hex digits, or \\u0000)", bad_text);
+    } else if (!parsed) {
         status = sneppx_fail(SNEPPX_ERR_FORMAT, "json_text: not valid JSON (at byte %zu)",
                              end && end >= text ? (size_t)(end - text) : (size_t)0);
     } else {

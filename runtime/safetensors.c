@@ -15,6 +15,7 @@
 
 #include "error.h"
 #include "half.h"
+#include "json_text.h"
 #include "regular_file.h"
 #include "safetensors_internal.h"
 
@@ -199,6 +200,10 @@ static sneppx_status check_no_overlap(const sneppx_safetensors *file)
 
 static sneppx_status parse_header(sneppx_safetensors *file, const char *header, size_t header_size)
 {
+    const size_t bad_text = sneppx_json_bad_text(header, header_size);
+    if (bad_text < header_size)
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "%s: header byte %zu: a NUL or a \\u escape that is not four hex "
+                           "digits, or is \\u0000 (it would cut a tensor's name short)", file->path, bad_text);
     const char *parse_end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(header, header_size, &parse_end, 0);
     if (!root || !cJSON_IsObject(root)) {

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "json_text.h"
 #include "regular_file.h"
 #include "safetensors_internal.h"
 #include "shard.h"
@@ -332,6 +333,13 @@ static sneppx_status scan_index(struct loader *loader, const char *index_path)
     char *text = read_small_file(index_path, &size, &status);
     if (!text)
         return status;
+    if (sneppx_json_bad_text(text, size) < size) {
+        status = sneppx_fail(SNEPPX_ERR_FORMAT, "%s: byte %zu: a NUL or a \\u escape that is not four hex digits, or "
+                             "is \\u0000 (it would cut a tensor's name short)", index_path,
+                             sneppx_json_bad_text(text, size));
+        free(text);
+        return status;
+    }
     cJSON *root = cJSON_ParseWithLength(text, size);
     free(text);
     const cJSON *weight_map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");

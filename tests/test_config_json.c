@@ -132,6 +132,12 @@ static const struct bad_case bad_cases[] = {
     {"{\"model_type\": ", SNEPPX_ERR_FORMAT, "not valid JSON"},
     {"[1, 2]", SNEPPX_ERR_FORMAT, "not a JSON object"},
     {LLAMA_HEAD "} trailing", SNEPPX_ERR_FORMAT, "bytes after the JSON object"},
+    /* cJSON ends a string at the NUL an escape decodes to: this key would have been read
+     * as num_key_value_heads (HF reads another key and defaults to 4 heads). */
+    {LLAMA_HEAD ", \"num_key_value_heads\\u0000x\": 2}", SNEPPX_ERR_FORMAT,
+     "json_text: not valid JSON, or a NUL in a string (at byte 90: a NUL, a \\u escape"},
+    {"{\"model_type\": \"llama\\u0000-not-llama\"}", SNEPPX_ERR_FORMAT, "(at byte 21: a NUL"},
+    {"{\"model_type\": \"llama\\u00zz\"}", SNEPPX_ERR_FORMAT, "(at byte 21: a NUL"},
     {"{\"hidden_size\": 256, \"num_attention_heads\": 4}", SNEPPX_ERR_FORMAT, "model_type: missing"},
     {"{\"model_type\": 7}", SNEPPX_ERR_FORMAT, "model_type: expected a string, got 7"},
     {"{\"model_type\": \"gpt2\"}", SNEPPX_ERR_UNSUPPORTED, "model_type: 'gpt2' is not supported"},

@@ -187,6 +187,28 @@ static void test_malformed_headers(void)
     expect_open_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                       "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
                       SNEPPX_ERR_FORMAT, "tensor 'a' appears twice");
+    /* cJSON ends a name at the NUL an escape decodes to: "real\u0000.bak" (and the invalid
+     * "real\u00zz") opened as a tensor 'real'. A raw NUL byte is refused too. */
+    expect_open_error("{\"real\\u0000.bak\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+                      SNEPPX_ERR_FORMAT, "header byte 6: a NUL or a \\u escape");
+    expect_open_error("{\"real\\u00zz\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+                      SNEPPX_ERR_FORMAT, "header byte 6: a NUL or a \\u escape");
+    expect_open_error("{\"real\\u00", SNEPPX_ERR_FORMAT, "header byte 6");
+    static const unsigned char zeros[64];
+    const char *path = temp_path("nul.safetensors");
+    write_raw(path, 8, "{\"a\0\": 1}", zeros, sizeof zeros);
+    sneppx_safetensors *file = NULL;
+    CHECK(sneppx_safetensors_open(path, &file) == SNEPPX_ERR_FORMAT && file == NULL);
+    CHECK(strstr(sneppx_last_error(), "header byte 3: a NUL") != NULL);
+    /* An escaped backslash before a u is no escape of u; other \u escapes are read. */
+    write_file(path, "{\"a\\\\u0000\\u0041\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", zeros,
+               sizeof zeros);
+    CHECK(sneppx_safetensors_open(path, &file) == SNEPPX_OK && file != NULL);
+    if (file) {
+        sneppx_tensor_info info;
+        CHECK(sneppx_safetensors_tensor_info(file, 0, &info) == SNEPPX_OK && strcmp(info.name, "a\\u0000A") == 0);
+        sneppx_safetensors_close(file);
+    }
 }
 
 static void test_header_length_bounds(void)

@@ -482,6 +482,21 @@ static void test_multimodal_checkpoint(void)
                 "missing tensor 'language_model.model.layers.2.self_attn.o_proj.bias'");
 }
 
+/* An index whose tensor name hides a NUL in an escape: cJSON would read the name up to it. */
+static void test_index_escapes(void)
+{
+    sneppx_config config = small_config();
+    FILE *index = fopen(path_in("nul.index.json"), "w");
+    CHECK(index != NULL);
+    if (!index)
+        return;
+    fputs("{\"weight_map\": {\"model.layers.2.self_attn.q_proj.weight\\u0000.bak\": \"a.safetensors\"}}", index);
+    fclose(index);
+    sneppx_attn_weights *weights = NULL;
+    CHECK_ERROR(sneppx_attn_weights_load(path_in("nul.index.json"), 2, &config, &weights), SNEPPX_ERR_FORMAT,
+                "nul.index.json: byte 55: a NUL or a \\u escape");
+}
+
 static void test_mla_checkpoint(void)
 {
     sneppx_config mla = small_config();
@@ -523,6 +538,7 @@ int main(void)
     test_sharded_checkpoint();
     test_single_file_and_errors();
     test_multimodal_checkpoint();
+    test_index_escapes();
     test_mla_checkpoint();
     nftw(work_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     if (failures)

@@ -100,6 +100,10 @@ _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|(?:-(?:\d+\.?\d*|\.\d+)|\d+\.?\d*)(?:[eE
 _PYTHON_NUMBER = re.compile(r'-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?\Z')
 _ESCAPE = re.compile(r'\\(?:u([0-9a-fA-F]{4})|.)', re.S)
 _JSON_SPACE = " \t\n\r"
+# What runtime/json_text.c refuses before cJSON parses: a NUL byte, a \\u escape that is not
+# four hex digits or is \\u0000 (cJSON would end a key or value there). Other escapes are
+# matched only to be stepped over, as the C scan steps over them.
+_BAD_TEXT = re.compile(rb'(?P<bad>\x00|\\u(?:0000|(?![0-9a-fA-F]{4})))|\\.', re.S)
 
 
 def _check_surrogates(string: str) -> None:
@@ -140,6 +144,10 @@ def parse(data: bytes) -> JsonObject:
     ConfigError with the runtime's message (without the file)."""
     if len(data) > MAX_BYTES:
         raise ConfigError(f"more than {MAX_BYTES} bytes, the most a config.json may have")
+    for match in _BAD_TEXT.finditer(data):
+        if match.group("bad") is not None:
+            raise ConfigError(f"not valid JSON, or a NUL in a string (at byte {match.start()}: a NUL, a \\u escape "
+                              "that is not four hex digits, or \\u0000)")
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     text = data.decode("utf-8", "surrogateescape")
