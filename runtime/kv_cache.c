@@ -248,11 +248,12 @@ static struct sneppx_kv_sequence *sequence_new(const sneppx_kv_cache *cache, int
 static sneppx_status sequence_insert(sneppx_kv_cache *cache, struct sneppx_kv_sequence *seq, const char *what)
 {
     int64_t slot = 0;
-    while (slot < cache->slot_count && cache->slots[slot])
+    while (slot < cache->slot_count && (cache->slots[slot] || cache->generations[slot] == SNEPPX_KV_SLOT_RETIRED))
         slot++;
     if (slot == cache->slot_count) {
         if (slot == ((int64_t)1 << SNEPPX_KV_SLOT_BITS) - 1)
-            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s: the cache already holds 2^32 - 1 sequences", what);
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s: the cache's 2^32 - 1 sequence slots are all live or retired",
+                               what);
         if (slot == cache->slot_capacity) {
             const int64_t capacity = cache->slot_capacity ? 2 * cache->slot_capacity : 16;
             struct sneppx_kv_sequence **slots = realloc(cache->slots, (size_t)capacity * sizeof *slots);
@@ -281,8 +282,10 @@ static void sequence_remove(sneppx_kv_cache *cache, struct sneppx_kv_sequence *s
     for (int64_t i = 0; i < seq->held; i++)
         page_unref(cache, seq->pages[i]);
     cache->slots[slot] = NULL;
-    /* Ids stay non-negative: the generation wraps within 31 bits. */
-    cache->generations[slot] = (cache->generations[slot] + 1) & 0x7fffffffu;
+    /* Ids stay non-negative, so a generation has 31 bits; a slot whose generations are
+     * spent is retired rather than wrapped, so no id is ever handed out twice. */
+    cache->generations[slot] = cache->generations[slot] == SNEPPX_KV_LAST_GENERATION ? SNEPPX_KV_SLOT_RETIRED
+                                                                                    : cache->generations[slot] + 1;
     cache->live--;
     sequence_free(seq);
 }

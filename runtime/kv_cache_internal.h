@@ -71,13 +71,17 @@ struct sneppx_kv_cache {
     int32_t free_count;
 
     pthread_mutex_t lock;
-    struct sneppx_kv_sequence **slots; /* by slot; NULL = free */
+    struct sneppx_kv_sequence **slots; /* by slot; NULL = free (unless retired: generations) */
     uint32_t *generations;             /* [slot_capacity] */
     int64_t slot_count, slot_capacity, live;
 };
 
 /* A sequence id is slot + generation * 2^32: a removed slot's ids stay unknown. */
 #define SNEPPX_KV_SLOT_BITS 32
+/* A slot's generations: 0 .. SNEPPX_KV_LAST_GENERATION (an id's top 31 bits), then
+ * SNEPPX_KV_SLOT_RETIRED, which no id carries: the slot is never used again. */
+#define SNEPPX_KV_LAST_GENERATION 0x7fffffffu
+#define SNEPPX_KV_SLOT_RETIRED 0xffffffffu
 
 static inline unsigned char *sneppx_kv_block(const sneppx_kv_cache *cache, int32_t page, int64_t layer)
 {

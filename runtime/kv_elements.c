@@ -63,13 +63,16 @@ static void quantize_int8(int8_t *dst, float *scale, const float *src, int64_t n
         finite &= isfinite(src[i]) != 0;
         most = fabsf(src[i]) > most ? fabsf(src[i]) : most;
     }
-    if (!finite || most == 0.0f) {
+    /* A largest |x| below 127 times the smallest subnormal makes the scale 0 as all-zero
+     * rows do (and x / 0 is no value to round): every element 0, as the kernels' own
+     * quantizer (narrow.c.j2's sneppx_i8_bits) stores it. */
+    const float s = most / 127.0f;
+    if (!finite || !(s > 0.0f)) {
         for (int64_t i = 0; i < n; i++)
             dst[i] = 0;
         *scale = finite ? 0.0f : NAN;
         return;
     }
-    const float s = most / 127.0f;
     for (int64_t i = 0; i < n; i++) {
         const float q = nearbyintf(src[i] / s); /* the default rounding mode: nearest even */
         dst[i] = (int8_t)(q > 127.0f ? 127 : q < -127.0f ? -127 : (int)q);

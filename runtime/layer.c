@@ -494,8 +494,8 @@ static sneppx_status forward(sneppx_layer *layer, int64_t batch, int64_t seq_len
     if (!out)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "out: must not be NULL");
     int64_t mask_batch_stride = 0;
-    if (attention_mask &&
-        sneppx_forward_check_mask_shape(batch, seq_len, mask_shape, &mask_batch_stride, message, sizeof message))
+    if (sneppx_forward_check_mask_shape(batch, seq_len, attention_mask, mask_shape, &mask_batch_stride, message,
+                                        sizeof message))
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s", message);
     int64_t max_position;
     if (sneppx_forward_check_positions(position_ids, tokens, seq_len, config->max_position_embeddings,

@@ -72,6 +72,9 @@ static void test_null_pointers(test_tally *tally, sneppx_layer *layer, const flo
     EXPECT_ERROR(tally, sneppx_layer_forward(layer, 1, SEQ, hidden, NULL, NULL, NULL, NULL),
                  SNEPPX_ERR_INVALID_ARGUMENT, "out");
     EXPECT_FORWARD_ERROR(tally, layer, 1, SEQ, hidden, hidden, NULL, NULL, "mask_shape");
+    /* A shape without its mask: the mask pointer forgotten, not a causal forward. */
+    const int64_t shape[4] = {1, 1, SEQ, SEQ};
+    EXPECT_FORWARD_ERROR(tally, layer, 1, SEQ, hidden, NULL, shape, NULL, "mask_shape: given without attention_mask");
     EXPECT_ERROR(tally, sneppx_layer_warmup(NULL), SNEPPX_ERR_INVALID_ARGUMENT, "config");
     EXPECT_ERROR(tally, sneppx_layer_set_flash(NULL, 1), SNEPPX_ERR_INVALID_ARGUMENT, "layer");
     EXPECT_ERROR(tally, sneppx_layer_set_flash(layer, 2), SNEPPX_ERR_INVALID_ARGUMENT,

@@ -318,6 +318,13 @@ static void test_element_edges(void)
     sneppx_kv_load_row(SNEPPX_DTYPE_INT8, back, q, scale, 4);
     TEST_CHECK(&tally, scale == 0.0f && q[0] == 0 && q[3] == 0 && back[0] == 0.0f && back[3] == 0.0f,
                "int8 all-zero row: scale %g, q %d, back %g", scale, q[0], back[0]);
+    /* A largest |x| whose scale underflows to 0 (here 2^-149 / 127): stored as zeros, as a
+     * zero row is (it divided by 0 and converted the NaN to int, undefined behaviour). */
+    const float tiny[4] = {float_of(0x00000001u), -float_of(0x00000001u), 0.0f, float_of(0x00000001u)};
+    memset(q, 5, sizeof q);
+    sneppx_kv_store_row(SNEPPX_DTYPE_INT8, q, &scale, tiny, 4);
+    TEST_CHECK(&tally, scale == 0.0f && q[0] == 0 && q[1] == 0 && q[3] == 0, "int8 row of subnormals: scale %g, q %d %d",
+               scale, q[0], q[1]);
     const float poisoned[4] = {1.0f, NAN, 2.0f, 3.0f};
     sneppx_kv_store_row(SNEPPX_DTYPE_INT8, q, &scale, poisoned, 4);
     sneppx_kv_load_row(SNEPPX_DTYPE_INT8, back, q, scale, 4);
@@ -450,6 +457,19 @@ static void test_sequences(sneppx_layer *layer)
     TEST_CHECK(&tally, again != b, "a new sequence got the removed id %lld", (long long)b);
     EXPECT_ERROR(sneppx_kv_cache_length(cache, b, &length), SNEPPX_ERR_INVALID_ARGUMENT, "seq_id");
     EXPECT_ERROR(sneppx_kv_cache_remove_sequence(NULL, a), SNEPPX_ERR_INVALID_ARGUMENT, "cache");
+    /* A slot whose 2^31 generations are spent is retired, not wrapped back to its first
+     * id (2^31 adds and removes of one slot: ~30 minutes, here set directly). */
+    const int64_t slot = again & (((int64_t)1 << SNEPPX_KV_SLOT_BITS) - 1);
+    cache->generations[slot] = SNEPPX_KV_LAST_GENERATION;
+    cache->slots[slot]->id = (int64_t)((uint64_t)SNEPPX_KV_LAST_GENERATION << SNEPPX_KV_SLOT_BITS) + slot;
+    const int64_t last = cache->slots[slot]->id;
+    EXPECT_OK(sneppx_kv_cache_remove_sequence(cache, last));
+    int64_t after = -1;
+    EXPECT_OK(sneppx_kv_cache_add_sequence(cache, &after));
+    TEST_CHECK(&tally, (after & (((int64_t)1 << SNEPPX_KV_SLOT_BITS) - 1)) != slot && after != slot,
+               "a spent slot was used again: id %lld (slot %lld)", (long long)after, (long long)slot);
+    EXPECT_ERROR(sneppx_kv_cache_length(cache, slot, &length), SNEPPX_ERR_INVALID_ARGUMENT, "seq_id");
+    EXPECT_ERROR(sneppx_kv_cache_length(cache, last, &length), SNEPPX_ERR_INVALID_ARGUMENT, "seq_id");
 
     /* reset: everything back, old ids unknown. */
     EXPECT_OK(sneppx_kv_cache_reset(cache));

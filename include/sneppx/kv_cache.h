@@ -73,7 +73,7 @@ typedef struct sneppx_kv_cache_options {
                                   Attention widens on load and accumulates in float32 */
     int64_t max_sequence_tokens; /* tokens one sequence holds at most, which sizes every
                                   sequence's page table once, at add and fork, so that no
-                                  forward call allocates; 0 = the whole pool (4 bytes per
+                                  forward call allocates; 0 = the whole pool (8 bytes per
                                   page of the pool per sequence). A sequence that outgrows it
                                   still works: its table grows once per doubling. In
                                   [0, SNEPPX_KV_MAX_CAPACITY_TOKENS] */

@@ -6,7 +6,8 @@
  *   hidden_states  [batch, seq_len, hidden_size]
  *   attention_mask [batch, 1, seq_len, seq_len] additive, taken as final (no causal
  *                  mask is added on top); NULL = causal (+ sliding window).
- *                  mask_shape gives its 4 dimensions (checked); NULL when the mask is.
+ *                  mask_shape gives its 4 dimensions (checked); NULL when the mask is
+ *                  (a shape without a mask is refused: a forgotten mask pointer).
  *                  Entries <= -1e30 (and -inf) count as masked; a row with every key
  *                  masked gives zeros.
  *   position_ids   [batch, seq_len]; NULL = 0..seq_len-1 for every batch row. Every

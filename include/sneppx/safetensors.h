@@ -68,7 +68,10 @@ SNEPPX_API int64_t sneppx_safetensors_find(const sneppx_safetensors *file, const
 
 /* Converts the index-th tensor to float32 into out, which holds out_count
  * floats and must match the tensor's element count. Dtypes F32, F16, BF16
- * and F64 convert (F64 rounds to nearest); any other dtype is an error. */
+ * and F64 convert (F64 rounds to nearest); any other dtype is an error.
+ * Arguments are checked before anything is written; a read that fails
+ * part-way (the file cut short or unreadable since it was opened) leaves out
+ * partly written: the data streams into out, with no copy of the tensor. */
 SNEPPX_API sneppx_status sneppx_safetensors_read_f32(const sneppx_safetensors *file, int64_t index,
                                                      float *out, int64_t out_count);
 

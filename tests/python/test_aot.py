@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -106,6 +106,13 @@ class AotLayer:
 
     def forward(self, x: np.ndarray, mask: Optional[np.ndarray], positions: Optional[np.ndarray],
                 threads: int = 1) -> np.ndarray:
+        status, out = self.run(x, mask, None if mask is None else mask.shape, positions, threads)
+        assert status == 0, f"forward: {self._last_error().decode()}"
+        return out
+
+    def run(self, x: np.ndarray, mask: Optional[np.ndarray], mask_shape: Optional[Sequence[int]],
+            positions: Optional[np.ndarray], threads: int = 1) -> Tuple[int, np.ndarray]:
+        """The entry as given (a shape with or without its mask): (status, out)."""
         batch, seq_len, _ = x.shape
         floats = self._scratch_floats(batch, seq_len, threads)
         assert floats > 0
@@ -115,15 +122,17 @@ class AotLayer:
         x = np.ascontiguousarray(x, dtype=np.float32)
         mask = None if mask is None else np.ascontiguousarray(mask, dtype=np.float32)
         positions = None if positions is None else np.ascontiguousarray(positions, dtype=np.int64)
-        shape = None if mask is None else np.array(mask.shape, np.int64)
+        shape = None if mask_shape is None else np.array(mask_shape, np.int64)
         out = np.empty_like(x)
         status = self._forward(self.packed.ctypes.data, batch, seq_len, x.ctypes.data,
                                None if mask is None else mask.ctypes.data,
                                None if shape is None else shape.ctypes.data,
                                None if positions is None else positions.ctypes.data,
                                out.ctypes.data, scratch.ctypes.data, threads)
-        assert status == 0, f"forward: {self._last_error().decode()}"
-        return out
+        return status, out
+
+    def last_error(self) -> str:
+        return self._last_error().decode()
 
 
 def _generate(args: List[str], out_dir: Path, **build) -> AotLayer:
@@ -193,6 +202,10 @@ def test_hand_config(name, tmp_path, rng):
         # Dynamic NTK reacts to positions past max_position_embeddings (40), not to offsets.
         cases = [("none", 2, 1), ("none", 2, 70), ("left-padding", 2, 100), ("irregular", 2, 30)]
     _check(layer, reference_config, jit, weights, cases, rng, name)
+    # A mask's shape without the mask is a forgotten pointer, refused as the runtime refuses it.
+    status, _ = layer.run(np.zeros((1, 3, hf_config["hidden_size"]), np.float32), None, (1, 1, 3, 3), None)
+    assert status != 0 and layer.last_error().startswith("mask_shape: given without attention_mask"), \
+        layer.last_error()
 
 
 @pytest.mark.parametrize("name", PRESETS)
