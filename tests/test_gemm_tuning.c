@@ -63,8 +63,6 @@ static void check_tuner(const struct sneppx_target *target)
     TEST_CHECK(&tally, result.defaults >= 0 && result.times[result.defaults].tiles.kc == target->gemm_kc &&
                            result.times[result.defaults].tiles.mc == target->gemm_mc,
                "the defaults are candidate %d", result.defaults);
-    TEST_CHECK(&tally, result.winner == sneppx_gemm_tune_winner(result.times, result.count, result.defaults),
-               "winner %d is the rule's over the times", result.winner);
     if (result.winner != result.defaults)
         TEST_CHECK(&tally, result.times[result.winner].ms * (1 + SNEPPX_TUNE_MIN_GAIN) <=
                                    result.times[result.defaults].ms &&

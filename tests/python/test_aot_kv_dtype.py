@@ -340,7 +340,8 @@ def test_int8_scales_are_checked(family, directory, rng):
                                 k_scales, v_scales, 8, x.ctypes.data, None, out.ctypes.data, scratch.ctypes.data, 1)
         return status, layer.aot._last_error().decode(), (out == 7.0).all()
 
-    before = [a.copy() for a in caches.k + caches.k_scales]
+    held = caches.k + caches.k_scales + (caches.v or []) + (caches.v_scales or [])
+    before = [a.copy() for a in held]
     assert call(None, v_scales) == (1, "k_scales: must not be NULL", True)
     assert call((P * 2)(caches.k_scales[0].ctypes.data, None), v_scales) == \
         (1, "k_scales[1]: must not be NULL", True)
@@ -351,5 +352,5 @@ def test_int8_scales_are_checked(family, directory, rng):
         assert call(k_scales, None) == (1, "v_scales: must not be NULL", True)
         assert call(k_scales, (P * 2)(None, caches.v_scales[1].ctypes.data)) == \
             (1, "v_scales[0]: must not be NULL", True)
-    assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(before, caches.k + caches.k_scales))
+    assert len(before) == len(held) and all(np.array_equal(a, b, equal_nan=True) for a, b in zip(before, held))
     assert call(k_scales, v_scales)[:2] == (0, "")

@@ -349,4 +349,5 @@ def test_sneppx_gen_refusals(tmp_path):
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "hand" / "manifest.json").read_text())
     assert manifest["compute_dtype"] == "bfloat16"
-    assert all(key.startswith("gemm_bf16dot-") for key in manifest["keys"] if key.startswith("gemm"))
+    gemm_keys = [key for key in manifest["keys"] if key.startswith("gemm")]
+    assert gemm_keys and all(key.startswith("gemm_bf16dot-") for key in gemm_keys), manifest["keys"]

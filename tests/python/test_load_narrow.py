@@ -296,6 +296,8 @@ def _torch_venv_python():
 def test_torch_in_the_venv():
     python = _torch_venv_python()
     if python is None:
+        # CI makes the venv first and sets SNEPPX_REQUIRE_TORCH: a missing one fails there.
+        assert not os.environ.get("SNEPPX_REQUIRE_TORCH"), "SNEPPX_REQUIRE_TORCH is set, and there is no venv"
         pytest.skip("no scripts/venv.sh environment (torch) on this machine")
     result = subprocess.run([str(python), "-c", _TORCH_CHECKS], env=dict(os.environ), capture_output=True,
                             text=True, timeout=600)
