@@ -59,7 +59,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t object_size = 0;
     char reason[160] = "", verify_reason[160] = "";
     sneppx_disk_load loaded = sneppx_disk_cache_load(key, fingerprint, &object, &object_size, reason, sizeof reason);
-    sneppx_disk_load verified = sneppx_disk_cache_verify(key, fingerprint, verify_reason, sizeof verify_reason);
+    sneppx_disk_load verified =
+        sneppx_disk_cache_verify(key, fingerprint, NULL, NULL, verify_reason, sizeof verify_reason);
     FUZZ_ASSERT(loaded == verified, "load says %d (%s), verify says %d (%s)", (int)loaded, reason, (int)verified,
                 verify_reason);
     FUZZ_ASSERT(loaded != SNEPPX_DISK_MISS, "an existing entry of %zu bytes was a miss", size);

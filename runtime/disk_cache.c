@@ -357,7 +357,7 @@ static const char *verify_entry(int fd, const uint8_t fingerprint[SNEPPX_SHA256_
 
 /* Opens and verifies the entry of key; keeps the payload when object is not NULL. */
 static sneppx_disk_load read_entry(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE], void **object,
-                                   size_t *object_size, char *reason, size_t reason_size)
+                                   size_t *object_size, int mark_used, char *reason, size_t reason_size)
 {
     int dir = cache_fd();
     if (dir < 0)
@@ -376,7 +376,7 @@ static sneppx_disk_load read_entry(const char *key, const uint8_t fingerprint[SN
     size_t payload_size = 0;
     const char *problem = verify_entry(fd, fingerprint, &payload, &payload_size);
     if (!problem && object) {
-        if (!cache.read_only)
+        if (mark_used && !cache.read_only)
             futimens(fd, NULL); /* last use, for LRU eviction */
         *object = payload;
         *object_size = payload_size;
@@ -394,13 +394,13 @@ static sneppx_disk_load read_entry(const char *key, const uint8_t fingerprint[SN
 sneppx_disk_load sneppx_disk_cache_load(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
                                         void **object, size_t *object_size, char *reason, size_t reason_size)
 {
-    return read_entry(key, fingerprint, object, object_size, reason, reason_size);
+    return read_entry(key, fingerprint, object, object_size, 1, reason, reason_size);
 }
 
 sneppx_disk_load sneppx_disk_cache_verify(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
-                                          char *reason, size_t reason_size)
+                                          void **object, size_t *object_size, char *reason, size_t reason_size)
 {
-    return read_entry(key, fingerprint, NULL, NULL, reason, reason_size);
+    return read_entry(key, fingerprint, object, object_size, 0, reason, reason_size);
 }
 
 /* Attempts at a lock file that keeps being unlinked under us before building

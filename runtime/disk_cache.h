@@ -55,10 +55,10 @@ typedef enum sneppx_disk_load {
 sneppx_disk_load sneppx_disk_cache_load(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
                                         void **object, size_t *object_size, char *reason, size_t reason_size);
 
-/* The verdict load would give, without keeping the payload or marking the
- * entry used (for listing). */
+/* The verdict load would give, without marking the entry used (for listing);
+ * object NULL: without keeping the payload either. */
 sneppx_disk_load sneppx_disk_cache_verify(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
-                                          char *reason, size_t reason_size);
+                                          void **object, size_t *object_size, char *reason, size_t reason_size);
 
 /* Waits until this process holds the build lock of key; returns its
  * descriptor, or -1 when there is no lock to take (memory-only, read-only,

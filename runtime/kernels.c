@@ -142,17 +142,18 @@ static sneppx_disk_load load_entry(const char *key, const uint8_t fingerprint[SN
  * that held the lock may have written it) and stored. Without the lock
  * (memory-only or read-only cache, a refused lock file, or another process
  * holding it past the lock timeout) it is compiled all the same: a store is
- * atomic, so building a key twice costs only time. */
+ * atomic, so building a key twice costs only time. skip_disk: compile and
+ * store whatever the cache holds (its entry verified but did not link). */
 static sneppx_status obtain_object(const struct sneppx_kernel_family *family, const int64_t *values,
-                                   const struct sneppx_target *target, const char *key, void **object, size_t *object_size,
-                                   sneppx_kernel_timing *timing, struct disk_events *events)
+                                   const struct sneppx_target *target, const char *key, int skip_disk, void **object,
+                                   size_t *object_size, sneppx_kernel_timing *timing, struct disk_events *events)
 {
     uint8_t fingerprint[SNEPPX_SHA256_SIZE];
     sneppx_status status = sneppx_kernel_fingerprint_for(family, target, key, fingerprint);
     if (status != SNEPPX_OK)
         return status;
     timing->source = SNEPPX_KERNEL_SOURCE_DISK;
-    if (load_entry(key, fingerprint, object, object_size, events) == SNEPPX_DISK_HIT)
+    if (!skip_disk && load_entry(key, fingerprint, object, object_size, events) == SNEPPX_DISK_HIT)
         return SNEPPX_OK;
     if (!sneppx_jit_allowed()) {
         const char *dir = sneppx_disk_cache_path();
@@ -161,7 +162,7 @@ static sneppx_status obtain_object(const struct sneppx_kernel_family *family, co
                            "holds no valid entry for it", key, dir ? dir : "memory-only");
     }
     int lock = sneppx_disk_cache_lock(key);
-    if (lock >= 0 && load_entry(key, fingerprint, object, object_size, events) == SNEPPX_DISK_HIT) {
+    if (lock >= 0 && !skip_disk && load_entry(key, fingerprint, object, object_size, events) == SNEPPX_DISK_HIT) {
         sneppx_disk_cache_unlock(lock);
         return SNEPPX_OK;
     }
@@ -190,14 +191,35 @@ static sneppx_status build_kernel(const struct sneppx_kernel_family *family, con
     void *object = NULL;
     size_t object_size = 0;
     double start = now_ms();
-    sneppx_status status = obtain_object(family, values, target, key, &object, &object_size, timing, &events);
+    sneppx_status status = obtain_object(family, values, target, key, 0, &object, &object_size, timing, &events);
     double link_start = now_ms();
     if (status == SNEPPX_OK) {
         status = sneppx_jit_link_object(family, key, object, object_size, kernel->entry);
         free(object);
-        if (status != SNEPPX_OK)
-            timing->source = SNEPPX_KERNEL_SOURCE_NONE;
+        object = NULL;
     }
+    /* An entry that verified (its hash, fingerprint and size) but does not unpack or link
+     * was written by something else than this build's store: a rejected entry, rebuilt
+     * and replaced, not a key that fails in every process until a clear. */
+    if (status != SNEPPX_OK && timing->source == SNEPPX_KERNEL_SOURCE_DISK) {
+        char reason[512];
+        snprintf(reason, sizeof reason, "%s", sneppx_last_error());
+        events.rejects = 1;
+        if (!sneppx_jit_allowed()) {
+            status = sneppx_fail(SNEPPX_ERR_JIT, "SNEPPX_JIT=0 forbids compiling kernel '%s', and its disk cache "
+                                 "entry does not link (%s)", key, reason);
+        } else {
+            sneppx_log(1, "disk cache entry of '%s' refused (it does not link: %s); rebuilding it", key, reason);
+            status = obtain_object(family, values, target, key, 1, &object, &object_size, timing, &events);
+            link_start = now_ms();
+            if (status == SNEPPX_OK) {
+                status = sneppx_jit_link_object(family, key, object, object_size, kernel->entry);
+                free(object);
+            }
+        }
+    }
+    if (status != SNEPPX_OK)
+        timing->source = SNEPPX_KERNEL_SOURCE_NONE;
     double end = now_ms();
     /* A hit's load time includes reading and verifying the file. */
     timing->load_ms = timing->source == SNEPPX_KERNEL_SOURCE_DISK ? end - start : end - link_start;

@@ -155,6 +155,22 @@ static int plant_stale_fingerprint(void)
     return write_file(entry, scratch, good_size);
 }
 
+/* An entry that verifies (stored through the cache with this key's fingerprint, its
+ * hash its own) but whose payload is no object bundle: as another build of the
+ * bundle format, or a hand, could write it. It must not fail the key for good. */
+static int plant_unlinkable(void)
+{
+    uint8_t fingerprint[SNEPPX_SHA256_SIZE];
+    static const char garbage[] = "not an object bundle, though its hash and fingerprint check out";
+    int evictions = 0;
+    if (sneppx_kernel_fingerprint(entry_key, fingerprint) != SNEPPX_OK ||
+        sneppx_disk_cache_store(entry_key, fingerprint, garbage, sizeof garbage, &evictions) != SNEPPX_OK) {
+        errno = EIO;
+        return -1;
+    }
+    return 0;
+}
+
 /* A link to a byte-for-byte valid entry elsewhere: still refused. */
 static int plant_symlink(void)
 {
@@ -218,12 +234,13 @@ int main(void)
     clear_entry();
     sneppx_kernel_fingerprint(entry_key, fingerprint);
     TEST_CHECK(&tally, plant_stale_fingerprint() == 0 &&
-                           sneppx_disk_cache_verify(entry_key, fingerprint, reason, sizeof reason) ==
+                           sneppx_disk_cache_verify(entry_key, fingerprint, NULL, NULL, reason, sizeof reason) ==
                                SNEPPX_DISK_REJECTED &&
                            strstr(reason, "fingerprint differs"),
                "an entry of this key with a stale fingerprint: refused because '%s'", reason);
     check_rebuilt(&tally, "this key's entry with a stale fingerprint", plant_stale_fingerprint);
     check_rebuilt(&tally, "symbolic link to a valid entry", plant_symlink);
+    check_rebuilt(&tally, "a verified entry that does not link", plant_unlinkable);
     check_rebuilt(&tally, "FIFO", plant_fifo);
     check_rebuilt(&tally, "writable by everyone", plant_world_writable);
     if (geteuid() == 0)

@@ -269,7 +269,8 @@ static void test_eight_processes(test_tally *tally, const char *dir, const char 
             uint8_t fingerprint[SNEPPX_SHA256_SIZE];
             char reason[160] = "";
             int ok = sneppx_kernel_fingerprint(entries[i].key, fingerprint) == SNEPPX_OK &&
-                     sneppx_disk_cache_verify(entries[i].key, fingerprint, reason, sizeof reason) == SNEPPX_DISK_HIT;
+                     sneppx_disk_cache_verify(entries[i].key, fingerprint, NULL, NULL, reason, sizeof reason) ==
+                         SNEPPX_DISK_HIT;
             TEST_CHECK(tally, ok, "entry %s does not verify: %s", entries[i].key, reason);
             valid += ok;
         }
@@ -344,7 +345,7 @@ static void test_killed_writer(test_tally *tally, const char *dir, const char *l
         double error = cache_test_rmsnorm_error(kernel, values[0], NULL);
         TEST_CHECK(tally, error < 1e-6, "%s: %s normalized error %.3g (limit 1e-6)", what, key, error);
     }
-    TEST_CHECK(tally, sneppx_disk_cache_verify(key, fingerprint, reason, sizeof reason) == SNEPPX_DISK_HIT,
+    TEST_CHECK(tally, sneppx_disk_cache_verify(key, fingerprint, NULL, NULL, reason, sizeof reason) == SNEPPX_DISK_HIT,
                "%s: the rewritten entry verifies: %s", what, reason);
 }
 

@@ -22,6 +22,7 @@
 #include "jit.h"
 #include "kernel_registry.h"
 #include "kernels.h"
+#include "object_bundle.h"
 #include "sneppx/cache.h"
 #include "sneppx/config.h"
 #include "sneppx/layer.h"
@@ -52,16 +53,31 @@ static int fail(const char *what, sneppx_status status)
 }
 
 /* Why this build would not load the entry of key (a kernel or a tuning record),
- * or NULL when it would. */
+ * or NULL when it would. A kernel's payload must also be an object bundle: an
+ * entry that verifies but does not unpack is rebuilt at its next use. */
 static const char *verdict(const char *key, char *reason, size_t reason_size)
 {
     uint8_t fingerprint[SNEPPX_SHA256_SIZE];
-    if (sneppx_kernel_fingerprint(key, fingerprint) != SNEPPX_OK &&
-        sneppx_tuning_fingerprint(key, fingerprint) != SNEPPX_OK) {
+    const int kernel = sneppx_kernel_fingerprint(key, fingerprint) == SNEPPX_OK;
+    if (!kernel && sneppx_tuning_fingerprint(key, fingerprint) != SNEPPX_OK) {
         snprintf(reason, reason_size, "no such kernel in this build");
         return reason;
     }
-    return sneppx_disk_cache_verify(key, fingerprint, reason, reason_size) == SNEPPX_DISK_HIT ? NULL : reason;
+    void *payload = NULL;
+    size_t payload_size = 0;
+    if (sneppx_disk_cache_verify(key, fingerprint, kernel ? &payload : NULL, &payload_size, reason, reason_size) !=
+        SNEPPX_DISK_HIT)
+        return reason;
+    if (!kernel)
+        return NULL;
+    struct sneppx_object_span objects[SNEPPX_BUNDLE_MAX_OBJECTS];
+    int count = 0;
+    const int unpacks = sneppx_bundle_unpack(payload, payload_size, key, objects, &count) == SNEPPX_OK;
+    free(payload);
+    if (unpacks)
+        return NULL;
+    snprintf(reason, reason_size, "its payload is no object bundle (rebuilt at its next use)");
+    return reason;
 }
 
 static int show(void)
