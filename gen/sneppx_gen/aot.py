@@ -5,10 +5,12 @@ config, runtime/layer.c), `generate()` renders
     DIR/sneppx_<arch>.c, DIR/sneppx_<arch>.h,
     DIR/manifest.json and DIR/manifest.txt (one canonical key per line).
 """
+import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from . import config_fields, render, runtime_names
 from .archs import Arch
@@ -233,6 +235,49 @@ def render_layer(p: Plan) -> Tuple[str, str]:
             render.render_template("layer.h.j2", **context))
 
 
+# A layer name no template writes: rendering under it tells the layer's own C names
+# (sneppx_<name>_*, SNEPPX_<NAME>_*) from everything else the file holds.
+_PROBE_NAME = "zz_name_probe_zz"
+_C_NAME = re.compile(r"\b(?:sneppx|SNEPPX)_\w+")
+
+
+def _layer_names(p: Plan) -> Tuple[Set[str], Set[str]]:
+    """(the suffixes of the plan's own C names, lower case; every other sneppx_ / SNEPPX_
+    name its files hold: the ABI's, the shared checks', the kernels')."""
+    probe = dataclasses.replace(p, arch=dataclasses.replace(p.arch, name=_PROBE_NAME))
+    source, header = render_layer(probe)
+    lower, upper = f"sneppx_{_PROBE_NAME}_", f"SNEPPX_{_PROBE_NAME.upper()}_"
+    own, others = set(), set()
+    for name in _C_NAME.findall(source + header):
+        if name.startswith(lower) or name.startswith(upper):
+            own.add(name[len(lower):].lower())
+        else:
+            others.add(name)
+    return own, others
+
+
+def name_clash(p: Plan) -> Optional[str]:
+    """Why the plan's name cannot be a layer's, or None. Its own names must not be another
+    name the file holds (a layer named "gemm" would define sneppx_gemm_packed_floats beside
+    the ABI's), and a layer named <base>_<head> must not define a name of a layer named
+    <base> (sneppx_x_cached_scratch_floats is layer x's cached_scratch_floats and layer
+    x_cached's scratch_floats), so a name may not end in such a head."""
+    own, others = _layer_names(p)
+    name = p.arch.sanitized_name
+    for suffix in sorted(own):
+        for taken in (f"sneppx_{name}_{suffix}", f"SNEPPX_{name.upper()}_{suffix.upper()}"):
+            if taken in others:
+                return f"the layer would define {taken}, which its file already has"
+    for suffix in sorted(own):
+        for at in [i for i, c in enumerate(suffix) if c == "_"]:
+            head, tail = suffix[:at], suffix[at + 1:]
+            if tail in own and name.endswith("_" + head):
+                base = name[:-len(head) - 1]
+                return (f"its {tail} would be sneppx_{name}_{tail}, as the {suffix} of a layer named '{base}' "
+                        f"is (a name may not end in '_{head}')")
+    return None
+
+
 def manifest(p: Plan) -> dict:
     return {
         "arch": p.arch.name,
@@ -260,6 +305,10 @@ def generate(arch: Arch, out_dir: str, target: Target, flash: bool, kv_dtype: st
         raise ValueError(f"the layer's C names would be sneppx_{arch.sanitized_name}_*, as the runtime's "
                          f"{taken} is: choose another name (--name)")
     p = plan(arch, target, flash, kv_dtype)
+    clash = name_clash(p)
+    if clash:
+        raise ValueError(f"the layer's C names would be sneppx_{arch.sanitized_name}_*: {clash}: choose another "
+                         "name (--name)")
     source, header = render_layer(p)
     os.makedirs(out_dir, exist_ok=True)
     files = {
