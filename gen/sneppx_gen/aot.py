@@ -295,11 +295,27 @@ def manifest(p: Plan) -> dict:
     }
 
 
+def _check_manifest_is_ours(path: str, prefix: str) -> None:
+    """A directory holds one layer's manifest: another layer's there would be replaced
+    without a word (its key list lost), so that is refused; this layer's is rewritten."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            other = json.load(stream).get("prefix")
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, AttributeError):
+        other = None
+    if other != prefix:
+        described = f"layer {other}'s" if isinstance(other, str) else "not a manifest sneppx-gen wrote"
+        raise ValueError(f"{path} is {described}: generate {prefix} into a directory of its own (-o)")
+
+
 def generate(arch: Arch, out_dir: str, target: Target, flash: bool, kv_dtype: str = "float32") -> List[str]:
     """Writes the layer files into out_dir (created if needed), the cached forward's caches
     holding kv_dtype; returns their paths.
-    Raises ValueError for an arch the vendored layer does not cover or whose name would
-    take the runtime's C names, OSError on I/O."""
+    Raises ValueError for an arch the vendored layer does not cover, whose name would
+    take the runtime's or another layer's C names, or when out_dir holds another layer's
+    manifest; OSError on I/O."""
     taken = runtime_names.collision(arch.sanitized_name)
     if taken:
         raise ValueError(f"the layer's C names would be sneppx_{arch.sanitized_name}_*, as the runtime's "
@@ -310,6 +326,7 @@ def generate(arch: Arch, out_dir: str, target: Target, flash: bool, kv_dtype: st
         raise ValueError(f"the layer's C names would be sneppx_{arch.sanitized_name}_*: {clash}: choose another "
                          "name (--name)")
     source, header = render_layer(p)
+    _check_manifest_is_ours(os.path.join(out_dir, "manifest.json"), p.name)
     os.makedirs(out_dir, exist_ok=True)
     files = {
         f"{p.name}.c": source,
