@@ -14,7 +14,7 @@ import numpy as np
 from . import _structs as S
 from ._hf import c_count
 from ._library import lib
-from .errors import check
+from .errors import InvalidArgumentError, check
 
 # Mirrors of the public structs (tests/python/test_config_fields.py pins them to the
 # header's layout). Options carry struct_size = sizeof the mirror, so fields the C
@@ -106,7 +106,15 @@ class KVCache:
         options.max_sequence_tokens = max_tokens
         options.dtype = dtype_value
         handle = ctypes.c_void_p()
-        check(lib.sneppx_kv_cache_create(ctypes.byref(config), ctypes.byref(options), ctypes.byref(handle)))
+        try:
+            check(lib.sneppx_kv_cache_create(ctypes.byref(config), ctypes.byref(options), ctypes.byref(handle)))
+        except InvalidArgumentError as error:
+            if "options.capacity_tokens" not in str(error):
+                raise
+            # The caller gave batch and max_tokens, not the pool's size they make.
+            raise InvalidArgumentError(f"max_tokens: {batch} rows of {max_tokens} tokens make a pool of "
+                                       f"{options.capacity_tokens} tokens (pages of {page_size}, a spare page per "
+                                       f"row), beyond what a cache holds ({error})") from None
         self._handle = handle.value
         self._config = config
         self._lock = threading.RLock()

@@ -476,6 +476,9 @@ def test_kv_cache_integers_beyond_int64_are_refused(cfg, x):
             cache.layer_lengths(value)
         with pytest.raises(TypeError, match="^layer_idx: expected an integer"):
             cfg.forward_mha(x[:, :1], past_key_value=cache, layer_idx=value)
+    # the pool batch and max_tokens make is named by them, not by the C field they fill
+    with pytest.raises(ValueError, match=r"^max_tokens: 2 rows of 2147483648 tokens make a pool of \d+ tokens"):
+        cfg.kv_cache(2, max_tokens=2 ** 31)
     # an end far past the row is refused by C, naming it, before anything is allocated for it
     with pytest.raises(ValueError, match=r"begin, end: \[0, 1000000000000\) is not within"):
         cache.read(0, end=10 ** 12)
