@@ -619,17 +619,59 @@ static int table_reserve(struct sneppx_kv_sequence *seq, int64_t pages)
     return 1;
 }
 
-/* Pages of seq's table that appending q_len tokens at `layer` writes into and
- * that it shares with a fork: [*first, held) are checked. */
-static int64_t shared_pages_written(const sneppx_kv_cache *cache, const struct sneppx_kv_sequence *seq,
-                                    int64_t layer, int64_t q_len)
+/* The held pages of seq's table that appending q_len tokens at `layer` writes
+ * into: [*begin, *end). */
+static void written_pages(const sneppx_kv_cache *cache, const struct sneppx_kv_sequence *seq, int64_t layer,
+                          int64_t q_len, int64_t *begin, int64_t *end)
 {
-    const int64_t begin = (seq->lengths[layer] >> cache->page_shift) - seq->released;
-    const int64_t end = pages_for(cache, seq->lengths[layer] + q_len) - seq->released;
-    int64_t shared = 0;
-    for (int64_t i = begin; i < end && i < seq->held; i++)
-        shared += cache->refcount[seq->pages[i]] > 1;
-    return shared;
+    const int64_t covered = pages_for(cache, seq->lengths[layer] + q_len) - seq->released;
+    *begin = (seq->lengths[layer] >> cache->page_shift) - seq->released;
+    *end = covered < seq->held ? covered : seq->held;
+}
+
+/* Whether the call's sequence i writes `page` in place although others hold it too:
+ * when every holder of the page writes into it in this call, the others copy it (all
+ * copies are made here, before any kernel writes) and the last of them in the call
+ * keeps the page, so forks that decode side by side (a beam) take one page less each
+ * step. Their tokens in the page are one prefix (a sharer that had written into it
+ * would have copied it then), and every write lands past it, so what a refused call's
+ * undo gives back to the others is still theirs. */
+static int keeps_shared_page(const sneppx_kv_cache *cache, int64_t layer, int64_t n_seqs,
+                             struct sneppx_kv_sequence *const *seqs, const int64_t *q_lens, int64_t i, int32_t page)
+{
+    int64_t writers = 0;
+    for (int64_t j = 0; j < n_seqs; j++) {
+        int64_t begin, end;
+        written_pages(cache, seqs[j], layer, q_lens[j], &begin, &end);
+        for (int64_t p = begin; p < end; p++) {
+            if (seqs[j]->pages[p] != page)
+                continue;
+            if (j > i)
+                return 0; /* a later writer keeps it */
+            writers++;
+        }
+    }
+    return writers == cache->refcount[page];
+}
+
+/* Marks, in seq's replaced[] over the pages it writes, which shared ones it must copy
+ * (COPY_PAGE) and which not (-1: its own, or kept by keeps_shared_page); returns the
+ * copies. Before any sequence of the call copies, so that every decision sees the same
+ * tables. */
+enum { COPY_PAGE = -2 };
+static int64_t plan_copies(const sneppx_kv_cache *cache, int64_t layer, int64_t n_seqs,
+                           struct sneppx_kv_sequence *const *seqs, const int64_t *q_lens, int64_t i)
+{
+    struct sneppx_kv_sequence *seq = seqs[i];
+    int64_t begin, end, copies = 0;
+    written_pages(cache, seq, layer, q_lens[i], &begin, &end);
+    for (int64_t p = begin; p < end; p++) {
+        const int32_t page = seq->pages[p];
+        const int copy = cache->refcount[page] > 1 && !keeps_shared_page(cache, layer, n_seqs, seqs, q_lens, i, page);
+        seq->replaced[p] = copy ? COPY_PAGE : -1;
+        copies += copy;
+    }
+    return copies;
 }
 
 sneppx_status sneppx_kv_call_reserve(sneppx_kv_cache *cache, int64_t layer, int64_t n_seqs,
@@ -637,12 +679,17 @@ sneppx_status sneppx_kv_call_reserve(sneppx_kv_cache *cache, int64_t layer, int6
 {
     pthread_mutex_lock(&cache->lock);
     sneppx_status status = SNEPPX_OK;
+    /* Tables first (growing them changes nothing else): plan_copies marks replaced[]. */
+    for (int64_t i = 0; i < n_seqs && status == SNEPPX_OK; i++)
+        if (!table_reserve(seqs[i], pages_for(cache, seqs[i]->lengths[layer] + q_lens[i]) - seqs[i]->released))
+            status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "cache: out of memory for the page table of sequence %lld",
+                                 (long long)seqs[i]->id);
     int64_t needed_total = 0;
     for (int64_t i = 0; i < n_seqs && status == SNEPPX_OK; i++) {
         const struct sneppx_kv_sequence *seq = seqs[i];
         const int64_t covered = pages_for(cache, seq->lengths[layer] + q_lens[i]) - seq->released;
         const int64_t fresh = covered > seq->held ? covered - seq->held : 0;
-        const int64_t needed = fresh + shared_pages_written(cache, seq, layer, q_lens[i]);
+        const int64_t needed = fresh + plan_copies(cache, layer, n_seqs, seqs, q_lens, i);
         needed_total += needed;
         if (needed_total > cache->free_count)
             status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY,
@@ -652,10 +699,6 @@ sneppx_status sneppx_kv_call_reserve(sneppx_kv_cache *cache, int64_t layer, int6
                                  (long long)seq->id, (long long)i, (long long)needed,
                                  (long long)(cache->free_count - (needed_total - needed)), (long long)cache->page_count);
     }
-    for (int64_t i = 0; i < n_seqs && status == SNEPPX_OK; i++)
-        if (!table_reserve(seqs[i], pages_for(cache, seqs[i]->lengths[layer] + q_lens[i]) - seqs[i]->released))
-            status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "cache: out of memory for the page table of sequence %lld",
-                                 (long long)seqs[i]->id);
     /* Every page is available: take them. Nothing fails from here. */
     for (int64_t i = 0; i < n_seqs && status == SNEPPX_OK; i++) {
         struct sneppx_kv_sequence *seq = seqs[i];
@@ -665,9 +708,8 @@ sneppx_status sneppx_kv_call_reserve(sneppx_kv_cache *cache, int64_t layer, int6
         seq->copied_end = covered < seq->held ? covered : seq->held;
         for (int64_t p = seq->copied_begin; p < seq->copied_end; p++) {
             const int32_t shared = seq->pages[p];
-            seq->replaced[p] = -1;
-            if (cache->refcount[shared] == 1)
-                continue;
+            if (seq->replaced[p] != COPY_PAGE)
+                continue; /* its own page, or a shared one it keeps */
             /* Copy-on-write, whole page (every layer): under the lock, so that no
              * other sharer, once it holds the page alone, writes while we read.
              * Our reference to the shared page stays until the call ends. */

@@ -9,6 +9,8 @@
  *     lengths, then decode and chunks mixed) == each sequence alone;
  *   - fork (the child continues as a sequence with the parent's prefix would,
  *     the parent as if never forked), truncate then re-append == never appended;
+ *     a parent and two forks stepping into their shared page in one call, in a
+ *     pool with room for two copies (the last keeps the page);
  *   - position_ids with an offset; an explicit mask per sequence;
  *   - flash and SDPA; two layers sharing one cache;
  *   - under a window the pool does not grow with the sequence;
@@ -477,6 +479,68 @@ done:
 }
 
 /* SDPA instead of flash, same chunks. */
+/* A beam: a parent and two forks decode in one call, each writing its next token into
+ * the page they share. The pool has room for two more pages: the first two copy the
+ * shared page, the last keeps it (it used to copy too, and the call was refused as
+ * "pool full" though the copies free the page at the call's end). Each row must be
+ * what its own sequence gives. */
+static void test_beam(const model *m, uint64_t seed)
+{
+    enum { BEAMS = 3 };
+    const int64_t P = 22, T = P + 1, page = 4; /* the prompt ends inside page 5 (tokens 20..23) */
+    const int64_t prompt_pages = (P + page - 1) / page;
+    float *x[BEAMS] = {0}, *want[BEAMS] = {0}, *got = malloc((size_t)(T * HIDDEN) * sizeof *got);
+    float *step_x = malloc((size_t)(BEAMS * HIDDEN) * sizeof *step_x);
+    float *step_out = malloc((size_t)(BEAMS * HIDDEN) * sizeof *step_out);
+    sneppx_kv_cache *cache = cache_make(m, (prompt_pages + BEAMS - 1) * page, page, 1);
+    int ok = got && step_x && step_out && cache;
+    for (int b = 0; b < BEAMS && ok; b++) {
+        x[b] = random_floats(T * HIDDEN, seed + (uint64_t)b);
+        want[b] = malloc((size_t)(T * HIDDEN) * sizeof(float));
+        ok = x[b] && want[b];
+        if (ok) {
+            memcpy(x[b], x[0], (size_t)(P * HIDDEN) * sizeof(float)); /* one prompt, three next tokens */
+            full_forward(m, T, x[b], NULL, NULL, want[b]);
+        }
+    }
+    int64_t ids[BEAMS] = {-1, -1, -1};
+    if (ok) {
+        ids[0] = add_sequence(cache);
+        ok = feed(m, cache, 0, ids[0], x[0], NULL, NULL, T, 0, P, got);
+    }
+    for (int b = 1; b < BEAMS && ok; b++)
+        ok = TEST_CHECK(&tally, sneppx_kv_cache_fork(cache, ids[0], &ids[b]) == SNEPPX_OK, "%s: fork: %s", m->name,
+                        sneppx_last_error());
+    if (ok) {
+        const int64_t q_lens[BEAMS] = {1, 1, 1};
+        sneppx_kv_cache_stats before, after;
+        sneppx_kv_cache_stats_get(cache, &before);
+        for (int b = 0; b < BEAMS; b++)
+            memcpy(step_x + b * HIDDEN, x[b] + P * HIDDEN, (size_t)HIDDEN * sizeof(float));
+        sneppx_status status = sneppx_layer_forward_cached(m->layer, cache, 0, BEAMS, ids, q_lens, step_x, NULL,
+                                                           NULL, step_out);
+        ok = TEST_CHECK(&tally, status == SNEPPX_OK, "%s: %d forks' step into their shared page, 2 pages free: %s",
+                        m->name, BEAMS, sneppx_last_error());
+        sneppx_kv_cache_stats_get(cache, &after);
+        TEST_CHECK(&tally, !ok || after.free_pages == before.free_pages - (BEAMS - 1),
+                   "%s: beam step: %lld pages free after it, want %lld", m->name, (long long)after.free_pages,
+                   (long long)(before.free_pages - (BEAMS - 1)));
+        for (int b = 0; b < BEAMS && ok; b++) {
+            const double error = max_normalized(step_out + b * HIDDEN, want[b] + P * HIDDEN, HIDDEN);
+            TEST_CHECK(&tally, error <= CACHE_FREE_MAX, "%s: beam %d's token: %.3g from its own sequence (limit %g)",
+                       m->name, b, error, CACHE_FREE_MAX);
+        }
+    }
+    for (int b = 0; b < BEAMS; b++) {
+        free(x[b]);
+        free(want[b]);
+    }
+    free(got);
+    free(step_x);
+    free(step_out);
+    sneppx_kv_cache_destroy(cache);
+}
+
 static void test_sdpa(model *m, uint64_t seed)
 {
     const int64_t T = 50;
@@ -684,6 +748,7 @@ int main(void)
             if (i == 1 || i == 4 || i == 6) {
                 test_ragged(&m, 20 * (uint64_t)i);
                 test_fork_truncate(&m, 30 * (uint64_t)i);
+                test_beam(&m, 35 * (uint64_t)i);
                 test_explicit_mask(&m, 40, 40 * (uint64_t)i);
                 test_sdpa(&m, 50 * (uint64_t)i);
             }

@@ -104,7 +104,9 @@ SNEPPX_API sneppx_status sneppx_kv_cache_remove_sequence(sneppx_kv_cache *cache,
 
 /* A new sequence that continues from seq_id as it is now (every layer's
  * length): it shares all of the parent's pages; the first append into a
- * shared page copies that page for the one appending (copy-on-write). */
+ * shared page copies that page for the one appending (copy-on-write). When
+ * every sequence sharing a page appends into it in one forward call (a beam
+ * decoding), all but the last copy it and the last keeps it. */
 SNEPPX_API sneppx_status sneppx_kv_cache_fork(sneppx_kv_cache *cache, int64_t seq_id, int64_t *child_id);
 
 /* Drops the tokens from index `length` on, in every layer (a layer already
