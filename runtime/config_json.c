@@ -443,8 +443,9 @@ static sneppx_status parse_json(const char *json_text, size_t length, cJSON **ro
     cJSON *parsed = bad_text < length ? NULL : cJSON_ParseWithLengthOpts(text, length, &end, 0);
     sneppx_status status = SNEPPX_OK;
     if (bad_text < length) {
-        status = sneppx_fail(SNEPPX_ERR_FORMAT, "json_text: not valid JSON, or a NUL in a string (at byte %zu: a NUL, "
-                             "a \\u escape that is not four hex digits, or \\u0000)", bad_text);
+        status = sneppx_fail(SNEPPX_ERR_FORMAT,
+                             "json_text: not valid JSON, or a NUL in a string (at byte %zu: " SNEPPX_JSON_BAD_TEXT ")",
+                             bad_text);
     } else if (!parsed) {
         status = sneppx_fail(SNEPPX_ERR_FORMAT, "json_text: not valid JSON (at byte %zu)",
                              end && end >= text ? (size_t)(end - text) : (size_t)0);

@@ -447,17 +447,20 @@ static uint64_t linked_address(const char *symbol, void *unused)
 
 sneppx_status sneppx_jit_link_object(const struct sneppx_kernel_family *family, const char *key,
                                      const void *object, size_t object_size,
-                                     sneppx_kernel_fn entry[SNEPPX_ENTRY_COUNT])
+                                     sneppx_kernel_fn entry[SNEPPX_ENTRY_COUNT], int *object_at_fault)
 {
     for (int i = 0; i < SNEPPX_ENTRY_COUNT; i++)
         entry[i] = NULL;
+    *object_at_fault = 0;
     sneppx_status status = get_jit(key);
     if (status != SNEPPX_OK)
         return status;
     struct sneppx_object_span objects[SNEPPX_BUNDLE_MAX_OBJECTS];
     int object_count = 0;
-    if ((status = sneppx_bundle_unpack(object, object_size, key, objects, &object_count)) != SNEPPX_OK)
+    if ((status = sneppx_bundle_unpack(object, object_size, key, objects, &object_count)) != SNEPPX_OK) {
+        *object_at_fault = 1;
         return status;
+    }
     pthread_mutex_lock(&jit_lock);
     LLVMOrcResourceTrackerRef tracker = LLVMOrcJITDylibCreateResourceTracker(LLVMOrcLLJITGetMainJITDylib(jit));
     for (int i = 0; status == SNEPPX_OK && i < object_count; i++) {
@@ -466,8 +469,10 @@ sneppx_status sneppx_jit_link_object(const struct sneppx_kernel_family *family, 
         LLVMMemoryBufferRef buffer =
             LLVMCreateMemoryBufferWithMemoryRangeCopy(objects[i].data, objects[i].size, name);
         LLVMErrorRef error = LLVMOrcLLJITAddObjectFileWithRT(jit, tracker, buffer); /* takes the buffer */
-        if (error)
+        if (error) {
             status = fail_llvm(error, "adding the object", key);
+            *object_at_fault = 1;
+        }
     }
     for (int i = 0; status == SNEPPX_OK && i < family->entry_count; i++) {
         char symbol[SNEPPX_KEY_MAX + 64];
@@ -475,8 +480,10 @@ sneppx_status sneppx_jit_link_object(const struct sneppx_kernel_family *family, 
         LLVMOrcExecutorAddress address = 0;
         /* The first lookup links the objects: unresolved symbols fail here. */
         LLVMErrorRef error = LLVMOrcLLJITLookup(jit, &address, symbol);
-        if (error)
+        if (error) {
             status = fail_llvm(error, "linking", key);
+            *object_at_fault = 1;
+        }
         entry[i] = (sneppx_kernel_fn)(uintptr_t)address;
     }
     if (status == SNEPPX_OK) {

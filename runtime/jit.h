@@ -50,10 +50,12 @@ void sneppx_jit_prepare(void);
 /* Links the object bundle made by sneppx_jit_compile_object for key into
  * the process JIT (a bundle that does not parse is refused) and writes the
  * address of each entry of family to entry[] (unused slots NULL). The code
- * lives until process exit. Thread-safe. */
+ * lives until process exit. *object_at_fault says whether a failure was the
+ * bytes' (they do not unpack, load or link) rather than the process's (no JIT,
+ * no memory). Thread-safe. */
 sneppx_status sneppx_jit_link_object(const struct sneppx_kernel_family *family, const char *key,
                                      const void *object, size_t object_size,
-                                     sneppx_kernel_fn entry[SNEPPX_ENTRY_COUNT]);
+                                     sneppx_kernel_fn entry[SNEPPX_ENTRY_COUNT], int *object_at_fault);
 
 /* Tests only: removes every linked object from the JIT, so the same keys can
  * be linked again. Every entry address handed out before becomes invalid.

@@ -13,4 +13,7 @@
  * a different key). length when there is none. */
 size_t sneppx_json_bad_text(const char *text, size_t length);
 
+/* What sneppx_json_bad_text finds, for the messages that name its offset. */
+#define SNEPPX_JSON_BAD_TEXT "a NUL, a \\u escape that is not four hex digits, or \\u0000"
+
 #endif

@@ -193,15 +193,16 @@ static sneppx_status build_kernel(const struct sneppx_kernel_family *family, con
     double start = now_ms();
     sneppx_status status = obtain_object(family, values, target, key, 0, &object, &object_size, timing, &events);
     double link_start = now_ms();
+    int object_at_fault = 0;
     if (status == SNEPPX_OK) {
-        status = sneppx_jit_link_object(family, key, object, object_size, kernel->entry);
+        status = sneppx_jit_link_object(family, key, object, object_size, kernel->entry, &object_at_fault);
         free(object);
         object = NULL;
     }
     /* An entry that verified (its hash, fingerprint and size) but does not unpack or link
      * was written by something else than this build's store: a rejected entry, rebuilt
      * and replaced, not a key that fails in every process until a clear. */
-    if (status != SNEPPX_OK && timing->source == SNEPPX_KERNEL_SOURCE_DISK) {
+    if (status != SNEPPX_OK && object_at_fault && timing->source == SNEPPX_KERNEL_SOURCE_DISK) {
         char reason[512];
         snprintf(reason, sizeof reason, "%s", sneppx_last_error());
         events.rejects = 1;
@@ -213,7 +214,7 @@ static sneppx_status build_kernel(const struct sneppx_kernel_family *family, con
             status = obtain_object(family, values, target, key, 1, &object, &object_size, timing, &events);
             link_start = now_ms();
             if (status == SNEPPX_OK) {
-                status = sneppx_jit_link_object(family, key, object, object_size, kernel->entry);
+                status = sneppx_jit_link_object(family, key, object, object_size, kernel->entry, &object_at_fault);
                 free(object);
             }
         }

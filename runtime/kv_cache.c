@@ -147,8 +147,10 @@ sneppx_status sneppx_kv_cache_create(const sneppx_config *config, const sneppx_k
     /* Untouched pages cost no memory until first written. */
     cache->pool = sneppx_alloc_big((size_t)(pages * page_bytes));
     cache->refcount = calloc((size_t)pages, sizeof *cache->refcount);
+    cache->call_writers = calloc((size_t)pages, sizeof *cache->call_writers);
+    cache->call_last_writer = calloc((size_t)pages, sizeof *cache->call_last_writer);
     cache->free_pages = malloc((size_t)pages * sizeof *cache->free_pages);
-    if (!cache->pool || !cache->refcount || !cache->free_pages) {
+    if (!cache->pool || !cache->refcount || !cache->call_writers || !cache->call_last_writer || !cache->free_pages) {
         sneppx_kv_cache_destroy(cache);
         return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY,
                            "options.capacity_tokens: cannot allocate %lld pages of %lld bytes (%lld tokens x %lld layers)",
@@ -183,6 +185,8 @@ void sneppx_kv_cache_destroy(sneppx_kv_cache *cache)
     free(cache->generations);
     free(cache->pool);
     free(cache->refcount);
+    free(cache->call_writers);
+    free(cache->call_last_writer);
     free(cache->free_pages);
     pthread_mutex_destroy(&cache->lock);
     free(cache);
@@ -252,8 +256,8 @@ static sneppx_status sequence_insert(sneppx_kv_cache *cache, struct sneppx_kv_se
         slot++;
     if (slot == cache->slot_count) {
         if (slot == ((int64_t)1 << SNEPPX_KV_SLOT_BITS) - 1)
-            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s: the cache's 2^32 - 1 sequence slots are all live or retired",
-                               what);
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "%s: the cache's 2^32 - 1 sequence slots are all live or retired", what);
         if (slot == cache->slot_capacity) {
             const int64_t capacity = cache->slot_capacity ? 2 * cache->slot_capacity : 16;
             struct sneppx_kv_sequence **slots = realloc(cache->slots, (size_t)capacity * sizeof *slots);
@@ -629,45 +633,47 @@ static void written_pages(const sneppx_kv_cache *cache, const struct sneppx_kv_s
     *end = covered < seq->held ? covered : seq->held;
 }
 
-/* Whether the call's sequence i writes `page` in place although others hold it too:
- * when every holder of the page writes into it in this call, the others copy it (all
- * copies are made here, before any kernel writes) and the last of them in the call
- * keeps the page, so forks that decode side by side (a beam) take one page less each
- * step. Their tokens in the page are one prefix (a sharer that had written into it
- * would have copied it then), and every write lands past it, so what a refused call's
- * undo gives back to the others is still theirs. */
-static int keeps_shared_page(const sneppx_kv_cache *cache, int64_t layer, int64_t n_seqs,
-                             struct sneppx_kv_sequence *const *seqs, const int64_t *q_lens, int64_t i, int32_t page)
+/* Counts, per shared page the call's sequences write into, its writers and the last
+ * of them (call_writers, call_last_writer): one pass, so that a call of many forks of
+ * one page (a wide beam, parallel samples) decides in linear time under the lock. */
+static void count_shared_writers(sneppx_kv_cache *cache, int64_t layer, int64_t n_seqs,
+                                 struct sneppx_kv_sequence *const *seqs, const int64_t *q_lens)
 {
-    int64_t writers = 0;
-    for (int64_t j = 0; j < n_seqs; j++) {
-        int64_t begin, end;
-        written_pages(cache, seqs[j], layer, q_lens[j], &begin, &end);
-        for (int64_t p = begin; p < end; p++) {
-            if (seqs[j]->pages[p] != page)
-                continue;
-            if (j > i)
-                return 0; /* a later writer keeps it */
-            writers++;
+    for (int pass = 0; pass < 2; pass++)
+        for (int64_t i = 0; i < n_seqs; i++) {
+            int64_t begin, end;
+            written_pages(cache, seqs[i], layer, q_lens[i], &begin, &end);
+            for (int64_t p = begin; p < end; p++) {
+                const int32_t page = seqs[i]->pages[p];
+                if (cache->refcount[page] <= 1)
+                    continue;
+                if (pass == 0) {
+                    cache->call_writers[page] = 0;
+                } else {
+                    cache->call_writers[page]++;
+                    cache->call_last_writer[page] = i;
+                }
+            }
         }
-    }
-    return writers == cache->refcount[page];
 }
 
-/* Marks, in seq's replaced[] over the pages it writes, which shared ones it must copy
- * (COPY_PAGE) and which not (-1: its own, or kept by keeps_shared_page); returns the
- * copies. Before any sequence of the call copies, so that every decision sees the same
- * tables. */
+/* Marks, in the call's sequence i's replaced[] over the pages it writes, which shared
+ * ones it copies (COPY_PAGE) and which not (-1): its own pages, and a shared page that
+ * every holder writes in this call when i is the last of them, which keeps it (a beam's
+ * forks decoding side by side take one page less each, step by step); returns the
+ * copies. All before any sequence of the call copies, so every decision sees the same
+ * tables (count_shared_writers first). */
 enum { COPY_PAGE = -2 };
-static int64_t plan_copies(const sneppx_kv_cache *cache, int64_t layer, int64_t n_seqs,
-                           struct sneppx_kv_sequence *const *seqs, const int64_t *q_lens, int64_t i)
+static int64_t plan_copies(const sneppx_kv_cache *cache, int64_t layer, struct sneppx_kv_sequence *const *seqs,
+                           const int64_t *q_lens, int64_t i)
 {
     struct sneppx_kv_sequence *seq = seqs[i];
     int64_t begin, end, copies = 0;
     written_pages(cache, seq, layer, q_lens[i], &begin, &end);
     for (int64_t p = begin; p < end; p++) {
         const int32_t page = seq->pages[p];
-        const int copy = cache->refcount[page] > 1 && !keeps_shared_page(cache, layer, n_seqs, seqs, q_lens, i, page);
+        const int keeps = cache->call_writers[page] == cache->refcount[page] && cache->call_last_writer[page] == i;
+        const int copy = cache->refcount[page] > 1 && !keeps;
         seq->replaced[p] = copy ? COPY_PAGE : -1;
         copies += copy;
     }
@@ -684,12 +690,14 @@ sneppx_status sneppx_kv_call_reserve(sneppx_kv_cache *cache, int64_t layer, int6
         if (!table_reserve(seqs[i], pages_for(cache, seqs[i]->lengths[layer] + q_lens[i]) - seqs[i]->released))
             status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "cache: out of memory for the page table of sequence %lld",
                                  (long long)seqs[i]->id);
+    if (status == SNEPPX_OK)
+        count_shared_writers(cache, layer, n_seqs, seqs, q_lens);
     int64_t needed_total = 0;
     for (int64_t i = 0; i < n_seqs && status == SNEPPX_OK; i++) {
         const struct sneppx_kv_sequence *seq = seqs[i];
         const int64_t covered = pages_for(cache, seq->lengths[layer] + q_lens[i]) - seq->released;
         const int64_t fresh = covered > seq->held ? covered - seq->held : 0;
-        const int64_t needed = fresh + plan_copies(cache, layer, n_seqs, seqs, q_lens, i);
+        const int64_t needed = fresh + plan_copies(cache, layer, seqs, q_lens, i);
         needed_total += needed;
         if (needed_total > cache->free_count)
             status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY,

@@ -18,8 +18,13 @@
  *
  * Sequence: pages[0 .. held) hold tokens [released * page_size, ...): the first
  * `released` pages went back to the pool (sliding window). A page shared by
- * forks has refcount > 1 and is never written: the sequence that appends to
- * it first gets a copy (copy-on-write). The pool's mutex guards the free list,
+ * forks has refcount > 1; a sequence that appends into it gets a copy
+ * (copy-on-write), except that when every holder appends into it in one call,
+ * the last of them keeps it once the others have copied it (the copies are
+ * made under the lock, before any kernel of the call writes; the shared page's
+ * other references end with the call). A call that ends without appending
+ * (its undo) ends before any kernel wrote, so what it gives back is as it was.
+ * The pool's mutex guards the free list,
  * the refcounts and the sequence table; a sequence's own fields change only
  * in calls that name it, which sneppx_kv_call_begin keeps to one at a time. */
 #ifndef SNEPPX_RUNTIME_KV_CACHE_INTERNAL_H
@@ -40,7 +45,8 @@ struct sneppx_kv_sequence {
     /* What the call's reserve changed, so that a call ended without appending
      * (a shard's collective refusal) gives it back: the held count when the
      * call began, and the shared pages its copies replaced in [copied_begin,
-     * copied_end), replaced[p] (-1: none), still referenced until the end. */
+     * copied_end), replaced[p] (-1: none), still referenced until the end.
+     * Between its copy plan and its copies, replaced[p] is COPY_PAGE (kv_cache.c). */
     int64_t call_held, copied_begin, copied_end;
     int32_t *replaced;         /* [capacity] */
 };
@@ -67,6 +73,10 @@ struct sneppx_kv_cache {
     int32_t page_count;
     int64_t table_pages;        /* a new sequence's page table entries */
     int32_t *refcount;          /* [page_count], 0 = free */
+    /* A call's reserve, per shared page it writes (under the lock): how many of the
+     * call's sequences write it, and the last of them (sneppx_kv_call_reserve). */
+    int32_t *call_writers;      /* [page_count] */
+    int64_t *call_last_writer;  /* [page_count] */
     int32_t *free_pages;        /* stack of free page indices */
     int32_t free_count;
 

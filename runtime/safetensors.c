@@ -202,8 +202,8 @@ static sneppx_status parse_header(sneppx_safetensors *file, const char *header, 
 {
     const size_t bad_text = sneppx_json_bad_text(header, header_size);
     if (bad_text < header_size)
-        return sneppx_fail(SNEPPX_ERR_FORMAT, "%s: header byte %zu: a NUL or a \\u escape that is not four hex "
-                           "digits, or is \\u0000 (it would cut a tensor's name short)", file->path, bad_text);
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "%s: header byte %zu: " SNEPPX_JSON_BAD_TEXT
+                           " (it would cut a tensor's name short)", file->path, bad_text);
     const char *parse_end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(header, header_size, &parse_end, 0);
     if (!root || !cJSON_IsObject(root)) {

@@ -333,10 +333,10 @@ static sneppx_status scan_index(struct loader *loader, const char *index_path)
     char *text = read_small_file(index_path, &size, &status);
     if (!text)
         return status;
-    if (sneppx_json_bad_text(text, size) < size) {
-        status = sneppx_fail(SNEPPX_ERR_FORMAT, "%s: byte %zu: a NUL or a \\u escape that is not four hex digits, or "
-                             "is \\u0000 (it would cut a tensor's name short)", index_path,
-                             sneppx_json_bad_text(text, size));
+    const size_t bad_text = sneppx_json_bad_text(text, size);
+    if (bad_text < size) {
+        status = sneppx_fail(SNEPPX_ERR_FORMAT, "%s: byte %zu: " SNEPPX_JSON_BAD_TEXT
+                             " (it would cut a tensor's name short)", index_path, bad_text);
         free(text);
         return status;
     }

@@ -203,7 +203,8 @@ static void test_random_products(const struct sneppx_target *target)
                         for (int64_t i = 0; i < k; i++)
                             want += (double)bf16_round(src[r * k + i]) * (double)bf16_round(hf[c * k + i]);
                         const double err = fabs(out[r * n + c] - want);
-                        max_err = !(err <= max_err) ? err : max_err; /* a NaN sticks; fmax drops it */
+                        if (isnan(err) || err > max_err) /* a NaN sticks (fmax drops it) */
+                            max_err = err;
                         peak = fmax(peak, fabs(want));
                     }
                 TEST_CHECK(&tally, max_err <= 1e-5 * peak, "%s k%lld n%lld %lld rows: max error %.3g of %.3g "

@@ -179,7 +179,9 @@ static void check_key(const char *family_name, const int64_t *values, int expect
                 part_bytes[i] += sizes[1].size[f];
         }
         sneppx_kernel_fn entry[SNEPPX_ENTRY_COUNT];
-        CHECK(sneppx_jit_link_object(family, key, bundle, size, entry) == SNEPPX_OK);
+        int object_at_fault = -1;
+        CHECK(sneppx_jit_link_object(family, key, bundle, size, entry, &object_at_fault) == SNEPPX_OK &&
+              object_at_fault == 0);
         for (int i = 0; i < family->entry_count; i++)
             CHECK(entry[i] != NULL);
         sneppx_jit_unlink_all_for_testing(); /* the other compile defines the same entries */

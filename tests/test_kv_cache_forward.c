@@ -478,12 +478,11 @@ done:
     sneppx_kv_cache_destroy(cache);
 }
 
-/* SDPA instead of flash, same chunks. */
 /* A beam: a parent and two forks decode in one call, each writing its next token into
- * the page they share. The pool has room for two more pages: the first two copy the
- * shared page, the last keeps it (it used to copy too, and the call was refused as
- * "pool full" though the copies free the page at the call's end). Each row must be
- * what its own sequence gives. */
+ * the page they share. The pool has room for two more pages, as many as the copies:
+ * the first two copy the shared page and the last keeps it, so the call is no "pool
+ * full" (were the last to copy too, it would be). Each row must be what its own
+ * sequence gives. */
 static void test_beam(const model *m, uint64_t seed)
 {
     enum { BEAMS = 3 };
@@ -541,6 +540,7 @@ static void test_beam(const model *m, uint64_t seed)
     sneppx_kv_cache_destroy(cache);
 }
 
+/* SDPA instead of flash, same chunks. */
 static void test_sdpa(model *m, uint64_t seed)
 {
     const int64_t T = 50;

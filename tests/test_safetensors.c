@@ -190,9 +190,9 @@ static void test_malformed_headers(void)
     /* cJSON ends a name at the NUL an escape decodes to: "real\u0000.bak" (and the invalid
      * "real\u00zz") opened as a tensor 'real'. A raw NUL byte is refused too. */
     expect_open_error("{\"real\\u0000.bak\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
-                      SNEPPX_ERR_FORMAT, "header byte 6: a NUL or a \\u escape");
+                      SNEPPX_ERR_FORMAT, "header byte 6: a NUL, a \\u escape");
     expect_open_error("{\"real\\u00zz\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
-                      SNEPPX_ERR_FORMAT, "header byte 6: a NUL or a \\u escape");
+                      SNEPPX_ERR_FORMAT, "header byte 6: a NUL, a \\u escape");
     expect_open_error("{\"real\\u00", SNEPPX_ERR_FORMAT, "header byte 6");
     static const unsigned char zeros[64];
     const char *path = temp_path("nul.safetensors");

@@ -438,7 +438,6 @@ static void test_single_file_and_errors(void)
     sneppx_attn_weights_free(NULL);
 }
 
-/* MLA names round-trip (DeepSeek-V2 layout, scaled down) in BF16. */
 /* A multimodal checkpoint: a vision tower's encoder layers carry self_attn tensors too
  * (another prefix, other names and shapes), listed before the language model's. The
  * layer's are the one prefix that holds all the config needs; two such are ambiguous. */
@@ -494,9 +493,10 @@ static void test_index_escapes(void)
     fclose(index);
     sneppx_attn_weights *weights = NULL;
     CHECK_ERROR(sneppx_attn_weights_load(path_in("nul.index.json"), 2, &config, &weights), SNEPPX_ERR_FORMAT,
-                "nul.index.json: byte 55: a NUL or a \\u escape");
+                "nul.index.json: byte 55: a NUL, a \\u escape");
 }
 
+/* MLA names round-trip (DeepSeek-V2 layout, scaled down) in BF16. */
 static void test_mla_checkpoint(void)
 {
     sneppx_config mla = small_config();

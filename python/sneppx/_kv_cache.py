@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 
 from . import _structs as S
-from ._hf import c_count
+from ._hf import INT64_MAX, c_count
 from ._library import lib
 from .errors import InvalidArgumentError, check
 
@@ -100,7 +100,12 @@ class KVCache:
         pages_per_row = -(-max_tokens // page_size)
         # The pool: every row at max_tokens, and one page per row for a fork's
         # copy-on-write of its last page.
-        options.capacity_tokens = batch * (pages_per_row + 1) * page_size
+        capacity = batch * (pages_per_row + 1) * page_size
+        too_large = (f"max_tokens: {batch} rows of {max_tokens} tokens make a pool of {capacity} tokens (pages of "
+                     f"{page_size}, a spare page per row), beyond what a cache holds")
+        if capacity > INT64_MAX:
+            raise InvalidArgumentError(too_large)
+        options.capacity_tokens = capacity
         options.page_size = page_size
         options.num_layers = num_layers
         options.max_sequence_tokens = max_tokens
@@ -112,9 +117,7 @@ class KVCache:
             if "options.capacity_tokens" not in str(error):
                 raise
             # The caller gave batch and max_tokens, not the pool's size they make.
-            raise InvalidArgumentError(f"max_tokens: {batch} rows of {max_tokens} tokens make a pool of "
-                                       f"{options.capacity_tokens} tokens (pages of {page_size}, a spare page per "
-                                       f"row), beyond what a cache holds ({error})") from None
+            raise InvalidArgumentError(f"{too_large} ({error})") from None
         self._handle = handle.value
         self._config = config
         self._lock = threading.RLock()

@@ -479,6 +479,10 @@ def test_kv_cache_integers_beyond_int64_are_refused(cfg, x):
     # the pool batch and max_tokens make is named by them, not by the C field they fill
     with pytest.raises(ValueError, match=r"^max_tokens: 2 rows of 2147483648 tokens make a pool of \d+ tokens"):
         cfg.kv_cache(2, max_tokens=2 ** 31)
+    # a product past int64 would wrap in the C field (to a valid size): refused in Python
+    with pytest.raises(ValueError, match=r"^max_tokens: 4294967296 rows of 4294967296 tokens make a pool of "
+                                         r"\d+ tokens .*beyond what a cache holds$"):
+        cfg.kv_cache(2 ** 32, max_tokens=2 ** 32)
     # an end far past the row is refused by C, naming it, before anything is allocated for it
     with pytest.raises(ValueError, match=r"begin, end: \[0, 1000000000000\) is not within"):
         cache.read(0, end=10 ** 12)
