@@ -491,7 +491,7 @@ static void test_beam(const model *m, uint64_t seed)
     float *x[BEAMS] = {0}, *want[BEAMS] = {0}, *got = malloc((size_t)(T * HIDDEN) * sizeof *got);
     float *step_x = malloc((size_t)(BEAMS * HIDDEN) * sizeof *step_x);
     float *step_out = malloc((size_t)(BEAMS * HIDDEN) * sizeof *step_out);
-    sneppx_kv_cache *cache = cache_make(m, (prompt_pages + BEAMS - 1) * page, page, 1);
+    sneppx_kv_cache *cache = cache_make(m, (prompt_pages + BEAMS - 1) * page, page, 2);
     int ok = got && step_x && step_out && cache;
     for (int b = 0; b < BEAMS && ok; b++) {
         x[b] = random_floats(T * HIDDEN, seed + (uint64_t)b);
@@ -503,10 +503,10 @@ static void test_beam(const model *m, uint64_t seed)
         }
     }
     int64_t ids[BEAMS] = {-1, -1, -1};
-    if (ok) {
+    if (ok)
         ids[0] = add_sequence(cache);
-        ok = feed(m, cache, 0, ids[0], x[0], NULL, NULL, T, 0, P, got);
-    }
+    for (int64_t layer = 0; layer < 2 && ok; layer++) /* a page holds both layers' rows */
+        ok = feed(m, cache, layer, ids[0], x[0], NULL, NULL, T, 0, P, got);
     for (int b = 1; b < BEAMS && ok; b++)
         ok = TEST_CHECK(&tally, sneppx_kv_cache_fork(cache, ids[0], &ids[b]) == SNEPPX_OK, "%s: fork: %s", m->name,
                         sneppx_last_error());
@@ -516,19 +516,23 @@ static void test_beam(const model *m, uint64_t seed)
         sneppx_kv_cache_stats_get(cache, &before);
         for (int b = 0; b < BEAMS; b++)
             memcpy(step_x + b * HIDDEN, x[b] + P * HIDDEN, (size_t)HIDDEN * sizeof(float));
-        sneppx_status status = sneppx_layer_forward_cached(m->layer, cache, 0, BEAMS, ids, q_lens, step_x, NULL,
-                                                           NULL, step_out);
-        ok = TEST_CHECK(&tally, status == SNEPPX_OK, "%s: %d forks' step into their shared page, 2 pages free: %s",
-                        m->name, BEAMS, sneppx_last_error());
+        /* Layer 0's step copies the shared page (whole, both layers' rows) for two of the
+         * three; layer 1's then finds each page its own. */
+        for (int64_t layer = 0; layer < 2 && ok; layer++) {
+            sneppx_status status = sneppx_layer_forward_cached(m->layer, cache, layer, BEAMS, ids, q_lens, step_x,
+                                                               NULL, NULL, step_out);
+            ok = TEST_CHECK(&tally, status == SNEPPX_OK, "%s: %d forks' step into their shared page at layer %lld, "
+                            "2 pages free: %s", m->name, BEAMS, (long long)layer, sneppx_last_error());
+            for (int b = 0; b < BEAMS && ok; b++) {
+                const double error = max_normalized(step_out + b * HIDDEN, want[b] + P * HIDDEN, HIDDEN);
+                TEST_CHECK(&tally, error <= CACHE_FREE_MAX, "%s: layer %lld: beam %d's token: %.3g from its own "
+                           "sequence (limit %g)", m->name, (long long)layer, b, error, CACHE_FREE_MAX);
+            }
+        }
         sneppx_kv_cache_stats_get(cache, &after);
         TEST_CHECK(&tally, !ok || after.free_pages == before.free_pages - (BEAMS - 1),
                    "%s: beam step: %lld pages free after it, want %lld", m->name, (long long)after.free_pages,
                    (long long)(before.free_pages - (BEAMS - 1)));
-        for (int b = 0; b < BEAMS && ok; b++) {
-            const double error = max_normalized(step_out + b * HIDDEN, want[b] + P * HIDDEN, HIDDEN);
-            TEST_CHECK(&tally, error <= CACHE_FREE_MAX, "%s: beam %d's token: %.3g from its own sequence (limit %g)",
-                       m->name, b, error, CACHE_FREE_MAX);
-        }
     }
     for (int b = 0; b < BEAMS; b++) {
         free(x[b]);
