@@ -1,7 +1,12 @@
 """What test_numerics.py (the runtime) and test_aot.py (the vendored layer) both run:
 each architecture family's small stand-in, HF config.json fields (sneppx.LLMConfig's
 keywords, which sneppx-gen's hand configs take too) with the family's features and
-sizes shrunk, and the inputs of each mask / position kind."""
+sizes shrunk, the inputs of each mask / position kind, and a preset's fields as
+gen/archs.json publishes them (the reference's config, not the library's copy)."""
+import json
+from pathlib import Path
+from typing import Any, Dict
+
 import numpy as np
 
 import reference as ref
@@ -43,6 +48,17 @@ FAMILIES = {
 
 
 #: Input kinds of make_inputs.
+ARCHS_JSON = Path(__file__).resolve().parents[2] / "gen" / "archs.json"
+
+
+def preset_config(name: str) -> Dict[str, Any]:
+    """The preset's HF fields straight from gen/archs.json (not through the library)."""
+    for raw in json.loads(ARCHS_JSON.read_text())["presets"]:
+        if f"{raw['family']}-{raw['size']}".lower() == name.lower():
+            return raw
+    raise KeyError(name)
+
+
 MASKS = ["none", "explicit", "left-padding", "irregular", "broadcast"]
 
 

@@ -240,7 +240,9 @@ def mha_forward(config: Any, weights: Mapping[str, np.ndarray], hidden_states: n
     batch, seq_len, _ = x.shape
     positions = _positions(batch, seq_len, position_ids)
     inv_freq, attention_factor = rope_inv_freq(config, int(positions.max()) + 1)
-    interleaved = bool(field(config, "rope_interleaved", False))
+    # DeepSeek-V2's published config has no such field: HF's modeling code pairs its MLA
+    # RoPE dims interleaved always (MODELS.md section 7's table), so that is MLA's default.
+    interleaved = bool(field(config, "rope_interleaved", is_mla(config)))
     visible = visible_keys(batch, seq_len, attention_mask, int(field(config, "sliding_window", 0) or 0))
     if is_mla(config):
         return _mla_forward(config, weights, x, attention_mask, positions, inv_freq, attention_factor,

@@ -26,11 +26,10 @@ import pytest
 
 import reference as ref
 import sneppx
-from families import FAMILIES, make_inputs
+from families import FAMILIES, make_inputs, preset_config
 
 REPO = Path(__file__).resolve().parents[2]
 SNEPPX_GEN = REPO / "gen" / "sneppx-gen"
-ARCHS_JSON = REPO / "gen" / "archs.json"
 CC = shutil.which("cc") or shutil.which("gcc")
 PAIR_MAX_NORMALIZED = 5e-5
 PAIR_RMS_RELATIVE = 1e-5
@@ -143,14 +142,6 @@ def _generate(args: List[str], out_dir: Path, **build) -> AotLayer:
     return AotLayer(out_dir, **build)
 
 
-def _preset_config(name: str) -> Dict[str, Any]:
-    """The preset's HF fields straight from gen/archs.json (not through the library)."""
-    for raw in json.loads(ARCHS_JSON.read_text())["presets"]:
-        if f"{raw['family']}-{raw['size']}".lower() == name.lower():
-            return raw
-    raise KeyError(name)
-
-
 def _jit_config(hf_config: Dict[str, Any]) -> "sneppx.LLMConfig":
     """The same layer through the sneppx package (LLMConfig takes partial_rotary_factor,
     sneppx-gen's --config takes rotary_dim)."""
@@ -210,7 +201,7 @@ def test_hand_config(name, tmp_path, rng):
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset(name, tmp_path, rng):
-    hf_config = _preset_config(name)
+    hf_config = preset_config(name)
     layer = _generate(["--arch", name], tmp_path / "out")
     weights = ref.random_state_dict(hf_config, rng, qkv_bias=bool(hf_config["qkv_bias"]),
                                     o_bias=bool(hf_config["o_bias"]))

@@ -181,10 +181,13 @@ def test_extend_context_keeps_weights_and_scales_theta(rng):
     cfg.extend_context(256)
     d = cfg.rotary_dim
     assert cfg.max_position_embeddings == 256
-    assert cfg.rope_theta == pytest.approx(theta * 4.0 ** (d / (d - 2)), rel=1e-12)
+    want_theta = theta * 4.0 ** (d / (d - 2))   # NTK-aware: base * scale^(d / (d - 2))
+    assert cfg.rope_theta == pytest.approx(want_theta, rel=1e-12)
     assert cfg.weights_source.startswith("state_dict")
-    assert_close(cfg.forward_mha(x, position_ids=positions), ref.mha_forward(cfg, state, x, position_ids=positions),
-                 "after extend_context")
+    # The reference's config is the hand config with the expected theta, not the library's.
+    extended = dict(SMALL["llama3-gqa"], max_position_embeddings=256, rope_theta=want_theta)
+    assert_close(cfg.forward_mha(x, position_ids=positions),
+                 ref.mha_forward(extended, state, x, position_ids=positions), "after extend_context")
 
 
 def test_presets_carry_the_published_values():

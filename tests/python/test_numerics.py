@@ -14,7 +14,7 @@ import pytest
 
 import reference as ref
 import sneppx
-from families import FAMILIES, MASKS, make_inputs
+from families import FAMILIES, MASKS, make_inputs, preset_config
 
 PAIR_MAX_NORMALIZED = 5e-5
 PAIR_RMS_RELATIVE = 1e-5
@@ -71,11 +71,13 @@ def test_kernels_are_the_targets(rng):
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_against_reference(name, rng):
     cfg = sneppx.LLMConfig.from_name(name)
-    weights = ref.random_state_dict(cfg, rng, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
+    # The reference's config is the published one (gen/archs.json), not the library's copy.
+    hf_config = preset_config(name)
+    weights = ref.random_state_dict(hf_config, rng, qkv_bias=bool(hf_config["qkv_bias"]),
+                                    o_bias=bool(hf_config["o_bias"]))
     cfg.load_state_dict(weights)
-    x, mask, positions = make_inputs("left-padding", 2, 6, cfg.hidden_size, cfg.sliding_window or 0, rng)
-    # The LLMConfig itself is the reference's config: it reads HF's attribute names.
-    _check_forward(cfg, cfg, weights, x, mask, positions, name)
+    x, mask, positions = make_inputs("left-padding", 2, 6, cfg.hidden_size, hf_config.get("sliding_window") or 0, rng)
+    _check_forward(cfg, hf_config, weights, x, mask, positions, name)
 
 
 def test_reference_reads_preset_attributes():

@@ -37,7 +37,7 @@ import pytest
 
 import reference as ref
 import sneppx
-from families import FAMILIES, make_inputs
+from families import FAMILIES, make_inputs, preset_config
 from test_aot import CC, PAIR_MAX_NORMALIZED, PAIR_RMS_RELATIVE, SNEPPX_GEN, _assert_close, _generate
 
 WEIGHT_DTYPE_MAX_NORMALIZED = 1e-5
@@ -205,11 +205,13 @@ def test_sneppx_gen_hand_config_weight_dtype(tmp_path):
 def test_int8_presets_match_reference(name, rng):
     """int8 on the presets' shapes (k 4096 and 2048, MLA's absorbed k 128 and 512)."""
     config = sneppx.LLMConfig.from_name(name, weight_dtype="int8")
-    weights = ref.random_state_dict(config, rng, qkv_bias=config.qkv_bias, o_bias=config.o_bias)
+    # The reference's config is the published one (gen/archs.json), not the library's copy.
+    hf_config = preset_config(name)
+    weights = ref.random_state_dict(hf_config, rng, qkv_bias=bool(hf_config["qkv_bias"]),
+                                    o_bias=bool(hf_config["o_bias"]))
     config.load_state_dict(weights)
     x, mask, positions = make_inputs("left-padding", 2, 5, config.hidden_size, 0, rng)
-    # The LLMConfig itself is the reference's config: it reads HF's attribute names.
-    want = ref.mha_forward(config, ref.round_weights(weights, "int8", config), x, mask, positions)
+    want = ref.mha_forward(hf_config, ref.round_weights(weights, "int8", hf_config), x, mask, positions)
     outputs = {}
     for flash in (True, False):
         config.use_flash_attn = flash
