@@ -710,10 +710,8 @@ sneppx_status sneppx_kv_call_reserve(sneppx_kv_cache *cache, int64_t layer, int6
     /* Every page is available: take them. Nothing fails from here. */
     for (int64_t i = 0; i < n_seqs && status == SNEPPX_OK; i++) {
         struct sneppx_kv_sequence *seq = seqs[i];
-        const int64_t begin = (seq->lengths[layer] >> cache->page_shift) - seq->released;
         const int64_t covered = pages_for(cache, seq->lengths[layer] + q_lens[i]) - seq->released;
-        seq->copied_begin = begin;
-        seq->copied_end = covered < seq->held ? covered : seq->held;
+        written_pages(cache, seq, layer, q_lens[i], &seq->copied_begin, &seq->copied_end); /* as plan_copies saw */
         for (int64_t p = seq->copied_begin; p < seq->copied_end; p++) {
             const int32_t shared = seq->pages[p];
             if (seq->replaced[p] != COPY_PAGE)
