@@ -11,6 +11,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 from transformers.cache_utils import Cache
+# Private, and the one place that says whether this forward records attention weights
+# (transformers 5.24, pinned by scripts/venv.sh).
+from transformers.utils.output_capturing import _active_collector
 
 from . import _hf
 from . import _structs as S
@@ -165,6 +168,9 @@ class SneppxAttention(torch.nn.Module):
                                "dropout); call model.eval()")
         if hidden_states.device.type != "cpu":
             raise ValueError(f"{self.layer_name}: hidden_states on {hidden_states.device}; sneppx runs on the CPU")
+        if _attentions_recorded():
+            raise ValueError(f"{self.layer_name}: output_attentions: a sneppx layer computes no attention weights "
+                             "(transformers would return none of them); leave output_attentions unset")
         if cache is None:
             cache = past_key_values
         x = hidden_states.detach().to(torch.float32).numpy()
@@ -187,6 +193,15 @@ class SneppxAttention(torch.nn.Module):
             raise ValueError(f"{self.layer_name}: cache is a {type(cache).__name__} that a sneppx layer cannot "
                              "read or fill; continue from a sneppx.hf.make_cache(model, ...) cache instead")
         seen.add(self.layer_idx)
+
+
+def _attentions_recorded() -> bool:
+    """Whether the running model forward was asked for attention weights (output_attentions,
+    as an argument or in the config). transformers collects them with hooks on its own
+    attention classes, which never fire on a sneppx layer: the model would return an empty
+    tuple instead."""
+    collected = _active_collector.get()
+    return collected is not None and "attentions" in collected
 
 
 def _mask_array(mask: Any) -> Optional[np.ndarray]:

@@ -239,6 +239,32 @@ def test_given_cache_and_refused_strategies():
         patched(ids)
 
 
+def test_output_attentions_is_refused():
+    """transformers collects attention weights by hooking its own attention classes; a
+    sneppx layer computes none, so output_attentions (argument or config) is refused
+    before the first layer stores anything, rather than answered with an empty tuple.
+    Hidden states are still recorded, within 1e-5 of eager's."""
+    eager = build("llama")
+    patched = sneppx.hf.patch(copy.deepcopy(eager))
+    ids, mask = prompts([9])
+    cache = sneppx.hf.make_cache(patched, 1, 16)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="model.layers.0.self_attn: output_attentions"):
+            patched(ids, attention_mask=mask, output_attentions=True, cache=cache)
+        assert cache.kv.lengths == [0]
+        with pytest.raises(ValueError, match="output_attentions"):
+            patched.generate(ids, attention_mask=mask, max_new_tokens=2, output_attentions=True,
+                             return_dict_in_generate=True)
+        patched.config.output_attentions = True
+        with pytest.raises(ValueError, match="output_attentions"):
+            patched(ids, attention_mask=mask, use_cache=False)
+        patched.config.output_attentions = False
+        actual = patched(ids, attention_mask=mask, output_hidden_states=True, use_cache=False).hidden_states
+        expected = eager(ids, attention_mask=mask, output_hidden_states=True, use_cache=False).hidden_states
+    assert len(actual) == len(expected) == 3
+    assert max(normalized_error(a, e) for a, e in zip(actual, expected)) <= TOLERANCE
+
+
 def test_unsupported_is_refused_before_any_change():
     # A Qwen2 with sliding windows on its second layer: sneppx has one window for every layer.
     model = build("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1)
