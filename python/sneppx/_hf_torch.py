@@ -307,6 +307,12 @@ def _hook_generate(model: Any) -> None:
     def prepare_cache(self: Any, generation_config: Any, model_kwargs: Dict[str, Any], generation_mode: Any,
                       batch_size: int, max_cache_length: int) -> None:
         given = model_kwargs.get("cache")
+        if given is None and generation_config.use_cache is False:
+            return None
+        # Before a given cache is used: beam search would fill it with the prompt, then fail.
+        if (generation_config.num_beams or 1) > 1:
+            raise NotImplementedError("num_beams > 1: beam search reorders cache rows, which SneppxCache does "
+                                      "not do; use greedy or sampling decoding (or use_cache=False)")
         if given is not None:
             if not isinstance(given, SneppxCache):
                 raise ValueError(f"cache: a {type(given).__name__} cannot hold a sneppx layer's keys and values; "
@@ -315,14 +321,9 @@ def _hook_generate(model: Any) -> None:
             # model must not call back into the original).
             return type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode,
                                                             batch_size, max_cache_length)
-        if generation_config.use_cache is False:
-            return None
         if generation_config.cache_implementation not in (None, "dynamic"):
             raise ValueError(f"cache_implementation={generation_config.cache_implementation!r}: a sneppx-patched "
                              "model keeps its cache in sneppx (leave cache_implementation unset)")
-        if (generation_config.num_beams or 1) > 1:
-            raise NotImplementedError("num_beams > 1: beam search reorders cache rows, which SneppxCache does "
-                                      "not do; use greedy or sampling decoding")
         rows = max(generation_config.num_return_sequences or 1, 1) * batch_size
         model_kwargs["cache"] = SneppxCache(self, rows, max_cache_length)
         return None

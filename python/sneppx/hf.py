@@ -42,7 +42,8 @@ def patch(model: Any, *, weight_dtype: str = "float32", num_threads: int = 0, us
 
     generate() then makes a SneppxCache sized for the call (batch x max_length) unless
     given one (``cache=sneppx.hf.make_cache(model, batch_size, max_tokens)``); beam search
-    and other strategies that reorder or copy cache rows are refused. A plain forward
+    and other strategies that reorder or copy cache rows are refused (before a given cache
+    is touched; beam search with use_cache=False, which keeps no cache, runs). A plain forward
     (model(input_ids)) runs without a cache, even when transformers makes a DynamicCache for
     it; continuing from such a cache raises ValueError (it holds nothing).
 

@@ -265,6 +265,20 @@ def test_output_attentions_is_refused():
     assert max(normalized_error(a, e) for a, e in zip(actual, expected)) <= TOLERANCE
 
 
+def test_beam_search_with_a_given_cache_is_refused_before_it_is_filled():
+    patched = sneppx.hf.patch(build("llama"))
+    ids, mask = prompts([7])
+    cache = sneppx.hf.make_cache(patched, 2, 32)
+    with pytest.raises(NotImplementedError, match="num_beams > 1"):
+        patched.generate(ids, attention_mask=mask, max_new_tokens=4, num_beams=2, do_sample=False, cache=cache)
+    assert cache.kv.lengths == [0, 0]
+    # Without a cache there are no rows to reorder: beam search gives eager's beams.
+    eager = build("llama")
+    beams = dict(attention_mask=mask, max_new_tokens=4, num_beams=2, do_sample=False, use_cache=False)
+    with torch.no_grad():
+        assert torch.equal(patched.generate(ids, **beams), eager.generate(ids, **beams))
+
+
 def test_unsupported_is_refused_before_any_change():
     # A Qwen2 with sliding windows on its second layer: sneppx has one window for every layer.
     model = build("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1)
