@@ -182,6 +182,24 @@ def test_rope_scaling(family):
     assert torch.equal(greedy(patched, ids, mask), greedy(eager, ids, mask))
 
 
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_partial_rotary_factor_is_ignored_as_transformers_does(family):
+    """A config.json's partial_rotary_factor lands in rope_parameters, but these families'
+    attention rotates the whole head whatever it says: so does the patched model (logits
+    within 1e-5)."""
+    eager = build(family, partial_rotary_factor=0.5)
+    assert eager.config.rope_parameters["partial_rotary_factor"] == 0.5
+    patched = sneppx.hf.patch(copy.deepcopy(eager))
+    layer = next(m for m in patched.modules() if isinstance(m, sneppx.hf.SneppxAttention))
+    assert layer.sneppx.rotary_dim == layer.sneppx.head_dim
+    ids, mask = prompts([19, 6], seed=2)
+    real = mask.bool()
+    with torch.no_grad():
+        expected = eager(ids, attention_mask=mask, use_cache=False).logits
+        actual = patched(ids, attention_mask=mask, use_cache=False).logits
+    assert normalized_error(actual[real], expected[real]) <= TOLERANCE
+
+
 @pytest.mark.parametrize("family", ["llama", "mistral"])
 def test_sdpa_masks(family):
     """Under attn_implementation "sdpa" the masks are bool (or None when plainly causal)."""
