@@ -116,6 +116,12 @@ class SneppxCache(Cache):
     def batch_size(self) -> int:
         return self.kv.batch
 
+    @property
+    def is_linear(self) -> List[bool]:
+        # Cache's own answer reads its (here empty) layers, and all([]) made generate() take
+        # this for a Mamba-like cache: a continuation re-fed the tokens already cached.
+        return [False] * self.kv.num_layers
+
     def reset(self) -> None:
         self.kv.reset()
 

@@ -257,6 +257,30 @@ def test_given_cache_and_refused_strategies():
         patched(ids)
 
 
+def test_generate_continues_from_a_returned_cache():
+    """A second generate() given the first's cache and the whole conversation so far (a
+    left-padded batch of two, one new token each) feeds only the tokens the cache lacks,
+    as with transformers' DynamicCache: the same tokens as eager, and as a fresh
+    generate() of the whole conversation."""
+    eager = build("llama")
+    patched = sneppx.hf.patch(copy.deepcopy(eager))
+    ids, mask = prompts([19, 6], seed=2)
+    steps = dict(max_new_tokens=5, do_sample=False, return_dict_in_generate=True)
+    results = []
+    for model, cache in ((eager, transformers.DynamicCache(config=eager.config)),
+                         (patched, sneppx.hf.make_cache(patched, 2, 64))):
+        with torch.no_grad():
+            first = model.generate(ids, attention_mask=mask, cache=cache, **steps)
+            turn = torch.cat([first.sequences, torch.full((2, 1), 7)], dim=1)
+            turn_mask = torch.cat([mask, torch.ones(2, turn.shape[1] - mask.shape[1], dtype=mask.dtype)], dim=1)
+            results.append(model.generate(turn, attention_mask=turn_mask, cache=first.cache, **steps).sequences)
+    assert cache.kv.lengths == [turn.shape[1] + 4] * 2
+    assert torch.equal(results[1], results[0])
+    with torch.no_grad():
+        fresh = eager.generate(turn, attention_mask=turn_mask, **steps).sequences
+    assert torch.equal(results[1], fresh)
+
+
 def test_output_attentions_is_refused():
     """transformers collects attention weights by hooking its own attention classes; a
     sneppx layer computes none, so output_attentions (argument or config) is refused
