@@ -28,8 +28,9 @@ def patch(model: Any, *, weight_dtype: str = "float32", num_threads: int = 0, us
         attn_implementation "eager" or "sdpa" (the masks these make are what sneppx reads).
     weight_dtype: how sneppx stores the projections: "float32" (default), "bfloat16" or
         "float16" (LLMConfig's weight_dtype). The module's tensors are read through
-        .detach() and copied to float32 once (each layer keeps its own packed copy; the
-        replaced modules, and their tensors, are dropped).
+        .detach(), bfloat16 and float16 ones as their 16 bits and others as float32, and
+        packed once (each layer keeps its own packed copy; the replaced modules, and their
+        tensors, are dropped).
     num_threads: the sneppx layers' threads (0 = OpenMP's default); torch's are its own.
     use_flash_attn: flash attention (default) or the materialized SDPA path.
 
