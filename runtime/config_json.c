@@ -248,7 +248,7 @@ static sneppx_status read_rope_parameter(const struct scope *scope, const struct
 {
     char *at = (char *)scaling + f->offset;
     if (f->real) {
-        double value;
+        double value = 0.0; /* set by read_real (gcc cannot tell once it inlines it) */
         sneppx_status status = read_real(scope, f->name, f->absent[kind], &value);
         if (status == SNEPPX_OK)
             memcpy(at, &value, sizeof value);
@@ -334,28 +334,6 @@ static sneppx_status read_model_type(const struct scope *top, const struct snepp
                        clip(name, CLIP_BYTES).text, sneppx_model_type_list);
 }
 
-/* partial_rotary_factor: rotate int(head_dim * factor) dims of each head. */
-static sneppx_status read_partial_rotary(const struct scope *top, sneppx_config *config)
-{
-    const cJSON *item;
-    double factor = 1.0; /* set by read_real (gcc cannot tell once it inlines it) */
-    sneppx_status status = lookup(top, "partial_rotary_factor", &item);
-    if (status != SNEPPX_OK || !item)
-        return status;
-    if ((status = read_real(top, "partial_rotary_factor", 1.0, &factor)) != SNEPPX_OK)
-        return status;
-    if (!(factor > 0.0 && factor <= 1.0))
-        return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: partial_rotary_factor: %g must be in (0, 1]", factor);
-    const int64_t heads = config->num_attention_heads > 0 ? config->num_attention_heads : 1;
-    const int64_t head_dim = config->head_dim > 0 ? config->head_dim : config->hidden_size / heads;
-    config->rotary_dim = (int64_t)((double)head_dim * factor);
-    /* 0 would mean "the whole head" in sneppx_config: say so instead. */
-    if (config->rotary_dim < 2)
-        return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: partial_rotary_factor: %g of head_dim %lld rotates "
-                           "no dimension pair", factor, (long long)head_dim);
-    return SNEPPX_OK;
-}
-
 /* Biases and windows differ per model type (docs/MODELS.md section 7). */
 static sneppx_status read_family_fields(const struct scope *top, const struct sneppx_model_type *type,
                                         sneppx_config *config)
@@ -413,12 +391,11 @@ static sneppx_status read_config(const cJSON *root, sneppx_config *config)
                             &config->max_position_embeddings)) != SNEPPX_OK)
         return status;
     snprintf(config->name, sizeof config->name, "%s", type->name);
-    /* DeepSeek's head dims are the MLA fields; its head_dim / partial_rotary_factor are not read. */
-    if (!type->mla) {
-        if ((status = read_size(&top, "head_dim", 0, &config->head_dim)) != SNEPPX_OK ||
-            (status = read_partial_rotary(&top, config)) != SNEPPX_OK)
-            return status;
-    }
+    /* DeepSeek's head dims are the MLA fields; its head_dim is not read. partial_rotary_factor
+     * is read by no family: transformers' LLaMA, Mistral and Qwen2 attention rotates the whole
+     * head whatever it says (their default RoPE never reads it, their scaled ones fail on it). */
+    if (!type->mla && (status = read_size(&top, "head_dim", 0, &config->head_dim)) != SNEPPX_OK)
+        return status;
     return read_family_fields(&top, type, config);
 }
 

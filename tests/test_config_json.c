@@ -167,9 +167,6 @@ static const struct bad_case bad_cases[] = {
     {LLAMA_HEAD ", \"rope_theta\": 0.5}", SNEPPX_ERR_INVALID_ARGUMENT, "rope_theta"},
     {LLAMA_HEAD ", \"max_position_embeddings\": 0}", SNEPPX_ERR_INVALID_ARGUMENT, "max_position_embeddings"},
     {LLAMA_HEAD ", \"attention_bias\": 1}", SNEPPX_ERR_FORMAT, "attention_bias: expected true or false, got 1"},
-    {LLAMA_HEAD ", \"partial_rotary_factor\": 1.5}", SNEPPX_ERR_FORMAT, "partial_rotary_factor"},
-    {LLAMA_HEAD ", \"partial_rotary_factor\": 0.01}", SNEPPX_ERR_FORMAT, "partial_rotary_factor: 0.01 of head_dim 64"},
-    {LLAMA_HEAD ", \"partial_rotary_factor\": 0.3}", SNEPPX_ERR_INVALID_ARGUMENT, "rotary_dim: 19"},
     {LLAMA_HEAD ", \"hidden_size\": 512}", SNEPPX_ERR_FORMAT, "hidden_size: appears 2 times"},
     {LLAMA_HEAD ", \"rope_scaling\": 8}", SNEPPX_ERR_FORMAT, "rope_scaling: expected an object or null, got 8"},
     {LLAMA_HEAD ", \"rope_scaling\": {\"factor\": 2.0}}", SNEPPX_ERR_FORMAT, "rope_scaling.rope_type: missing"},
@@ -254,12 +251,25 @@ static void test_semantics(test_tally *tally)
                    (long long)config.max_position_embeddings, config.rope_theta,
                    (long long)config.num_key_value_heads, config.name);
     }
-    const char *partial = LLAMA_HEAD ", \"head_dim\": 128, \"partial_rotary_factor\": 0.25, \"attention_bias\": true}";
-    status = sneppx_config_from_json(partial, strlen(partial), &config);
-    TEST_CHECK(tally, status == SNEPPX_OK && config.rotary_dim == 32 && config.head_dim == 128 &&
-                          config.qkv_bias == 1 && config.o_bias == 1,
-               "partial_rotary_factor 0.25 of head_dim 128: rotary_dim %lld, bias %d/%d (%s)",
-               (long long)config.rotary_dim, config.qkv_bias, config.o_bias, sneppx_last_error());
+    /* transformers' LLaMA, Mistral and Qwen2 rotate the whole head whatever partial_rotary_factor
+     * says (an invalid one included): so does the reader. */
+    const char *const families[] = {"llama", "mistral", "qwen2"};
+    const char *const factors[] = {"0.25", "0.01", "1.5", "\"half\""};
+    for (size_t f = 0; f < sizeof families / sizeof families[0]; f++)
+        for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++) {
+            char partial[256];
+            snprintf(partial, sizeof partial,
+                     "{\"model_type\": \"%s\", \"hidden_size\": 512, \"num_attention_heads\": 4, \"head_dim\": 128, "
+                     "\"partial_rotary_factor\": %s}", families[f], factors[i]);
+            status = sneppx_config_from_json(partial, strlen(partial), &config);
+            TEST_CHECK(tally, status == SNEPPX_OK && config.rotary_dim == 0 && config.head_dim == 128,
+                       "%s, partial_rotary_factor %s: status %d rotary_dim %lld (%s)", families[f], factors[i],
+                       (int)status, (long long)config.rotary_dim, sneppx_last_error());
+        }
+    const char *biased = LLAMA_HEAD ", \"head_dim\": 128, \"attention_bias\": true}";
+    status = sneppx_config_from_json(biased, strlen(biased), &config);
+    TEST_CHECK(tally, status == SNEPPX_OK && config.head_dim == 128 && config.qkv_bias == 1 && config.o_bias == 1,
+               "llama attention_bias: bias %d/%d (%s)", config.qkv_bias, config.o_bias, sneppx_last_error());
     const char *yarn = LLAMA_HEAD ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4}}";
     status = sneppx_config_from_json(yarn, strlen(yarn), &config);
     TEST_CHECK(tally, status == SNEPPX_OK && config.rope_scaling.type == SNEPPX_ROPE_YARN &&

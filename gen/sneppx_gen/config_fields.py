@@ -133,7 +133,7 @@ CONFIG_FIELDS: Tuple[Field, ...] = (
     Field("num_key_value_heads", INT64, 0, "K/V heads", default_from="num_attention_heads"),
     Field("head_dim", INT64, 0, "0 = hidden_size / num_attention_heads", python="own"),
     Field("rotary_dim", INT64, 0, "0 = whole head (partial rotary if smaller)",
-          hf="int(head_dim * partial_rotary_factor)", python="own"),
+          hf="none: the whole head (LLMConfig takes partial_rotary_factor)", python="own"),
     Field("rope_interleaved", INT, 0, "0 = HF rotate_half pairs (i, i+d/2); 1 = (2i, 2i+1) (DeepSeek)",
           hf="1 for deepseek_v2, else 0", python="flag"),
     Field("rope_theta", DOUBLE, 10000.0, "RoPE base"),

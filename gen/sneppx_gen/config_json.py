@@ -371,6 +371,7 @@ def read_rope_scaling(top: Scope) -> RopeFields:
 # ---- the two forms ---------------------------------------------------------------
 
 def _read_partial_rotary(top: Scope, c: CConfig) -> None:
+    """The hand form's partial_rotary_factor (LLMConfig's keyword): rotate int(head_dim * factor)."""
     if top.lookup("partial_rotary_factor") is None:
         return
     factor = top.real("partial_rotary_factor", 1.0)
@@ -402,7 +403,7 @@ def read_hf(root: JsonObject) -> CConfig:
     c.max_position_embeddings = top.size("max_position_embeddings", kind.default_max_positions)
     if not kind.mla:  # DeepSeek's head dims are the MLA fields
         c.head_dim = top.size("head_dim", 0)
-        _read_partial_rotary(top, c)
+    # partial_rotary_factor is not read, as runtime/config_json.c says why.
     if kind.bias == "attention_bias":
         c.qkv_bias = c.o_bias = top.flag("attention_bias", 0)
     elif kind.bias == "none":

@@ -41,14 +41,10 @@ def _patch_error(layer: str, reason: str, kind: type = UnsupportedError) -> Exce
 
 def config_dict(hf_config: Any) -> Dict[str, Any]:
     """The model's config as the config.json the runtime's reader takes. transformers 5
-    keeps rope_theta and the scaling in one rope_parameters dict; the reader (like
-    published config.json files) wants them as rope_theta and rope_scaling at the top.
-
-    partial_rotary_factor is left out: transformers' Llama, Mistral, Qwen2 and DeepSeek V2
-    attention rotates the whole head (DeepSeek: qk_rope_head_dim) whatever it says, where
-    the reader would rotate only that part of it."""
+    keeps rope_theta, the scaling and partial_rotary_factor in one rope_parameters dict;
+    the reader (like published config.json files) wants rope_theta and rope_scaling at
+    the top, and reads no partial_rotary_factor (runtime/config_json.c says why)."""
     values = json.loads(hf_config.to_json_string(use_diff=False))
-    values.pop("partial_rotary_factor", None)
     rope = values.pop("rope_parameters", None)
     if isinstance(rope, dict):
         rope = dict(rope)

@@ -31,9 +31,9 @@ def _size(name: str, value: Any, default: int = 0, c_type: str = "int64") -> int
 
 
 def _partial_rotary_dim(config: S.Config, partial_rotary_factor: Any) -> int:
-    """int(head_dim * factor), refused as runtime/config_json.c's read_partial_rotary refuses it:
-    a factor outside (0, 1], or one that rotates no dimension pair (rotary_dim 0 would mean
-    "the whole head" in sneppx_config; HF would rotate nothing)."""
+    """int(head_dim * factor), refused as sneppx-gen's hand configs refuse it: a factor
+    outside (0, 1], or one that rotates no dimension pair (rotary_dim 0 would mean "the
+    whole head" in sneppx_config)."""
     factor = _hf._real("partial_rotary_factor", partial_rotary_factor)
     if not 0.0 < factor <= 1.0:
         raise ValueError(f"partial_rotary_factor: {factor:g} must be in (0, 1]")
@@ -128,7 +128,8 @@ class LLMConfig:
         sliding_window: None or 0 = no window; else W keys including the query itself.
         partial_rotary_factor: rotate only int(head_dim * factor) dims of each head; a factor
             outside (0, 1] or one that rotates no pair (int(head_dim * factor) < 2) raises
-            ValueError, as config.json's reader does.
+            ValueError. from_config_json does not read it: transformers' LLaMA, Mistral and
+            Qwen2 attention rotates the whole head whatever config.json says.
         rope_interleaved: rotate (x[2i], x[2i+1]) pairs instead of HF's (x[i], x[i+d/2]);
             default: True for MLA (DeepSeek's published weights pair them so, as
             from_config_json assumes), False otherwise.

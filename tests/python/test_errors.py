@@ -266,17 +266,16 @@ def test_errors_are_sneppx_errors():
 
 @pytest.mark.parametrize("factor", [0.01, 0.1])
 def test_partial_rotary_factor_that_rotates_nothing(tmp_path, factor):
-    # int(16 * factor) < 2: HF rotates nothing, and rotary_dim 0 would mean "the whole head" in C.
-    # The constructor refuses it with the C config.json reader's message.
+    # int(16 * factor) < 2 rotates no pair, and rotary_dim 0 would mean "the whole head" in C.
     message = f"partial_rotary_factor: {factor:g} of head_dim 16 rotates no dimension pair"
     with pytest.raises(ValueError, match=re.escape(message)):
         sneppx.LLMConfig(**SMALL, partial_rotary_factor=factor)
+    assert sneppx.LLMConfig(**SMALL, partial_rotary_factor=0.125).rotary_dim == 2
+    # config.json's factor is not read: transformers' LLaMA rotates the whole head whatever it says.
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
                                 "partial_rotary_factor": factor}))
-    with pytest.raises(ValueError, match=re.escape(message)):
-        sneppx.LLMConfig.from_config_json(path)
-    assert sneppx.LLMConfig(**SMALL, partial_rotary_factor=0.125).rotary_dim == 2
+    assert sneppx.LLMConfig.from_config_json(path).rotary_dim == 16
 
 
 @pytest.mark.parametrize("kwargs, error, pattern", [
