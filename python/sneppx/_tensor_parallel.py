@@ -171,12 +171,13 @@ def is_sharded(cfg: Any) -> bool:
 @contextlib.contextmanager
 def refused_on_every_rank(cfg: Any) -> Iterator[None]:
     """The argument checks before a forward's C call. On a tensor-parallel config, a
-    TypeError or ValueError they raise on this rank is this rank's part in the call the
-    other ranks make (sneppx_layer_shard_refuse): they fail with "rank R of W: ..."
-    instead of waiting for it. The block must hold no collective step itself."""
+    TypeError, ValueError or IndexError (a cache row that is not there) they raise on this
+    rank is this rank's part in the call the other ranks make (sneppx_layer_shard_refuse):
+    they fail with "rank R of W: ..." instead of pairing their call with this rank's next
+    one. The block must hold no collective step itself."""
     try:
         yield
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, IndexError) as error:
         if is_sharded(cfg):
             layer = cfg._current_layer()   # a create the others make first, if the layer is new
             lib.sneppx_layer_shard_refuse(layer._handle, status_code(InvalidArgumentError), str(error).encode())

@@ -190,3 +190,21 @@ def test_a_bad_load_or_setting_on_one_rank():
 def test_not_a_communicator():
     with pytest.raises(TypeError, match="comm: expected an mpi4py communicator"):
         small().tensor_parallel("MPI_COMM_WORLD")
+
+
+@pytest.mark.skipif(WORLD == 1, reason="needs another rank")
+def test_a_row_the_cache_lacks_on_one_rank():
+    """forward_ragged's row check raises IndexError: that rank still takes part in the
+    call, so the others fail with its message instead of waiting for it, and no row grows."""
+    cfg = small()
+    cfg.tensor_parallel(COMM)
+    cache = cfg.kv_cache(batch=1, max_tokens=16)
+    last = RANK == WORLD - 1
+    x = inputs(11, 3, 128)
+    with pytest.raises(IndexError if last else ValueError,
+                       match=f"{'' if last else f'rank {WORLD - 1} of {WORLD}: '}row: 5 is not a row of this cache"):
+        cfg.forward_ragged(cache, [5 if last else 0], [x])
+    assert cache.lengths == [0]
+    got = cfg.forward_ragged(cache, [0], [x])[0]
+    assert error(got, small().forward_mha(x[None])[0]) <= 1e-6
+    assert cache.lengths == [3]
