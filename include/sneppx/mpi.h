@@ -34,9 +34,11 @@
 extern "C" {
 #endif
 
-/* sneppx_layer_create_shard, _typed and _from_safetensors on every rank of comm:
- * rank comm's rank, world its size (collective over comm; every rank passes the
- * same config and weights). The errors are shard.h's: every rank fails alike. */
+/* sneppx_layer_create_shard, _typed and _from_safetensors on every rank of comm
+ * (an intracommunicator: an intercommunicator or MPI_COMM_NULL is SNEPPX_ERR_COMM
+ * naming comm): rank comm's rank, world its size (collective over comm; every
+ * rank passes the same config and weights). The errors are shard.h's: every rank
+ * fails alike. */
 SNEPPX_API sneppx_status sneppx_mpi_layer_create(const sneppx_config *config, const sneppx_weights *weights,
                                                  MPI_Comm comm, sneppx_layer **layer);
 SNEPPX_API sneppx_status sneppx_mpi_layer_create_typed(const sneppx_config *config,

@@ -111,12 +111,23 @@ int sneppx_mpi_shard(MPI_Comm comm, sneppx_shard *shard, char *error, size_t err
         snprintf(error, error_size, "comm: MPI_COMM_NULL");
         return 1;
     }
+    /* Over an intercommunicator the all-gathers would read the remote group's records
+     * and the in-place sums are not allowed: every rank of comm refuses it alike. */
+    int inter = 0;
+    int code = MPI_Comm_test_inter(comm, &inter);
+    if (code != MPI_SUCCESS)
+        return mpi_failed(code, "comm: MPI_Comm_test_inter", error, error_size);
+    if (inter) {
+        snprintf(error, error_size, "comm: an intercommunicator; a sharded layer needs an intracommunicator "
+                                    "(MPI_Intercomm_merge makes one)");
+        return 1;
+    }
     struct mpi_transport *t = calloc(1, sizeof *t);
     if (!t) {
         snprintf(error, error_size, "out of memory");
         return 1;
     }
-    int code = MPI_Comm_dup(comm, &t->comm);
+    code = MPI_Comm_dup(comm, &t->comm);
     if (code != MPI_SUCCESS) {
         free(t);
         return mpi_failed(code, "MPI_Comm_dup", error, error_size);

@@ -94,6 +94,24 @@ int main(int argc, char **argv)
         MPI_Comm half;
         MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
         failures += create_over(half, "sneppx_mpi_layer_create on half of MPI_COMM_WORLD");
+        /* An intercommunicator between the halves: refused on every rank, naming comm
+         * (its all-gathers read the other half's records, its in-place sums fail). */
+        MPI_Comm inter;
+        MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, rank % 2 ? 0 : 1, 7, &inter);
+        sneppx_config config;
+        sneppx_config_init(&config);
+        config.hidden_size = 64;
+        config.num_attention_heads = config.num_key_value_heads = 4;
+        config.num_threads = 1;
+        sneppx_layer *layer = NULL;
+        const sneppx_status status = sneppx_mpi_layer_create(&config, NULL, inter, &layer);
+        if (status != SNEPPX_ERR_COMM || layer || !strstr(sneppx_last_error(), "comm: an intercommunicator")) {
+            fprintf(stderr, "rank %d/%d: FAIL an intercommunicator: %s '%s'\n", rank, world,
+                    sneppx_status_name(status), sneppx_last_error());
+            failures++;
+        }
+        sneppx_layer_destroy(layer);
+        MPI_Comm_free(&inter);
         MPI_Comm_free(&half);
     }
     /* MPI_COMM_NULL: refused by this rank alone, naming it. */
