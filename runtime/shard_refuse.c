@@ -6,18 +6,25 @@
 #include "layer_internal.h"
 #include "shard.h"
 
-sneppx_status sneppx_layer_shard_refuse(sneppx_layer *layer, sneppx_status status, const char *message)
+/* This rank's verdict: the refusal asked for, or what is wrong with the request. */
+static sneppx_status refusal(sneppx_status status, const char *message)
 {
-    sneppx_clear_error();
-    if (!layer)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer: must not be NULL");
     if (status <= SNEPPX_OK || status >= SNEPPX_ERR_COMM)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                            "status: %d is not a refusal (an error status other than SNEPPX_ERR_COMM)", (int)status);
     if (!message)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "message: must not be NULL");
-    sneppx_fail(status, "%s", message);
-    /* The record is never compared: a refusal ends the agreement first. */
+    return sneppx_fail(status, "%s", message);
+}
+
+sneppx_status sneppx_layer_shard_refuse(sneppx_layer *layer, sneppx_status status, const char *message)
+{
+    sneppx_clear_error();
+    if (!layer)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer: must not be NULL");
+    /* A bad request still refuses: the other ranks are in the call's agreement and
+     * would wait for this rank forever. The record is never compared: a refusal
+     * ends the agreement first. */
     const struct sneppx_shard_call call = {0};
-    return sneppx_shard_agree_call(layer->shard, status, &call);
+    return sneppx_shard_agree_call(layer->shard, refusal(status, message), &call);
 }

@@ -115,8 +115,9 @@ SNEPPX_API sneppx_status sneppx_layer_shard_info(const sneppx_layer *layer, snep
  * the others fail with "rank R of W: <message>" (status as given) instead of
  * waiting for this rank, and nothing is written anywhere. Returns status, with
  * message as this rank's error. status: an error status other than
- * SNEPPX_ERR_COMM (else SNEPPX_ERR_INVALID_ARGUMENT naming it, and nothing is
- * collective). A layer that is no shard: local, returns status. */
+ * SNEPPX_ERR_COMM, message non-NULL (else the refusal is SNEPPX_ERR_INVALID_ARGUMENT
+ * naming the one that is wrong, still collective). A layer that is no shard:
+ * local, returns status. */
 SNEPPX_API sneppx_status sneppx_layer_shard_refuse(sneppx_layer *layer, sneppx_status status, const char *message);
 
 #ifdef __cplusplus

@@ -434,6 +434,11 @@ static void forward_failures(struct run *run, const sneppx_config *config)
                           : sneppx_layer_forward(shard, batch, seq, x, NULL, NULL, NULL, out);
     check_refusal(run, "forward", status, SNEPPX_ERR_INVALID_ARGUMENT, last, "hidden_states: checked by the binding");
     check(run, untouched(out, n), "out written");
+    /* A refusal with a NULL message is still this rank's part in the call. */
+    status = rank == last ? sneppx_layer_shard_refuse(shard, SNEPPX_ERR_INVALID_ARGUMENT, NULL)
+                          : sneppx_layer_forward(shard, batch, seq, x, NULL, NULL, NULL, out);
+    check_refusal(run, "forward", status, SNEPPX_ERR_INVALID_ARGUMENT, last, "message: must not be NULL");
+    check(run, untouched(out, n), "out written");
     status = sneppx_layer_shard_refuse(shard, SNEPPX_OK, "not a refusal");
     check(run, status == SNEPPX_ERR_INVALID_ARGUMENT && contains(sneppx_last_error(), "status: 0 is not a refusal"),
           "refuse with SNEPPX_OK: %s '%s'", sneppx_status_name(status), sneppx_last_error());
