@@ -81,7 +81,9 @@ SNEPPX_API sneppx_status sneppx_shard_check(const sneppx_config *config, int wor
  * pread, row by row where it needs columns), so resident weights per rank are
  * about 1/world of the layer's, plus MLA's shared projections. NULL weights are
  * the synthetic ones of the whole layer, indexed by the whole tensor's (row,
- * column): the shards of a synthetic layer sum to exactly its output. Collective;
+ * column): the shards of a synthetic layer sum to exactly its output (int8
+ * weight_dtype: only where each rank's o_proj columns are a multiple of 32, since a
+ * shard's int8 groups of 32 start at its own first column). Collective;
  * checks that every rank has the same config (num_threads and use_flash_attn
  * aside, which may differ per rank), weights of the same kind and the same
  * layer_index, naming the first value that differs.
