@@ -57,7 +57,10 @@ Why each value:
   slice is widened to float32 once per block (templates/gemm.c.j2), so a
   taller block widens less often: 8 groups (112 rows, 224 KiB at v16) took
   the int8 GEMM from 0.93x to 0.95x float32 on one Zen 5 core, where float32
-  itself ran 2% slower with 112 rows than with 56 (its MC stays).
+  itself ran 2% slower with 112 rows than with 56 (its MC stays). v8 takes 16
+  groups (96 rows, 192 KiB, well inside a 512 KiB L2): against 8 groups, one Zen
+  4 core ran k 4096 x n 6144 and 4096 2.4-2.6% faster at T = 128, 512 and 2048
+  (alternated rounds), two 1.7% at T = 2048.
 - gemm_decode_panels, gemm_decode_sums: a single row (a decode step) streams
   W, and sweeps this many panels side by side (one core read 34-39 GB/s
   where a panel at a time read 28-30), with this many partial sums (lo/hi
@@ -202,7 +205,7 @@ TARGETS: Tuple[Target, ...] = (
            flash_rows=2, flash_nj=8, flash_ne=8, decode_rows=4, decode_nj=4, decode_ne=4,
            decode_packed=("bfloat16",)),
     Target("v8", 8, (), (), gemm_mr=6, gemm_nr=16, gemm_small_mr=4, gemm_kc=512,
-           gemm_mc=24, gemm_int8_mc=48, gemm_kc_candidates=(128, 256, 512),
+           gemm_mc=24, gemm_int8_mc=96, gemm_kc_candidates=(128, 256, 512),
            gemm_mc_candidates=(12, 24, 48), gemm_decode_panels=4, gemm_decode_sums=4,
            flash_rows=3, flash_nj=4, flash_ne=4, decode_rows=2, decode_nj=4, decode_ne=4,
            decode_packed=("bfloat16", "int8")),
