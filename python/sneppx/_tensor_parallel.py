@@ -93,8 +93,11 @@ class TensorParallelWeights:
         self.handle = communicator_handle(comm)
         self.comm = comm
         self.source = source
-        self.description = (f"{source.description}, tensor_parallel(rank {comm.Get_rank()} of "
-                            f"{comm.Get_size()})")
+
+    @property
+    def description(self) -> str:
+        # Asked of comm once a layer was made over it: MPI_COMM_NULL has no rank to give.
+        return f"{self.source.description}, tensor_parallel(rank {self.comm.Get_rank()} of {self.comm.Get_size()})"
 
     def __deepcopy__(self, memo: Any) -> "TensorParallelWeights":
         import copy
@@ -104,7 +107,8 @@ class TensorParallelWeights:
         shard = Shard()
         error = ctypes.create_string_buffer(512)
         if _mpi().sneppx_mpi_shard_fortran(self.handle, ctypes.byref(shard), error, len(error)) != 0:
-            raise CommError(f"comm: {error.value.decode(errors='replace')}")
+            reason = error.value.decode(errors="replace")
+            raise CommError(reason if reason.startswith("comm: ") else f"comm: {reason}")
         # From here the create call owns the transport: it releases it unless a layer holds it.
         source = self.source
         if isinstance(source, SyntheticWeights):

@@ -124,6 +124,15 @@ int main(int argc, char **argv)
                 sneppx_last_error());
         failures++;
     }
+    /* A Fortran handle that names no communicator (a binding's bad object): an error
+     * naming comm, where MPI's default error handler would abort the process. */
+    sneppx_shard unmade;
+    char reason[256] = "";
+    if (sneppx_mpi_shard_fortran(1 << 30, &unmade, reason, sizeof reason) == 0 ||
+        !strstr(reason, "comm: Fortran handle 1073741824 is not a communicator")) {
+        fprintf(stderr, "rank %d/%d: FAIL an invalid Fortran handle: '%s'\n", rank, world, reason);
+        failures++;
+    }
 
     int total = 0;
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

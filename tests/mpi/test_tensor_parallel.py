@@ -192,6 +192,33 @@ def test_not_a_communicator():
         small().tensor_parallel("MPI_COMM_WORLD")
 
 
+class _BadHandle:
+    """Looks like an mpi4py communicator, but its Fortran handle names none."""
+    def py2f(self):
+        return 1 << 30
+
+    def Get_size(self):
+        return 1
+
+    def Get_rank(self):
+        return 0
+
+
+@pytest.mark.parametrize("comm, message", [(MPI.COMM_NULL, "comm: MPI_COMM_NULL"),
+                                           (_BadHandle(), "comm: Fortran handle 1073741824 is not a communicator")])
+def test_a_communicator_that_is_none(comm, message):
+    """Refused by this rank alone (no collective call was made), named once, and the process
+    lives on (an invalid handle used to reach MPI, whose default error handler aborts); the
+    config stays whole."""
+    cfg = small()
+    x = inputs(3, 1, 4, 128)
+    want = cfg.forward_mha(x)
+    with pytest.raises(sneppx.CommError, match=f"^{message}$"):
+        cfg.tensor_parallel(comm)
+    assert "tensor_parallel" not in cfg.weights_source
+    assert error(cfg.forward_mha(x), want) == 0.0
+
+
 @pytest.mark.skipif(WORLD == 1, reason="needs another rank")
 def test_a_row_the_cache_lacks_on_one_rank():
     """forward_ragged's row check raises IndexError: that rank still takes part in the
