@@ -164,6 +164,13 @@ class SneppxAttention(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"layer_idx={self.layer_idx}, sneppx={self.sneppx!r}"
 
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        # The replaced module's tensors were packed and dropped: a state_dict without them
+        # would save a checkpoint whose attention transformers re-initializes at random.
+        raise RuntimeError(f"{self.layer_name}: state_dict: a patched attention module keeps no torch "
+                           "tensors (sneppx packed them); take the state_dict or save_pretrained before "
+                           "sneppx.hf.patch")
+
     def forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 position_ids: Optional[torch.Tensor] = None, cache: Any = None, past_key_values: Any = None,
                 **kwargs: Any) -> Tuple[torch.Tensor, None]:

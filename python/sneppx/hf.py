@@ -30,7 +30,8 @@ def patch(model: Any, *, weight_dtype: str = "float32", num_threads: int = 0, us
         "float16" (LLMConfig's weight_dtype). The module's tensors are read through
         .detach(), bfloat16 and float16 ones as their 16 bits and others as float32, and
         packed once (each layer keeps its own packed copy; the replaced modules, and their
-        tensors, are dropped).
+        tensors, are dropped, so the patched model's state_dict() and save_pretrained()
+        raise RuntimeError naming the layer rather than leave its attention out).
     num_threads: the sneppx layers' threads (0 = OpenMP's default); torch's are its own.
     use_flash_attn: flash attention (default) or the materialized SDPA path.
 

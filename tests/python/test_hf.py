@@ -307,6 +307,20 @@ def test_output_attentions_is_refused():
     assert max(normalized_error(a, e) for a, e in zip(actual, expected)) <= TOLERANCE
 
 
+def test_state_dict_of_a_patched_model_is_refused(tmp_path):
+    """The replaced modules' tensors are packed and dropped: a state_dict or a checkpoint
+    without them would load with the attention re-initialized, so both raise, naming the
+    layer, and write nothing; the unpatched model's state_dict holds every tensor."""
+    eager = build("llama")
+    patched = sneppx.hf.patch(copy.deepcopy(eager))
+    with pytest.raises(RuntimeError, match=r"^model\.layers\.0\.self_attn: state_dict: "):
+        patched.state_dict()
+    with pytest.raises(RuntimeError, match=r"^model\.layers\.0\.self_attn: state_dict: "):
+        patched.save_pretrained(tmp_path / "saved")
+    assert not any((tmp_path / "saved").glob("*.safetensors"))
+    assert "model.layers.0.self_attn.q_proj.weight" in eager.state_dict()
+
+
 def test_beam_search_with_a_given_cache_is_refused_before_it_is_filled():
     patched = sneppx.hf.patch(build("llama"))
     ids, mask = prompts([7])
