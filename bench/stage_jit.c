@@ -208,10 +208,9 @@ static void run_start(struct bench_context *ctx, const struct start_model *model
     snprintf(cache_env, sizeof cache_env, "SNEPPX_CACHE_DIR=%s", cache_dir);
     /* Warm: SNEPPX_JIT=0 turns a cache miss into an error instead of a silent compile.
      * OPENBLAS_NUM_THREADS=1: the child links OpenBLAS (the other stages' baseline)
-     * but never calls it, and its pool's workers, started as the library loads,
-     * spin on sched_yield for 2^28 cycles (~70 ms) before they sleep: they took the
-     * second core from the first key's divided code generation (Zen 4, llama3-8B's
-     * first key in a 1-thread child: 57-91 ms with them, 57-60 ms without). */
+     * but never calls it, and its pool's workers, started as the library loads, spin
+     * before they sleep, taking the second core from the first key's divided code
+     * generation (docs/PERFORMANCE.md, "A process's first compile"). */
     const char *const set_env[] = {cache_env, "OPENBLAS_NUM_THREADS=1", warm ? "SNEPPX_JIT=0" : NULL, NULL};
     const char *const unset_env[] = {"SNEPPX_JIT", "SNEPPX_CACHE_MAX_MB", NULL};
     char thread_arg[16];

@@ -103,11 +103,13 @@ SNEPPX_API sneppx_status sneppx_config_from_name(const char *family, const char 
  * LLMConfig.from_config_json: model_type llama, mistral, qwen2 or deepseek_v2;
  * num_key_value_heads, head_dim, rope_theta, rope_scaling (rope_type or
  * type: default, linear, dynamic, llama3, yarn), max_position_embeddings
- * (default of the model type's transformers class when absent),
- * partial_rotary_factor; attention_bias (llama, deepseek_v2: q/k/v and o),
+ * (default of the model type's transformers class when absent);
+ * attention_bias (llama, deepseek_v2: q/k/v and o),
  * Qwen2's hard-coded q/k/v bias, Mistral's sliding_window; DeepSeek's MLA
- * fields (rope interleaved). A JSON null counts as absent. name becomes the
- * model_type; execution fields keep sneppx_config_init()'s values.
+ * fields (rope interleaved). partial_rotary_factor is not read (transformers'
+ * attention of these types rotates the whole head; docs/MODELS.md). A JSON null
+ * counts as absent. name becomes the model_type; execution fields keep
+ * sneppx_config_init()'s values.
  * The result is validated. Errors name the field: SNEPPX_ERR_FORMAT for text
  * that is not JSON, a missing field or a field of the wrong type or sign;
  * SNEPPX_ERR_UNSUPPORTED for a model_type, rope type or option sneppx does

@@ -323,7 +323,7 @@ def _hook_generate(model: Any) -> None:
         # Before a given cache is used: beam search would fill it with the prompt, then fail.
         if (generation_config.num_beams or 1) > 1:
             raise NotImplementedError("num_beams > 1: beam search reorders cache rows, which SneppxCache does "
-                                      "not do; use greedy or sampling decoding (or use_cache=False)")
+                                      "not do; use greedy or sampling decoding (or no cache: use_cache=False and no cache=)")
         if given is not None:
             if not isinstance(given, SneppxCache):
                 raise ValueError(f"cache: a {type(given).__name__} cannot hold a sneppx layer's keys and values; "

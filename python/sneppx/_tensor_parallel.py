@@ -93,11 +93,7 @@ class TensorParallelWeights:
         self.handle = communicator_handle(comm)
         self.comm = comm
         self.source = source
-
-    @property
-    def description(self) -> str:
-        # Asked of comm once a layer was made over it: MPI_COMM_NULL has no rank to give.
-        return f"{self.source.description}, tensor_parallel(rank {self.comm.Get_rank()} of {self.comm.Get_size()})"
+        self.description = f"{source.description}, tensor_parallel"   # + this rank's place once made
 
     def __deepcopy__(self, memo: Any) -> "TensorParallelWeights":
         import copy
@@ -109,6 +105,8 @@ class TensorParallelWeights:
         if _mpi().sneppx_mpi_shard_fortran(self.handle, ctypes.byref(shard), error, len(error)) != 0:
             reason = error.value.decode(errors="replace")
             raise CommError(reason if reason.startswith("comm: ") else f"comm: {reason}")
+        # From the shard, not comm: the caller may free comm (the layer holds its own duplicate).
+        self.description = f"{self.source.description}, tensor_parallel(rank {shard.rank} of {shard.world})"
         # From here the create call owns the transport: it releases it unless a layer holds it.
         source = self.source
         if isinstance(source, SyntheticWeights):

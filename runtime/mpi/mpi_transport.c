@@ -153,8 +153,9 @@ int sneppx_mpi_shard_fortran(int comm, sneppx_shard *shard, char *error, size_t 
     MPI_Initialized(&initialized);
     if (!initialized) /* MPI_Comm_f2c needs MPI: let sneppx_mpi_shard say why */
         return sneppx_mpi_shard(MPI_COMM_NULL, shard, error, error_size);
-    /* An invalid handle converts to an invalid communicator (Open MPI: a null one), on
-     * which the next MPI call would abort the process under the default error handler. */
+    /* An invalid handle converts to an invalid communicator (Open MPI's is a null one; an
+     * MPI whose handles are integers passes it through), on which the next MPI call would
+     * abort the process under the default error handler. */
     const MPI_Comm converted = MPI_Comm_f2c((MPI_Fint)comm);
     if (!converted) {
         snprintf(error, error_size, "comm: Fortran handle %d is not a communicator", comm);

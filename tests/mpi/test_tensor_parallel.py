@@ -219,6 +219,20 @@ def test_a_communicator_that_is_none(comm, message):
     assert error(cfg.forward_mha(x), want) == 0.0
 
 
+def test_the_callers_communicator_may_be_freed():
+    """The layer holds its own duplicate of comm: after the caller frees theirs, the layer
+    still runs and describes itself (repr, weights_source) without asking comm anything."""
+    cfg = small()
+    whole = small()
+    comm = COMM.Dup()
+    cfg.tensor_parallel(comm)
+    comm.Free()
+    assert cfg.weights_source.endswith(f"tensor_parallel(rank {RANK} of {WORLD})")
+    assert "tensor_parallel" in repr(cfg)
+    x = inputs(4, 1, 5, 128)
+    assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
+
+
 @pytest.mark.skipif(WORLD == 1, reason="needs another rank")
 def test_a_row_the_cache_lacks_on_one_rank():
     """forward_ragged's row check raises IndexError: that rank still takes part in the

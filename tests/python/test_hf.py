@@ -310,7 +310,7 @@ def test_output_attentions_is_refused():
 def test_state_dict_of_a_patched_model_is_refused(tmp_path):
     """The replaced modules' tensors are packed and dropped: a state_dict or a checkpoint
     without them would load with the attention re-initialized, so both raise, naming the
-    layer, and write nothing; the unpatched model's state_dict holds every tensor."""
+    layer, and no weights are written; the unpatched model's state_dict holds every tensor."""
     eager = build("llama")
     patched = sneppx.hf.patch(copy.deepcopy(eager))
     with pytest.raises(RuntimeError, match=r"^model\.layers\.0\.self_attn: state_dict: "):
