@@ -375,6 +375,22 @@ static sneppx_status read_family_fields(const struct scope *top, const struct sn
     return SNEPPX_OK;
 }
 
+/* partial_rotary_factor is not read: transformers' LLaMA, Mistral and Qwen2 attention
+ * rotates the whole head whatever it says (their default RoPE never reads it). With a
+ * scaled RoPE type transformers fails on it (those frequencies cover only that part of the
+ * head), so such a file is refused rather than run as a model transformers cannot. */
+static sneppx_status refuse_partial_scaled_rope(const struct scope *top, const sneppx_config *config)
+{
+    const cJSON *item;
+    sneppx_status status = lookup(top, "partial_rotary_factor", &item);
+    if (status != SNEPPX_OK || !item || !cJSON_IsNumber(item) || item->valuedouble == 1.0 ||
+        config->rope_scaling.type == SNEPPX_ROPE_DEFAULT)
+        return status;
+    return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: partial_rotary_factor: %g with rope_scaling '%s' is not "
+                       "supported (transformers cannot run it: that RoPE covers part of each head, its attention "
+                       "the whole head)", item->valuedouble, sneppx_rope_type_names[config->rope_scaling.type]);
+}
+
 static sneppx_status read_config(const cJSON *root, sneppx_config *config)
 {
     const struct scope top = {root, ""};
@@ -391,10 +407,9 @@ static sneppx_status read_config(const cJSON *root, sneppx_config *config)
                             &config->max_position_embeddings)) != SNEPPX_OK)
         return status;
     snprintf(config->name, sizeof config->name, "%s", type->name);
-    /* DeepSeek's head dims are the MLA fields; its head_dim is not read. partial_rotary_factor
-     * is read by no family: transformers' LLaMA, Mistral and Qwen2 attention rotates the whole
-     * head whatever it says (their default RoPE never reads it, their scaled ones fail on it). */
-    if (!type->mla && (status = read_size(&top, "head_dim", 0, &config->head_dim)) != SNEPPX_OK)
+    /* DeepSeek's head dims are the MLA fields; its head_dim is not read. */
+    if (!type->mla && ((status = read_size(&top, "head_dim", 0, &config->head_dim)) != SNEPPX_OK ||
+                       (status = refuse_partial_scaled_rope(&top, config)) != SNEPPX_OK))
         return status;
     return read_family_fields(&top, type, config);
 }

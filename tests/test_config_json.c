@@ -168,6 +168,9 @@ static const struct bad_case bad_cases[] = {
     {LLAMA_HEAD ", \"max_position_embeddings\": 0}", SNEPPX_ERR_INVALID_ARGUMENT, "max_position_embeddings"},
     {LLAMA_HEAD ", \"attention_bias\": 1}", SNEPPX_ERR_FORMAT, "attention_bias: expected true or false, got 1"},
     {LLAMA_HEAD ", \"hidden_size\": 512}", SNEPPX_ERR_FORMAT, "hidden_size: appears 2 times"},
+    /* transformers fails on a partial factor beside a scaled RoPE */
+    {LLAMA_HEAD ", \"partial_rotary_factor\": 0.5, \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.0}}",
+     SNEPPX_ERR_UNSUPPORTED, "config.json: partial_rotary_factor: 0.5 with rope_scaling 'linear' is not supported"},
     {LLAMA_HEAD ", \"rope_scaling\": 8}", SNEPPX_ERR_FORMAT, "rope_scaling: expected an object or null, got 8"},
     {LLAMA_HEAD ", \"rope_scaling\": {\"factor\": 2.0}}", SNEPPX_ERR_FORMAT, "rope_scaling.rope_type: missing"},
     {LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 2.0}}", SNEPPX_ERR_UNSUPPORTED,
@@ -254,7 +257,7 @@ static void test_semantics(test_tally *tally)
     /* transformers' LLaMA, Mistral and Qwen2 rotate the whole head whatever partial_rotary_factor
      * says (an invalid one included): so does the reader. */
     const char *const families[] = {"llama", "mistral", "qwen2"};
-    const char *const factors[] = {"0.25", "0.01", "1.5", "\"half\""};
+    const char *const factors[] = {"0.25", "0.01", "1.5", "\"half\"", "1.0, \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2}"};
     for (size_t f = 0; f < sizeof families / sizeof families[0]; f++)
         for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++) {
             char partial[256];

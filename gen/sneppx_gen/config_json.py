@@ -384,6 +384,15 @@ def _read_partial_rotary(top: Scope, c: CConfig) -> None:
         raise ConfigError(f"partial_rotary_factor: {_g(factor)} of head_dim {head_dim} rotates no dimension pair")
 
 
+def _refuse_partial_scaled_rope(top: Scope, c: CConfig) -> None:
+    """runtime/config_json.c refuse_partial_scaled_rope (which says why)."""
+    factor = top.lookup("partial_rotary_factor")
+    if _is_number(factor) and factor != 1.0 and c.rope_scaling.type != ROPE_TYPES["default"]:
+        raise ConfigError(f"partial_rotary_factor: {_g(factor)} with rope_scaling "
+                          f"'{config_fields.ROPE_TYPES[c.rope_scaling.type]}' is not supported (transformers "
+                          "cannot run it: that RoPE covers part of each head, its attention the whole head)")
+
+
 def read_hf(root: JsonObject) -> CConfig:
     """runtime/config_json.c read_config: an HF config.json."""
     top = Scope(root, "")
@@ -403,7 +412,7 @@ def read_hf(root: JsonObject) -> CConfig:
     c.max_position_embeddings = top.size("max_position_embeddings", kind.default_max_positions)
     if not kind.mla:  # DeepSeek's head dims are the MLA fields
         c.head_dim = top.size("head_dim", 0)
-    # partial_rotary_factor is not read, as runtime/config_json.c says why.
+        _refuse_partial_scaled_rope(top, c)
     if kind.bias == "attention_bias":
         c.qkv_bias = c.o_bias = top.flag("attention_bias", 0)
     elif kind.bias == "none":

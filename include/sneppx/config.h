@@ -107,7 +107,8 @@ SNEPPX_API sneppx_status sneppx_config_from_name(const char *family, const char 
  * attention_bias (llama, deepseek_v2: q/k/v and o),
  * Qwen2's hard-coded q/k/v bias, Mistral's sliding_window; DeepSeek's MLA
  * fields (rope interleaved). partial_rotary_factor is not read (transformers'
- * attention of these types rotates the whole head; docs/MODELS.md). A JSON null
+ * attention of these types rotates the whole head), but refused beside a scaled
+ * rope_scaling, which transformers cannot run (docs/MODELS.md). A JSON null
  * counts as absent. name becomes the model_type; execution fields keep
  * sneppx_config_init()'s values.
  * The result is validated. Errors name the field: SNEPPX_ERR_FORMAT for text

@@ -42,8 +42,8 @@ def _patch_error(layer: str, reason: str, kind: type = UnsupportedError) -> Exce
 def config_dict(hf_config: Any) -> Dict[str, Any]:
     """The model's config as the config.json the runtime's reader takes. transformers 5
     keeps rope_theta, the scaling and partial_rotary_factor in one rope_parameters dict;
-    the reader (like published config.json files) wants rope_theta and rope_scaling at
-    the top, and reads no partial_rotary_factor (runtime/config_json.c says why)."""
+    the reader (like published config.json files) wants them at the top, where it ignores
+    partial_rotary_factor or, beside a scaled RoPE, refuses it (runtime/config_json.c)."""
     values = json.loads(hf_config.to_json_string(use_diff=False))
     rope = values.pop("rope_parameters", None)
     if isinstance(rope, dict):
@@ -51,7 +51,9 @@ def config_dict(hf_config: Any) -> Dict[str, Any]:
         if rope.get("rope_theta") is not None:
             values["rope_theta"] = rope.pop("rope_theta")
         rope.pop("rope_theta", None)
-        rope.pop("partial_rotary_factor", None)
+        factor = rope.pop("partial_rotary_factor", None)
+        if factor is not None:
+            values["partial_rotary_factor"] = factor
         values["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
     return values
 

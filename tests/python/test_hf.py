@@ -200,6 +200,19 @@ def test_partial_rotary_factor_is_ignored_as_transformers_does(family):
     assert normalized_error(actual[real], expected[real]) <= TOLERANCE
 
 
+def test_partial_rotary_factor_with_a_scaled_rope_is_refused():
+    """transformers fails on that config at its first forward (a linear RoPE over half the
+    head, an attention over all of it): patch() refuses it, naming the factor, and changes
+    nothing."""
+    eager = build("llama", partial_rotary_factor=0.5, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    with pytest.raises(RuntimeError):
+        with torch.no_grad():
+            eager(prompts([5])[0], use_cache=False)
+    with pytest.raises(sneppx.UnsupportedError, match="partial_rotary_factor: 0.5 with rope_scaling 'linear'"):
+        sneppx.hf.patch(eager)
+    assert not any(isinstance(m, sneppx.hf.SneppxAttention) for m in eager.modules())
+
+
 @pytest.mark.parametrize("family", ["llama", "mistral"])
 def test_sdpa_masks(family):
     """Under attn_implementation "sdpa" the masks are bool (or None when plainly causal)."""
