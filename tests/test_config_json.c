@@ -257,7 +257,8 @@ static void test_semantics(test_tally *tally)
     /* transformers' LLaMA, Mistral and Qwen2 rotate the whole head whatever partial_rotary_factor
      * says (an invalid one included): so does the reader. */
     const char *const families[] = {"llama", "mistral", "qwen2"};
-    const char *const factors[] = {"0.25", "0.01", "1.5", "\"half\"", "1.0, \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2}"};
+    const char *const factors[] = {"0.25", "0.01", "1.5", "\"half\"",
+                                   "1.0, \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2}"};
     for (size_t f = 0; f < sizeof families / sizeof families[0]; f++)
         for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++) {
             char partial[256];

@@ -169,9 +169,7 @@ class SneppxAttention(torch.nn.Module):
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
         # The replaced module's tensors were packed and dropped: a state_dict without them
         # would save a checkpoint whose attention transformers re-initializes at random.
-        raise RuntimeError(f"{self.layer_name}: state_dict: a patched attention module keeps no torch "
-                           "tensors (sneppx packed them); take the state_dict or save_pretrained before "
-                           "sneppx.hf.patch")
+        raise _no_tensors(self.layer_name, "state_dict")
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 position_ids: Optional[torch.Tensor] = None, cache: Any = None, past_key_values: Any = None,
@@ -206,6 +204,11 @@ class SneppxAttention(torch.nn.Module):
             raise ValueError(f"{self.layer_name}: cache is a {type(cache).__name__} that a sneppx layer cannot "
                              "read or fill; continue from a sneppx.hf.make_cache(model, ...) cache instead")
         seen.add(self.layer_idx)
+
+
+def _no_tensors(layer_name: str, call: str) -> RuntimeError:
+    return RuntimeError(f"{layer_name}: {call}: a patched attention module keeps no torch tensors (sneppx "
+                        "packed them); take the state_dict or save_pretrained before sneppx.hf.patch")
 
 
 def _attentions_recorded() -> bool:
@@ -309,7 +312,19 @@ def patch(model: Any, *, weight_dtype: str, num_threads: int, use_flash_attn: bo
     model._sneppx_hf = _PatchState(base, num_layers)
     if hasattr(model, "_prepare_cache_for_generation"):
         _hook_generate(model)
+    if hasattr(model, "save_pretrained"):
+        _hook_save(model, replacements[0][0])
     return model
+
+
+def _hook_save(model: Any, layer_name: str) -> None:
+    """save_pretrained writes config.json before it asks for the state_dict, whose refusal
+    would leave a checkpoint without weights behind: on this instance it refuses first."""
+
+    def save_pretrained(*args: Any, **kwargs: Any) -> None:
+        raise _no_tensors(layer_name, "save_pretrained")
+
+    model.save_pretrained = save_pretrained
 
 
 def _hook_generate(model: Any) -> None:
@@ -325,7 +340,8 @@ def _hook_generate(model: Any) -> None:
         # Before a given cache is used: beam search would fill it with the prompt, then fail.
         if (generation_config.num_beams or 1) > 1:
             raise NotImplementedError("num_beams > 1: beam search reorders cache rows, which SneppxCache does "
-                                      "not do; use greedy or sampling decoding (or no cache: use_cache=False and no cache=)")
+                                      "not do; use greedy or sampling decoding (or no cache: use_cache=False "
+                                      "and no cache=)")
         if given is not None:
             if not isinstance(given, SneppxCache):
                 raise ValueError(f"cache: a {type(given).__name__} cannot hold a sneppx layer's keys and values; "

@@ -323,15 +323,17 @@ def test_output_attentions_is_refused():
 def test_state_dict_of_a_patched_model_is_refused(tmp_path):
     """The replaced modules' tensors are packed and dropped: a state_dict or a checkpoint
     without them would load with the attention re-initialized, so both raise, naming the
-    layer, and no weights are written; the unpatched model's state_dict holds every tensor."""
+    layer, and nothing is written; the unpatched model's state_dict holds every tensor."""
     eager = build("llama")
     patched = sneppx.hf.patch(copy.deepcopy(eager))
     with pytest.raises(RuntimeError, match=r"^model\.layers\.0\.self_attn: state_dict: "):
         patched.state_dict()
-    with pytest.raises(RuntimeError, match=r"^model\.layers\.0\.self_attn: state_dict: "):
+    with pytest.raises(RuntimeError, match=r"^model\.layers\.0\.self_attn: save_pretrained: "):
         patched.save_pretrained(tmp_path / "saved")
-    assert not any((tmp_path / "saved").glob("*.safetensors"))
+    assert not (tmp_path / "saved").exists()
     assert "model.layers.0.self_attn.q_proj.weight" in eager.state_dict()
+    eager.save_pretrained(tmp_path / "eager")   # the unpatched class's own method is untouched
+    assert any((tmp_path / "eager").glob("*.safetensors"))
 
 
 def test_beam_search_with_a_given_cache_is_refused_before_it_is_filled():
