@@ -82,6 +82,15 @@ def normalized_error(actual, expected):
     return float((actual - expected).abs().max() / expected.abs().max())
 
 
+def logits_error(patched, eager, ids, mask):
+    """normalized_error of a cacheless forward's logits at the real (unpadded) tokens."""
+    real = mask.bool()
+    with torch.no_grad():
+        expected = eager(ids, attention_mask=mask, use_cache=False).logits
+        actual = patched(ids, attention_mask=mask, use_cache=False).logits
+    return normalized_error(actual[real], expected[real])
+
+
 def test_patch_replaces_every_attention_module(pair):
     family, eager, patched = pair
     modules = [m for _, m in patched.named_modules() if isinstance(m, sneppx.hf.SneppxAttention)]
@@ -174,11 +183,7 @@ def test_rope_scaling(family):
     assert layer.sneppx.rope_scaling["rope_type"] == ROPE_SCALINGS[family]["rope_type"]
     assert layer.sneppx.rope_theta == ROPE_SCALINGS[family]["rope_theta"]
     ids, mask = prompts([19, 6], seed=2)
-    real = mask.bool()
-    with torch.no_grad():
-        expected = eager(ids, attention_mask=mask, use_cache=False).logits
-        actual = patched(ids, attention_mask=mask, use_cache=False).logits
-    assert normalized_error(actual[real], expected[real]) <= TOLERANCE
+    assert logits_error(patched, eager, ids, mask) <= TOLERANCE
     assert torch.equal(greedy(patched, ids, mask), greedy(eager, ids, mask))
 
 
@@ -193,11 +198,7 @@ def test_partial_rotary_factor_is_ignored_as_transformers_does(family):
     layer = next(m for m in patched.modules() if isinstance(m, sneppx.hf.SneppxAttention))
     assert layer.sneppx.rotary_dim == layer.sneppx.head_dim
     ids, mask = prompts([19, 6], seed=2)
-    real = mask.bool()
-    with torch.no_grad():
-        expected = eager(ids, attention_mask=mask, use_cache=False).logits
-        actual = patched(ids, attention_mask=mask, use_cache=False).logits
-    assert normalized_error(actual[real], expected[real]) <= TOLERANCE
+    assert logits_error(patched, eager, ids, mask) <= TOLERANCE
 
 
 def test_partial_rotary_factor_with_a_scaled_rope_is_refused():
