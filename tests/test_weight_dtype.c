@@ -196,7 +196,9 @@ static void check_type(const struct sneppx_target *target, int dtype, const stru
 
 /* ---- int8 ---------------------------------------------------------------- */
 
+/* The group config.h documents; the cases below (a whole group and a short one) are laid out for it. */
 enum { I8_K = 45, I8_N = 4, I8_GROUP = 32 };
+_Static_assert((int)I8_GROUP == SNEPPX_GEMM_INT8_GROUP, "the documented int8 group is the ABI's");
 _Static_assert((int)I8_K <= (int)MAX_K, "one_hot_product's rows hold the int8 cases' k");
 
 /* The quantizer as config.h states it, written independently of the kernels:

@@ -348,7 +348,8 @@ def random_state_dict(config: Any, rng: np.random.Generator, qkv_bias: bool = Tr
     return out
 
 
-#: Rows of k that share an int8 scale (templates/abi.h.j2's SNEPPX_GEMM_INT8_GROUP).
+#: Rows of k that share an int8 scale, as config.h documents (test_config_fields pins it to
+#: templates/abi.h.j2's SNEPPX_GEMM_INT8_GROUP).
 INT8_GROUP = 32
 
 

@@ -24,6 +24,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
+import reference as ref
 import sneppx
 from sneppx import _hf
 from sneppx import _structs as S
@@ -133,11 +134,12 @@ def test_hand_written_mirrors_have_the_c_layout():
         assert [field for field, _ in struct._fields_] == [field for _, field in c_fields], name
         assert ctypes.sizeof(struct) == layouts[name][-1][0], name
     macros = subprocess.run([_clang(), "-x", "c", "-std=c11", f"-I{INCLUDE}", f"-I{GENERATED}", "-E", "-dM", "-"],
-                            input="#include \"sneppx/sneppx.h\"\n", capture_output=True, text=True, timeout=120)
+                            input="#include \"sneppx/sneppx.h\"\n#include \"sneppx_abi.h\"\n", capture_output=True, text=True, timeout=120)
     assert macros.returncode == 0, macros.stderr
     defined = dict(re.findall(r"^#define (SNEPPX_\w+) (.+)$", macros.stdout, re.M))
     assert int(defined["SNEPPX_ATTN_TENSORS_MAX"]) == S.ATTN_TENSORS_MAX
     assert int(defined["SNEPPX_SYNTHETIC_SEED"].rstrip("ULul"), 0) == S.SYNTHETIC_SEED
+    assert int(defined["SNEPPX_GEMM_INT8_GROUP"]) == ref.INT8_GROUP
 
 
 def _edited_header(tmp_path: Path, old: str, new: str) -> Path:
