@@ -40,7 +40,8 @@ static void record_kernel(sneppx_layer *layer, const char *key, const sneppx_ker
 
 /* The kernels a layer needs, gathered before any is resolved so that they
  * compile side by side (kernels.c compiles distinct keys concurrently).
- * At most 13 today: MLA with q LoRA has 9 plus 4 attention variants. */
+ * At most 21 today (warmup): MLA with q LoRA has 9, plus 4 flash / SDPA variants and
+ * 2 decode ones per KV cache type. */
 #define MAX_REQUESTS (SNEPPX_LAYER_MAX_KERNELS + 4)
 
 struct kernel_request {
