@@ -453,8 +453,8 @@ class LLMConfig:
         bfloat16 and float16 tensors are copied once as their 16 bits, float32 ones as float32,
         others converted to float32; the copies are kept (so extend_context() / mla_naive can
         repack them; changing the caller's arrays afterwards changes nothing here, as in torch).
-        dtype: how the layer stores the projections ("float32", "bfloat16", "float16"; the
-        names of sneppx_dtype), which becomes the config's weight_dtype; None keeps the
+        dtype: how the layer stores the projections ("float32", "bfloat16", "float16", "int8";
+        the names of sneppx_dtype), which becomes the config's weight_dtype; None keeps the
         config's. Missing, extra or mis-shaped tensors raise ValueError, a non-float dtype
         TypeError, each naming the tensor."""
         self._load(lambda: StateDictWeights(self._config, state_dict, layer), dtype)

@@ -26,8 +26,8 @@ def patch(model: Any, *, weight_dtype: str = "float32", num_threads: int = 0, us
     model: a transformers LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or
         DeepseekV2ForCausalLM (or the bare LlamaModel, ...), on the CPU, loaded with
         attn_implementation "eager" or "sdpa" (the masks these make are what sneppx reads).
-    weight_dtype: how sneppx stores the projections: "float32" (default), "bfloat16" or
-        "float16" (LLMConfig's weight_dtype). The module's tensors are read through
+    weight_dtype: how sneppx stores the projections: "float32" (default), "bfloat16",
+        "float16" or "int8" (LLMConfig's weight_dtype). The module's tensors are read through
         .detach(), bfloat16 and float16 ones as their 16 bits and others as float32, and
         packed once (each layer keeps its own packed copy; the replaced modules, and their
         tensors, are dropped, so the patched model's state_dict() and save_pretrained()
