@@ -39,6 +39,8 @@
  *   SNEPPX_JIT=0         never compile: a kernel missing from both caches fails
  *                        with SNEPPX_ERR_JIT and a message naming its key
  *   SNEPPX_VERBOSE=1     log each compile (key and milliseconds)
+ *   SNEPPX_TARGET=v8     run (and cache) another instruction-set target than the host's
+ *   SNEPPX_JIT_THREADS, SNEPPX_PERF_MAP: docs/SECURITY.md, which lists them all
  */
 #ifndef SNEPPX_CACHE_H
 #define SNEPPX_CACHE_H

@@ -39,7 +39,8 @@ static void usage(FILE *out)
           "          checkpoint's config.json (PATH: the file or its directory) describes\n"
           "  tune    time the GEMM's tile candidates on this host (a few seconds) and keep the fastest in\n"
           "          the cache: kernels compiled from then on use it (N threads: OpenMP's default)\n"
-          "Environment: SNEPPX_CACHE_DIR, SNEPPX_CACHE_MAX_MB, SNEPPX_CACHE_LOCK_TIMEOUT, SNEPPX_TUNE, SNEPPX_VERBOSE\n"
+          "Environment: SNEPPX_CACHE_DIR, SNEPPX_CACHE_MAX_MB, SNEPPX_CACHE_LOCK_TIMEOUT, SNEPPX_TARGET, SNEPPX_TUNE,\n"
+          "SNEPPX_JIT, SNEPPX_VERBOSE\n"
           "(see sneppx/cache.h).\n",
           out);
 }
