@@ -2,7 +2,7 @@
 # Builds sneppx-bench and runs it: every stage side by side with its baseline.
 # The first full run installs the baselines' virtual environment (scripts/venv.sh,
 # ~10 minutes once per instruction set; `SNEPPX_BENCH_VENV= bench/run.sh` runs without it).
-#   bench/run.sh [--quick] [--stages LIST] [--csv FILE] [--plot FILE.png]
+#   bench/run.sh [--quick] [--stages LIST] [--csv FILE] [--plot FILE.png] [--gemm-tile RxC]
 # The build directory is $SNEPPX_BUILD_DIR (default: build-bench beside the sources).
 # OpenBLAS reads OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE when it loads; this
 # machine sets them to force AVX2 kernels, 1.7-3.9x slower. The baseline
