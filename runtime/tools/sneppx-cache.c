@@ -56,6 +56,15 @@ static int fail(const char *what, sneppx_status status)
 /* Why this build would not load the entry of key (a kernel or a tuning record),
  * or NULL when it would. A kernel's payload must also be an object bundle: an
  * entry that verifies but does not unpack is rebuilt at its next use. */
+/* The target of a key that is not this process's target (SNEPPX_TARGET=v8 on an
+ * AVX-512 host, or the reverse), else NULL: such an entry is kept for the processes
+ * that run its target, and only they can compute its fingerprint. */
+static const char *other_target(const char *key)
+{
+    const char *dash = strrchr(key, '-');
+    return dash && strcmp(dash + 1, sneppx_host_target()->name) != 0 ? dash + 1 : NULL;
+}
+
 static const char *verdict(const char *key, char *reason, size_t reason_size)
 {
     uint8_t fingerprint[SNEPPX_SHA256_SIZE];
@@ -145,9 +154,12 @@ static int list(void)
     for (size_t i = 0; i < count; i++) {
         char when[32], reason[160];
         sneppx_disk_cache_format_time(entries[i].last_used, when, sizeof when);
-        const char *problem = verdict(entries[i].key, reason, sizeof reason);
+        const char *target = other_target(entries[i].key);
+        if (target)
+            snprintf(reason, sizeof reason, "SNEPPX_TARGET=%s's entry (checked under it)", target);
+        const char *problem = target ? NULL : verdict(entries[i].key, reason, sizeof reason);
         printf("%-52s %9llu  %-19s  %s%s\n", entries[i].key, (unsigned long long)entries[i].bytes, when,
-               problem ? "rebuilt on next use: " : "ok", problem ? problem : "");
+               target ? reason : problem ? "rebuilt on next use: " : "ok", problem ? problem : "");
     }
     free(entries);
     return 0;
