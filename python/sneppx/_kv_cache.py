@@ -132,6 +132,12 @@ class KVCache:
             self._destroy(self._handle)
             self._handle = None
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # copy.copy, copy.deepcopy and pickle all come here. The default would copy _handle:
+        # two objects destroying one C cache, the second use a use-after-free.
+        raise TypeError("KVCache cannot be copied or pickled: its pages live in C memory owned by this object; "
+                        "fork(row) adds a row that continues from another (pages shared, copied on write)")
+
     def _add(self) -> int:
         seq_id = ctypes.c_int64()
         check(lib.sneppx_kv_cache_add_sequence(self._handle, ctypes.byref(seq_id)))

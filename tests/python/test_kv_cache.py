@@ -2,6 +2,9 @@
 against the float64 reference of the whole sequence (reference.mha_forward) and the
 cache-free forward. A cached forward computes the same rows as the whole sequence, so
 the thresholds are test_numerics.py's (reference.FP32_*)."""
+import copy
+import pickle
+
 import numpy as np
 import pytest
 
@@ -175,6 +178,18 @@ def test_errors_name_the_argument_and_leave_the_cache(rng):
         other.forward_mha(np.zeros((2, 1, other.hidden_size), np.float32), past_key_value=cache)
     assert (cache.lengths, cache.stats()) == before
 
+
+
+@pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy, pickle.dumps], ids=["copy", "deepcopy", "pickle"])
+def test_copy_and_pickle_are_refused(copier, rng):
+    # A copy would share the C cache's handle: the first of the two collected frees it
+    # and the other then reads freed pages (it crashed the interpreter).
+    _, cfg, _ = _layer("llama3", rng)
+    cache = cfg.kv_cache(batch=1, max_tokens=8)
+    cfg.forward_mha(np.zeros((1, 3, cfg.hidden_size), np.float32), past_key_value=cache)
+    with pytest.raises(TypeError, match="KVCache cannot be copied or pickled.*fork"):
+        copier(cache)
+    assert cache.lengths == [3]
 
 @pytest.mark.parametrize("family", ["qwen2", "deepseek-v2", "mistral"])
 def test_long_decode_splits_keys_across_threads(family, rng):
