@@ -59,7 +59,7 @@ def kv_dtype(value: Any) -> int:
 
 def _count(name: str, value: Any, low: int) -> int:
     """An integer of at least low that fits the C int64_t it goes to (ctypes would wrap it)."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
+    if isinstance(value, (bool, np.bool_)) or not hasattr(value, "__index__"):   # numpy's bool has __index__
         raise TypeError(f"{name}: expected an integer, got {value!r}")
     value = int(value.__index__())
     if value < low:
@@ -144,7 +144,7 @@ class KVCache:
         return seq_id.value
 
     def _row(self, row: Any) -> int:
-        if isinstance(row, bool) or not hasattr(row, "__index__"):
+        if isinstance(row, (bool, np.bool_)) or not hasattr(row, "__index__"):
             raise TypeError(f"row: expected an integer, got {row!r}")
         index = row.__index__()
         if not 0 <= index < len(self._rows):

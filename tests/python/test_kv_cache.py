@@ -180,6 +180,25 @@ def test_errors_name_the_argument_and_leave_the_cache(rng):
 
 
 
+
+def test_numpy_bools_are_not_integers(rng):
+    # numpy's bool has __index__; like Python's True it is refused where a count, a row or
+    # a layer index goes (np.True_ was row 1, np.False_ layer 0).
+    _, cfg, _ = _layer("llama3", rng)
+    cache = cfg.kv_cache(batch=2, max_tokens=8)
+    token = np.zeros((cfg.hidden_size,), np.float32)[None]
+    for name, call in [("batch", lambda: cfg.kv_cache(batch=np.True_, max_tokens=8)),
+                       ("max_tokens", lambda: cfg.kv_cache(batch=1, max_tokens=np.True_)),
+                       ("layer_idx", lambda: cfg.forward_mha(token[None].repeat(2, 0), past_key_value=cache,
+                                                             layer_idx=np.False_)),
+                       ("row", lambda: cfg.forward_ragged(cache, [np.True_], [token])),
+                       ("row", lambda: cache.fork(np.False_)),
+                       ("length", lambda: cache.truncate(0, np.False_)),
+                       ("begin", lambda: cache.read(0, begin=np.False_))]:
+        with pytest.raises(TypeError, match=f"{name}: expected an integer, got (np\\.)?(True|False)"):
+            call()
+    assert cache.lengths == [0, 0] and cache.batch == 2
+
 @pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy, pickle.dumps], ids=["copy", "deepcopy", "pickle"])
 def test_copy_and_pickle_are_refused(copier, rng):
     # A copy would share the C cache's handle: the first of the two collected frees it
