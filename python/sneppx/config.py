@@ -157,6 +157,10 @@ class LLMConfig:
             if field.required and args[field.name] is None:
                 alias = {"num_attention_heads": " (or num_heads)"}.get(field.name, "")
                 raise TypeError(f"{field.name}{alias} is required")
+        # Checked under their own names: the fields they set (qkv_bias, o_bias) are not what the caller gave.
+        for flag_name, flag_value in (("bias", bias), ("attention_bias", attention_bias)):
+            if flag_value is not None:
+                _flag(flag_name, flag_value)
         if bias is not None and attention_bias is not None and bool(bias) != bool(attention_bias):
             raise TypeError(f"bias={bias!r} and attention_bias={attention_bias!r} disagree")
         both = attention_bias if attention_bias is not None else (True if bias is None else bias)

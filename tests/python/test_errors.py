@@ -44,6 +44,9 @@ def test_unknown_preset_lists_valid_names():
     (dict(hidden_size=64), TypeError, "num_attention_heads"),
     (dict(SMALL, num_heads=8), TypeError, "num_attention_heads=4 and its alias num_heads=8 disagree"),
     (dict(SMALL, bias=True, attention_bias=False), TypeError, "disagree"),
+    # Named as given, not as the fields they set (qkv_bias / o_bias).
+    (dict(SMALL, bias="yes"), TypeError, "^bias: expected a bool, got 'yes'$"),
+    (dict(SMALL, attention_bias=2), TypeError, "^attention_bias: expected a bool, got 2$"),
     (dict(SMALL, hidden_size=-64), ValueError, "hidden_size: -64 must be >= 0"),
     (dict(SMALL, hidden_size=64.5), TypeError, "hidden_size: expected an integer"),
     (dict(SMALL, hidden_size=0), ValueError, "config.hidden_size"),
