@@ -632,8 +632,8 @@ class LLMConfig:
                 raise TypeError(f"cache: expected a sneppx KVCache (LLMConfig.kv_cache()), got "
                                 f"{type(cache).__name__}")
             layer_idx = layer_index(layer_idx)
-            rows = list(rows)
-            chunks = list(hidden_states)
+            rows = _per_row_list("rows", rows)
+            chunks = _per_row_list("hidden_states", hidden_states)
             if len(chunks) != len(rows):
                 raise ValueError(f"hidden_states: {len(chunks)} arrays for {len(rows)} rows")
             hidden_size = self._config.hidden_size
@@ -643,11 +643,12 @@ class LLMConfig:
             q_lens = [chunk.shape[0] for chunk in packed]
             positions = None
             if position_ids is not None:
-                position_list = list(position_ids)
+                position_list = _per_row_list("position_ids", position_ids)
                 if len(position_list) != len(rows):
                     raise ValueError(f"position_ids: {len(position_list)} arrays for {len(rows)} rows")
+                # np.empty for no rows: np.concatenate refuses an empty list.
                 positions = np.concatenate([row_positions_array(f"position_ids[{i}]", p, q_lens[i])
-                                            for i, p in enumerate(position_list)])
+                                            for i, p in enumerate(position_list)] or [np.empty(0, np.int64)])
         if not rows and not is_sharded(self):
             return []
         x = np.ascontiguousarray(np.concatenate(packed)) if packed else np.empty((0, hidden_size), np.float32)
@@ -657,6 +658,16 @@ class LLMConfig:
                 seq_ids = [cache._rows[cache._row(row)] for row in rows]
             self._current_layer().forward_cached(cache._handle, layer_idx, seq_ids, q_lens, x, positions, None, out)
         return [output_like(chunk, part) for chunk, part in zip(chunks, np.split(out, np.cumsum(q_lens)[:-1]))]
+
+
+def _per_row_list(name: str, value: Any) -> list:
+    """forward_ragged's per-row arguments as a list, else a TypeError naming the argument
+    (list() alone says only "'int' object is not iterable")."""
+    try:
+        return list(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected one entry per row (a list or other iterable), got "
+                        f"{type(value).__name__}") from None
 
 
 def _field_property(field: Any) -> property:

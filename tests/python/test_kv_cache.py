@@ -181,6 +181,20 @@ def test_errors_name_the_argument_and_leave_the_cache(rng):
 
 
 
+
+def test_ragged_arguments_must_be_per_row(rng):
+    _, cfg, _ = _layer("llama3", rng)
+    cache = cfg.kv_cache(batch=1, max_tokens=8)
+    token = np.zeros((1, cfg.hidden_size), np.float32)
+    for name, args, kwargs in [("rows", (0, [token]), {}), ("hidden_states", ([0], None), {}),
+                               ("position_ids", ([0], [token]), dict(position_ids=5))]:
+        with pytest.raises(TypeError, match=f"^{name}: expected one entry per row .*, got (int|NoneType)$"):
+            cfg.forward_ragged(cache, *args, **kwargs)
+    # No rows is no work, with or without (no) positions.
+    assert cfg.forward_ragged(cache, [], []) == []
+    assert cfg.forward_ragged(cache, [], [], position_ids=[]) == []
+    assert cache.lengths == [0]
+
 def test_numpy_bools_are_not_integers(rng):
     # numpy's bool has __index__; like Python's True it is refused where a count, a row or
     # a layer index goes (np.True_ was row 1, np.False_ layer 0).
