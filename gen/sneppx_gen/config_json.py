@@ -375,6 +375,9 @@ def _read_partial_rotary(top: Scope, c: CConfig) -> None:
     if top.lookup("partial_rotary_factor") is None:
         return
     factor = top.real("partial_rotary_factor", 1.0)
+    if c.kv_lora_rank > 0:   # as LLMConfig: the runtime reads rotary_dim only without MLA
+        raise ConfigError(f"partial_rotary_factor: MLA (kv_lora_rank > 0) rotates the qk_rope_head_dim "
+                          f"({c.qk_rope_head_dim}) dims of each head; give that instead")
     if not 0.0 < factor <= 1.0:
         raise ConfigError(f"partial_rotary_factor: {_g(factor)} must be in (0, 1]")
     heads = c.num_attention_heads if c.num_attention_heads > 0 else 1

@@ -128,7 +128,8 @@ class LLMConfig:
         sliding_window: None or 0 = no window; else W keys including the query itself.
         partial_rotary_factor: rotate only int(head_dim * factor) dims of each head; a factor
             outside (0, 1] or one that rotates no pair (int(head_dim * factor) < 2) raises
-            ValueError. from_config_json does not read it: transformers' LLaMA, Mistral and
+            ValueError, and so does any factor for MLA, which rotates qk_rope_head_dim dims.
+            from_config_json does not read it: transformers' LLaMA, Mistral and
             Qwen2 attention rotates the whole head whatever config.json says.
         rope_interleaved: rotate (x[2i], x[2i+1]) pairs instead of HF's (x[i], x[i+d/2]);
             default: True for MLA (DeepSeek's published weights pair them so, as
@@ -176,6 +177,9 @@ class LLMConfig:
         if rope_interleaved is None:
             config.rope_interleaved = config.kv_lora_rank > 0
         if partial_rotary_factor is not None:
+            if config.kv_lora_rank > 0:   # the runtime reads rotary_dim only without MLA: it was dropped unseen
+                raise ValueError(f"partial_rotary_factor: MLA (kv_lora_rank > 0) rotates the qk_rope_head_dim "
+                                 f"({config.qk_rope_head_dim}) dims of each head; give that instead")
             config.rotary_dim = _partial_rotary_dim(config, partial_rotary_factor)
         self._init(config)
 

@@ -78,6 +78,9 @@ def test_unknown_preset_lists_valid_names():
     (dict(SMALL, mla_naive=True), ValueError, "mla_naive: applies to MLA configs"),
     (dict(SMALL, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, sliding_window=8),
      NotImplementedError, "MLA has no sliding window"),
+    # MLA rotates qk_rope_head_dim dims whatever the factor: it was accepted and ignored.
+    (dict(SMALL, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, partial_rotary_factor=0.5),
+     ValueError, r"^partial_rotary_factor: MLA \(kv_lora_rank > 0\) rotates the qk_rope_head_dim \(16\) dims"),
     (dict(SMALL, name=7), TypeError, "name: expected a string"),
 ])
 def test_bad_configs(kwargs, error, pattern):

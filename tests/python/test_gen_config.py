@@ -348,6 +348,10 @@ def test_hand_form_is_read_with_the_same_rules(tmp_path):
     path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "rope_theta": -5}))
     with pytest.raises(config_json.ConfigError, match=r"hand\.json: config\.rope_theta: -5 must be"):
         config_json.read_file(str(path))
+    path.write_text(json.dumps({"hidden_size": 128, "num_attention_heads": 4, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+                                "qk_rope_head_dim": 16, "v_head_dim": 16, "partial_rotary_factor": 0.5}))
+    with pytest.raises(config_json.ConfigError, match=r"partial_rotary_factor: MLA \(kv_lora_rank > 0\) rotates"):
+        config_json.read_file(str(path))
     path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "qkv_bias": 2}))
     with pytest.raises(config_json.ConfigError, match=r"qkv_bias: expected true or false \(or 0 / 1\), got 2"):
         config_json.read_file(str(path))
