@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _structs as S
 from ._library import lib
-from .errors import check
+from .errors import OutOfMemoryError, check
 
 
 class Layer:
@@ -64,6 +64,16 @@ class Layer:
         planes = None
         if masks is not None:
             planes = (ctypes.c_void_p * count)(*[m.ctypes.data if m is not None else None for m in masks])
-        check(lib.sneppx_layer_forward_cached(
-            self._handle, cache_handle, layer_index, count, ids, lens, hidden_states.ctypes.data,
-            position_ids.ctypes.data if position_ids is not None else None, planes, out.ctypes.data))
+        try:
+            check(lib.sneppx_layer_forward_cached(
+                self._handle, cache_handle, layer_index, count, ids, lens, hidden_states.ctypes.data,
+                position_ids.ctypes.data if position_ids is not None else None, planes, out.ctypes.data))
+        except OutOfMemoryError as error:
+            # The C advice names the pool's size in tokens; from Python, kv_cache()'s batch and
+            # max_tokens make it, and forks draw on the same pool.
+            text = str(error).replace("create the cache with a larger capacity_tokens",
+                                      "make the cache with a larger batch or max_tokens (LLMConfig.kv_cache(): "
+                                      "its pool holds batch rows of max_tokens, which forks share)")
+            if text == str(error):
+                raise
+            raise OutOfMemoryError(text) from None

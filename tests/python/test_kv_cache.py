@@ -127,6 +127,24 @@ def test_fork_truncate_reset_and_positions(rng):
     _assert_close(got, ref.mha_forward(hf_config, weights, x, None, positions), "position offsets")
 
 
+def test_forks_that_fill_the_pool_get_python_advice(rng):
+    """A cache of one row of 16 tokens in pages of 4 has a pool of 5 pages; four forks
+    growing by 8 tokens each need 8 more: OutOfMemoryError advising kv_cache()'s batch or
+    max_tokens (the C message names capacity_tokens, which Python callers do not set),
+    and the cache as it was."""
+    hf_config, cfg, weights = _layer("llama3", rng)
+    cache = cfg.kv_cache(batch=1, max_tokens=16, page_size=4)
+    x = rng.uniform(-1, 1, (1, 4, cfg.hidden_size)).astype(np.float32)
+    cfg.forward_mha(x, past_key_value=cache)
+    rows = [cache.fork(0) for _ in range(4)]
+    before = (cache.lengths, cache.stats())
+    grow = [rng.uniform(-1, 1, (8, cfg.hidden_size)).astype(np.float32) for _ in rows]
+    with pytest.raises(sneppx.errors.OutOfMemoryError, match=r"pool full: .*a larger batch or max_tokens") as caught:
+        cfg.forward_ragged(cache, rows, grow)
+    assert "capacity_tokens" not in str(caught.value)
+    assert (cache.lengths, cache.stats()) == before
+
+
 def test_window_keeps_the_pool_bounded(rng):
     """Mistral's window (16) with pages of 4: after the window fills, decoding returns pages
     as fast as it takes them."""
