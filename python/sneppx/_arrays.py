@@ -46,7 +46,9 @@ def array_or_bfloat16_bits(name: str, value: Any) -> Tuple[np.ndarray, bool]:
     if array.dtype.name == "bfloat16" and array.dtype.itemsize == 2:   # ml_dtypes
         return array.view(np.uint16), True
     if array.dtype.kind == "O":
-        raise TypeError(f"{name}: cannot be read as a numeric array (got dtype object; ragged input?)")
+        # numpy makes object arrays of ragged lists and of integers beyond 64 bits.
+        raise TypeError(f"{name}: cannot be read as a numeric array (got dtype object: ragged lists, or integers "
+                        f"beyond 64 bits?)")
     return array, False
 
 

@@ -177,6 +177,8 @@ def test_bad_position_ids(cfg, x):
             cfg.forward_mha(x, position_ids=np.zeros(shape, np.int64))
     with pytest.raises(TypeError, match="position_ids: expected integers, got dtype float64"):
         cfg.forward_mha(x, position_ids=np.zeros((2, 5)))
+    with pytest.raises(TypeError, match="position_ids: .*dtype object: ragged lists, or integers beyond 64 bits"):
+        cfg.forward_mha(x, position_ids=[[0, 1, 2, 3, 2**70]])
     with pytest.raises(ValueError, match="position_ids: entry .* is negative"):
         cfg.forward_mha(x, position_ids=np.array([[0, 1, 2, -3, 4]] * 2))
     with pytest.raises(ValueError, match="position_ids: position 4096 is beyond max_position_embeddings 4096"):
