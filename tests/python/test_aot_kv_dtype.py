@@ -212,6 +212,28 @@ def test_vendored_cache_equals_the_runtimes(family, dtype, directory, rng):
     assert err_max > 10 * PAIR_NARROW, f"{family} {dtype}: no rounding visible ({err_max:.1e})"
 
 
+# A compiler without _Float16 on the target (clang before 15 on x86, Debian 12's clang):
+# the macro it lacks undefined, and the type's name made one no compiler knows.
+NO_FLOAT16 = ("-U__FLT16_MAX__", "-D_Float16=no_float16_in_this_compiler")
+
+
+def test_float16_cache_without_compiler_float16(directory, rng):
+    """A float16 cache's vendored layer built by a compiler that has no _Float16 (it did
+    not compile: the widening was a _Float16 vector conversion) widens the bits itself,
+    exactly: a prefill (the gathered path), a 5-token chunk and decode steps (attn_decode
+    over the cache in place) give the runtime's rows (PAIR_NARROW)."""
+    layer = NarrowLayer("llama3", "float16", directory / "no-float16", rng, CLANG, NATIVE + NO_FLOAT16)
+    seq_len = 28
+    x = rng.uniform(-1, 1, (2, seq_len, layer.hidden)).astype(np.float32)
+    caches = Caches(layer, 2, capacity=seq_len)
+    cache = layer.jit.kv_cache(batch=2, max_tokens=seq_len, page_size=4, dtype="float16")
+    for begin, end in [(0, 20), (20, 25)] + [(t, t + 1) for t in range(25, seq_len)]:
+        got = np.stack(caches.step([0, 1], [x[0, begin:end], x[1, begin:end]]))
+        want = layer.jit.forward_mha(x[:, begin:end], past_key_value=cache).astype(np.float64)
+        _assert_close(got, want, f"float16 without _Float16, tokens [{begin}, {end})", PAIR_NARROW, PAIR_NARROW)
+        _assert_same_cache(caches, cache, [0, 1], f"float16 without _Float16, tokens [{begin}, {end})")
+
+
 # The vendored layer for another target against the runtime's for this host: the same
 # math in another vector width's summation order (the caches' bits may differ with it).
 PAIR_OTHER_TARGET = 2e-5
