@@ -425,31 +425,6 @@ static sneppx_status check_masks(const struct cached_sequence *sequences, int64_
     return SNEPPX_OK;
 }
 
-/* The call's cos/sin rows. Dynamic NTK scales the frequencies by the call's longest
- * position: in a call of several sequences, each sequence's own, so that its rows do
- * not depend on the sequences beside it (a short one next to one past
- * max_position_embeddings would be rotated by the long one's frequencies). */
-static sneppx_status cached_rope_tables(sneppx_layer *layer, const struct cached_sequence *sequences, int64_t n_seqs,
-                                        int64_t tokens, const int64_t *positions, int64_t max_position, float *cos,
-                                        float *sin)
-{
-    if (layer->config.rope_scaling.type != SNEPPX_ROPE_DYNAMIC ||
-        max_position < layer->config.max_position_embeddings || n_seqs == 1)
-        return sneppx_rope_tables(layer, tokens, tokens, positions, max_position, cos, sin);
-    const int64_t half = layer->rotary_dim / 2;
-    for (int64_t i = 0; i < n_seqs; i++) {
-        const struct cached_sequence *s = &sequences[i];
-        int64_t largest = 0;
-        for (int64_t j = 0; j < s->q_len; j++)
-            largest = positions[s->token0 + j] > largest ? positions[s->token0 + j] : largest;
-        const sneppx_status status = sneppx_rope_tables(layer, s->q_len, s->q_len, positions + s->token0, largest,
-                                                        cos + s->token0 * half, sin + s->token0 * half);
-        if (status != SNEPPX_OK)
-            return status;
-    }
-    return SNEPPX_OK;
-}
-
 /* The call; a shard's (agreed non-NULL) takes every rank's verdict, setting *agreed,
  * once nothing can fail but the sums. */
 static sneppx_status forward_cached(sneppx_layer *layer, sneppx_kv_cache *cache, int64_t layer_index,
@@ -562,8 +537,7 @@ static sneppx_status forward_cached(sneppx_layer *layer, sneppx_kv_cache *cache,
     if (status == SNEPPX_OK)
         status = check_masks(plan.sequences, n_seqs);
     if (status == SNEPPX_OK)
-        status = cached_rope_tables(layer, plan.sequences, n_seqs, tokens, plan.positions, max_position, ws->cos,
-                                    ws->sin);
+        status = sneppx_rope_tables(layer, tokens, tokens, plan.positions, max_position, ws->cos, ws->sin);
     if (status == SNEPPX_OK)
         status = sneppx_kv_call_reserve(cache, layer_index, n_seqs, plan.seqs, q_lens);
     if (agreed) {

@@ -464,19 +464,3 @@ def test_narrow_cache_sizes_and_names(rng):
     assert cache.read(0)[0].shape == (3, 2, 32) and cache.read(0, 0, 1, 2)[1].shape == (1, 2, 32)
     with pytest.raises(ValueError, match="begin, end"):
         cache.read(0, 0, 2, 5)
-
-
-def test_ragged_dynamic_rope_rows_do_not_depend_on_each_other(rng):
-    """Dynamic NTK scales RoPE by the call's longest position: each sequence's own in a
-    ragged call. A short row beside one past max_position_embeddings was rotated by the
-    long row's frequencies (0.4% off); each row equals its own whole sequence's forward."""
-    hf_config = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                     max_position_embeddings=16, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
-    cfg = sneppx.LLMConfig(**hf_config)
-    weights = ref.random_state_dict(hf_config, rng, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
-    cfg.load_state_dict(weights)
-    xs = [rng.uniform(-1, 1, (n, cfg.hidden_size)).astype(np.float32) for n in (4, 40, 9)]
-    cache = cfg.kv_cache(batch=3, max_tokens=64, page_size=4)
-    outs = cfg.forward_ragged(cache, [0, 1, 2], xs)
-    for row, (x, out) in enumerate(zip(xs, outs)):
-        _assert_close(out, ref.mha_forward(hf_config, weights, x[None])[0], f"dynamic ragged row {row}")
