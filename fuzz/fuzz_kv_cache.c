@@ -1,0 +1,670 @@
+/* Fuzzes the paged KV cache as a caller drives it: the input's first bytes
+ * pick a tiny layer (hidden 32, 2 heads, 1 K/V head of head_dim 16; or a
+ * sliding window of 6; or MLA with a latent of 16 + 16) with 1 or 2 threads,
+ * flash or SDPA, and a cache of 2 layers (pages of 1 to 8 tokens, a pool of 2
+ * to 12 pages, float32 / bfloat16 / float16 / int8, a page table sized for the
+ * pool or for 4 tokens); the rest is a sequence of operations on that cache:
+ * add, remove, fork, truncate, reset, a cached forward over a ragged set of
+ * sequences at layer 0 or 1 (and bad arguments: layer index 2 or -1, no
+ * sequences, unknown or removed ids, duplicates, q_len 0, positions below 0
+ * or past max_position_embeddings 64, more pages than the pool has), read,
+ * and the length queries.
+ *
+ * The harness keeps a model of the cache: each sequence's length per layer,
+ * its released pages, its page table over pages with refcounts (copy-on-write
+ * as kv_cache.h describes it), and every K/V row it still holds. Promises,
+ * checked after every operation:
+ *   - a call succeeds or fails as the model says (a failure with
+ *     SNEPPX_ERR_INVALID_ARGUMENT, or SNEPPX_ERR_OUT_OF_MEMORY for a full pool);
+ *   - a failed call changes nothing, and no call changes a row it did not
+ *     append: every live sequence's held rows, both layers, read back
+ *     byte-identical to the model (a fork's are its parent's);
+ *   - lengths match the model, reads outside the held tokens are refused;
+ *   - the stats' free pages are the pool minus the pages the model's
+ *     sequences hold (free + held = pool), and the live sequences count;
+ *   - a forward's new rows are byte-identical to those a fresh cache holds
+ *     after the same call (the same rows and positions, as new sequences:
+ *     other pages, other pasts; a row's projection may differ by an fp32
+ *     rounding with the call's other rows, so the call is the same), and
+ *     with float32 rows its output matches the cache-free forward over the
+ *     tokens the sequence holds to 1e-4 of the output's size (the queries'
+ *     windows are held, so that is the whole sequence's answer).
+ * Rows are compared with every held row of every sequence after every
+ * operation, so a row is checked against the fresh cache once, when appended,
+ * and against the model from then on. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuzz.h"
+#include "sneppx/config.h"
+#include "sneppx/kv_cache.h"
+#include "sneppx/layer.h"
+
+#define HIDDEN 32
+#define MAX_POSITIONS 64
+#define WINDOW 6
+#define NUM_LAYERS 2
+#define MAX_PAGES 12
+#define MAX_PAGE_SIZE 8
+#define MAX_TOKENS_HELD (MAX_PAGES * MAX_PAGE_SIZE) /* a sequence holds at most the pool */
+#define MAX_SEQS 8
+#define MAX_DEAD 16
+#define MAX_CALL_SEQS 4
+#define MAX_Q_LEN 23 /* past SNEPPX_DECODE_MAX_QUERIES (16): the gathered path too */
+#define K_FLOATS 32  /* the most floats of K (MLA: of a latent row) one token holds */
+#define V_FLOATS 16
+
+/* Reads the input a byte at a time; past its end, zeros. */
+struct reader {
+    const uint8_t *data;
+    size_t size, at;
+};
+
+static unsigned next(struct reader *r) { return r->at < r->size ? r->data[r->at++] : 0; }
+
+/* ---- the layers, made once per process (kernels compile at first use) ---- */
+
+enum { STANDARD, WINDOWED, MLA, KINDS };
+static sneppx_layer *layers[KINDS][2];
+
+static sneppx_layer *layer_of(int kind, int threads)
+{
+    if (layers[kind][threads - 1])
+        return layers[kind][threads - 1];
+    sneppx_config config;
+    sneppx_config_init(&config);
+    snprintf(config.name, sizeof config.name, "fuzz-kv");
+    config.hidden_size = HIDDEN;
+    config.num_attention_heads = 2;
+    config.max_position_embeddings = MAX_POSITIONS;
+    config.num_threads = threads;
+    if (kind == MLA) {
+        config.num_key_value_heads = 2;
+        config.kv_lora_rank = 16;
+        config.qk_rope_head_dim = 16;
+        config.qk_nope_head_dim = 16;
+        config.v_head_dim = 16;
+    } else {
+        config.num_key_value_heads = 1;
+        config.head_dim = 16;
+        config.sliding_window = kind == WINDOWED ? WINDOW : 0;
+    }
+    sneppx_status status = sneppx_layer_create(&config, NULL, &layers[kind][threads - 1]);
+    FUZZ_ASSERT(status == SNEPPX_OK, "the harness's layer %d: %s", kind, sneppx_last_error());
+    return layers[kind][threads - 1];
+}
+
+/* ---- the model ---- */
+
+struct model_seq {
+    int64_t id;
+    int64_t length[NUM_LAYERS];
+    int64_t released;           /* pages released from the front */
+    int held;
+    int pages[MAX_PAGES + 1];   /* model page numbers */
+    /* Per layer, the held tokens [released * page_size, length): what made them
+     * (seed of the hidden row, position) and the rows the cache holds. */
+    uint32_t seed[NUM_LAYERS][MAX_TOKENS_HELD];
+    int64_t position[NUM_LAYERS][MAX_TOKENS_HELD];
+    float k[NUM_LAYERS][MAX_TOKENS_HELD][K_FLOATS];
+    float v[NUM_LAYERS][MAX_TOKENS_HELD][V_FLOATS];
+};
+
+struct state {
+    sneppx_layer *layer;
+    sneppx_kv_cache *cache, *fresh;
+    int kind;
+    int64_t page_size, page_shift, pool, window;
+    int64_t k_floats, v_floats;  /* per token, as read */
+    int float32;
+    int refcount[MAX_PAGES];
+    struct model_seq *seqs[MAX_SEQS];
+    int live;
+    int64_t dead[MAX_DEAD];      /* ids removed (or reset away): unknown forever */
+    int dead_count;
+    uint32_t next_seed;
+};
+
+static int64_t pages_for(const struct state *s, int64_t length)
+{
+    return (length + s->page_size - 1) >> s->page_shift;
+}
+
+static int64_t first_held(const struct state *s, const struct model_seq *q) { return q->released * s->page_size; }
+
+static int64_t smallest(const struct model_seq *q)
+{
+    return q->length[0] < q->length[1] ? q->length[0] : q->length[1];
+}
+
+static int64_t largest(const struct model_seq *q)
+{
+    return q->length[0] > q->length[1] ? q->length[0] : q->length[1];
+}
+
+static int free_pages(const struct state *s)
+{
+    int n = 0;
+    for (int p = 0; p < s->pool; p++)
+        n += s->refcount[p] == 0;
+    return n;
+}
+
+static int page_take(struct state *s)
+{
+    for (int p = 0; p < s->pool; p++)
+        if (s->refcount[p] == 0) {
+            s->refcount[p] = 1;
+            return p;
+        }
+    FUZZ_ASSERT(0, "the model took a page from a full pool");
+    return -1;
+}
+
+/* The hidden row of a token seed: values in [-1, 1). */
+static void hidden_row(uint32_t seed, float *row)
+{
+    uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
+    for (int h = 0; h < HIDDEN; h++) {
+        x ^= x >> 31;
+        x *= 0xbf58476d1ce4e5b9ULL;
+        x ^= x >> 29;
+        row[h] = (float)(int)(x >> 56 & 0xff) / 128.0f - 1.0f;
+    }
+}
+
+static void forget(struct state *s, int index)
+{
+    if (s->dead_count < MAX_DEAD)
+        s->dead[s->dead_count++] = s->seqs[index]->id;
+    else
+        s->dead[s->seqs[index]->id % MAX_DEAD] = s->seqs[index]->id;
+    free(s->seqs[index]);
+    s->seqs[index] = s->seqs[--s->live];
+}
+
+static void unref_all(struct state *s, struct model_seq *q)
+{
+    for (int i = 0; i < q->held; i++)
+        s->refcount[q->pages[i]]--;
+    q->held = 0;
+}
+
+/* Drops the first `count` held pages and the tokens they held. */
+static void release_front(struct state *s, struct model_seq *q, int64_t count)
+{
+    for (int64_t i = 0; i < count; i++)
+        s->refcount[q->pages[i]]--;
+    memmove(q->pages, q->pages + count, (size_t)(q->held - count) * sizeof *q->pages);
+    q->held -= (int)count;
+    const int64_t before = first_held(s, q);
+    q->released += count;
+    const int64_t drop = first_held(s, q) - before;
+    for (int l = 0; l < NUM_LAYERS; l++) {
+        const int64_t kept = q->length[l] - first_held(s, q);
+        FUZZ_ASSERT(kept >= 0, "the model released tokens layer %d still needs", l);
+        memmove(q->seed[l], q->seed[l] + drop, (size_t)kept * sizeof q->seed[l][0]);
+        memmove(q->position[l], q->position[l] + drop, (size_t)kept * sizeof q->position[l][0]);
+        memmove(q->k[l], q->k[l] + drop, (size_t)kept * sizeof q->k[l][0]);
+        memmove(q->v[l], q->v[l] + drop, (size_t)kept * sizeof q->v[l][0]);
+    }
+}
+
+/* kv_cache.h's window rule: the pages of tokens <= L - W, L the smallest layer length. */
+static void release_hidden(struct state *s, struct model_seq *q)
+{
+    if (s->window <= 0)
+        return;
+    const int64_t hidden = smallest(q) - s->window + 1;
+    const int64_t releasable = hidden > 0 ? (hidden >> s->page_shift) - q->released : 0;
+    const int64_t count = releasable < q->held ? releasable : q->held;
+    if (count > 0)
+        release_front(s, q, count);
+}
+
+/* ---- checks against the cache ---- */
+
+static float read_k[MAX_TOKENS_HELD + MAX_Q_LEN][K_FLOATS], read_v[MAX_TOKENS_HELD + MAX_Q_LEN][V_FLOATS];
+
+static void read_rows(struct state *s, sneppx_kv_cache *cache, int64_t id, int64_t layer, int64_t begin,
+                      int64_t end, const char *what)
+{
+    sneppx_status status = sneppx_kv_cache_read(cache, id, layer, begin, end, &read_k[0][0], &read_v[0][0]);
+    FUZZ_ASSERT(status == SNEPPX_OK, "%s: read of [%lld, %lld) at layer %lld: %s", what, (long long)begin,
+                (long long)end, (long long)layer, sneppx_last_error());
+    /* The read packs rows of k_floats (v_floats): spread them to the model's stride. */
+    const int64_t rows = end - begin;
+    float *k = &read_k[0][0], *v = &read_v[0][0];
+    for (int64_t r = rows - 1; r >= 0; r--) {
+        memmove(read_k[r], k + r * s->k_floats, (size_t)s->k_floats * sizeof(float));
+        if (s->v_floats)
+            memmove(read_v[r], v + r * s->v_floats, (size_t)s->v_floats * sizeof(float));
+    }
+}
+
+/* Every promise about the cache's state, after any operation. */
+static void check_state(struct state *s, const char *after)
+{
+    sneppx_kv_cache_stats stats;
+    FUZZ_ASSERT(sneppx_kv_cache_stats_get(s->cache, &stats) == SNEPPX_OK, "stats: %s", sneppx_last_error());
+    FUZZ_ASSERT(stats.total_pages == s->pool, "after %s: the pool has %lld pages, made with %lld", after,
+                (long long)stats.total_pages, (long long)s->pool);
+    FUZZ_ASSERT(stats.free_pages == free_pages(s),
+                "after %s: %lld pages free, but the sequences hold %d of %lld (free + held != pool)", after,
+                (long long)stats.free_pages, (int)s->pool - free_pages(s), (long long)s->pool);
+    FUZZ_ASSERT(stats.sequences == s->live, "after %s: %lld live sequences, the model has %d", after,
+                (long long)stats.sequences, s->live);
+    for (int i = 0; i < s->live; i++) {
+        struct model_seq *q = s->seqs[i];
+        int64_t length = -1;
+        FUZZ_ASSERT(sneppx_kv_cache_length(s->cache, q->id, &length) == SNEPPX_OK && length == largest(q),
+                    "after %s: sequence %lld has length %lld, the model %lld (%s)", after, (long long)q->id,
+                    (long long)length, (long long)largest(q), sneppx_last_error());
+        for (int l = 0; l < NUM_LAYERS; l++) {
+            FUZZ_ASSERT(sneppx_kv_cache_layer_length(s->cache, q->id, l, &length) == SNEPPX_OK &&
+                            length == q->length[l],
+                        "after %s: sequence %lld has length %lld at layer %d, the model %lld (%s)", after,
+                        (long long)q->id, (long long)length, l, (long long)q->length[l], sneppx_last_error());
+            const int64_t first = first_held(s, q), rows = q->length[l] - first;
+            read_rows(s, s->cache, q->id, l, first, q->length[l], after);
+            for (int64_t r = 0; r < rows; r++)
+                FUZZ_ASSERT(memcmp(read_k[r], q->k[l][r], (size_t)s->k_floats * sizeof(float)) == 0 &&
+                                memcmp(read_v[r], q->v[l][r], (size_t)s->v_floats * sizeof(float)) == 0,
+                            "after %s: sequence %lld's row of token %lld at layer %d changed", after,
+                            (long long)q->id, (long long)(first + r), l);
+        }
+    }
+}
+
+/* ---- operations ---- */
+
+/* A sequence id from a byte: mostly a live one, else a removed one or one no cache gave. */
+static int64_t pick_id(struct state *s, unsigned b)
+{
+    if (s->live > 0 && b < 200)
+        return s->seqs[b % s->live]->id;
+    if (s->dead_count > 0 && b < 235)
+        return s->dead[b % s->dead_count];
+    const int64_t odd[] = {-1, (int64_t)1 << 40, INT64_MAX, 12345, INT64_MIN};
+    if (s->live > 0 && b % 6 == 5) /* a live slot with the next generation */
+        return s->seqs[b % s->live]->id + ((int64_t)1 << 32);
+    return odd[b % 5];
+}
+
+static int find(const struct state *s, int64_t id)
+{
+    for (int i = 0; i < s->live; i++)
+        if (s->seqs[i]->id == id)
+            return i;
+    return -1;
+}
+
+static void expect(sneppx_status status, sneppx_status want, const char *what)
+{
+    FUZZ_ASSERT(status == want, "%s returned %d, the model says %d (%s)", what, (int)status, (int)want,
+                status == SNEPPX_OK ? "" : sneppx_last_error());
+}
+
+static void op_add(struct state *s)
+{
+    if (s->live == MAX_SEQS)
+        return;
+    int64_t id = -1;
+    expect(sneppx_kv_cache_add_sequence(s->cache, &id), SNEPPX_OK, "add");
+    FUZZ_ASSERT(find(s, id) < 0, "add gave %lld, a live sequence's id", (long long)id);
+    for (int i = 0; i < s->dead_count; i++)
+        FUZZ_ASSERT(s->dead[i] != id, "add gave %lld again, the id of a removed sequence", (long long)id);
+    struct model_seq *q = calloc(1, sizeof *q);
+    FUZZ_ASSERT(q, "out of memory");
+    q->id = id;
+    s->seqs[s->live++] = q;
+}
+
+static void op_remove(struct state *s, struct reader *r)
+{
+    const int64_t id = pick_id(s, next(r));
+    const int index = find(s, id);
+    expect(sneppx_kv_cache_remove_sequence(s->cache, id), index >= 0 ? SNEPPX_OK : SNEPPX_ERR_INVALID_ARGUMENT,
+           "remove");
+    if (index >= 0) {
+        unref_all(s, s->seqs[index]);
+        forget(s, index);
+    }
+}
+
+static void op_fork(struct state *s, struct reader *r)
+{
+    const int64_t id = pick_id(s, next(r));
+    if (s->live == MAX_SEQS)
+        return;
+    const int index = find(s, id);
+    int64_t child_id = -1;
+    expect(sneppx_kv_cache_fork(s->cache, id, &child_id), index >= 0 ? SNEPPX_OK : SNEPPX_ERR_INVALID_ARGUMENT,
+           "fork");
+    if (index < 0)
+        return;
+    FUZZ_ASSERT(find(s, child_id) < 0 && child_id != id, "fork gave %lld, a live sequence's id",
+                (long long)child_id);
+    struct model_seq *child = malloc(sizeof *child);
+    FUZZ_ASSERT(child, "out of memory");
+    memcpy(child, s->seqs[index], sizeof *child);
+    child->id = child_id;
+    for (int i = 0; i < child->held; i++)
+        s->refcount[child->pages[i]]++;
+    s->seqs[s->live++] = child;
+}
+
+static void op_truncate(struct state *s, struct reader *r)
+{
+    const int64_t id = pick_id(s, next(r));
+    const int index = find(s, id);
+    const unsigned b = next(r);
+    int64_t length = b % 4 == 3 ? -(int64_t)(b >> 2) : b >> 2;
+    sneppx_status want = index >= 0 ? SNEPPX_OK : SNEPPX_ERR_INVALID_ARGUMENT;
+    struct model_seq *q = index >= 0 ? s->seqs[index] : NULL;
+    if (q) {
+        if (b % 4 < 2 && largest(q) > 0) /* mostly a length it has */
+            length = (b >> 2) % (largest(q) + 1);
+        if (length < 0 || length > largest(q)) {
+            want = SNEPPX_ERR_INVALID_ARGUMENT;
+        } else {
+            const int64_t low = smallest(q) < length ? smallest(q) : length;
+            const int64_t needed = s->window > 0 && low - s->window + 1 > 0 ? low - s->window + 1 : 0;
+            if (first_held(s, q) > needed)
+                want = SNEPPX_ERR_INVALID_ARGUMENT;
+        }
+    }
+    expect(sneppx_kv_cache_truncate(s->cache, id, length), want, "truncate");
+    if (want != SNEPPX_OK)
+        return;
+    for (int l = 0; l < NUM_LAYERS; l++)
+        q->length[l] = q->length[l] < length ? q->length[l] : length;
+    const int64_t keep = pages_for(s, length) - q->released;
+    while (q->held > keep)
+        s->refcount[q->pages[--q->held]]--;
+}
+
+static void op_reset(struct state *s)
+{
+    expect(sneppx_kv_cache_reset(s->cache), SNEPPX_OK, "reset");
+    while (s->live > 0) {
+        unref_all(s, s->seqs[0]);
+        forget(s, 0);
+    }
+}
+
+static void op_read(struct state *s, struct reader *r)
+{
+    const int64_t id = pick_id(s, next(r));
+    const int index = find(s, id);
+    const unsigned b = next(r), c = next(r), d = next(r);
+    const int64_t layer = b % 8 == 7 ? -1 : b % 8 == 6 ? NUM_LAYERS : (int64_t)(b & 1);
+    int64_t begin = c, end = d;
+    const struct model_seq *q = index >= 0 ? s->seqs[index] : NULL;
+    if (q && layer >= 0 && layer < NUM_LAYERS && !(b & 8)) { /* mostly near the held tokens */
+        begin = first_held(s, q) - 1 + c % (q->length[layer] - first_held(s, q) + 3);
+        end = begin + d % 6 - 1;
+    }
+    const int ok = q && layer >= 0 && layer < NUM_LAYERS && begin >= first_held(s, q) && end >= begin &&
+                   end <= q->length[layer];
+    FUZZ_ASSERT(!ok || end - begin <= MAX_TOKENS_HELD, "a read of more tokens than the pool");
+    sneppx_status status = ok ? SNEPPX_OK : SNEPPX_ERR_INVALID_ARGUMENT;
+    if (ok) {
+        read_rows(s, s->cache, id, layer, begin, end, "read");
+        for (int64_t t = begin; t < end; t++) {
+            const int64_t m = t - first_held(s, q);
+            FUZZ_ASSERT(memcmp(read_k[t - begin], q->k[layer][m], (size_t)s->k_floats * sizeof(float)) == 0 &&
+                            memcmp(read_v[t - begin], q->v[layer][m], (size_t)s->v_floats * sizeof(float)) == 0,
+                        "read of [%lld, %lld) at layer %lld: token %lld differs from the model", (long long)begin,
+                        (long long)end, (long long)layer, (long long)t);
+        }
+    } else {
+        static float k[4 * MAX_TOKENS_HELD * K_FLOATS], v[4 * MAX_TOKENS_HELD * V_FLOATS];
+        if (begin < 0 || end > begin + 4 * MAX_TOKENS_HELD) /* a bad range the cache may not write to */
+            end = begin;
+        expect(sneppx_kv_cache_read(s->cache, id, layer, begin, end, k, v), status, "read");
+    }
+    /* The length queries, with bad layers too. */
+    int64_t length = -1;
+    expect(sneppx_kv_cache_layer_length(s->cache, id, layer, &length),
+           q && layer >= 0 && layer < NUM_LAYERS ? SNEPPX_OK : SNEPPX_ERR_INVALID_ARGUMENT, "layer_length");
+    expect(sneppx_kv_cache_length(s->cache, id, &length), q ? SNEPPX_OK : SNEPPX_ERR_INVALID_ARGUMENT, "length");
+}
+
+/* Scratch of a forward call. */
+static float hidden[MAX_CALL_SEQS * MAX_Q_LEN][HIDDEN], out[MAX_CALL_SEQS * MAX_Q_LEN][HIDDEN];
+static float fresh_out[MAX_CALL_SEQS * MAX_Q_LEN][HIDDEN];
+static float whole_in[MAX_TOKENS_HELD + MAX_Q_LEN][HIDDEN], whole_out[MAX_TOKENS_HELD + MAX_Q_LEN][HIDDEN];
+static int64_t whole_positions[MAX_TOKENS_HELD + MAX_Q_LEN];
+
+/* The call's new rows are those a fresh cache holds after the same call: the
+ * same tokens of fresh sequences at the same positions (the projections of the
+ * same rows, so byte for byte; attention reads other pages). */
+static void check_fresh(struct state *s, int64_t layer, int64_t n_seqs, const int *index, const int64_t *q_lens,
+                        const int64_t *positions)
+{
+    expect(sneppx_kv_cache_reset(s->fresh), SNEPPX_OK, "reset of the fresh cache");
+    int64_t ids[MAX_CALL_SEQS];
+    for (int64_t i = 0; i < n_seqs; i++)
+        expect(sneppx_kv_cache_add_sequence(s->fresh, &ids[i]), SNEPPX_OK, "add to the fresh cache");
+    expect(sneppx_layer_forward_cached(s->layer, s->fresh, 0, n_seqs, ids, q_lens, &hidden[0][0], positions, NULL,
+                                       &fresh_out[0][0]),
+           SNEPPX_OK, "the same call into a fresh cache");
+    for (int64_t i = 0; i < n_seqs; i++) {
+        const struct model_seq *q = s->seqs[index[i]];
+        const int64_t past = q->length[layer] - q_lens[i];
+        read_rows(s, s->fresh, ids[i], 0, 0, q_lens[i], "the fresh cache");
+        for (int64_t t = past > first_held(s, q) ? past : first_held(s, q); t < q->length[layer]; t++) {
+            const int64_t m = t - first_held(s, q), j = t - past;
+            FUZZ_ASSERT(memcmp(read_k[j], q->k[layer][m], (size_t)s->k_floats * sizeof(float)) == 0 &&
+                            memcmp(read_v[j], q->v[layer][m], (size_t)s->v_floats * sizeof(float)) == 0,
+                        "sequence %lld: token %lld's row at layer %lld differs from a fresh cache's after the same "
+                        "call",
+                        (long long)q->id, (long long)t, (long long)layer);
+        }
+    }
+}
+
+/* float32 rows: the call's output rows of q equal the cache-free forward over the tokens it holds. */
+static void check_output(struct state *s, const struct model_seq *q, int64_t layer, int64_t q_len,
+                         const float *got)
+{
+    const int64_t first = first_held(s, q), n = q->length[layer] - first;
+    for (int64_t t = 0; t < n; t++) {
+        hidden_row(q->seed[layer][t], whole_in[t]);
+        whole_positions[t] = q->position[layer][t];
+    }
+    sneppx_status status =
+        sneppx_layer_forward(s->layer, 1, n, &whole_in[0][0], NULL, NULL, whole_positions, &whole_out[0][0]);
+    FUZZ_ASSERT(status == SNEPPX_OK, "the cache-free forward of %lld held tokens: %s", (long long)n,
+                sneppx_last_error());
+    double size = 1e-3, worst = 0;
+    for (int64_t j = 0; j < q_len; j++)
+        for (int h = 0; h < HIDDEN; h++) {
+            const double want = whole_out[n - q_len + j][h];
+            FUZZ_ASSERT(isfinite(got[j * HIDDEN + h]), "sequence %lld: output %g", (long long)q->id,
+                        got[j * HIDDEN + h]);
+            size = fmax(size, fabs(want));
+            worst = fmax(worst, fabs(got[j * HIDDEN + h] - want));
+        }
+    FUZZ_ASSERT(worst <= 1e-4 * size,
+                "sequence %lld at layer %lld: the cached forward differs from the cache-free one by %g (outputs up "
+                "to %g)",
+                (long long)q->id, (long long)layer, worst, size);
+}
+
+static void op_forward(struct state *s, struct reader *r)
+{
+    const unsigned flags = next(r);
+    const int64_t layer = flags % 8 < 3 ? 0 : flags % 8 < 6 ? 1 : flags % 8 == 6 ? NUM_LAYERS : -1;
+    const int64_t n_seqs = flags >> 5 == 7 ? 0 : 1 + (flags >> 3) % MAX_CALL_SEQS;
+    const int explicit_positions = flags >> 6 & 1;
+    int64_t ids[MAX_CALL_SEQS], q_lens[MAX_CALL_SEQS], positions[MAX_CALL_SEQS * MAX_Q_LEN];
+    uint32_t seeds[MAX_CALL_SEQS * MAX_Q_LEN];
+    int index[MAX_CALL_SEQS];
+    int64_t tokens = 0;
+    int valid = layer >= 0 && layer < NUM_LAYERS && n_seqs >= 1;
+    for (int64_t i = 0; i < n_seqs; i++) {
+        ids[i] = pick_id(s, next(r));
+        const unsigned b = next(r);
+        q_lens[i] = b % 16 == 15 ? 16 + b / 16 % 8 : b % 16 == 14 ? 0 : 1 + b % 4; /* mostly decode-sized */
+        index[i] = find(s, ids[i]);
+        valid = valid && index[i] >= 0 && q_lens[i] >= 1;
+        for (int64_t j = 0; j < i; j++)
+            valid = valid && ids[j] != ids[i];
+        const int64_t past = index[i] >= 0 && layer >= 0 && layer < NUM_LAYERS ? s->seqs[index[i]]->length[layer] : 0;
+        const unsigned p = explicit_positions ? next(r) : 0;
+        for (int64_t j = 0; j < q_lens[i]; j++) {
+            seeds[tokens] = s->next_seed++;
+            hidden_row(seeds[tokens], hidden[tokens]);
+            /* Explicit: the default shifted, or anywhere around [0, MAX_POSITIONS). */
+            positions[tokens] = !explicit_positions ? past + j
+                                : p < 192              ? past + j + (int64_t)(p % 8) - 2
+                                                       : (int64_t)(p % 64) * 3 / 2 - 16 + j;
+            valid = valid && positions[tokens] >= 0 && positions[tokens] < MAX_POSITIONS;
+            tokens++;
+        }
+    }
+    /* The pages the call needs (kv_cache.h): new ones, and a copy of each shared
+     * page it writes, but for the last writer of a page every holder writes. */
+    int writers[MAX_PAGES] = {0}, last_writer[MAX_PAGES];
+    int64_t needed = 0;
+    for (int pass = 0; valid && pass < 2; pass++)
+        for (int64_t i = 0; i < n_seqs; i++) {
+            const struct model_seq *q = s->seqs[index[i]];
+            const int64_t covered = pages_for(s, q->length[layer] + q_lens[i]) - q->released;
+            const int64_t begin = (q->length[layer] >> s->page_shift) - q->released;
+            const int64_t end = covered < q->held ? covered : q->held;
+            for (int64_t p = begin; p < end; p++) {
+                const int page = q->pages[p];
+                if (s->refcount[page] <= 1)
+                    continue;
+                if (pass == 0) {
+                    writers[page]++;
+                    last_writer[page] = (int)i;
+                } else {
+                    needed += !(writers[page] == s->refcount[page] && last_writer[page] == i);
+                }
+            }
+            if (pass == 1)
+                needed += covered > q->held ? covered - q->held : 0;
+        }
+    const sneppx_status want = !valid                          ? SNEPPX_ERR_INVALID_ARGUMENT
+                               : needed > free_pages(s)        ? SNEPPX_ERR_OUT_OF_MEMORY
+                                                               : SNEPPX_OK;
+    expect(sneppx_layer_forward_cached(s->layer, s->cache, layer, n_seqs, ids, q_lens, &hidden[0][0],
+                                       explicit_positions ? positions : NULL, NULL, &out[0][0]),
+           want, "forward_cached");
+    if (want != SNEPPX_OK)
+        return;
+
+    /* The model's pages: copies of the shared ones it writes, then new ones. */
+    for (int64_t i = 0; i < n_seqs; i++) {
+        struct model_seq *q = s->seqs[index[i]];
+        const int64_t covered = pages_for(s, q->length[layer] + q_lens[i]) - q->released;
+        const int64_t begin = (q->length[layer] >> s->page_shift) - q->released;
+        const int64_t end = covered < q->held ? covered : q->held;
+        for (int64_t p = begin; p < end; p++) {
+            const int page = q->pages[p];
+            if (s->refcount[page] > 1 && !(writers[page] == s->refcount[page] && last_writer[page] == i)) {
+                writers[page]--; /* stays shared by the others */
+                s->refcount[page]--;
+                q->pages[p] = page_take(s);
+            }
+        }
+        while (q->held < covered)
+            q->pages[q->held++] = page_take(s);
+    }
+    /* The new tokens; the output against the cache-free forward (before the window
+     * releases what the queries saw); the window's release (which may take new
+     * tokens too); the new rows the cache still holds, then against a fresh cache. */
+    for (int64_t i = 0, token0 = 0; i < n_seqs; token0 += q_lens[i], i++) {
+        struct model_seq *q = s->seqs[index[i]];
+        const int64_t past = q->length[layer], m = past - first_held(s, q);
+        FUZZ_ASSERT(m + q_lens[i] <= MAX_TOKENS_HELD, "the model holds more tokens than the pool");
+        for (int64_t j = 0; j < q_lens[i]; j++) {
+            q->seed[layer][m + j] = seeds[token0 + j];
+            q->position[layer][m + j] = positions[token0 + j];
+        }
+        q->length[layer] += q_lens[i];
+        if (s->float32)
+            check_output(s, q, layer, q_lens[i], out[token0]);
+        release_hidden(s, q);
+        const int64_t first = past > first_held(s, q) ? past : first_held(s, q);
+        read_rows(s, s->cache, q->id, layer, first, q->length[layer], "the new rows");
+        for (int64_t t = first; t < q->length[layer]; t++) {
+            memcpy(q->k[layer][t - first_held(s, q)], read_k[t - first], sizeof read_k[0]);
+            memcpy(q->v[layer][t - first_held(s, q)], read_v[t - first], sizeof read_v[0]);
+        }
+    }
+    check_fresh(s, layer, n_seqs, index, q_lens, positions);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    /* The 2-thread layers' OpenMP workers would spin between calls of a few
+     * microseconds, on the cores the fuzzer needs (a third of its time). */
+    setenv("KMP_BLOCKTIME", "0", 0);
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct reader r = {data, size, 0};
+    static struct state s;
+    memset(&s, 0, sizeof s);
+    const unsigned flags = next(&r), shape = next(&r);
+    s.kind = flags % 4 == 3 ? STANDARD : (int)(flags % 4);
+    s.layer = layer_of(s.kind, 1 + (flags >> 2 & 1));
+    FUZZ_ASSERT(sneppx_layer_set_flash(s.layer, !(flags >> 3 & 1)) == SNEPPX_OK, "set_flash: %s",
+                sneppx_last_error());
+    const sneppx_dtype dtype = (sneppx_dtype)(flags >> 4 & 3);
+    s.float32 = dtype == SNEPPX_DTYPE_FLOAT32;
+    s.page_shift = shape % 4;
+    s.page_size = (int64_t)1 << s.page_shift;
+    s.pool = 2 + (shape >> 2) % (MAX_PAGES - 1);
+    s.window = s.kind == WINDOWED ? WINDOW : 0;
+    s.k_floats = s.kind == MLA ? 32 : 16;
+    s.v_floats = s.kind == MLA ? 0 : 16;
+
+    sneppx_kv_cache_options options;
+    sneppx_kv_cache_options_init(&options);
+    options.page_size = s.page_size;
+    options.capacity_tokens = (s.pool - 1) * s.page_size + 1 + (int64_t)(shape >> 6) % s.page_size; /* rounded up */
+    options.num_layers = NUM_LAYERS;
+    options.dtype = dtype;
+    options.max_sequence_tokens = flags >> 6 & 1 ? 4 : 0; /* a small table grows as the sequence does */
+    sneppx_status status = sneppx_kv_cache_create(sneppx_layer_config(s.layer), &options, &s.cache);
+    FUZZ_ASSERT(status == SNEPPX_OK, "create: %s", sneppx_last_error());
+    options.capacity_tokens = MAX_CALL_SEQS * (MAX_Q_LEN + MAX_PAGE_SIZE);
+    options.max_sequence_tokens = 0;
+    status = sneppx_kv_cache_create(sneppx_layer_config(s.layer), &options, &s.fresh);
+    FUZZ_ASSERT(status == SNEPPX_OK, "create of the fresh cache: %s", sneppx_last_error());
+
+    check_state(&s, "create");
+    static const char *const names[] = {"add", "remove", "fork", "truncate", "reset", "forward", "read", "add"};
+    for (int op = 0; r.at < r.size && op < 256; op++) {
+        const unsigned which = next(&r) % 16;
+        const int kind = which < 8 ? (int)which : which < 13 ? 5 : (int)(which - 13) * 2; /* forward, add, fork */
+        switch (kind) {
+        case 0:
+        case 7: op_add(&s); break;
+        case 1: op_remove(&s, &r); break;
+        case 2: op_fork(&s, &r); break;
+        case 3: op_truncate(&s, &r); break;
+        case 4: op_reset(&s); break;
+        case 5: op_forward(&s, &r); break;
+        case 6: op_read(&s, &r); break;
+        }
+        check_state(&s, names[kind]);
+    }
+    while (s.live > 0)
+        forget(&s, 0);
+    sneppx_kv_cache_destroy(s.cache);
+    sneppx_kv_cache_destroy(s.fresh);
+    return 0;
+}
