@@ -84,7 +84,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_ASSERT(status == SNEPPX_OK, "the disk cache cannot store %zu bytes as %s: %s", payload_size, key,
                 sneppx_last_error());
 
-    struct sneppx_gemm_tuning tuning = {-1, -1}, want;
+    struct sneppx_gemm_tuning tuning = {-1, -1}, want = {-1, -1};
     char reason[256] = "";
     const sneppx_tuning_load loaded = sneppx_gemm_tuning_load(target, &tuning, reason, sizeof reason);
     const int accept = canonical(target, payload, payload_size, &want);
