@@ -172,11 +172,11 @@ SNEPPX_API sneppx_status sneppx_kv_cache_stats_get(sneppx_kv_cache *cache, snepp
  *
  * For each sequence the new tokens' K/V (MLA: latent rows) are appended at
  * layer_index, then its queries attend over cached + new tokens: every row
- * equals the row sneppx_layer_forward gives for the whole sequence (except under
- * dynamic RoPE past max_position_embeddings, whose frequencies follow each call's
- * longest position over all its sequences, as transformers' do: cached keys keep those of the call that appended them, as in
- * transformers' cache). Projections
- * run once over all the call's tokens. A layer made with mla_naive is refused
+ * equals the row sneppx_layer_forward gives for the whole sequence, except under
+ * dynamic RoPE past max_position_embeddings: its frequencies follow the call's
+ * longest position over all its sequences, and cached keys keep those of the call
+ * that appended them (both as in transformers). Projections run once over all the
+ * call's tokens. A layer made with mla_naive is refused
  * (SNEPPX_ERR_UNSUPPORTED): the cache holds the absorbed form's latent rows.
  * The cache must have been made for the layer's shape. On error nothing is
  * written to out or to the cache. */
