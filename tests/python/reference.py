@@ -225,7 +225,8 @@ def _positions(batch: int, seq_len: int, position_ids: Optional[np.ndarray]) -> 
 def mha_forward(config: Any, weights: Mapping[str, np.ndarray], hidden_states: np.ndarray,
                 attention_mask: Optional[np.ndarray] = None,
                 position_ids: Optional[np.ndarray] = None, kv_dtype: str = "float32",
-                stored: Optional[Tuple[np.ndarray, Optional[np.ndarray]]] = None) -> np.ndarray:
+                stored: Optional[Tuple[np.ndarray, Optional[np.ndarray]]] = None,
+                rope_length: Optional[int] = None) -> np.ndarray:
     """The attention module forward in float64 -> [batch, seq, hidden].
 
     hidden_states [b, s, hidden]; attention_mask [b, 1, s, s] additive, taken as
@@ -235,11 +236,13 @@ def mha_forward(config: Any, weights: Mapping[str, np.ndarray], hidden_states: n
     kv_a_layernorm'd c then k_pe after RoPE) as a KV cache of that type stores them
     (kv_stored), then attention in float64. stored: instead, the K/V a cache holds
     (KVCache.read of the whole sequence, batch 1): standard (k, v) [s, kv_heads, d],
-    MLA (latent rows [s, kv_lora_rank + rope], None)."""
+    MLA (latent rows [s, kv_lora_rank + rope], None). rope_length: the length dynamic
+    NTK scales by (default max(position_ids) + 1; a call of several sequences takes its
+    longest, so a row computed alone needs the call's)."""
     x = np.asarray(hidden_states, dtype=np.float64)
     batch, seq_len, _ = x.shape
     positions = _positions(batch, seq_len, position_ids)
-    inv_freq, attention_factor = rope_inv_freq(config, int(positions.max()) + 1)
+    inv_freq, attention_factor = rope_inv_freq(config, int(positions.max()) + 1 if rope_length is None else rope_length)
     # DeepSeek-V2's published config has no such field: HF's modeling code pairs its MLA
     # RoPE dims interleaved always (MODELS.md section 7's table), so that is MLA's default.
     interleaved = bool(field(config, "rope_interleaved", is_mla(config)))

@@ -301,3 +301,20 @@ def test_bad_arguments_are_named_and_change_nothing(family, built, rng):
         assert layer.scratch_floats(tokens, cap, threads) == -1
         assert layer.last_error() == message
     assert layer.scratch_floats(4, 16, 2) > layer.scratch_floats(4, 16, 1) > 0
+
+
+DYNAMIC_ROPE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    max_position_embeddings=16, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+
+
+def test_dynamic_rope_scales_by_the_calls_longest_row(built, rng, monkeypatch):
+    """The vendored cached forward as the runtime's: dynamic NTK past max_position_embeddings
+    scales every row of a ragged call (4, 40 and 9 new tokens) by the call's longest
+    position, as transformers does for a batch."""
+    monkeypatch.setitem(FAMILIES, "dynamic-rope", DYNAMIC_ROPE)
+    layer = CachedLayer("dynamic-rope", built, rng)
+    xs = [rng.uniform(-1, 1, (n, layer.hidden)).astype(np.float32) for n in (4, 40, 9)]
+    outs = Generation(layer, 3, capacity=40).step([0, 1, 2], xs)
+    for row, (x, out) in enumerate(zip(xs, outs)):
+        _assert_close(out, ref.mha_forward(DYNAMIC_ROPE, layer.weights, x[None], rope_length=40)[0],
+                      f"dynamic ragged row {row}", ref.FP32_MAX_NORMALIZED, ref.FP32_RMS_RELATIVE)

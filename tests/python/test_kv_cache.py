@@ -145,6 +145,26 @@ def test_forks_that_fill_the_pool_get_python_advice(rng):
     assert (cache.lengths, cache.stats()) == before
 
 
+DYNAMIC_ROPE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    max_position_embeddings=16, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+
+
+def test_dynamic_rope_scales_by_the_calls_longest_row(rng):
+    """Dynamic NTK past max_position_embeddings (16) scales RoPE by the call's longest
+    position over all its rows, as transformers does for a batch: a ragged call of 4, 40
+    and 9 new tokens rotates every row by 40's frequencies (the rows alone, by their own,
+    are 0.4% apart from that)."""
+    cfg = sneppx.LLMConfig(**DYNAMIC_ROPE)
+    weights = ref.random_state_dict(DYNAMIC_ROPE, rng, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
+    cfg.load_state_dict(weights)
+    xs = [rng.uniform(-1, 1, (n, cfg.hidden_size)).astype(np.float32) for n in (4, 40, 9)]
+    outs = cfg.forward_ragged(cfg.kv_cache(batch=3, max_tokens=64, page_size=4), [0, 1, 2], xs)
+    for row, (x, out) in enumerate(zip(xs, outs)):
+        _assert_close(out, ref.mha_forward(DYNAMIC_ROPE, weights, x[None], rope_length=40)[0], f"row {row}")
+    alone = ref.mha_forward(DYNAMIC_ROPE, weights, xs[0][None])[0]
+    assert ref.normalized_error(outs[0], alone)[0] > 1e-3, "the rows alone must differ, or this shows nothing"
+
+
 def test_window_keeps_the_pool_bounded(rng):
     """Mistral's window (16) with pages of 4: after the window fills, decoding returns pages
     as fast as it takes them."""
