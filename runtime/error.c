@@ -1,6 +1,7 @@
 #include "error.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,12 +60,16 @@ const char *sneppx_status_name(sneppx_status status)
 
 int sneppx_verbosity(void)
 {
-    static int level = -1;
-    if (level < 0) {
+    /* Atomic: the first logs of a process may come from several threads at once (each
+     * failing call logs), and threads racing here all store the same value. */
+    static atomic_int level = -1;
+    int value = atomic_load_explicit(&level, memory_order_relaxed);
+    if (value < 0) {
         const char *env = getenv("SNEPPX_VERBOSE");
-        level = env ? atoi(env) : 0;
+        value = env ? atoi(env) : 0;
+        atomic_store_explicit(&level, value, memory_order_relaxed);
     }
-    return level;
+    return value;
 }
 
 void sneppx_log(int level, const char *format, ...)
