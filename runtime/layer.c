@@ -19,23 +19,43 @@
 /* Records a resolved kernel once (key line and timing); caller holds layer->lock. */
 static void record_kernel(sneppx_layer *layer, const char *key, const sneppx_kernel_timing *timing)
 {
-    for (int i = 0; i < layer->timing_count; i++)
+    const int count = atomic_load_explicit(&layer->timing_count, memory_order_relaxed);
+    for (int i = 0; i < count; i++)
         if (strcmp(layer->timings[i].key, key) == 0)
             return;
-    if (layer->timing_count == SNEPPX_LAYER_MAX_KERNELS)
+    if (count == SNEPPX_LAYER_MAX_KERNELS)
         return;
     size_t len = strlen(key);
     memcpy(layer->keys + layer->keys_len, key, len);
     layer->keys_len += len;
     layer->keys[layer->keys_len++] = '\n';
     layer->keys[layer->keys_len] = '\0';
-    sneppx_kernel_timing *slot = &layer->timings[layer->timing_count++];
+    sneppx_kernel_timing *slot = &layer->timings[count];
     if (timing) {
         *slot = *timing;
     } else {
         memset(slot, 0, sizeof *slot);
         snprintf(slot->key, sizeof slot->key, "%s", key);
     }
+    atomic_store_explicit(&layer->timing_count, count + 1, memory_order_release);
+}
+
+struct sneppx_keys_copy {
+    struct sneppx_keys_copy *next;
+    char text[];
+};
+
+/* Publishes a copy of the key list for sneppx_layer_keys(); caller holds layer->lock.
+ * Out of memory, the last copy stays published, without the new lines. */
+static void publish_keys(sneppx_layer *layer)
+{
+    struct sneppx_keys_copy *copy = malloc(sizeof *copy + layer->keys_len + 1);
+    if (!copy)
+        return;
+    memcpy(copy->text, layer->keys, layer->keys_len + 1);
+    copy->next = layer->keys_copies;
+    layer->keys_copies = copy;
+    atomic_store_explicit(&layer->keys_published, copy->text, memory_order_release);
 }
 
 /* The kernels a layer needs, gathered before any is resolved so that they
@@ -137,15 +157,20 @@ static sneppx_status resolve_requests(sneppx_layer *layer, struct kernel_request
         else
             snprintf(r->error, sizeof r->error, "%s", sneppx_last_error());
     }
-    for (int i = 0; i < requests->count; i++) {
+    sneppx_status status = SNEPPX_OK;
+    pthread_mutex_lock(&layer->lock);
+    const size_t keys_len = layer->keys_len;
+    for (int i = 0; i < requests->count && status == SNEPPX_OK; i++) {
         const struct kernel_request *r = &requests->items[i];
         if (r->status != SNEPPX_OK)
-            return sneppx_fail(r->status, "%s", r->error);
-        pthread_mutex_lock(&layer->lock);
-        record_kernel(layer, (*r->kernel)->key, r->timed ? &r->timing : NULL);
-        pthread_mutex_unlock(&layer->lock);
+            status = sneppx_fail(r->status, "%s", r->error);
+        else
+            record_kernel(layer, (*r->kernel)->key, r->timed ? &r->timing : NULL);
     }
-    return SNEPPX_OK;
+    if (layer->keys_len != keys_len)
+        publish_keys(layer);
+    pthread_mutex_unlock(&layer->lock);
+    return status;
 }
 
 /* An attention kernel through its slot: resolved once, then read without a lock. */
@@ -366,10 +391,14 @@ const sneppx_config *sneppx_layer_config(const sneppx_layer *layer) { return lay
 
 const char *sneppx_layer_keys(const sneppx_layer *layer)
 {
-    return layer ? layer->keys : "";
+    const char *keys = layer ? atomic_load_explicit(&layer->keys_published, memory_order_acquire) : NULL;
+    return keys ? keys : "";
 }
 
-int sneppx_layer_kernel_count(const sneppx_layer *layer) { return layer ? layer->timing_count : 0; }
+int sneppx_layer_kernel_count(const sneppx_layer *layer)
+{
+    return layer ? atomic_load_explicit(&layer->timing_count, memory_order_acquire) : 0;
+}
 
 sneppx_status sneppx_layer_kernel_timing(const sneppx_layer *layer, int index, sneppx_kernel_timing *timing)
 {
@@ -378,9 +407,9 @@ sneppx_status sneppx_layer_kernel_timing(const sneppx_layer *layer, int index, s
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer: must not be NULL");
     if (!timing)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "timing: must not be NULL");
-    if (index < 0 || index >= layer->timing_count)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "index: %d is outside [0, %d)", index,
-                           layer->timing_count);
+    const int count = atomic_load_explicit(&layer->timing_count, memory_order_acquire);
+    if (index < 0 || index >= count)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "index: %d is outside [0, %d)", index, count);
     *timing = layer->timings[index];
     return SNEPPX_OK;
 }
@@ -467,6 +496,11 @@ void sneppx_layer_destroy(sneppx_layer *layer)
     free(layer->cos_cache);
     free(layer->sin_cache);
     sneppx_shard_free(layer->shard);
+    while (layer->keys_copies) {
+        struct sneppx_keys_copy *next = layer->keys_copies->next;
+        free(layer->keys_copies);
+        layer->keys_copies = next;
+    }
     pthread_mutex_destroy(&layer->lock);
     free(layer);
 }

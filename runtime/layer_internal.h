@@ -94,15 +94,22 @@ struct sneppx_layer {
     int64_t cached_positions;
     struct sneppx_workspace *free_workspaces;
 
-    /* Fixed-size, so the string sneppx_layer_keys() returned stays valid when a
-     * later call resolves another kernel (a realloc would free it under the caller). */
     /* A shard of a bigger layer (runtime/shard.h): its place and transport; NULL otherwise. */
     struct sneppx_layer_shard *shard;
 
+    /* The resolved kernels, added under lock. A forward that resolves an attention
+     * variant adds one while other threads read them (_kernel_count, _kernel_timing and
+     * _keys are safe beside forwards), so a slot is written before the release store of
+     * timing_count that counts it, and never after. */
     sneppx_kernel_timing timings[SNEPPX_LAYER_MAX_KERNELS]; /* one per distinct resolved kernel */
-    int timing_count;
-    char keys[SNEPPX_LAYER_MAX_KERNELS * (SNEPPX_KEY_MAX + 1) + 1]; /* one per line */
+    atomic_int timing_count;
+    char keys[SNEPPX_LAYER_MAX_KERNELS * (SNEPPX_KEY_MAX + 1) + 1]; /* one per line, under lock */
     size_t keys_len;
+    /* What sneppx_layer_keys() returns: a copy of keys made by each resolve that added
+     * lines, never written after its release store (a caller may read the string it got
+     * while a forward adds a line), and never freed before the layer. */
+    _Atomic(const char *) keys_published;
+    struct sneppx_keys_copy *keys_copies;
 };
 
 /* layer.c, for tests */

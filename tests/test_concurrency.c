@@ -10,6 +10,11 @@
  *    and mask mode, while a fifth thread switches flash/SDPA and reads the
  *    read-only API: every output equals, bitwise, the serial output of the
  *    attention kernel that was active (flash or SDPA).
+ * 3. A layer's first explicit-mask forward resolves that attention kernel and
+ *    adds it to the layer's kernel list while another thread reads the list
+ *    (keys, count, timings): the reader sees the list before or after the
+ *    line, whole, and a key string returned earlier is not changed under its
+ *    holder.
  *
  * Bitwise is the right bar: a forward's arithmetic is a fixed set of
  * independent tiles (no reduction across threads), so its result does not
@@ -321,6 +326,81 @@ static void test_one_layer_many_callers(test_tally *tally)
     sneppx_layer_destroy(layer);
 }
 
+/* ---- 3. the kernel list read while a forward adds to it ------------------------------ */
+
+struct list_reader {
+    sneppx_layer *layer;
+    atomic_int stop;
+    int reads, torn, lines_before;
+};
+
+static int count_lines(const char *text)
+{
+    int lines = 0;
+    for (; *text; text++)
+        lines += *text == '\n';
+    return lines;
+}
+
+static void *read_kernel_list(void *context)
+{
+    struct list_reader *reader = context;
+    do {
+        const char *keys = sneppx_layer_keys(reader->layer);
+        const size_t length = strlen(keys);
+        const int lines = count_lines(keys), count = sneppx_layer_kernel_count(reader->layer);
+        sneppx_kernel_timing timing;
+        reader->torn += length == 0 || keys[length - 1] != '\n' || lines < reader->lines_before ||
+                        lines > reader->lines_before + 1 || count < reader->lines_before ||
+                        sneppx_layer_kernel_timing(reader->layer, count - 1, &timing) != SNEPPX_OK ||
+                        timing.key[0] == '\0';
+        reader->reads++;
+    } while (!atomic_load(&reader->stop));
+    return NULL;
+}
+
+static void test_kernel_list_beside_resolution(test_tally *tally)
+{
+    sneppx_config config;
+    sneppx_config_init(&config);
+    config.hidden_size = HIDDEN, config.num_attention_heads = 8, config.num_key_value_heads = 2;
+    config.head_dim = 32, config.num_threads = 1;
+    sneppx_layer *layer = NULL;
+    test_inputs inputs;
+    if (!TEST_CHECK(tally, sneppx_layer_create(&config, NULL, &layer) == SNEPPX_OK, "layer: %s", sneppx_last_error()))
+        return;
+    if (!TEST_CHECK(tally, test_inputs_make(TEST_MASK_EXPLICIT, 1, 9, HIDDEN, 0, 77, &inputs) == 0, "inputs")) {
+        sneppx_layer_destroy(layer);
+        return;
+    }
+    float *out = malloc(sizeof(float) * (size_t)(inputs.batch * inputs.seq_len * HIDDEN));
+    const char *keys_before = sneppx_layer_keys(layer);
+    char copy_before[2048];
+    snprintf(copy_before, sizeof copy_before, "%s", keys_before);
+    struct list_reader reader = {.layer = layer, .lines_before = count_lines(keys_before)};
+    pthread_t thread;
+    pthread_create(&thread, NULL, read_kernel_list, &reader);
+    const sneppx_status status =
+        out ? sneppx_layer_forward(layer, inputs.batch, inputs.seq_len, inputs.hidden_states, inputs.mask,
+                                   test_inputs_mask_shape(&inputs), inputs.position_ids, out)
+            : SNEPPX_ERR_OUT_OF_MEMORY;
+    atomic_store(&reader.stop, 1);
+    pthread_join(thread, NULL);
+    TEST_CHECK(tally, status == SNEPPX_OK, "explicit-mask forward: %s", sneppx_last_error());
+    TEST_CHECK(tally, count_lines(sneppx_layer_keys(layer)) == reader.lines_before + 1 &&
+                          sneppx_layer_kernel_count(layer) == reader.lines_before + 1,
+               "the explicit-mask forward adds one kernel to the %d listed: %d lines, count %d", reader.lines_before,
+               count_lines(sneppx_layer_keys(layer)), sneppx_layer_kernel_count(layer));
+    TEST_CHECK(tally, strcmp(keys_before, copy_before) == 0,
+               "the key string returned before the forward is unchanged after it: '%s', was '%s'", keys_before,
+               copy_before);
+    TEST_CHECK(tally, reader.torn == 0, "%d of %d reads beside the forward saw a list neither before nor after it",
+               reader.torn, reader.reads);
+    free(out);
+    test_inputs_free(&inputs);
+    sneppx_layer_destroy(layer);
+}
+
 int main(void)
 {
     test_tally tally = {0};
@@ -332,6 +412,7 @@ int main(void)
     }
     test_architectures_at_once(&tally);
     test_one_layer_many_callers(&tally);
+    test_kernel_list_beside_resolution(&tally);
     cache_test_remove_tree(dir);
     return test_finish(&tally);
 }

@@ -118,7 +118,9 @@ SNEPPX_API sneppx_status sneppx_layer_set_flash(sneppx_layer *layer, int use_fla
 /* The config the layer was made from. */
 SNEPPX_API const sneppx_config *sneppx_layer_config(const sneppx_layer *layer);
 
-/* Canonical keys of the kernels the layer resolved, one per line. */
+/* Canonical keys of the kernels the layer resolved, one per line. The string lives as
+ * long as the layer and never changes; a kernel a forward resolves later (an explicit
+ * mask, the other flash switch) is in the string of the next call. */
 SNEPPX_API const char *sneppx_layer_keys(const sneppx_layer *layer);
 
 /* Number of kernels the layer resolved so far, and how the i-th was found
