@@ -152,8 +152,11 @@ def layer_config(cfg: Any) -> S.Config:
     else cfg's."""
     if not isinstance(cfg._weights, TensorParallelWeights):
         return cfg._config
-    layer = cfg._current_layer()
-    return S.Config.from_buffer_copy(lib.sneppx_layer_config(layer._handle).contents)
+    # Under cfg's lock: the use_flash_attn setter's sneppx_layer_set_flash writes the
+    # layer's config, with the GIL released, while this copies it.
+    with cfg._lock:
+        layer = cfg._current_layer()
+        return S.Config.from_buffer_copy(lib.sneppx_layer_config(layer._handle).contents)
 
 
 def shard_info(cfg: Any) -> Optional[dict]:
