@@ -1,0 +1,62 @@
+"""The text sneppx-gen writes, read as a user reads a vendored file: no Jinja
+artifacts (a line glued to the next by a whitespace-stripping tag, a literal
+`{{`), over presets, both targets, the weight and KV dtypes and both attention
+kernels. Rendering only (no compiler): test_aot*.py build and run the files.
+"""
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "gen"))
+from sneppx_gen import aot, archs, render  # noqa: E402
+from sneppx_gen.targets import target_named  # noqa: E402
+
+# (preset, target, flash, weight dtype, compute dtype, KV dtype): every template of the
+# layer file (standard and MLA pipelines, narrow caches, bfloat16 compute, SDPA) at least once.
+CASES = [
+    ("llama2-7B", "v16", True, "float32", "float32", "float32"),
+    ("mistral-7B", "v8", False, "float16", "float32", "int8"),
+    ("llama3-8B", "v16", True, "bfloat16", "bfloat16", "bfloat16"),
+    ("qwen2-0.5B", "v8", True, "int8", "float32", "float16"),
+    ("deepseek-v2-lite", "v16", True, "float32", "float32", "int8"),
+    ("deepseek-v2-236B", "v8", False, "bfloat16", "float32", "float32"),
+]
+
+
+def _render(preset, target, flash, weight_dtype, compute_dtype, kv_dtype):
+    from dataclasses import replace
+    from sneppx_gen import config_fields
+    arch = replace(archs.find_preset(preset), weight_dtype=config_fields.DTYPES.index(weight_dtype),
+                   compute_dtype=config_fields.DTYPES.index(compute_dtype))
+    return aot.render_layer(aot.plan(arch, target_named(target), flash, kv_dtype))
+
+
+def _glued_lines(text):
+    """Lines where a tag's whitespace control ate the line break before them: a
+    directive or declaration that runs on after a value or a closing brace."""
+    bad = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if re.match(r"#define \w+ \S+/\*", line) or re.match(r"\}[A-Za-z_]", line):
+            bad.append(f"{number}: {line[:80]}")
+    return bad
+
+
+def test_abi_lines_stand_alone():
+    """The ABI header (the runtime's and every vendored file's) keeps each
+    definition on its own line, its tables indented as its code is."""
+    abi = render.render_abi()
+    assert not _glued_lines(abi)
+    assert re.search(r"^#define SNEPPX_ABI_VERSION \d+$", abi, re.M)
+    tables = re.findall(r"^static const unsigned char sneppx_attn_flash_block_queries_\d+\[\d+\] = \{\n(.*)$", abi,
+                        re.M)
+    assert tables and all(row.startswith("    ") for row in tables), tables
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: "-".join(str(part) for part in case))
+def test_layer_text_has_no_template_artifacts(case):
+    for text in _render(*case):
+        assert not _glued_lines(text)
+        assert "{{" not in text and "{%" not in text and "{#" not in text
