@@ -39,7 +39,7 @@ def _glued_lines(text):
     directive or declaration that runs on after a value or a closing brace."""
     bad = []
     for number, line in enumerate(text.split("\n"), 1):
-        if re.match(r"#define \w+ \S+/\*", line) or re.match(r"\}[A-Za-z_]", line):
+        if re.match(r"#define \w+ \S+/\*", line) or re.match(r"\}[A-Za-z_/]", line):
             bad.append(f"{number}: {line[:80]}")
     return bad
 
@@ -60,3 +60,20 @@ def test_layer_text_has_no_template_artifacts(case):
     for text in _render(*case):
         assert not _glued_lines(text)
         assert "{{" not in text and "{%" not in text and "{#" not in text
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if case[5] == "int8"],
+                         ids=lambda case: "-".join(str(part) for part in case))
+def test_int8_decode_kernel_has_no_dead_value_check(case):
+    """int8 cache values are finite, so a vendored int8 attn_decode kernel holds
+    neither the non-finite value check nor the pass it guards (which rendered as
+    `if (3 == 3) return 1;` above code that never ran); the jit source keeps both
+    under its spec_kv_type test."""
+    source, _ = _render(*case)
+    decode = re.search(r"sneppx kernel (attn_decode-\S+-int8-v\d+)", source)
+    assert decode, "no int8 attn_decode kernel"
+    prefix = "sneppx_" + re.sub(r"\W", "_", decode.group(1))
+    assert f"{prefix}_values_finite" not in source and f"{prefix}_values_hidden" not in source
+    assert not re.search(r"if \((\d+) == \1\)\s*return", source)
+    jit = render.render_kernel("attn_decode", target_named(case[1]), "jit")
+    assert "sneppx_attn_decode_values_finite(vp, keys)" in jit
