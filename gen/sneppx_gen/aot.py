@@ -6,6 +6,7 @@ config, runtime/layer.c), `generate()` renders
     DIR/manifest.json and DIR/manifest.txt (one canonical key per line).
 """
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -209,6 +210,9 @@ def _float_literal(value: float) -> str:
     return f"{value:.9g}" if any(c in f"{value:.9g}" for c in ".e") else f"{value:.9g}.0"
 
 
+_HEADER_ID_UNSET = "0x00000000"
+
+
 def render_layer(p: Plan) -> Tuple[str, str]:
     """(C source, header) of the plan."""
     kernels = [render.render_kernel(k.family, p.target, "aot", dict(k.values), standalone=False)
@@ -231,6 +235,11 @@ def render_layer(p: Plan) -> Tuple[str, str]:
         pipeline_template="layer_mla.c.j2" if p.arch.is_mla else "layer_standard.c.j2",
         abi=render.render_abi(),
     )
+    # The header's id, a digest of its text (rendered with a zero id), which the source
+    # checks when it includes it: a header of another run under the same name (another
+    # target, dtype or config) is a compile error, not sizes the source does not use.
+    unmarked = render.render_template("layer.h.j2", header_id=_HEADER_ID_UNSET, **context)
+    context["header_id"] = "0x" + hashlib.sha256(unmarked.encode()).hexdigest()[:8]
     return (render.render_template("layer.c.j2", **context),
             render.render_template("layer.h.j2", **context))
 

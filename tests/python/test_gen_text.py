@@ -77,3 +77,27 @@ def test_int8_decode_kernel_has_no_dead_value_check(case):
     assert not re.search(r"if \((\d+) == \1\)\s*return", source)
     jit = render.render_kernel("attn_decode", target_named(case[1]), "jit")
     assert "sneppx_attn_decode_values_finite(vp, keys)" in jit
+
+
+def test_source_refuses_another_runs_header(tmp_path):
+    """A vendored source compiles only with the header of its own run: a header of the
+    same name from another run (here bfloat16 caches for float16 ones, whose API is the
+    same) is a compile error naming both files, not a header whose sizes and cache type
+    the source does not have."""
+    import shutil
+    import subprocess
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) on PATH")
+    bf16 = _render("llama3-8B", "v8", True, "float32", "float32", "bfloat16")
+    f16 = _render("llama3-8B", "v8", True, "float32", "float32", "float16")
+    ids = [re.search(r"^#define SNEPPX_LLAMA3_8B_HEADER_ID (0x[0-9a-f]{8})$", header, re.M) for _, header in (bf16, f16)]
+    assert all(ids) and ids[0].group(1) != ids[1].group(1)
+    for source, header, refused in ((bf16[0], bf16[1], False), (bf16[0], f16[1], True)):
+        (tmp_path / "sneppx_llama3_8b.c").write_text(source)
+        (tmp_path / "sneppx_llama3_8b.h").write_text(header)
+        run = subprocess.run([cc, "-std=c11", "-fsyntax-only", str(tmp_path / "sneppx_llama3_8b.c")],
+                             capture_output=True, text=True)
+        assert (run.returncode != 0) == refused, run.stderr
+        if refused:
+            assert "sneppx_llama3_8b.h is not the header generated with sneppx_llama3_8b.c" in run.stderr
