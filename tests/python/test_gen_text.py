@@ -101,3 +101,19 @@ def test_source_refuses_another_runs_header(tmp_path):
         assert (run.returncode != 0) == refused, run.stderr
         if refused:
             assert "sneppx_llama3_8b.h is not the header generated with sneppx_llama3_8b.c" in run.stderr
+
+
+def test_int8_gemm_names_do_not_shadow(tmp_path):
+    """The int8 GEMM's one-row kernel named a panel's group pointer g0, like the loop's
+    row index g0 around it (gcc -Wshadow); each name now holds one thing."""
+    import shutil
+    import subprocess
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler on PATH")
+    source, header = _render("qwen2-0.5B", "v8", True, "int8", "float32", "float32")
+    (tmp_path / "sneppx_qwen2_0_5b.c").write_text(source)
+    (tmp_path / "sneppx_qwen2_0_5b.h").write_text(header)
+    run = subprocess.run([cc, "-std=c11", "-fsyntax-only", "-Wshadow", str(tmp_path / "sneppx_qwen2_0_5b.c")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0 and "shadow" not in run.stderr, run.stderr
