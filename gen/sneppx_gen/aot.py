@@ -213,6 +213,22 @@ def _float_literal(value: float) -> str:
 _HEADER_ID_UNSET = "0x00000000"
 
 
+# What stands for a config file's path in the regeneration options: the path is the
+# user's, and a file must not change with the directory it was generated from.
+CONFIG_PLACEHOLDER = "CONFIG.json"
+
+
+def regeneration_options(p: Plan) -> List[str]:
+    """The sneppx-gen options that render the plan's files again, every choice explicit
+    (a default may change). A preset is named; a config's values are not in the options
+    (its path stands as CONFIG_PLACEHOLDER), but in the files themselves."""
+    source = ["--arch", p.arch.name] if p.arch.family != "custom" else \
+        ["--config", CONFIG_PLACEHOLDER, "--name", p.arch.name]
+    return source + ["--target", p.target.name, "--flash" if p.flash else "--sdpa",
+                     "--weight-dtype", config_fields.DTYPES[p.arch.weight_dtype],
+                     "--compute-dtype", config_fields.DTYPES[p.arch.compute_dtype], "--kv-dtype", p.kv_dtype]
+
+
 def render_layer(p: Plan) -> Tuple[str, str]:
     """(C source, header) of the plan."""
     kernels = [render.render_kernel(k.family, p.target, "aot", dict(k.values), standalone=False)
@@ -234,6 +250,8 @@ def render_layer(p: Plan) -> Tuple[str, str]:
         softmax_scale=_float_literal(p.arch.softmax_scale()),
         pipeline_template="layer_mla.c.j2" if p.arch.is_mla else "layer_standard.c.j2",
         abi=render.render_abi(),
+        options=" ".join(regeneration_options(p)),
+        from_config=p.arch.family == "custom",
     )
     # The header's id, a digest of its text (rendered with a zero id), which the source
     # checks when it includes it: a header of another run under the same name (another
@@ -299,6 +317,7 @@ def manifest(p: Plan) -> dict:
         "source": f"{p.name}.c",
         "header": f"{p.name}.h",
         "prefix": p.name,
+        "options": regeneration_options(p),
         "keys": [k.key for k in p.unique_kernels()],
         "roles": {role: k.key for role, k in p.kernels.items()},
     }
