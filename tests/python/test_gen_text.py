@@ -1,7 +1,8 @@
 """The text sneppx-gen writes, read as a user reads a vendored file: no Jinja
 artifacts (a line glued to the next by a whitespace-stripping tag, a literal
 `{{`), over presets, both targets, the weight and KV dtypes and both attention
-kernels. Rendering only (no compiler): test_aot*.py build and run the files.
+kernels; the header a source accepts, and the options its banner records. At most
+a syntax check by the compiler: test_aot*.py build and run the files.
 """
 import re
 import sys
