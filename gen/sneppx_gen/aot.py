@@ -222,8 +222,11 @@ def regeneration_options(p: Plan) -> List[str]:
     """The sneppx-gen options that render the plan's files again, every choice explicit
     (a default may change). A preset is named; a config's values are not in the options
     (its path stands as CONFIG_PLACEHOLDER), but in the files themselves."""
-    source = ["--arch", p.arch.name] if p.arch.family != "custom" else \
-        ["--config", CONFIG_PLACEHOLDER, "--name", p.arch.name]
+    if p.arch.family == "custom":
+        source = ["--config", CONFIG_PLACEHOLDER, "--name", p.arch.name]
+    else:
+        preset = f"{p.arch.family}-{p.arch.size}"
+        source = ["--arch", preset] + (["--name", p.arch.name] if p.arch.name != preset else [])
     return source + ["--target", p.target.name, "--flash" if p.flash else "--sdpa",
                      "--weight-dtype", config_fields.DTYPES[p.arch.weight_dtype],
                      "--compute-dtype", config_fields.DTYPES[p.arch.compute_dtype], "--kv-dtype", p.kv_dtype]

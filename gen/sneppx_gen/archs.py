@@ -104,6 +104,14 @@ def find_preset(name: str, presets: Optional[List[Arch]] = None) -> Optional[Arc
     return None
 
 
+def renamed(arch: Arch, name: str) -> Arch:
+    """arch under the name given by --name (a C-rule name, ConfigError otherwise)."""
+    problem = config_json.name_problem(name) if name else "empty"
+    if problem:
+        raise ConfigError(f"--name: {problem}")
+    return replace(arch, name=name)
+
+
 def load_config_file(path: str, name: Optional[str] = None) -> Arch:
     """The Arch of a config file (an HF config.json, or sneppx's hand form) or of a checkpoint
     directory (its config.json); refuses what the runtime refuses (config_json), with
@@ -115,10 +123,7 @@ def load_config_file(path: str, name: Optional[str] = None) -> Arch:
         file = file / "config.json"
     root, c = config_json.read_file(str(file))
     if name is not None:
-        problem = config_json.name_problem(name) if name else "empty"
-        if problem:
-            raise ConfigError(f"--name: {problem}")
-        return arch_from_config(c, name)
+        return renamed(arch_from_config(c, "config"), name)
     fallback = file.resolve().parent.name if file.name == "config.json" else file.stem
     try:
         name = config_json.read_name(root, fallback)

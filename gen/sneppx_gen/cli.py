@@ -1,8 +1,8 @@
 """The sneppx-gen command line.
 
     sneppx-gen --list
-    sneppx-gen --arch NAME -o DIR [--target NAME|--vector-width W] [--flash|--sdpa] [--weight-dtype T]
-                                     [--compute-dtype T] [--kv-dtype T]
+    sneppx-gen --arch NAME [--name NAME] -o DIR [--target NAME|--vector-width W] [--flash|--sdpa]
+                                     [--weight-dtype T] [--compute-dtype T] [--kv-dtype T]
     sneppx-gen --config PATH [--name NAME] -o DIR [same options]
                                      (W: a target's vector width, targets.py)
                                      (an HF config.json, read as the runtime reads it,
@@ -75,8 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--config", metavar="PATH", action=_Once, help="an HF config.json (with model_type), or the checkpoint directory "
                       "holding it, read as libsneppx reads it; without model_type, a hand config (sneppx.LLMConfig's "
                       "keywords, + rotary_dim)")
-    parser.add_argument("--name", metavar="NAME", action=_Once, help="with --config: the layer's name (its files are "
-                        "sneppx_<name>.c/.h); default: the config's \"name\", else the checkpoint directory's name")
+    parser.add_argument("--name", metavar="NAME", action=_Once, help="the layer's name (its files are sneppx_<name>.c/.h, "
+                        "its functions sneppx_<name>_*; two copies of one preset, for two targets, need two names); "
+                        "default: the preset's, or the config's \"name\", else the checkpoint directory's name")
     parser.add_argument("-o", "--output", metavar="DIR", action=_Once, help="output directory")
     parser.add_argument("--weight-dtype", choices=config_fields.WEIGHT_DTYPES, default=None, action=_Once,
                         help="storage type of the projections' packed weights (default: the config's, float32); "
@@ -128,8 +129,6 @@ def main(argv: List[str]) -> int:
         return _list_presets()
     if not args.output:
         parser.error("-o DIR is required with --arch and --config")
-    if args.name is not None and not args.config:
-        parser.error("--name goes with --config (a preset keeps its own name)")
     try:
         if args.arch:
             presets = archs.load_presets()
@@ -138,6 +137,8 @@ def main(argv: List[str]) -> int:
                 print(f"sneppx-gen: unknown architecture '{clipped(args.arch)}'; valid names: "
                       + ", ".join(a.name for a in presets), file=sys.stderr)
                 return EXIT_USAGE
+            if args.name is not None:
+                arch = archs.renamed(arch, args.name)
         else:
             arch = archs.load_config_file(args.config, args.name)
     except (OSError, ValueError) as error:
