@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
-from . import config_fields, render, runtime_names
+from . import config_fields, config_json, render, runtime_names
 from .archs import Arch
 from .kernels import MASK_MODES, check_values, default_tiles, kernel_key, symbol_of_key
 from .output import write_if_changed
@@ -251,6 +251,7 @@ def render_layer(p: Plan) -> Tuple[str, str]:
         rope_initializer=_rope_initializer(p.arch, p.dims["rotary_dim"]),
         rope_freqs=render.render_template("rope_freqs.c.j2", mode="aot"),
         softmax_scale=_float_literal(p.arch.softmax_scale()),
+        softmax_scale_formula=config_json.softmax_scale_formula(p.arch),
         pipeline_template="layer_mla.c.j2" if p.arch.is_mla else "layer_standard.c.j2",
         abi=render.render_abi(),
         options=" ".join(regeneration_options(p)),

@@ -707,6 +707,17 @@ def softmax_scale(c: CConfig) -> float:
     return 1.0 / math.sqrt(float(head_dim_of(c)))
 
 
+def softmax_scale_formula(c: CConfig) -> str:
+    """softmax_scale's value as its formula, for the comment beside the literal in generated code."""
+    if c.kv_lora_rank > 0:
+        formula = f"1 / sqrt({c.qk_nope_head_dim} + {c.qk_rope_head_dim})"
+        s = c.rope_scaling
+        if s.type == ROPE_TYPES["yarn"] and s.mscale_all_dim != 0:
+            formula += f" x YaRN mscale(factor {s.factor:g}, mscale_all_dim {s.mscale_all_dim:g})^2"
+        return formula
+    return f"1 / sqrt(head_dim {head_dim_of(c)})"
+
+
 def describe_config(c: CConfig) -> Dict[str, Any]:
     """The config as a flat dict of the C struct's fields (tests compare it with the library's)."""
     out = {k: v for k, v in vars(c).items() if k not in ("name", "rope_scaling")}
