@@ -28,7 +28,7 @@
 /* JSON numbers are doubles: larger integers are not exact. */
 #define JSON_EXACT_INT_MAX 9007199254740992.0
 
-/* One JSON object being read; prefix names it in messages ("", "rope_scaling."). */
+/* One JSON object being read; prefix names it in messages ("", "rope_scaling.", "rope_parameters."). */
 struct scope {
     const cJSON *object;
     const char *prefix;
@@ -208,19 +208,20 @@ static sneppx_status rope_kind(const struct scope *scope, int *kind)
     if (status != SNEPPX_OK)
         return status;
     if (rope_type && type && strcmp(rope_type, type) != 0)
-        return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: rope_scaling: rope_type '%s' and type '%s' disagree",
-                           clip(rope_type, CLIP_BYTES).text, clip(type, CLIP_BYTES).text);
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: %.*s: rope_type '%s' and type '%s' disagree",
+                           (int)strlen(scope->prefix) - 1, scope->prefix, clip(rope_type, CLIP_BYTES).text, clip(type, CLIP_BYTES).text);
     const char *name = rope_type ? rope_type : type;
     if (!name)
-        return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: rope_scaling.rope_type: missing (nor is 'type' given)");
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: %srope_type: missing (nor is 'type' given)",
+                           scope->prefix);
     for (int i = 0; i < sneppx_rope_type_count; i++) {
         if (strcmp(sneppx_rope_type_names[i], name) == 0) {
             *kind = i;
             return SNEPPX_OK;
         }
     }
-    return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: rope_scaling.rope_type: '%s' is not supported "
-                       "(supported: %s)", clip(name, CLIP_BYTES).text, sneppx_rope_type_list);
+    return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: %srope_type: '%s' is not supported (supported: %s)",
+                       scope->prefix, clip(name, CLIP_BYTES).text, sneppx_rope_type_list);
 }
 
 /* Keys each rope type requires (HF's rope validation asks for the same). */
@@ -235,8 +236,8 @@ static sneppx_status check_required_rope_keys(const struct scope *scope, int kin
         if (status != SNEPPX_OK)
             return status;
         if (!item)
-            return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: rope_scaling.%s: missing (rope_type '%s' needs it)",
-                               key, sneppx_rope_type_names[kind]);
+            return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: %s%s: missing (rope_type '%s' needs it)",
+                               scope->prefix, key, sneppx_rope_type_names[kind]);
     }
     return SNEPPX_OK;
 }
@@ -265,24 +266,37 @@ static sneppx_status read_rope_parameter(const struct scope *scope, const struct
     return SNEPPX_OK;
 }
 
-/* HF's rope_scaling value: an object, or NULL (absent or null) for plain RoPE. */
-static sneppx_status read_rope_scaling_value(const cJSON *dict, sneppx_rope_scaling *scaling)
+/* The keys of transformers 5's rope_parameters that are not rope_scaling's: they are
+ * read beside it (read_rope), as the top-level keys of older files. */
+static int rope_config_key(const char *key)
+{
+    return strcmp(key, "rope_theta") == 0 || strcmp(key, "partial_rotary_factor") == 0;
+}
+
+/* HF's rope_scaling value: an object, or NULL (absent or null) for plain RoPE.
+ * name is the key that held it, for messages ("rope_scaling", or "rope_parameters",
+ * whose rope_theta and partial_rotary_factor keys the caller reads). */
+static sneppx_status read_rope_scaling_value(const cJSON *dict, const char *name, sneppx_rope_scaling *scaling)
 {
     const struct scope top = {NULL, ""};
+    const int parameters = strcmp(name, "rope_parameters") == 0;
+    char prefix[32];
     sneppx_status status;
     scaling->type = SNEPPX_ROPE_DEFAULT;
     scaling->factor = 1.0;
     if (!dict)
         return SNEPPX_OK;
     if (!cJSON_IsObject(dict))
-        return format_error(&top, "rope_scaling", "an object or null", dict);
+        return format_error(&top, name, "an object or null", dict);
 
-    const struct scope scope = {dict, "rope_scaling."};
+    snprintf(prefix, sizeof prefix, "%s.", name);
+    const struct scope scope = {dict, prefix};
     const cJSON *item;
     cJSON_ArrayForEach(item, dict) {
-        if (!item->string || !rope_key_known(item->string))
-            return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: rope_scaling.%s: unknown key (known: %s)",
-                               clip(item->string ? item->string : "", CLIP_BYTES).text, sneppx_rope_key_list);
+        if (!item->string || !(rope_key_known(item->string) || (parameters && rope_config_key(item->string))))
+            return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: %s.%s: unknown key (known: %s%s)", name,
+                               clip(item->string ? item->string : "", CLIP_BYTES).text, sneppx_rope_key_list,
+                               parameters ? ", rope_theta, partial_rotary_factor" : "");
     }
     int kind = SNEPPX_ROPE_DEFAULT;
     if ((status = rope_kind(&scope, &kind)) != SNEPPX_OK || (status = check_required_rope_keys(&scope, kind)) != SNEPPX_OK)
@@ -293,8 +307,8 @@ static sneppx_status read_rope_scaling_value(const cJSON *dict, sneppx_rope_scal
     if ((status = lookup(&scope, "truncate", &truncate)) != SNEPPX_OK)
         return status;
     if (cJSON_GetObjectItemCaseSensitive(dict, "truncate") && !cJSON_IsTrue(truncate))
-        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: rope_scaling.truncate: only true (YaRN with "
-                           "floor/ceil of the correction range) is supported");
+        return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: %s.truncate: only true (YaRN with "
+                           "floor/ceil of the correction range) is supported", name);
 
     /* The real-valued parameters, then the integers (the order of the messages when several are wrong). */
     for (int real = 1; real >= 0; real--)
@@ -306,12 +320,33 @@ static sneppx_status read_rope_scaling_value(const cJSON *dict, sneppx_rope_scal
     return SNEPPX_OK;
 }
 
-static sneppx_status read_rope_scaling(const cJSON *root, sneppx_rope_scaling *scaling)
+/* rope_theta, the scaling, and the partial_rotary_factor item (NULL when absent) that
+ * refuse_partial_scaled_rope judges. transformers 5 saves all three in one
+ * "rope_parameters" object and none at the top, older files at the top (rope_scaling).
+ * As transformers reads them: a non-null rope_scaling is taken in place of
+ * rope_parameters, and the dict's rope_theta and partial_rotary_factor win over the
+ * top-level ones. */
+static sneppx_status read_rope(const struct scope *top, sneppx_config *config, const cJSON **partial)
 {
-    const struct scope top = {root, ""};
-    const cJSON *dict;
-    sneppx_status status = lookup(&top, "rope_scaling", &dict);
-    return status != SNEPPX_OK ? status : read_rope_scaling_value(dict, scaling);
+    const cJSON *scaling, *parameters;
+    sneppx_status status;
+    if ((status = lookup(top, "rope_scaling", &scaling)) != SNEPPX_OK ||
+        (status = lookup(top, "rope_parameters", &parameters)) != SNEPPX_OK ||
+        (status = read_real(top, "rope_theta", config->rope_theta, &config->rope_theta)) != SNEPPX_OK ||
+        (status = lookup(top, "partial_rotary_factor", partial)) != SNEPPX_OK)
+        return status;
+    if (scaling || !parameters)
+        return read_rope_scaling_value(scaling, "rope_scaling", &config->rope_scaling);
+    if ((status = read_rope_scaling_value(parameters, "rope_parameters", &config->rope_scaling)) != SNEPPX_OK)
+        return status;
+    const struct scope inner = {parameters, "rope_parameters."};
+    const cJSON *inner_partial;
+    if ((status = read_real(&inner, "rope_theta", config->rope_theta, &config->rope_theta)) != SNEPPX_OK ||
+        (status = lookup(&inner, "partial_rotary_factor", &inner_partial)) != SNEPPX_OK)
+        return status;
+    if (inner_partial)
+        *partial = inner_partial;
+    return SNEPPX_OK;
 }
 
 /* ---- the model ------------------------------------------------------------------ */
@@ -379,13 +414,10 @@ static sneppx_status read_family_fields(const struct scope *top, const struct sn
  * rotates the whole head whatever it says (their default RoPE never reads it). With a
  * scaled RoPE type transformers fails on it (those frequencies cover only that part of the
  * head), so such a file is refused rather than run as a model transformers cannot. */
-static sneppx_status refuse_partial_scaled_rope(const struct scope *top, const sneppx_config *config)
+static sneppx_status refuse_partial_scaled_rope(const cJSON *item, const sneppx_config *config)
 {
-    const cJSON *item;
-    sneppx_status status = lookup(top, "partial_rotary_factor", &item);
-    if (status != SNEPPX_OK || !item || !cJSON_IsNumber(item) || item->valuedouble == 1.0 ||
-        config->rope_scaling.type == SNEPPX_ROPE_DEFAULT)
-        return status;
+    if (!item || !cJSON_IsNumber(item) || item->valuedouble == 1.0 || config->rope_scaling.type == SNEPPX_ROPE_DEFAULT)
+        return SNEPPX_OK;
     return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: partial_rotary_factor: %g with rope_scaling '%s' is not "
                        "supported (transformers cannot run it: that RoPE covers part of each head, its attention "
                        "the whole head)", item->valuedouble, sneppx_rope_type_names[config->rope_scaling.type]);
@@ -395,21 +427,21 @@ static sneppx_status read_config(const cJSON *root, sneppx_config *config)
 {
     const struct scope top = {root, ""};
     const struct sneppx_model_type *type = NULL;
+    const cJSON *partial = NULL;
     sneppx_status status;
     if ((status = read_model_type(&top, &type)) != SNEPPX_OK ||
         (status = read_required_size(&top, "hidden_size", &config->hidden_size)) != SNEPPX_OK ||
         (status = read_required_size(&top, "num_attention_heads", &config->num_attention_heads)) != SNEPPX_OK ||
         (status = read_size(&top, "num_key_value_heads", config->num_attention_heads,
                             &config->num_key_value_heads)) != SNEPPX_OK ||
-        (status = read_real(&top, "rope_theta", config->rope_theta, &config->rope_theta)) != SNEPPX_OK ||
-        (status = read_rope_scaling(root, &config->rope_scaling)) != SNEPPX_OK ||
+        (status = read_rope(&top, config, &partial)) != SNEPPX_OK ||
         (status = read_size(&top, "max_position_embeddings", type->default_max_positions,
                             &config->max_position_embeddings)) != SNEPPX_OK)
         return status;
     snprintf(config->name, sizeof config->name, "%s", type->name);
     /* DeepSeek's head dims are the MLA fields; its head_dim is not read. */
     if (!type->mla && ((status = read_size(&top, "head_dim", 0, &config->head_dim)) != SNEPPX_OK ||
-                       (status = refuse_partial_scaled_rope(&top, config)) != SNEPPX_OK))
+                       (status = refuse_partial_scaled_rope(partial, config)) != SNEPPX_OK))
         return status;
     return read_family_fields(&top, type, config);
 }
@@ -492,7 +524,7 @@ sneppx_status sneppx_rope_scaling_from_json(const char *json_text, size_t length
     sneppx_status status = parse_json(json_text, length, &root);
     sneppx_rope_scaling parsed = sneppx_config_defaults.rope_scaling;
     if (status == SNEPPX_OK)
-        status = read_rope_scaling_value(cJSON_IsNull(root) ? NULL : root, &parsed);
+        status = read_rope_scaling_value(cJSON_IsNull(root) ? NULL : root, "rope_scaling", &parsed);
     cJSON_Delete(root);
     if (status == SNEPPX_OK) {
         *scaling = parsed;

@@ -191,6 +191,10 @@ static const struct bad_case bad_cases[] = {
      SNEPPX_ERR_UNSUPPORTED, "rope_scaling.truncate"},
     {LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4, \"finetuned\": true}}",
      SNEPPX_ERR_UNSUPPORTED, "rope_scaling.finetuned: unknown key"},
+    {LLAMA_HEAD ", \"rope_parameters\": {\"rope_type\": \"longrope\", \"factor\": 2}}", SNEPPX_ERR_UNSUPPORTED,
+     "config.json: rope_parameters.rope_type: 'longrope' is not supported"},
+    {LLAMA_HEAD ", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": \"1e6\"}}", SNEPPX_ERR_FORMAT,
+     "config.json: rope_parameters.rope_theta: expected a finite number"},
     {"{\"model_type\": \"mistral\", \"hidden_size\": 256, \"num_attention_heads\": 4, \"sliding_window\": -1}",
      SNEPPX_ERR_FORMAT, "sliding_window: expected a non-negative integer, got -1"},
     {"{\"model_type\": \"qwen2\", \"hidden_size\": 256, \"num_attention_heads\": 4, \"use_sliding_window\": true}",
@@ -282,6 +286,14 @@ static void test_semantics(test_tally *tally)
                "yarn defaults: beta %g/%g orig %lld (%s)", config.rope_scaling.beta_fast,
                config.rope_scaling.beta_slow, (long long)config.rope_scaling.original_max_position_embeddings,
                sneppx_last_error());
+    /* transformers 5 saves rope_theta and the scaling inside rope_parameters, none at the top. */
+    const char *saved = LLAMA_HEAD ", \"rope_parameters\": {\"rope_type\": \"linear\", \"factor\": 2, "
+                        "\"rope_theta\": 500000}}";
+    status = sneppx_config_from_json(saved, strlen(saved), &config);
+    TEST_CHECK(tally, status == SNEPPX_OK && config.rope_theta == 500000.0 &&
+                          config.rope_scaling.type == SNEPPX_ROPE_LINEAR && config.rope_scaling.factor == 2.0,
+               "rope_parameters: theta %g type %d factor %g (%s)", config.rope_theta, (int)config.rope_scaling.type,
+               config.rope_scaling.factor, sneppx_last_error());
     const char *mistral = "{\"model_type\": \"mistral\", \"hidden_size\": 256, \"num_attention_heads\": 4, "
                           "\"attention_bias\": true}";
     status = sneppx_config_from_json(mistral, strlen(mistral), &config);

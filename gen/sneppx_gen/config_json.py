@@ -325,36 +325,41 @@ def read_name(root: JsonObject, fallback: str) -> str:
 
 # ---- rope_scaling ------------------------------------------------------------------
 
-def read_rope_scaling(top: Scope) -> RopeFields:
-    """runtime/config_json.c read_rope_scaling."""
-    raw = top.lookup("rope_scaling")
+# transformers 5's rope_parameters keys that are not rope_scaling's (read_rope reads them).
+ROPE_CONFIG_KEYS = ("rope_theta", "partial_rotary_factor")
+
+
+def read_rope_scaling(top: Scope, key: str = "rope_scaling") -> RopeFields:
+    """runtime/config_json.c read_rope_scaling_value, of the dict top holds at key."""
+    raw = top.lookup(key)
     if raw is None:
         return RopeFields()
     if not isinstance(raw, JsonObject):
-        raise top.fail("rope_scaling", "an object or null", raw)
-    scope = Scope(raw, "rope_scaling.")
-    for key, _ in raw.pairs:
-        if key not in config_fields.ROPE_KEYS:
-            raise ConfigError(f"rope_scaling.{_c_prefix(key, 64)}: unknown key "
-                              f"(known: {', '.join(config_fields.ROPE_KEYS)})")
+        raise top.fail(key, "an object or null", raw)
+    scope = Scope(raw, f"{key}.")
+    extra = ROPE_CONFIG_KEYS if key == "rope_parameters" else ()
+    for name, _ in raw.pairs:
+        if name not in config_fields.ROPE_KEYS + extra:
+            raise ConfigError(f"{key}.{_c_prefix(name, 64)}: unknown key "
+                              f"(known: {', '.join(config_fields.ROPE_KEYS + extra)})")
     rope_type, type_ = scope.string("rope_type"), scope.string("type")
     if rope_type is not None and type_ is not None and rope_type != type_:
-        raise ConfigError(f"rope_scaling: rope_type '{_c_prefix(rope_type, 64)}' and type "
+        raise ConfigError(f"{key}: rope_type '{_c_prefix(rope_type, 64)}' and type "
                           f"'{_c_prefix(type_, 64)}' disagree")
     name = rope_type if rope_type is not None else type_
     if name is None:
-        raise ConfigError("rope_scaling.rope_type: missing (nor is 'type' given)")
+        raise ConfigError(f"{key}.rope_type: missing (nor is 'type' given)")
     if name not in ROPE_TYPES:
-        raise ConfigError(f"rope_scaling.rope_type: '{_c_prefix(name, 64)}' is not supported "
+        raise ConfigError(f"{key}.rope_type: '{_c_prefix(name, 64)}' is not supported "
                           f"(supported: {', '.join(ROPE_TYPES)})")
-    for key in config_fields.rope_required(name):
-        if scope.lookup(key) is None:
-            raise ConfigError(f"rope_scaling.{key}: missing (rope_type '{name}' needs it)")
+    for required in config_fields.rope_required(name):
+        if scope.lookup(required) is None:
+            raise ConfigError(f"{key}.{required}: missing (rope_type '{name}' needs it)")
     # YaRN without floor/ceil of the correction range is not implemented; an
     # absent or true "truncate" means floor/ceil (a null one does not).
     truncate = scope.lookup("truncate")
     if raw.first("truncate")[0] and truncate is not True:
-        raise ConfigError("rope_scaling.truncate: only true (YaRN with floor/ceil of the correction range) "
+        raise ConfigError(f"{key}.truncate: only true (YaRN with floor/ceil of the correction range) "
                           "is supported")
     # The real-valued parameters, then the integers (the order of the messages when several are wrong).
     values = {f.name: scope.real(f.name, config_fields.rope_absent(f, name))
@@ -366,6 +371,24 @@ def read_rope_scaling(top: Scope) -> RopeFields:
                 raise scope.fail(f.name, "an integer", value)
             values[f.name] = config_fields.rope_absent(f, name) if value is None else int(value)
     return RopeFields(type=ROPE_TYPES[name], **values)
+
+
+def read_rope(top: Scope, c: CConfig) -> Any:
+    """runtime/config_json.c read_rope: rope_theta and the scaling into c, from the top
+    level or transformers 5's rope_parameters (a non-null rope_scaling is taken in its
+    place; its rope_theta and partial_rotary_factor win over the top-level ones); returns
+    the partial_rotary_factor value (None when absent)."""
+    scaling, parameters = top.lookup("rope_scaling"), top.lookup("rope_parameters")
+    c.rope_theta = top.real("rope_theta", c.rope_theta)
+    partial = top.lookup("partial_rotary_factor")
+    if scaling is not None or parameters is None:
+        c.rope_scaling = read_rope_scaling(top)
+        return partial
+    c.rope_scaling = read_rope_scaling(top, "rope_parameters")
+    inner = Scope(parameters, "rope_parameters.")
+    c.rope_theta = inner.real("rope_theta", c.rope_theta)
+    inner_partial = inner.lookup("partial_rotary_factor")
+    return partial if inner_partial is None else inner_partial
 
 
 # ---- the two forms ---------------------------------------------------------------
@@ -387,9 +410,8 @@ def _read_partial_rotary(top: Scope, c: CConfig) -> None:
         raise ConfigError(f"partial_rotary_factor: {_g(factor)} of head_dim {head_dim} rotates no dimension pair")
 
 
-def _refuse_partial_scaled_rope(top: Scope, c: CConfig) -> None:
+def _refuse_partial_scaled_rope(factor: Any, c: CConfig) -> None:
     """runtime/config_json.c refuse_partial_scaled_rope (which says why)."""
-    factor = top.lookup("partial_rotary_factor")
     if _is_number(factor) and factor != 1.0 and c.rope_scaling.type != ROPE_TYPES["default"]:
         raise ConfigError(f"partial_rotary_factor: {_g(factor)} with rope_scaling "
                           f"'{config_fields.ROPE_TYPES[c.rope_scaling.type]}' is not supported (transformers "
@@ -410,12 +432,11 @@ def read_hf(root: JsonObject) -> CConfig:
     c.hidden_size = top.required_size("hidden_size")
     c.num_attention_heads = top.required_size("num_attention_heads")
     c.num_key_value_heads = top.size("num_key_value_heads", c.num_attention_heads)
-    c.rope_theta = top.real("rope_theta", c.rope_theta)
-    c.rope_scaling = read_rope_scaling(top)
+    partial = read_rope(top, c)
     c.max_position_embeddings = top.size("max_position_embeddings", kind.default_max_positions)
     if not kind.mla:  # DeepSeek's head dims are the MLA fields
         c.head_dim = top.size("head_dim", 0)
-        _refuse_partial_scaled_rope(top, c)
+        _refuse_partial_scaled_rope(partial, c)
     if kind.bias == "attention_bias":
         c.qkv_bias = c.o_bias = top.flag("attention_bias", 0)
     elif kind.bias == "none":

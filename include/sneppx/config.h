@@ -102,7 +102,8 @@ SNEPPX_API sneppx_status sneppx_config_from_name(const char *family, const char 
  * (length bytes, no NUL needed), with the semantics of Python's
  * LLMConfig.from_config_json: model_type llama, mistral, qwen2 or deepseek_v2;
  * num_key_value_heads, head_dim, rope_theta, rope_scaling (rope_type or
- * type: default, linear, dynamic, llama3, yarn), max_position_embeddings
+ * type: default, linear, dynamic, llama3, yarn) or transformers 5's
+ * rope_parameters (the same dict, holding rope_theta), max_position_embeddings
  * (default of the model type's transformers class when absent);
  * attention_bias (llama, deepseek_v2: q/k/v and o),
  * Qwen2's hard-coded q/k/v bias, Mistral's sliding_window; DeepSeek's MLA

@@ -41,9 +41,10 @@ def _patch_error(layer: str, reason: str, kind: type = UnsupportedError) -> Exce
 
 def config_dict(hf_config: Any) -> Dict[str, Any]:
     """The model's config as the config.json the runtime's reader takes. transformers 5
-    keeps rope_theta, the scaling and partial_rotary_factor in one rope_parameters dict;
-    the reader (like published config.json files) wants them at the top, where it ignores
-    partial_rotary_factor or, beside a scaled RoPE, refuses it (runtime/config_json.c)."""
+    keeps rope_theta, the scaling and partial_rotary_factor in one rope_parameters dict,
+    which the reader also takes; they are given at the top, as in older config.json files,
+    where it ignores partial_rotary_factor or, beside a scaled RoPE, refuses it
+    (runtime/config_json.c)."""
     values = json.loads(hf_config.to_json_string(use_diff=False))
     rope = values.pop("rope_parameters", None)
     if isinstance(rope, dict):

@@ -14,6 +14,7 @@ Needs torch and transformers: ctest runs this file with the venv of scripts/venv
 ctest: 2 shards (about 20 s of tests on an idle machine, twice that when it is shared).
 """
 import copy
+import json
 import os
 
 import numpy as np
@@ -185,6 +186,22 @@ def test_rope_scaling(family):
     ids, mask = prompts([19, 6], seed=2)
     assert logits_error(patched, eager, ids, mask) <= TOLERANCE
     assert torch.equal(greedy(patched, ids, mask), greedy(eager, ids, mask))
+
+
+@pytest.mark.parametrize("family", sorted(ROPE_SCALINGS))
+def test_config_json_saved_by_transformers(family, tmp_path):
+    """transformers 5's save_pretrained writes rope_theta and the scaling only inside
+    rope_parameters: from_config_json reads them there (not theta 10000 and plain RoPE),
+    as the patched layers have them."""
+    eager = build(family, rope_parameters=ROPE_SCALINGS[family])
+    eager.config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert "rope_parameters" in saved and "rope_theta" not in saved and "rope_scaling" not in saved
+    config = sneppx.LLMConfig.from_config_json(tmp_path)
+    layer = next(m for m in sneppx.hf.patch(eager).modules() if isinstance(m, sneppx.hf.SneppxAttention)).sneppx
+    assert config.rope_theta == layer.rope_theta == ROPE_SCALINGS[family]["rope_theta"]
+    assert config.rope_scaling == layer.rope_scaling
+    assert config.rope_scaling["rope_type"] == ROPE_SCALINGS[family]["rope_type"]
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
