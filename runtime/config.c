@@ -415,7 +415,9 @@ double sneppx_config_softmax_scale(const sneppx_config *config)
     if (config->kv_lora_rank > 0) {
         double scale = 1.0 / sqrt((double)(config->qk_nope_head_dim + config->qk_rope_head_dim));
         const sneppx_rope_scaling *scaling = &config->rope_scaling;
-        if (scaling->type == SNEPPX_ROPE_YARN && scaling->mscale_all_dim != 0) {
+        /* Beside any scaled RoPE type, not only yarn: DeepSeek's code and transformers'
+         * DeepseekV2Attention read mscale_all_dim from every rope_scaling but the default. */
+        if (scaling->type != SNEPPX_ROPE_DEFAULT && scaling->mscale_all_dim != 0) {
             double mscale = sneppx_yarn_get_mscale(scaling->factor, scaling->mscale_all_dim);
             scale *= mscale * mscale;
         }

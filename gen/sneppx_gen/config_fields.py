@@ -97,7 +97,10 @@ ROPE_SCALING_FIELDS: Tuple[Field, ...] = (
     Field("beta_slow", DOUBLE, 0.0, "correction range, slow end (absent from a yarn dict: YaRN's default)",
           used_by=("yarn",), type_defaults=(("yarn", 1.0),)),
     Field("mscale", DOUBLE, 0.0, "0 = unset", python="none_if_0", used_by=("yarn",)),
-    Field("mscale_all_dim", DOUBLE, 0.0, "0 = unset", python="none_if_0", used_by=("yarn",)),
+    # MLA's softmax scale reads it beside every scaled type (DeepSeek's code and transformers'
+    # DeepseekV2Attention take it from any rope_scaling but the default).
+    Field("mscale_all_dim", DOUBLE, 0.0, "0 = unset", python="none_if_0",
+          used_by=("linear", "dynamic", "llama3", "yarn")),
     Field("attention_factor", DOUBLE, 0.0, "explicit cos/sin factor (0 = derive)", python="none_if_0",
           used_by=("yarn",)),
 )

@@ -721,7 +721,7 @@ def softmax_scale(c: CConfig) -> float:
     if c.kv_lora_rank > 0:
         scale = 1.0 / math.sqrt(float(c.qk_nope_head_dim + c.qk_rope_head_dim))
         s = c.rope_scaling
-        if s.type == ROPE_TYPES["yarn"] and s.mscale_all_dim != 0:
+        if s.type != ROPE_TYPES["default"] and s.mscale_all_dim != 0:
             mscale = yarn_get_mscale(s.factor, s.mscale_all_dim)
             scale *= mscale * mscale
         return scale

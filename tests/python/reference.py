@@ -137,11 +137,11 @@ def extend_context(config: Mapping[str, Any], new_max_positions: int) -> Dict[st
 
 def softmax_scale(config: Any) -> float:
     """head_dim^-0.5; MLA: (nope+rope)^-0.5 * get_mscale(factor, mscale_all_dim)^2 when
-    YaRN with mscale_all_dim is set (DeepSeek remote code; DeepSeek's only scaling type,
-    and the only one whose mscale_all_dim sneppx's config carries)."""
+    mscale_all_dim is set beside any scaled RoPE type (DeepSeek remote code and
+    transformers' DeepseekV2Attention: not only yarn)."""
     scale = head_dim(config) ** -0.5
     kind, s = _scaling(config)
-    if is_mla(config) and kind == "yarn" and s.get("mscale_all_dim"):
+    if is_mla(config) and kind not in (None, "default") and s.get("mscale_all_dim"):
         scale *= yarn_get_mscale(float(s["factor"]), float(s["mscale_all_dim"])) ** 2
     return scale
 

@@ -204,6 +204,24 @@ def test_config_json_saved_by_transformers(family, tmp_path):
     assert config.rope_scaling["rope_type"] == ROPE_SCALINGS[family]["rope_type"]
 
 
+@pytest.mark.parametrize("rope", [{"rope_type": "linear", "factor": 2.0},
+                                  {"rope_type": "dynamic", "factor": 4.0},
+                                  {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 64}], ids=lambda rope: rope["rope_type"])
+def test_deepseek_mscale_all_dim_beside_any_scaled_rope(rope):
+    """DeepseekV2Attention multiplies its softmax scale by m(factor, mscale_all_dim)^2 for
+    every RoPE type but the default, not only yarn: so does the patched model (logits
+    within 1e-5, the same greedy tokens)."""
+    eager = build("deepseek_v2", rope_parameters=dict(rope, rope_theta=10000.0, mscale_all_dim=0.707))
+    patched = sneppx.hf.patch(copy.deepcopy(eager))
+    layer = next(m for m in patched.modules() if isinstance(m, sneppx.hf.SneppxAttention))
+    expected = next(m for m in eager.modules() if type(m).__name__ == "DeepseekV2Attention").scaling
+    assert layer.sneppx.softmax_scale == pytest.approx(expected, rel=1e-12)
+    ids, mask = prompts([19, 6], seed=2)
+    assert logits_error(patched, eager, ids, mask) <= TOLERANCE
+    assert torch.equal(greedy(patched, ids, mask), greedy(eager, ids, mask))
+
+
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
 def test_partial_rotary_factor_is_ignored_as_transformers_does(family):
     """A config.json's partial_rotary_factor lands in rope_parameters, but these families'
