@@ -369,6 +369,38 @@ static sneppx_status read_model_type(const struct scope *top, const struct snepp
                        clip(name, CLIP_BYTES).text, sneppx_model_type_list);
 }
 
+/* Whether a Qwen2 file with use_sliding_window: true slides on any layer, by
+ * Qwen2Config's rule: its layer_types when given, else the layers from
+ * max_window_layers (default 28) of num_hidden_layers (default 32), and none
+ * without a sliding_window (a null one; absent is 4096). Files whose layers are
+ * all full attention run plainly causal in transformers. */
+static sneppx_status qwen2_slides(const struct scope *top, int *slides)
+{
+    const cJSON *types, *window, *item;
+    int64_t layers = 0, first_window = 0;
+    sneppx_status status;
+    *slides = 0;
+    if ((status = lookup(top, "layer_types", &types)) != SNEPPX_OK)
+        return status;
+    if (types) {
+        if (!cJSON_IsArray(types))
+            return format_error(top, "layer_types", "an array of strings", types);
+        cJSON_ArrayForEach(item, types) {
+            if (!cJSON_IsString(item))
+                return format_error(top, "layer_types", "an array of strings", item);
+            if (strcmp(item->valuestring, "full_attention") != 0)
+                *slides = 1;
+        }
+        return SNEPPX_OK;
+    }
+    if ((status = lookup(top, "sliding_window", &window)) != SNEPPX_OK ||
+        (status = read_size(top, "num_hidden_layers", 32, &layers)) != SNEPPX_OK ||
+        (status = read_size(top, "max_window_layers", 28, &first_window)) != SNEPPX_OK)
+        return status;
+    *slides = (window || !cJSON_GetObjectItemCaseSensitive(top->object, "sliding_window")) && layers > first_window;
+    return SNEPPX_OK;
+}
+
 /* Biases and windows differ per model type (docs/MODELS.md section 7). */
 static sneppx_status read_family_fields(const struct scope *top, const struct sneppx_model_type *type,
                                         sneppx_config *config)
@@ -392,8 +424,9 @@ static sneppx_status read_family_fields(const struct scope *top, const struct sn
     if (type->window == SNEPPX_MODEL_WINDOW_SLIDING_WINDOW) {
         status = read_size(top, "sliding_window", 0, &config->sliding_window);
     } else if (type->window == SNEPPX_MODEL_WINDOW_USE_SLIDING_WINDOW) {
-        int windowed = 0;
-        if ((status = read_flag(top, "use_sliding_window", 0, &windowed)) == SNEPPX_OK && windowed)
+        int windowed = 0, slides = 0;
+        if ((status = read_flag(top, "use_sliding_window", 0, &windowed)) == SNEPPX_OK && windowed &&
+            (status = qwen2_slides(top, &slides)) == SNEPPX_OK && slides)
             status = sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: use_sliding_window: true (Qwen2 per-layer "
                                  "windows) is not supported");
     }

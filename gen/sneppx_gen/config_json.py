@@ -418,6 +418,21 @@ def _refuse_partial_scaled_rope(factor: Any, c: CConfig) -> None:
                           "cannot run it: that RoPE covers part of each head, its attention the whole head)")
 
 
+def _qwen2_slides(top: Scope) -> bool:
+    """runtime/config_json.c qwen2_slides (which says why)."""
+    types = top.lookup("layer_types")
+    if types is not None:
+        if not isinstance(types, list):
+            raise top.fail("layer_types", "an array of strings", types)
+        for item in types:
+            if not isinstance(item, str):
+                raise top.fail("layer_types", "an array of strings", item)
+        return any(item.split("\0", 1)[0] != "full_attention" for item in types)
+    window = top.lookup("sliding_window")
+    layers, first_window = top.size("num_hidden_layers", 32), top.size("max_window_layers", 28)
+    return (window is not None or not top.obj.first("sliding_window")[0]) and layers > first_window
+
+
 def read_hf(root: JsonObject) -> CConfig:
     """runtime/config_json.c read_config: an HF config.json."""
     top = Scope(root, "")
@@ -445,7 +460,7 @@ def read_hf(root: JsonObject) -> CConfig:
         c.qkv_bias, c.o_bias = 1, 0
     if kind.window == "sliding_window":
         c.sliding_window = top.size("sliding_window", 0)
-    elif kind.window == "use_sliding_window" and top.flag("use_sliding_window", 0):
+    elif kind.window == "use_sliding_window" and top.flag("use_sliding_window", 0) and _qwen2_slides(top):
         raise ConfigError("use_sliding_window: true (Qwen2 per-layer windows) is not supported")
     if kind.mla:
         c.q_lora_rank = top.size("q_lora_rank", 0)

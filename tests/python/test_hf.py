@@ -386,6 +386,19 @@ def test_beam_search_with_a_given_cache_is_refused_before_it_is_filled():
         assert torch.equal(patched.generate(ids, **beams), eager.generate(ids, **beams))
 
 
+def test_qwen2_use_sliding_window_without_sliding_layers():
+    """use_sliding_window with max_window_layers >= num_hidden_layers: Qwen2Config makes
+    every layer full attention and transformers runs it plainly causal, so sneppx does
+    (config.json too), rather than refuse per-layer windows no layer has."""
+    eager = build("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=2)
+    assert eager.config.layer_types == ["full_attention"] * 2
+    patched = sneppx.hf.patch(copy.deepcopy(eager))
+    assert all(m.sneppx.sliding_window is None for m in patched.modules() if isinstance(m, sneppx.hf.SneppxAttention))
+    ids, mask = prompts([19, 6], seed=2)
+    assert logits_error(patched, eager, ids, mask) <= TOLERANCE
+    assert torch.equal(greedy(patched, ids, mask), greedy(eager, ids, mask))
+
+
 def test_unsupported_is_refused_before_any_change():
     # A Qwen2 with sliding windows on its second layer: sneppx has one window for every layer.
     model = build("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1)
