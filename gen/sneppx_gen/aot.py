@@ -251,7 +251,7 @@ def render_layer(p: Plan) -> Tuple[str, str]:
         rope_initializer=_rope_initializer(p.arch, p.dims["rotary_dim"]),
         rope_freqs=render.render_template("rope_freqs.c.j2", mode="aot"),
         softmax_scale=_float_literal(p.arch.softmax_scale()),
-        softmax_scale_formula=config_json.softmax_scale_formula(p.arch),
+        softmax_scale_formula=config_json.softmax_scale_and_formula(p.arch)[1],
         pipeline_template="layer_mla.c.j2" if p.arch.is_mla else "layer_standard.c.j2",
         abi=render.render_abi(),
         options=" ".join(regeneration_options(p)),

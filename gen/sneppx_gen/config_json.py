@@ -731,27 +731,23 @@ def rope_inv_freq(c: CConfig, rotary_dim: int, seq_len: int) -> Tuple[List[float
     return inv_freq, attention_factor
 
 
-def softmax_scale(c: CConfig) -> float:
-    """runtime/config.c sneppx_config_softmax_scale."""
+def softmax_scale_and_formula(c: CConfig) -> Tuple[float, str]:
+    """runtime/config.c sneppx_config_softmax_scale, and its formula for the comment beside
+    the literal in generated code."""
     if c.kv_lora_rank > 0:
         scale = 1.0 / math.sqrt(float(c.qk_nope_head_dim + c.qk_rope_head_dim))
+        formula = f"1 / sqrt({c.qk_nope_head_dim} + {c.qk_rope_head_dim})"
         s = c.rope_scaling
         if s.type != ROPE_TYPES["default"] and s.mscale_all_dim != 0:
             mscale = yarn_get_mscale(s.factor, s.mscale_all_dim)
             scale *= mscale * mscale
-        return scale
-    return 1.0 / math.sqrt(float(head_dim_of(c)))
+            formula += f" x mscale(factor {s.factor:g}, mscale_all_dim {s.mscale_all_dim:g})^2"
+        return scale, formula
+    return 1.0 / math.sqrt(float(head_dim_of(c))), f"1 / sqrt(head_dim {head_dim_of(c)})"
 
 
-def softmax_scale_formula(c: CConfig) -> str:
-    """softmax_scale's value as its formula, for the comment beside the literal in generated code."""
-    if c.kv_lora_rank > 0:
-        formula = f"1 / sqrt({c.qk_nope_head_dim} + {c.qk_rope_head_dim})"
-        s = c.rope_scaling
-        if s.type == ROPE_TYPES["yarn"] and s.mscale_all_dim != 0:
-            formula += f" x YaRN mscale(factor {s.factor:g}, mscale_all_dim {s.mscale_all_dim:g})^2"
-        return formula
-    return f"1 / sqrt(head_dim {head_dim_of(c)})"
+def softmax_scale(c: CConfig) -> float:
+    return softmax_scale_and_formula(c)[0]
 
 
 def describe_config(c: CConfig) -> Dict[str, Any]:
