@@ -291,6 +291,13 @@ static sneppx_status read_rope_scaling_value(const cJSON *dict, const char *name
 
     snprintf(prefix, sizeof prefix, "%s.", name);
     const struct scope scope = {dict, prefix};
+    /* A type given but not supported first: its own keys (longrope's long_factor) would
+     * otherwise be named as unknown. A missing type comes after the keys: a per-layer
+     * dict ({"full_attention": {...}}) is named by its unknown key. */
+    int kind = SNEPPX_ROPE_DEFAULT;
+    const sneppx_status type_status = rope_kind(&scope, &kind);
+    if (type_status == SNEPPX_ERR_UNSUPPORTED)
+        return type_status;
     const cJSON *item;
     cJSON_ArrayForEach(item, dict) {
         if (!item->string || !(rope_key_known(item->string) || (parameters && rope_config_key(item->string))))
@@ -298,8 +305,9 @@ static sneppx_status read_rope_scaling_value(const cJSON *dict, const char *name
                                clip(item->string ? item->string : "", CLIP_BYTES).text, sneppx_rope_key_list,
                                parameters ? ", rope_theta, partial_rotary_factor" : "");
     }
-    int kind = SNEPPX_ROPE_DEFAULT;
-    if ((status = rope_kind(&scope, &kind)) != SNEPPX_OK || (status = check_required_rope_keys(&scope, kind)) != SNEPPX_OK)
+    if (type_status != SNEPPX_OK)
+        return type_status;
+    if ((status = check_required_rope_keys(&scope, kind)) != SNEPPX_OK)
         return status;
     /* YaRN without floor/ceil of the correction range is not implemented;
      * like HF, only an absent or true "truncate" means floor/ceil. */

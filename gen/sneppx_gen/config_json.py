@@ -338,20 +338,28 @@ def read_rope_scaling(top: Scope, key: str = "rope_scaling") -> RopeFields:
         raise top.fail(key, "an object or null", raw)
     scope = Scope(raw, f"{key}.")
     extra = ROPE_CONFIG_KEYS if key == "rope_parameters" else ()
-    for name, _ in raw.pairs:
-        if name not in config_fields.ROPE_KEYS + extra:
-            raise ConfigError(f"{key}.{_c_prefix(name, 64)}: unknown key "
+    try:
+        rope_type, type_, type_error = scope.string("rope_type"), scope.string("type"), None
+    except ConfigError as error:
+        rope_type, type_, type_error = None, None, error
+    name = rope_type if rope_type is not None else type_
+    # As the runtime: a type given but not supported before the keys (its own keys, such as
+    # longrope's long_factor, would name a key), a mistyped or missing one after them (a
+    # per-layer dict is named by its unknown key).
+    if name is not None and (rope_type is None or type_ is None or rope_type == type_) and name not in ROPE_TYPES:
+        raise ConfigError(f"{key}.rope_type: '{_c_prefix(name, 64)}' is not supported "
+                          f"(supported: {', '.join(ROPE_TYPES)})")
+    for field_name, _ in raw.pairs:
+        if field_name not in config_fields.ROPE_KEYS + extra:
+            raise ConfigError(f"{key}.{_c_prefix(field_name, 64)}: unknown key "
                               f"(known: {', '.join(config_fields.ROPE_KEYS + extra)})")
-    rope_type, type_ = scope.string("rope_type"), scope.string("type")
+    if type_error is not None:
+        raise type_error
     if rope_type is not None and type_ is not None and rope_type != type_:
         raise ConfigError(f"{key}: rope_type '{_c_prefix(rope_type, 64)}' and type "
                           f"'{_c_prefix(type_, 64)}' disagree")
-    name = rope_type if rope_type is not None else type_
     if name is None:
         raise ConfigError(f"{key}.rope_type: missing (nor is 'type' given)")
-    if name not in ROPE_TYPES:
-        raise ConfigError(f"{key}.rope_type: '{_c_prefix(name, 64)}' is not supported "
-                          f"(supported: {', '.join(ROPE_TYPES)})")
     for required in config_fields.rope_required(name):
         if scope.lookup(required) is None:
             raise ConfigError(f"{key}.{required}: missing (rope_type '{name}' needs it)")

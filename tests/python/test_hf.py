@@ -411,7 +411,7 @@ def test_unsupported_is_refused_before_any_change():
     model = build("llama", rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
                                             "long_factor": [2.0] * 8, "original_max_position_embeddings": 256})
     with pytest.raises(NotImplementedError, match=r"model.layers.0.self_attn \(every layer\): "
-                                                  r"model.config: rope_scaling.long_factor: unknown key"):
+                                                  r"model.config: rope_scaling.rope_type: 'longrope' is not supported"):
         sneppx.hf.patch(model)
     assert not any(isinstance(m, sneppx.hf.SneppxAttention) for m in model.modules())
     # Another attention implementation's masks.
