@@ -457,12 +457,16 @@ static sneppx_status scan_checkpoint(struct loader *loader)
     char *index = join_path(loader->path, "model.safetensors.index.json");
     char *single = join_path(loader->path, "model.safetensors");
     sneppx_status status;
+    /* model.safetensors before the index, as transformers' from_pretrained: a
+     * sharded checkpoint saved again unsharded into its directory keeps the old
+     * index (save_pretrained removes the stale shards but not it), and
+     * transformers loads the new file. */
     if (!index || !single)
         status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "%s: out of memory", loader->path);
-    else if (is_regular_file(index))
-        status = scan_index(loader, index);
     else if (is_regular_file(single))
         status = scan_file(loader, single);
+    else if (is_regular_file(index))
+        status = scan_index(loader, index);
     else
         status = scan_directory_shards(loader, loader->path);
     free(index);

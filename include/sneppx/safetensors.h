@@ -109,8 +109,8 @@ SNEPPX_API int sneppx_attn_tensor_is_ignored(const char *name);
 typedef struct sneppx_attn_weights sneppx_attn_weights;
 
 /* Loads layer `layer`'s self_attn tensors for config from path: a directory
- * (model.safetensors.index.json, else model.safetensors, else its only
- * *.safetensors file), a .json index with a "weight_map", or a .safetensors
+ * (model.safetensors, else model.safetensors.index.json, else every
+ * *.safetensors file in it: transformers' order), a .json index with a "weight_map", or a .safetensors
  * file. A tensor belongs to the layer when its name ends in
  * "layers.<layer>.self_attn.<HF name>" after a prefix ("model.",
  * "language_model.model.", or none) that holds every tensor the config needs:

@@ -372,6 +372,23 @@ def test_state_dict_of_a_patched_model_is_refused(tmp_path):
     assert any((tmp_path / "eager").glob("*.safetensors"))
 
 
+def test_checkpoint_saved_again_unsharded_loads_its_new_file(tmp_path):
+    """A sharded checkpoint saved again without shards into its directory keeps its old
+    model.safetensors.index.json (save_pretrained deletes the old shards, not the index);
+    from_pretrained loads model.safetensors, and so does load_safetensors: the new
+    weights, not the old index's missing shards."""
+    build("llama", seed=0).save_pretrained(tmp_path, max_shard_size="20KB")
+    new = build("llama", seed=1)
+    new.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    config = sneppx.LLMConfig.from_config_json(tmp_path)
+    config.load_safetensors(tmp_path, layer=1)
+    expected = sneppx.LLMConfig.from_config_json(tmp_path)
+    expected.load_state_dict(new.state_dict(), layer=1)
+    x = np.random.default_rng(0).standard_normal((1, 8, 64), dtype=np.float32)
+    assert np.array_equal(config.forward_mha(x), expected.forward_mha(x))
+
+
 def test_beam_search_with_a_given_cache_is_refused_before_it_is_filled():
     patched = sneppx.hf.patch(build("llama"))
     ids, mask = prompts([7])

@@ -225,4 +225,6 @@ def test_file_and_layer_errors(single_file, tmp_path):
     index = tmp_path / "model.safetensors.index.json"
     index.write_text(json.dumps({"weight_map": {name: "lost.safetensors" for name in tensors}}))
     with pytest.raises(OSError, match="lost.safetensors"):
-        cfg.load_safetensors(tmp_path)
+        cfg.load_safetensors(index)
+    # The directory is read through its model.safetensors, as transformers reads it.
+    cfg.load_safetensors(tmp_path)
