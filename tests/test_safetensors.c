@@ -194,6 +194,21 @@ static void test_malformed_headers(void)
     expect_open_error("{\"real\\u00zz\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
                       SNEPPX_ERR_FORMAT, "header byte 6: a NUL, a \\u escape");
     expect_open_error("{\"real\\u00", SNEPPX_ERR_FORMAT, "header byte 6");
+    /* An empty tensor takes no bytes: the reference writer puts one of a wider dtype
+     * ([1, 0] int64 position ids) at [0, 0], where the next tensor starts, and may name it
+     * after that tensor, so sorting by offset alone saw 'a' [0, 8] before it. */
+    const char *empty_first = temp_path("empty.safetensors");
+    static const unsigned char data[8];
+    write_file(empty_first, "{\"zz\":{\"dtype\":\"I64\",\"shape\":[1,0],\"data_offsets\":[0,0]},"
+               "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, sizeof data);
+    sneppx_safetensors *empty = NULL;
+    CHECK(sneppx_safetensors_open(empty_first, &empty) == SNEPPX_OK && empty != NULL);
+    sneppx_safetensors_close(empty);
+    unlink(empty_first);
+    expect_open_error("{\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},"
+                      "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+                      SNEPPX_ERR_FORMAT, "tensors 'a' and 'e' overlap");
+
     static const unsigned char zeros[64];
     const char *path = temp_path("nul.safetensors");
     write_raw(path, 8, "{\"a\0\": 1}", zeros, sizeof zeros);
