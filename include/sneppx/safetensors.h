@@ -110,8 +110,8 @@ typedef struct sneppx_attn_weights sneppx_attn_weights;
 
 /* Loads layer `layer`'s self_attn tensors for config from path: a directory
  * (model.safetensors, else model.safetensors.index.json, else every
- * *.safetensors file in it: transformers' order), a .json index with a "weight_map", or a .safetensors
- * file. A tensor belongs to the layer when its name ends in
+ * *.safetensors file in it: transformers' order), a .json index with a
+ * "weight_map", or a .safetensors file. A tensor belongs to the layer when its name ends in
  * "layers.<layer>.self_attn.<HF name>" after a prefix ("model.",
  * "language_model.model.", or none) that holds every tensor the config needs:
  * a multimodal checkpoint's vision tower, whose encoder layers have self_attn
