@@ -65,6 +65,17 @@ class Spec:
         return self._values is None or int(self._values[name]) == wanted
 
 
+def c_branch(keep_test: bool, test: str, depth: int, body: str, braces: bool) -> str:
+    """spec.j2's branch: body under `if (test)` at depth spaces, or (keep_test False) the
+    body alone, each line one level (4 spaces) out."""
+    if not keep_test:
+        return "".join(line[4:] if line.startswith("    ") else line for line in body.splitlines(keepends=True))
+    pad = " " * depth
+    if not braces:
+        return f"{pad}if ({test})\n{body}"
+    return f"{pad}if ({test}) {{\n{body}{pad}}}\n"
+
+
 def c_comment(text: object) -> str:
     """Text for inside a /* */ comment of generated C: printable ASCII that neither ends
     the comment ("*/") nor opens one ("/*", which -Wcomment reports). The readers already
@@ -92,6 +103,7 @@ def environment() -> jinja2.Environment:
             autoescape=False,
         )
         _environment.filters["c_comment"] = c_comment
+        _environment.globals["c_branch"] = c_branch
         # The RoPE types by value (rope_freqs.c.j2's enum), from the config field list.
         _environment.globals["rope_types"] = config_fields.ROPE_TYPES
         # sneppx_rope_scaling's parameters (rope_params.j2's struct sneppx_rope_params).

@@ -63,6 +63,23 @@ def test_layer_text_has_no_template_artifacts(case):
         assert "{{" not in text and "{%" not in text and "{#" not in text
 
 
+# A test the key decided, left in the text: two literals compared (`if (1 == 1)`,
+# `if (1 == SNEPPX_MASK_CAUSAL)`, `4096 > 0 && ...`, `= 4096 > 0 ? ...`); the ABI's
+# _Static_asserts and the layer's size checks compare literals on purpose and are
+# neither `if`s nor `&&` chains.
+TAUTOLOGY = re.compile(r"(?:if \(|\(|\? |= )\(?(\d+) (?:==|>|!=) (?:\d+|SNEPPX_MASK_[A-Z]+)\b(?! %)(?:\)| &&| \?)")
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: "-".join(str(part) for part in case))
+def test_layer_text_has_no_decided_tests(case):
+    """The branches a key decides are in the vendored text as their code alone
+    (spec.j2's branch and given): no test of two literals is left for the compiler to
+    fold."""
+    for text in _render(*case):
+        found = [line.strip() for line in text.split("\n") if TAUTOLOGY.search(line)]
+        assert not found, found[:5]
+
+
 @pytest.mark.parametrize("case", [case for case in CASES if case[5] == "int8"],
                          ids=lambda case: "-".join(str(part) for part in case))
 def test_int8_decode_kernel_has_no_dead_value_check(case):
