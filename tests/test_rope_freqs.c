@@ -228,6 +228,18 @@ static void test_against_reference(void)
         TEST_CHECK(&tally, close_to(scale, want_scale, HAND_TOLERANCE), "preset %s: softmax scale %.17g, reference %.17g",
                    config.name, scale, want_scale);
     }
+    /* MLA's softmax scale under every type: DeepSeek's code takes mscale_all_dim beside
+     * any scaled type, and a reference that kept the yarn-only rule agreed on the presets. */
+    sneppx_config mla;
+    if (TEST_CHECK(&tally, sneppx_config_from_name("deepseek-v2", "lite", &mla) == SNEPPX_OK, "%s",
+                   sneppx_last_error()))
+        for (int type = 0; type < SNEPPX_ROPE_TYPE_COUNT; type++) {
+            sneppx_config config = mla;
+            config.rope_scaling.type = (sneppx_rope_type)type;
+            const double scale = sneppx_config_softmax_scale(&config), want_scale = ref_softmax_scale(&config);
+            TEST_CHECK(&tally, close_to(scale, want_scale, HAND_TOLERANCE),
+                       "MLA type %d: softmax scale %.17g, reference %.17g", type, scale, want_scale);
+        }
     /* Every type of the enum: one the reference lacks fails here. */
     for (int type = 0; type < SNEPPX_ROPE_TYPE_COUNT; type++) {
         for (int64_t seq_len = 1000; seq_len <= 9000; seq_len += 4000) {

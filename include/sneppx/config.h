@@ -46,7 +46,8 @@ typedef struct sneppx_rope_scaling {
     double high_freq_factor;                /* llama3 */
     int64_t original_max_position_embeddings; /* llama3, yarn (0 = max_position_embeddings) */
     double beta_fast, beta_slow;            /* yarn (defaults 32, 1) */
-    double mscale, mscale_all_dim;          /* yarn (0 = unset) */
+    double mscale;                          /* yarn (0 = unset) */
+    double mscale_all_dim;                  /* yarn; MLA's softmax scale beside any scaled type (0 = unset) */
     double attention_factor;                /* yarn: explicit cos/sin factor (0 = derive) */
 } sneppx_rope_scaling;
 

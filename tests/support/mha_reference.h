@@ -45,7 +45,7 @@ void ref_rope_inv_freq(const sneppx_config *config, int64_t seq_len, double *inv
 void ref_extend_context(sneppx_config *config, int64_t new_max_positions);
 
 /* Scale of q.k: head_dim^-0.5; MLA: (nope+rope)^-0.5 * get_mscale(factor, mscale_all_dim)^2
- * when YaRN with mscale_all_dim is set (DeepSeek remote code). */
+ * when mscale_all_dim is set beside any scaled RoPE type (DeepSeek remote code). */
 double ref_softmax_scale(const sneppx_config *config);
 
 /* Rotates one head in place by angle position*inv_freq[i], cos/sin times

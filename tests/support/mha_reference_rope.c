@@ -164,9 +164,9 @@ double ref_softmax_scale(const sneppx_config *config)
         return 0.0;
     double scale = 1.0 / sqrt((double)dims.qk_head_dim);
     const sneppx_rope_scaling *scaling = &config->rope_scaling;
-    /* DeepSeek applies it whenever rope_scaling carries mscale_all_dim; in a
-     * sneppx_config that field belongs to YaRN (config.h), DeepSeek's only type. */
-    if (dims.mla && scaling->type == SNEPPX_ROPE_YARN && scaling->mscale_all_dim != 0) {
+    /* DeepSeek applies it whenever rope_scaling carries mscale_all_dim: beside any
+     * scaled type (linear, dynamic, llama3 too), never with plain RoPE. */
+    if (dims.mla && scaling->type != SNEPPX_ROPE_DEFAULT && scaling->mscale_all_dim != 0) {
         const double mscale = ref_yarn_mscale(scaling->factor, scaling->mscale_all_dim);
         scale *= mscale * mscale;
     }
