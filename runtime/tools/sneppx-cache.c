@@ -53,9 +53,6 @@ static int fail(const char *what, sneppx_status status)
     return 1;
 }
 
-/* Why this build would not load the entry of key (a kernel or a tuning record),
- * or NULL when it would. A kernel's payload must also be an object bundle: an
- * entry that verifies but does not unpack is rebuilt at its next use. */
 /* The target of a key that is not this process's target (SNEPPX_TARGET=v8 on an
  * AVX-512 host, or the reverse), else NULL: such an entry is kept for the processes
  * that run its target, and only they can compute its fingerprint. */
@@ -65,6 +62,9 @@ static const char *other_target(const char *key)
     return dash && strcmp(dash + 1, sneppx_host_target()->name) != 0 ? dash + 1 : NULL;
 }
 
+/* Why this build would not load the entry of key (a kernel or a tuning record),
+ * or NULL when it would. A kernel's payload must also be an object bundle: an
+ * entry that verifies but does not unpack is rebuilt at its next use. */
 static const char *verdict(const char *key, char *reason, size_t reason_size)
 {
     uint8_t fingerprint[SNEPPX_SHA256_SIZE];
