@@ -17,7 +17,7 @@ enum sneppx_model_bias {
 enum sneppx_model_window {
     SNEPPX_MODEL_WINDOW_NONE,
     SNEPPX_MODEL_WINDOW_SLIDING_WINDOW,    /* "sliding_window": W keys (0 = none) */
-    SNEPPX_MODEL_WINDOW_USE_SLIDING_WINDOW /* "use_sliding_window": true (Qwen2's per-layer windows) refused */
+    SNEPPX_MODEL_WINDOW_USE_SLIDING_WINDOW /* "use_sliding_window": true refused when a layer slides (Qwen2's rule) */
 };
 
 struct sneppx_model_type {

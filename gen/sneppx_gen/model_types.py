@@ -16,8 +16,8 @@ class ModelType:
     default_max_positions: int   # the transformers config class's default max_position_embeddings
     bias: str                    # "attention_bias" (q/k/v and o together, default false), "none",
                                  # "qkv" (q/k/v on, o off: Qwen2Attention hard-codes it)
-    window: str                  # "sliding_window" (read), "use_sliding_window" (true refused:
-                                 # Qwen2's per-layer windows), "none"
+    window: str                  # "sliding_window" (read), "use_sliding_window" (true refused when
+                                 # a layer slides by Qwen2Config's rule), "none"
     mla: bool = False            # DeepSeek's MLA fields (required) and interleaved RoPE pairs
 
     @property
