@@ -60,8 +60,7 @@ static void publish_keys(sneppx_layer *layer)
 
 /* The kernels a layer needs, gathered before any is resolved so that they
  * compile side by side (kernels.c compiles distinct keys concurrently).
- * At most 21 today (warmup): MLA with q LoRA has 9, plus 4 flash / SDPA variants and
- * 2 decode ones per KV cache type. */
+ * At most SNEPPX_LAYER_MAX_KERNELS (warmup's; layer_internal.h counts them). */
 #define MAX_REQUESTS (SNEPPX_LAYER_MAX_KERNELS + 4)
 
 struct kernel_request {
