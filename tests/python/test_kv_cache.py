@@ -217,9 +217,6 @@ def test_errors_name_the_argument_and_leave_the_cache(rng):
     assert (cache.lengths, cache.stats()) == before
 
 
-
-
-
 def test_ragged_arguments_must_be_per_row(rng):
     _, cfg, _ = _layer("llama3", rng)
     cache = cfg.kv_cache(batch=1, max_tokens=8)
@@ -232,6 +229,7 @@ def test_ragged_arguments_must_be_per_row(rng):
     assert cfg.forward_ragged(cache, [], []) == []
     assert cfg.forward_ragged(cache, [], [], position_ids=[]) == []
     assert cache.lengths == [0]
+
 
 def test_numpy_bools_are_not_integers(rng):
     # numpy's bool has __index__; like Python's True it is refused where a count, a row or
@@ -251,6 +249,7 @@ def test_numpy_bools_are_not_integers(rng):
             call()
     assert cache.lengths == [0, 0] and cache.batch == 2
 
+
 @pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy, pickle.dumps], ids=["copy", "deepcopy", "pickle"])
 def test_copy_and_pickle_are_refused(copier, rng):
     # A copy would share the C cache's handle: the first of the two collected frees it
@@ -261,6 +260,7 @@ def test_copy_and_pickle_are_refused(copier, rng):
     with pytest.raises(TypeError, match="KVCache cannot be copied or pickled.*fork"):
         copier(cache)
     assert cache.lengths == [3]
+
 
 @pytest.mark.parametrize("family", ["qwen2", "deepseek-v2", "mistral"])
 def test_long_decode_splits_keys_across_threads(family, rng):
