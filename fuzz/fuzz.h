@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -23,5 +24,15 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
             abort();                                                                \
         }                                                                           \
     } while (0)
+
+/* A private directory for a harness's files, named after `name` ("sneppx-fuzz-cache"):
+ * under /dev/shm (memory: no disk write per input) when it is writable, else $TMPDIR,
+ * else /tmp. 0 when made (dir holds its path), -1 otherwise. */
+static inline int fuzz_private_dir(const char *name, char *dir, size_t size)
+{
+    const char *tmp = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : getenv("TMPDIR");
+    snprintf(dir, size, "%s/%s-XXXXXX", tmp && tmp[0] ? tmp : "/tmp", name);
+    return mkdtemp(dir) ? 0 : -1;
+}
 
 #endif

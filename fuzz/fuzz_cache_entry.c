@@ -32,10 +32,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    const char *tmp = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : getenv("TMPDIR");
     char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s/sneppx-fuzz-cache-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-    if (!mkdtemp(dir) || setenv("SNEPPX_CACHE_DIR", dir, 1) != 0 || !sneppx_disk_cache_path()) {
+    if (fuzz_private_dir("sneppx-fuzz-cache", dir, sizeof dir) != 0 || setenv("SNEPPX_CACHE_DIR", dir, 1) != 0 || !sneppx_disk_cache_path()) {
         fprintf(stderr, "fuzz_cache_entry: no private cache directory at %s\n", dir);
         exit(1);
     }

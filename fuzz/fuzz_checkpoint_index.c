@@ -68,9 +68,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     config.qkv_bias = config.o_bias = 0;
     sneppx_attn_tensor tensors[SNEPPX_ATTN_TENSORS_MAX];
     int count = 0;
-    const char *tmp = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/sneppx-fuzz-checkpoint-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-    if (sneppx_attn_tensors(&config, tensors, &count) != SNEPPX_OK || count != 4 || !mkdtemp(dir) ||
+    if (sneppx_attn_tensors(&config, tensors, &count) != SNEPPX_OK || count != 4 ||
+        fuzz_private_dir("sneppx-fuzz-checkpoint", dir, sizeof dir) != 0 ||
         write_shard("model-00001-of-00002.safetensors", tensors, 0, 3) != 0 ||
         write_shard("model-00002-of-00002.safetensors", tensors, 3, 4) != 0) {
         fprintf(stderr, "fuzz_checkpoint_index: cannot prepare the shards in %s\n", dir);

@@ -36,11 +36,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    const char *tmp = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : getenv("TMPDIR");
     char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s/sneppx-fuzz-tuning-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
     /* No tuning at first use: a refused record leaves the defaults. */
-    if (!mkdtemp(dir) || setenv("SNEPPX_CACHE_DIR", dir, 1) != 0 || unsetenv("SNEPPX_TUNE") != 0 ||
+    if (fuzz_private_dir("sneppx-fuzz-tuning", dir, sizeof dir) != 0 || setenv("SNEPPX_CACHE_DIR", dir, 1) != 0 || unsetenv("SNEPPX_TUNE") != 0 ||
         !sneppx_disk_cache_path()) {
         fprintf(stderr, "fuzz_tuning_record: no private cache directory at %s\n", dir);
         exit(1);
