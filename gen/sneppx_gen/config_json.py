@@ -14,8 +14,10 @@ Two forms are read:
 - an HF config.json (it has "model_type"): exactly as sneppx_config_from_json;
 - sneppx's hand-config form (no "model_type"; also gen/archs.json's presets):
   the keyword arguments of sneppx.LLMConfig (HF names plus "bias", "qkv_bias",
-  "o_bias", "rope_interleaved", "use_flash_attn") and "rotary_dim", with the
-  defaults of sneppx_config_init() and the same type rules.
+  "o_bias", "rope_interleaved", "use_flash_attn", the aliases "num_heads" and
+  "num_kv_heads") and "rotary_dim", with the defaults of sneppx_config_init() and
+  the same type rules, plus the presets' informational keys (HAND_INFORMATIONAL);
+  any other key is refused.
 Both are checked by validate(), the mirror of sneppx_config_validate. sneppx-gen's own
 "name" key (either form) names the output: read_name().
 """
@@ -480,14 +482,35 @@ def read_hf(root: JsonObject) -> CConfig:
 
 # The hand form's sizes: every int64_t field, by its own name.
 HAND_SIZES = tuple(f for f in config_fields.CONFIG_FIELDS if f.c_type is config_fields.INT64)
+# sneppx.LLMConfig's aliases of two sizes (its constructor's num_heads / num_kv_heads).
+HAND_ALIASES = {"num_attention_heads": "num_heads", "num_key_value_heads": "num_kv_heads"}
+# Keys of gen/archs.json's presets that describe the model to a reader but not the attention
+# layer (the MLP's width, the norm's epsilon, the preset's names): accepted and not used.
+HAND_INFORMATIONAL = ("family", "size", "aliases", "intermediate_size", "rms_norm_eps")
+# Every key the hand form takes; another is a misspelling that would otherwise change
+# nothing, silently ("sliding_windw": the layer would attend without a window).
+HAND_KEYS = (tuple(f.name for f in config_fields.CONFIG_FIELDS) + tuple(HAND_ALIASES.values())
+             + ("bias", "attention_bias", "partial_rotary_factor") + HAND_INFORMATIONAL)
 
 
 def read_hand(root: JsonObject) -> CConfig:
     """sneppx's hand-config form: sneppx.LLMConfig's keyword arguments (+ rotary_dim)."""
     top = Scope(root, "")
+    for key, _ in root.pairs:
+        if key not in HAND_KEYS:
+            raise ConfigError(f"{_c_prefix(key, 64)}: unknown key (a config without model_type is "
+                              f"sneppx.LLMConfig's keywords; known: {', '.join(HAND_KEYS)})")
     c = CConfig()
     for f in HAND_SIZES:
-        if f.required:
+        alias = HAND_ALIASES.get(f.name)
+        given = top.lookup(f.name)
+        if alias is not None and top.lookup(alias) is not None:
+            alias_value = top.size(alias, 0)
+            if given is not None and top.size(f.name, 0) != alias_value:
+                raise ConfigError(f"{f.name}: {describe(given)} and its alias {alias} "
+                                  f"{alias_value} disagree")
+            value = alias_value
+        elif f.required:
             value = top.required_size(f.name)
         else:
             value = top.size(f.name, getattr(c, f.default_from) if f.default_from else f.default)
@@ -505,6 +528,10 @@ def read_hand(root: JsonObject) -> CConfig:
     c.o_bias = top.switch("o_bias", both)
     c.rope_interleaved = top.switch("rope_interleaved", int(c.kv_lora_rank > 0))
     c.use_flash_attn = top.switch("use_flash_attn", 1)
+    # How the runtime computes MLA and how many threads it takes: read for their rules, though
+    # the generated file takes neither (it absorbs MLA, and its caller picks the threads).
+    c.mla_naive = top.switch("mla_naive", 0)
+    c.num_threads = top.size("num_threads", 0)
     weight_dtype = top.string("weight_dtype")
     if weight_dtype is not None:
         if weight_dtype not in config_fields.WEIGHT_DTYPES:
@@ -601,6 +628,8 @@ def validate(c: CConfig) -> None:
             raise ConfigError("config.sliding_window: MLA has no sliding window")
         _validate_rope(c, c.qk_rope_head_dim)
         return
+    if c.mla_naive:
+        raise ConfigError("config.mla_naive: applies to MLA configs (kv_lora_rank > 0) only")
     _check_ranges(c, (("num_key_value_heads", 1, c.num_attention_heads),))
     if c.num_attention_heads % c.num_key_value_heads:
         raise ConfigError(f"config.num_key_value_heads: {c.num_key_value_heads} does not divide "

@@ -392,6 +392,40 @@ def test_hand_form_is_read_with_the_same_rules(tmp_path):
     _, config = config_json.read_file(str(path))
     want = sneppx.LLMConfig(hidden_size=64, num_attention_heads=4, qkv_bias=1, o_bias=0, use_flash_attn=False)
     assert config_json.describe_config(config) == _fields(want._config)
+    # A key LLMConfig does not take is refused by name: ignored, a misspelled window would
+    # give a layer without one.
+    path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "sliding_windw": 16}))
+    with pytest.raises(config_json.ConfigError, match=r"hand\.json: sliding_windw: unknown key \(a config "
+                       r"without model_type is sneppx\.LLMConfig's keywords; known: name, hidden_size, "):
+        config_json.read_file(str(path))
+    with pytest.raises(TypeError, match="sliding_windw"):
+        sneppx.LLMConfig(hidden_size=64, num_attention_heads=4, sliding_windw=16)
+    # LLMConfig's aliases of the head counts count, and must agree with the names they alias.
+    path.write_text(json.dumps({"hidden_size": 64, "num_heads": 4, "num_kv_heads": 2}))
+    _, config = config_json.read_file(str(path))
+    want = sneppx.LLMConfig(hidden_size=64, num_heads=4, num_kv_heads=2)._config
+    assert config_json.describe_config(config) == _fields(want)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (4, 2)
+    path.write_text(json.dumps({"hidden_size": 64, "num_heads": 4, "num_attention_heads": 8}))
+    with pytest.raises(config_json.ConfigError, match=r"num_attention_heads: 8 and its alias num_heads 4 disagree"):
+        config_json.read_file(str(path))
+    with pytest.raises(TypeError, match=r"num_attention_heads=8 and its alias num_heads=4 disagree"):
+        sneppx.LLMConfig(hidden_size=64, num_heads=4, num_attention_heads=8)
+    # The run-time settings are checked by the runtime's rules, although the generated file
+    # takes neither.
+    path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "mla_naive": True}))
+    with pytest.raises(config_json.ConfigError, match=r"config\.mla_naive: applies to MLA configs"):
+        config_json.read_file(str(path))
+    with pytest.raises(sneppx.InvalidArgumentError, match=r"config\.mla_naive: applies to MLA configs"):
+        sneppx.LLMConfig(hidden_size=64, num_attention_heads=4, mla_naive=True)
+    path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "num_threads": 2048}))
+    with pytest.raises(config_json.ConfigError, match=r"config\.num_threads: 2048 is outside \[0, 1024\]"):
+        config_json.read_file(str(path))
+    # A preset's entry, informational keys and all, is a hand config.
+    preset = json.loads((REPO / "gen" / "archs.json").read_text())["presets"][0]
+    path.write_text(json.dumps(preset))
+    _, config = config_json.read_file(str(path))
+    assert config.hidden_size == preset["hidden_size"]
     path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "bias": False, "o_bias": True}))
     _, config = config_json.read_file(str(path))
     want = sneppx.LLMConfig(hidden_size=64, num_attention_heads=4, bias=False, o_bias=True)._config
