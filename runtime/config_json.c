@@ -198,7 +198,9 @@ static int rope_key_known(const char *key)
     return 0;
 }
 
-/* The rope type the dict names: "rope_type" (newer HF) or "type" (older, DeepSeek). */
+/* The rope type the dict names: "rope_type" (newer HF) or "type" (older, DeepSeek);
+ * ROPE_KIND_MISSING when it names none. */
+enum { ROPE_KIND_MISSING = -1 };
 static sneppx_status rope_kind(const struct scope *scope, int *kind)
 {
     const char *rope_type, *type;
@@ -211,9 +213,10 @@ static sneppx_status rope_kind(const struct scope *scope, int *kind)
         return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: %.*s: rope_type '%s' and type '%s' disagree",
                            (int)strlen(scope->prefix) - 1, scope->prefix, clip(rope_type, CLIP_BYTES).text, clip(type, CLIP_BYTES).text);
     const char *name = rope_type ? rope_type : type;
-    if (!name)
-        return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: %srope_type: missing (nor is 'type' given)",
-                           scope->prefix);
+    if (!name) {
+        *kind = ROPE_KIND_MISSING;
+        return SNEPPX_OK;
+    }
     for (int i = 0; i < sneppx_rope_type_count; i++) {
         if (strcmp(sneppx_rope_type_names[i], name) == 0) {
             *kind = i;
@@ -307,6 +310,17 @@ static sneppx_status read_rope_scaling_value(const cJSON *dict, const char *name
     }
     if (type_status != SNEPPX_OK)
         return type_status;
+    if (kind == ROPE_KIND_MISSING) {
+        /* transformers 5 reads a dict without a type as plain RoPE: so is one that holds
+         * nothing else ({}, or rope_parameters' own rope_theta). A scaling parameter
+         * without a type is refused: its type cannot be guessed. */
+        cJSON_ArrayForEach(item, dict) {
+            if (!rope_config_key(item->string))
+                return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: %s.rope_type: missing (nor is 'type' given)",
+                                   name);
+        }
+        return SNEPPX_OK;
+    }
     if ((status = check_required_rope_keys(&scope, kind)) != SNEPPX_OK)
         return status;
     /* YaRN without floor/ceil of the correction range is not implemented;
@@ -331,7 +345,7 @@ static sneppx_status read_rope_scaling_value(const cJSON *dict, const char *name
 /* rope_theta, the scaling, and the partial_rotary_factor item (NULL when absent) that
  * refuse_partial_scaled_rope judges. transformers 5 saves all three in one
  * "rope_parameters" object and none at the top, older files at the top (rope_scaling).
- * As transformers reads them: a non-null rope_scaling is taken in place of
+ * As transformers reads them: a non-null, non-empty rope_scaling is taken in place of
  * rope_parameters, and the dict's rope_theta and partial_rotary_factor win over the
  * top-level ones. */
 static sneppx_status read_rope(const struct scope *top, sneppx_config *config, const cJSON **partial)
@@ -343,6 +357,9 @@ static sneppx_status read_rope(const struct scope *top, sneppx_config *config, c
         (status = read_real(top, "rope_theta", config->rope_theta, &config->rope_theta)) != SNEPPX_OK ||
         (status = lookup(top, "partial_rotary_factor", partial)) != SNEPPX_OK)
         return status;
+    /* transformers takes `rope_scaling or rope_parameters`: an empty rope_scaling is none. */
+    if (scaling && cJSON_IsObject(scaling) && !scaling->child && parameters)
+        scaling = NULL;
     if (scaling || !parameters)
         return read_rope_scaling_value(scaling, "rope_scaling", &config->rope_scaling);
     if ((status = read_rope_scaling_value(parameters, "rope_parameters", &config->rope_scaling)) != SNEPPX_OK)

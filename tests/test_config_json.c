@@ -191,6 +191,8 @@ static const struct bad_case bad_cases[] = {
      SNEPPX_ERR_UNSUPPORTED, "rope_scaling.truncate"},
     {LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4, \"finetuned\": true}}",
      SNEPPX_ERR_UNSUPPORTED, "rope_scaling.finetuned: unknown key"},
+    {LLAMA_HEAD ", \"rope_parameters\": {\"rope_theta\": 1e6, \"factor\": 2}}", SNEPPX_ERR_FORMAT,
+     "config.json: rope_parameters.rope_type: missing"},
     {LLAMA_HEAD ", \"rope_parameters\": {\"rope_type\": \"longrope\", \"factor\": 2}}", SNEPPX_ERR_UNSUPPORTED,
      "config.json: rope_parameters.rope_type: 'longrope' is not supported"},
     {LLAMA_HEAD ", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": \"1e6\"}}", SNEPPX_ERR_FORMAT,
@@ -294,6 +296,25 @@ static void test_semantics(test_tally *tally)
                           config.rope_scaling.type == SNEPPX_ROPE_LINEAR && config.rope_scaling.factor == 2.0,
                "rope_parameters: theta %g type %d factor %g (%s)", config.rope_theta, (int)config.rope_scaling.type,
                config.rope_scaling.factor, sneppx_last_error());
+    /* transformers takes `rope_scaling or rope_parameters`: an empty rope_scaling is none. */
+    const char *empty_beside = LLAMA_HEAD ", \"rope_scaling\": {}, \"rope_parameters\": {\"rope_type\": \"linear\", "
+                               "\"factor\": 2, \"rope_theta\": 500000}}";
+    status = sneppx_config_from_json(empty_beside, strlen(empty_beside), &config);
+    TEST_CHECK(tally, status == SNEPPX_OK && config.rope_theta == 500000.0 &&
+                          config.rope_scaling.type == SNEPPX_ROPE_LINEAR && config.rope_scaling.factor == 2.0,
+               "empty rope_scaling beside rope_parameters: theta %g type %d factor %g (%s)", config.rope_theta,
+               (int)config.rope_scaling.type, config.rope_scaling.factor, sneppx_last_error());
+    /* ... and a dict without a type as plain RoPE, when it holds no scaling parameter. */
+    const char *untyped = LLAMA_HEAD ", \"rope_parameters\": {\"rope_theta\": 1000000}}";
+    status = sneppx_config_from_json(untyped, strlen(untyped), &config);
+    TEST_CHECK(tally, status == SNEPPX_OK && config.rope_theta == 1e6 &&
+                          config.rope_scaling.type == SNEPPX_ROPE_DEFAULT && config.rope_scaling.factor == 1.0,
+               "untyped rope_parameters: theta %g type %d factor %g (%s)", config.rope_theta,
+               (int)config.rope_scaling.type, config.rope_scaling.factor, sneppx_last_error());
+    const char *empty = LLAMA_HEAD ", \"rope_scaling\": {}}";
+    status = sneppx_config_from_json(empty, strlen(empty), &config);
+    TEST_CHECK(tally, status == SNEPPX_OK && config.rope_scaling.type == SNEPPX_ROPE_DEFAULT,
+               "empty rope_scaling: type %d (%s)", (int)config.rope_scaling.type, sneppx_last_error());
     const char *mistral = "{\"model_type\": \"mistral\", \"hidden_size\": 256, \"num_attention_heads\": 4, "
                           "\"attention_bias\": true}";
     status = sneppx_config_from_json(mistral, strlen(mistral), &config);

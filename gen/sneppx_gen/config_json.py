@@ -361,7 +361,11 @@ def read_rope_scaling(top: Scope, key: str = "rope_scaling") -> RopeFields:
         raise ConfigError(f"{key}: rope_type '{_c_prefix(rope_type, 64)}' and type "
                           f"'{_c_prefix(type_, 64)}' disagree")
     if name is None:
-        raise ConfigError(f"{key}.rope_type: missing (nor is 'type' given)")
+        # transformers 5 reads a dict without a type as plain RoPE: so is one that holds nothing
+        # else ({}, or rope_parameters' own rope_theta); a scaling parameter cannot be typed.
+        if any(field_name not in extra for field_name, _ in raw.pairs):
+            raise ConfigError(f"{key}.rope_type: missing (nor is 'type' given)")
+        return RopeFields()
     for required in config_fields.rope_required(name):
         if scope.lookup(required) is None:
             raise ConfigError(f"{key}.{required}: missing (rope_type '{name}' needs it)")
@@ -385,12 +389,15 @@ def read_rope_scaling(top: Scope, key: str = "rope_scaling") -> RopeFields:
 
 def read_rope(top: Scope, c: CConfig) -> Any:
     """runtime/config_json.c read_rope: rope_theta and the scaling into c, from the top
-    level or transformers 5's rope_parameters (a non-null rope_scaling is taken in its
+    level or transformers 5's rope_parameters (a non-null, non-empty rope_scaling is taken in its
     place; its rope_theta and partial_rotary_factor win over the top-level ones); returns
     the partial_rotary_factor value (None when absent)."""
     scaling, parameters = top.lookup("rope_scaling"), top.lookup("rope_parameters")
     c.rope_theta = top.real("rope_theta", c.rope_theta)
     partial = top.lookup("partial_rotary_factor")
+    # transformers takes `rope_scaling or rope_parameters`: an empty rope_scaling is none.
+    if isinstance(scaling, JsonObject) and not scaling.pairs and parameters is not None:
+        scaling = None
     if scaling is not None or parameters is None:
         c.rope_scaling = read_rope_scaling(top)
         return partial

@@ -287,6 +287,13 @@ CORPUS = {
     "rope-parameters-partial-linear": _text(rope_parameters={"rope_type": "linear", "factor": 2.0,
                                                              "partial_rotary_factor": 0.5}),
     "rope-parameters-partial-default": _text(rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.5}),
+    # transformers takes `rope_scaling or rope_parameters`, and a dict without a type as plain RoPE.
+    "rope-scaling-empty": _text(rope_scaling={}),
+    "rope-scaling-empty-beside-parameters": _text(rope_scaling={}, rope_parameters=dict(LLAMA3, rope_theta=5e5)),
+    "rope-parameters-untyped": _text(rope_parameters={"rope_theta": 1e6, "partial_rotary_factor": 1.0}),
+    "rope-parameters-empty": _text(rope_theta=1e6, rope_parameters={}),
+    "rope-parameters-untyped-factor": _text(rope_parameters={"rope_theta": 1e6, "factor": 2.0}),
+    "rope-scaling-untyped-truncate": _text(rope_scaling={"truncate": True}),
     "rope-parameters-per-layer": _text(rope_parameters={"full_attention": {"rope_type": "default"}}),
     "rope-parameters-array": _text(rope_parameters=[1]),
     "rope-parameters-longrope": _text(rope_parameters={"rope_type": "longrope", "short_factor": [1.0]}),
