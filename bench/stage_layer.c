@@ -1,5 +1,6 @@
 /* The whole layer through the public API (synthetic weights), per model, T and
- * thread count; beside llama3-8B, the same layer in PyTorch (bench/torch_layer.py),
+ * thread count; beside llama3-8B, the same layer in PyTorch as HF runs it, with its
+ * default attn_implementation "sdpa" (bench/torch_layer.py),
  * from $SNEPPX_BENCH_VENV (torch 2.x; bench/run.sh makes it with scripts/venv.sh)
  * when set, else from /usr/bin/python3 when it can import torch. */
 #include <omp.h>
@@ -23,6 +24,7 @@ static const int64_t quick_tokens[] = {16};
 struct torch_times {
     struct bench_stats seconds[MAX_TOKEN_COUNTS][BENCH_MAX_THREAD_COUNTS];
     char version[64];
+    char attention[64]; /* "sdpa blas mkl": HF's attn_implementation it ran and torch's BLAS */
     char skipped[256]; /* why there is no PyTorch column, when there is none */
 };
 
@@ -69,6 +71,7 @@ static void run_torch(const struct bench_context *ctx, const sneppx_config *conf
         }
         const char *unavailable = bench_child_field(child.output, "unavailable");
         const char *version = bench_child_field(child.output, "torch");
+        const char *attention = bench_child_field(child.output, "attention");
         if (unavailable)
             snprintf(torch->skipped, sizeof torch->skipped, "%.*s", (int)strcspn(unavailable, "\n"), unavailable);
         else if (!version || child.exit_code != 0)
@@ -79,6 +82,8 @@ static void run_torch(const struct bench_context *ctx, const sneppx_config *conf
             return;
         }
         snprintf(torch->version, sizeof torch->version, "%.*s", (int)strcspn(version, "\n"), version);
+        if (attention)
+            snprintf(torch->attention, sizeof torch->attention, "%.*s", (int)strcspn(attention, "\n"), attention);
         for (const char *line = child.output; (line = strstr(line, "result ")) != NULL; line++) {
             long long tokens;
             int thread_count, reps;
@@ -129,7 +134,8 @@ static void bench_model(struct bench_context *ctx, const char *model, const int6
         if (torch.skipped[0])
             printf("  (PyTorch baseline skipped: %s)\n", torch.skipped);
         else
-            printf("  (PyTorch %s, eager HF attention, OpenBLAS GEMMs, same thread counts)\n", torch.version);
+            printf("  (PyTorch %s, HF attention %s, same thread counts)\n", torch.version,
+                   torch.attention[0] ? torch.attention : "(not printed)");
     }
 
     config.num_threads = 0; /* OpenMP's count, set per measurement with omp_set_num_threads */

@@ -1,17 +1,21 @@
 #!/usr/bin/python3
 """PyTorch baseline for sneppx-bench: one attention layer as HuggingFace
-transformers runs it on a CPU (LlamaAttention's eager path): F.linear
-projections, rotate_half RoPE, repeat_kv, matmul + additive causal mask +
-float32 softmax + matmul, O projection.
+transformers runs it on a CPU: F.linear projections, rotate_half RoPE, then
+attention as LlamaAttention's default attn_implementation "sdpa" computes it
+(torch's scaled_dot_product_attention, is_causal and no mask plane, GQA without
+repeat_kv where torch has enable_gqa), O projection. Without
+scaled_dot_product_attention (torch < 2.0) or with --attention eager: HF's eager
+path, repeat_kv, matmul + additive causal mask + float32 softmax + matmul.
 
 The bench runs it as a subprocess, one per thread count, with
-OPENBLAS_NUM_THREADS/OMP_NUM_THREADS set (PyTorch's GEMMs are OpenBLAS here and
-torch.set_num_threads does not reach them), OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE
+OPENBLAS_NUM_THREADS/OMP_NUM_THREADS set (Debian's PyTorch's GEMMs are OpenBLAS,
+which torch.set_num_threads does not reach; the venv's are MKL's), OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE
 unset, and GLIBC_TUNABLES keeping freed memory mapped (without it every
 forward pays fresh page faults: 6.8 s instead of 0.99 s at T = 2048).
 
 Prints, for the bench to parse:
     torch <version>
+    attention <sdpa or eager> blas <BLAS_INFO of torch's build>
     result <T> <threads> <median s> <min s> <max s> <repeats>
 or `unavailable <reason>` (and exit status 0) when torch cannot be imported.
 Like the model, it builds the causal mask and the cos/sin tables once per
@@ -38,6 +42,8 @@ def parse_args():
     parser.add_argument("--min-reps", type=int, default=3)
     parser.add_argument("--max-reps", type=int, default=9)
     parser.add_argument("--budget", type=float, default=4.0, help="seconds of repeats per T")
+    parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
+                        help="HF's attn_implementation (sdpa, its default, falls back to eager on torch < 2.0)")
     return parser.parse_args()
 
 
@@ -60,6 +66,17 @@ class Attention:
         self.v = linear(args.kv_heads * args.head_dim, args.hidden, args.qkv_bias)
         self.o = linear(args.hidden, args.heads * args.head_dim, False)
         self.inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float32) / args.head_dim))
+        F = torch.nn.functional
+        self.sdpa = args.attention == "sdpa" and hasattr(F, "scaled_dot_product_attention")
+        # HF passes enable_gqa (torch >= 2.5) when there is no mask plane, else repeats K/V.
+        self.gqa = False
+        if self.sdpa:
+            try:
+                F.scaled_dot_product_attention(torch.zeros(1, 2, 1, 8), torch.zeros(1, 1, 1, 8),
+                                               torch.zeros(1, 1, 1, 8), enable_gqa=True)
+                self.gqa = True
+            except (TypeError, RuntimeError):
+                pass
 
     def model_inputs(self, tokens):
         """What the model computes once for all its layers: cos/sin and the causal mask."""
@@ -82,14 +99,21 @@ class Attention:
         v = F.linear(x, *self.v).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
         q = q * cos + self.rotate_half(q) * sin
         k = k * cos + self.rotate_half(k) * sin
-        k = k[:, :, None].expand(batch, self.kv_heads, self.groups, tokens, self.head_dim).reshape(
-            batch, self.heads, tokens, self.head_dim)
-        v = v[:, :, None].expand(batch, self.kv_heads, self.groups, tokens, self.head_dim).reshape(
-            batch, self.heads, tokens, self.head_dim)
+        if self.sdpa:  # HF's sdpa_attention_forward: no mask plane, is_causal for T > 1
+            kwargs = {"enable_gqa": True} if self.gqa else {}
+            if not self.gqa:
+                k, v = self.repeat_kv(k, batch, tokens), self.repeat_kv(v, batch, tokens)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=tokens > 1, **kwargs)
+            return F.linear(out.transpose(1, 2).contiguous().reshape(batch, tokens, -1), *self.o)
+        k, v = self.repeat_kv(k, batch, tokens), self.repeat_kv(v, batch, tokens)
         scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim) + mask
         probs = F.softmax(scores, dim=-1, dtype=torch.float32)
         out = torch.matmul(probs, v).transpose(1, 2).contiguous().reshape(batch, tokens, -1)
         return F.linear(out, *self.o)
+
+    def repeat_kv(self, x, batch, tokens):
+        return x[:, :, None].expand(batch, self.kv_heads, self.groups, tokens, self.head_dim).reshape(
+            batch, self.heads, tokens, self.head_dim)
 
 
 def measure(run, warmup, min_reps, max_reps, budget):
@@ -121,6 +145,9 @@ def main():
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}", flush=True)
     layer = Attention(torch, args)
+    blas = next((item.split("=", 1)[1] for item in torch.__config__.show().replace(",", "\n").split()
+                 if item.startswith("BLAS_INFO=")), "unknown")
+    print(f"attention {'sdpa' if layer.sdpa else 'eager'} blas {blas}", flush=True)
     with torch.no_grad():
         for tokens in (int(t) for t in args.tokens.split(",")):
             x = torch.rand(1, tokens, args.hidden, generator=torch.Generator().manual_seed(1)) * 2 - 1
