@@ -4,7 +4,12 @@
  * group 4, d 128) and deepseek-v2-lite's absorbed MLA (one 576-float latent
  * row per token shared by K and V, 16 query heads, v 512), batch 1 and 16,
  * contexts 512 / 4096 / 32768, pages of the KV cache's default size
- * (SNEPPX_KV_DEFAULT_PAGE_SIZE tokens) in shuffled order. A batch
+ * (SNEPPX_KV_DEFAULT_PAGE_SIZE tokens) in shuffled order. A cache smaller
+ * than this machine's caches would be read from them, not from memory, when
+ * run after run reads it again (a 32 MiB one from a 32 MiB L3: "160% of the
+ * read bandwidth"), while a model's step reads every other layer's cache and
+ * weights in between; so, as the gemm stage's T = 1, runs cycle through
+ * copies of the cache that add up to more than the caches hold. A batch
  * with fewer (sequence, K/V head) pairs than 2 per thread splits each
  * sequence's keys (split-KV) and merges the splits with
  * sneppx_attn_decode_merge(), inside the timed run. */
@@ -24,6 +29,8 @@
 #define PAGE_SIZE SNEPPX_KV_DEFAULT_PAGE_SIZE
 /* Cases whose cache would exceed this are left out (llama3-8B at batch 16 x 32768: 4 GiB). */
 #define POOL_BUDGET_BYTES ((int64_t)3 << 29)
+/* Copies of a smaller cache add up to at least this (the gemm stage's rotation). */
+#define ROTATION_BYTES ((int64_t)1 << 30)
 
 struct decode_shape {
     const char *name;
@@ -44,7 +51,8 @@ struct decode_run {
     int threads;
     int64_t batch, context, splits, pages_per_seq;
     const float *q, *pool;
-    const int32_t *table; /* [batch][pages_per_seq] */
+    const int32_t *table; /* [copies][batch][pages_per_seq]: copy c's pages are c * batch * pages_per_seq on */
+    int64_t copies, uses; /* run i reads copy i % copies */
     int64_t page_stride;
     float *o, *split, *scratch;
     int64_t scratch_floats;
@@ -66,11 +74,12 @@ static int64_t pool_floats(const struct decode_shape *s, int64_t batch, int64_t 
 
 static int run_decode(void *opaque)
 {
-    const struct decode_run *run = opaque;
+    struct decode_run *run = opaque;
     const struct decode_shape *s = run->shape;
     const int64_t heads = s->kv_heads * s->group, splits = run->splits;
     const int64_t split_floats = sneppx_attn_decode_split_floats(splits, 1, s->group, s->v_head_dim);
     const int64_t tasks = run->batch * s->kv_heads * splits;
+    const int32_t *table = run->table + run->uses++ % run->copies * run->batch * run->pages_per_seq;
 #pragma omp parallel for schedule(static) num_threads(run->threads)
     for (int64_t task = 0; task < tasks; task++) {
         const int64_t sp = task % splits, h = task / splits % s->kv_heads, b = task / splits / s->kv_heads;
@@ -92,7 +101,7 @@ static int run_decode(void *opaque)
         args.kv_len = run->context;
         args.softmax_scale = 1.0f / sqrtf((float)s->head_dim);
         args.scratch = run->scratch + omp_get_thread_num() * run->scratch_floats;
-        args.pages = run->table + b * run->pages_per_seq;
+        args.pages = table + b * run->pages_per_seq;
         args.page_size = PAGE_SIZE;
         args.page_stride = run->page_stride;
         args.kv_begin = run->context * sp / splits;
@@ -173,12 +182,14 @@ static void bench_shape(struct bench_context *ctx, const struct decode_shape *s)
         for (int ci = 0; ci < counts; ci++) {
             const int64_t batch = batches[bi], context = ci < 3 ? contexts[ci] : 0;
             struct decode_run run = {.kernel = kernel, .shape = s, .batch = batch, .context = context};
-            const int64_t floats = pool_floats(s, batch, context, &run.page_stride);
-            if (floats * 4 > POOL_BUDGET_BYTES) {
+            const int64_t copy_floats = pool_floats(s, batch, context, &run.page_stride);
+            if (copy_floats * 4 > POOL_BUDGET_BYTES) {
                 printf("  %-30s %6lld | left out: its cache is %.1f GiB (> %.1f)\n", s->name, (long long)context,
-                       floats * 4.0 / (1 << 30), POOL_BUDGET_BYTES / (double)(1 << 30));
+                       copy_floats * 4.0 / (1 << 30), POOL_BUDGET_BYTES / (double)(1 << 30));
                 continue;
             }
+            run.copies = copy_floats * 4 >= ROTATION_BYTES ? 1 : ctx->quick ? 2 : ROTATION_BYTES / (copy_floats * 4) + 1;
+            const int64_t floats = run.copies * copy_floats;
             const int64_t heads = s->kv_heads * s->group;
             run.pages_per_seq = (context + PAGE_SIZE - 1) / PAGE_SIZE;
             run.scratch_floats = (sneppx_attn_decode_scratch_floats(1, s->group, s->head_dim, s->v_head_dim) + 15) /
@@ -191,7 +202,7 @@ static void bench_shape(struct bench_context *ctx, const struct decode_shape *s)
                                                        sneppx_attn_decode_split_floats(max_splits, 1, s->group,
                                                                                        s->v_head_dim)));
             float *scratch = bench_alloc_floats((size_t)(max_threads * run.scratch_floats));
-            int32_t *table = malloc((size_t)(batch * run.pages_per_seq) * sizeof(int32_t));
+            int32_t *table = malloc((size_t)(run.copies * batch * run.pages_per_seq) * sizeof(int32_t));
             if (pool && q && o && split && scratch && table) {
                 bench_fill_uniform(pool, floats, 31, 1.0f);
                 bench_fill_uniform(q, batch * heads * s->head_dim, 32, 1.0f);
@@ -207,6 +218,9 @@ static void bench_shape(struct bench_context *ctx, const struct decode_shape *s)
                     table[i] = table[j];
                     table[j] = t;
                 }
+                for (int64_t c = 1; c < run.copies; c++)
+                    for (int64_t i = 0; i < pages; i++)
+                        table[c * pages + i] = (int32_t)(table[i] + c * pages);
                 run.pool = pool;
                 run.q = q;
                 run.o = o;
