@@ -18,7 +18,7 @@ from ._layer import Layer
 from ._library import lib
 from ._tensors import output_like
 from ._weights import CheckpointWeights, StateDictWeights, SyntheticWeights, expected_tensors
-from .errors import check
+from .errors import InvalidArgumentError, check
 from ._tensor_parallel import (agreed, is_sharded, keep_sharding, layer_config, refused_on_every_rank, shard_info,
                                tensor_parallel)
 
@@ -617,8 +617,15 @@ class LLMConfig:
                 positions = position_ids_array(position_ids, batch, seq_len)
             out = np.empty_like(x)
             layer = self._current_layer()
-            layer.forward_cached(cache._handle, layer_idx, cache._rows, [seq_len] * batch,
-                                 x.reshape(batch * seq_len, -1), positions, masks, out.reshape(batch * seq_len, -1))
+            try:
+                layer.forward_cached(cache._handle, layer_idx, cache._rows, [seq_len] * batch,
+                                     x.reshape(batch * seq_len, -1), positions, masks,
+                                     out.reshape(batch * seq_len, -1))
+            except InvalidArgumentError as error:
+                # The C call's masks[b] is the plane of attention_mask's batch row b.
+                if not str(error).startswith("masks["):
+                    raise
+                raise InvalidArgumentError("attention_mask" + str(error)[len("masks"):]) from None
         return out
 
     def forward_ragged(self, cache: KVCache, rows: Any, hidden_states: Any, position_ids: Any = None,

@@ -217,6 +217,24 @@ def test_errors_name_the_argument_and_leave_the_cache(rng):
     assert (cache.lengths, cache.stats()) == before
 
 
+
+def test_mask_showing_released_tokens_names_attention_mask(rng):
+    """Under a window, a 4-D mask that lets a query see a token the cache already released
+    is refused naming forward_mha's argument and its batch row (the C call's per-row planes
+    are its `masks[i]`, which a Python caller never wrote), and the cache is left as it was."""
+    _, cfg, _ = _layer("mistral", rng)
+    window = cfg.sliding_window
+    cache = cfg.kv_cache(batch=2, max_tokens=2 * window, page_size=1)
+    x = rng.uniform(-1, 1, (2, window + 4, cfg.hidden_size)).astype(np.float32)
+    cfg.forward_mha(x, past_key_value=cache)
+    before = cache.lengths
+    keys = window + 5
+    mask = np.zeros((2, 1, 1, keys), np.float32)
+    mask[0, 0, 0, :keys - window] = -np.inf      # row 0 hides what the window hides; row 1 shows token 0
+    with pytest.raises(sneppx.InvalidArgumentError, match=r"^attention_mask\[1\]: row 0 lets the query see token 0"):
+        cfg.forward_mha(x[:, :1], attention_mask=mask, past_key_value=cache)
+    assert cache.lengths == before
+
 def test_ragged_arguments_must_be_per_row(rng):
     _, cfg, _ = _layer("llama3", rng)
     cache = cfg.kv_cache(batch=1, max_tokens=8)
