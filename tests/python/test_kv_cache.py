@@ -217,7 +217,6 @@ def test_errors_name_the_argument_and_leave_the_cache(rng):
     assert (cache.lengths, cache.stats()) == before
 
 
-
 def test_mask_showing_released_tokens_names_attention_mask(rng):
     """Under a window, a 4-D mask that lets a query see a token the cache already released
     is refused naming forward_mha's argument and its batch row (the C call's per-row planes
@@ -234,6 +233,7 @@ def test_mask_showing_released_tokens_names_attention_mask(rng):
     with pytest.raises(sneppx.InvalidArgumentError, match=r"^attention_mask\[1\]: row 0 lets the query see token 0"):
         cfg.forward_mha(x[:, :1], attention_mask=mask, past_key_value=cache)
     assert cache.lengths == before
+
 
 def test_ragged_arguments_must_be_per_row(rng):
     _, cfg, _ = _layer("llama3", rng)
