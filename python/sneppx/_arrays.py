@@ -159,7 +159,16 @@ def position_ids_array(value: Any, batch: int, seq_len: int) -> Optional[np.ndar
     if array.ndim != 2 or array.shape[0] not in (batch, 1) or array.shape[1] != seq_len:
         either = f" (or [1, {seq_len}])" if batch != 1 else ""
         raise ValueError(f"{name}: expected shape [{batch}, {seq_len}]{either}, got {_shape_text(array.shape)}")
+    _refuse_negative(name, array)
     return np.ascontiguousarray(np.broadcast_to(array, (batch, seq_len)), dtype=np.int64)
+
+
+def _refuse_negative(name: str, array: np.ndarray) -> None:
+    """Named here by the caller's index: the C call's check counts entries of the flattened batch."""
+    negative = np.argwhere(array < 0)
+    if negative.size:
+        where = ", ".join(str(int(i)) for i in negative[0])
+        raise ValueError(f"{name}[{where}]: position {int(array[tuple(negative[0])])} is negative")
 
 
 def row_positions_array(name: str, value: Any, q_len: int) -> np.ndarray:
@@ -167,6 +176,7 @@ def row_positions_array(name: str, value: Any, q_len: int) -> np.ndarray:
     array = _integer_array(name, value)
     if array.shape not in ((q_len,), (1, q_len)):
         raise ValueError(f"{name}: expected shape [{q_len}] (or [1, {q_len}]), got {_shape_text(array.shape)}")
+    _refuse_negative(name, array)
     return np.ascontiguousarray(array.reshape(q_len), dtype=np.int64)
 
 

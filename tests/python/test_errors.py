@@ -179,8 +179,11 @@ def test_bad_position_ids(cfg, x):
         cfg.forward_mha(x, position_ids=np.zeros((2, 5)))
     with pytest.raises(TypeError, match="position_ids: .*dtype object: ragged lists, or integers beyond 64 bits"):
         cfg.forward_mha(x, position_ids=[[0, 1, 2, 3, 2**70]])
-    with pytest.raises(ValueError, match="position_ids: entry .* is negative"):
-        cfg.forward_mha(x, position_ids=np.array([[0, 1, 2, -3, 4]] * 2))
+    # Named by the caller's index, not the flattened batch's.
+    with pytest.raises(ValueError, match=r"^position_ids\[1, 3\]: position -3 is negative$"):
+        cfg.forward_mha(x, position_ids=np.array([[0, 1, 2, 3, 4], [0, 1, 2, -3, 4]]))
+    with pytest.raises(ValueError, match=r"^position_ids\[0, 3\]: position -3 is negative$"):
+        cfg.forward_mha(x, position_ids=np.array([[0, 1, 2, -3, 4]]))
     with pytest.raises(ValueError, match="position_ids: position 4096 is beyond max_position_embeddings 4096"):
         cfg.forward_mha(x, position_ids=np.array([[0, 1, 2, 3, 4096]]))
     with pytest.raises(ValueError) as beyond:

@@ -243,6 +243,11 @@ def test_ragged_arguments_must_be_per_row(rng):
                                ("position_ids", ([0], [token]), dict(position_ids=5))]:
         with pytest.raises(TypeError, match=f"^{name}: expected one entry per row .*, got (int|NoneType)$"):
             cfg.forward_ragged(cache, *args, **kwargs)
+    # A negative position is named by the row and its index in the row, and changes nothing.
+    two = np.zeros((2, cfg.hidden_size), np.float32)
+    with pytest.raises(ValueError, match=r"^position_ids\[0\]\[1\]: position -1 is negative$"):
+        cfg.forward_ragged(cache, [0], [two], position_ids=[[0, -1]])
+    assert cache.lengths == [0]
     # No rows is no work, with or without (no) positions.
     assert cfg.forward_ragged(cache, [], []) == []
     assert cfg.forward_ragged(cache, [], [], position_ids=[]) == []
