@@ -667,6 +667,13 @@ class LLMConfig:
         with cache._lock:
             with refused_on_every_rank(self):
                 seq_ids = [cache._rows[cache._row(row)] for row in rows]
+                # Named here by rows[i]: the C call's check names its own seq_ids[i].
+                first = {}
+                for i, seq_id in enumerate(seq_ids):
+                    if seq_id in first:
+                        raise InvalidArgumentError(f"rows[{i}]: row {rows[i]} is also rows[{first[seq_id]}]: "
+                                                   f"each row at most once per call")
+                    first[seq_id] = i
             self._current_layer().forward_cached(cache._handle, layer_idx, seq_ids, q_lens, x, positions, None, out)
         return [output_like(chunk, part) for chunk, part in zip(chunks, np.split(out, np.cumsum(q_lens)[:-1]))]
 

@@ -248,6 +248,11 @@ def test_ragged_arguments_must_be_per_row(rng):
     with pytest.raises(ValueError, match=r"^position_ids\[0\]\[1\]: position -1 is negative$"):
         cfg.forward_ragged(cache, [0], [two], position_ids=[[0, -1]])
     assert cache.lengths == [0]
+    # A row twice in one call is named by forward_ragged's argument.
+    with pytest.raises(sneppx.InvalidArgumentError, match=r"^rows\[1\]: row 0 is also rows\[0\]: each row at most "
+                       r"once per call$"):
+        cfg.forward_ragged(cache, [0, 0], [two, two[:1]])
+    assert cache.lengths == [0]
     # No rows is no work, with or without (no) positions.
     assert cfg.forward_ragged(cache, [], []) == []
     assert cfg.forward_ragged(cache, [], [], position_ids=[]) == []
