@@ -120,7 +120,12 @@ sneppx_status sneppx_kv_cache_create(const sneppx_config *config, const sneppx_k
         round_up(token_scales ? scale_offset + page_size * token_scales * 4 : page_size * token_elems * elem, 64);
     const int64_t page_bytes = layer_block_bytes * options.num_layers;
     const int64_t pages = (options.capacity_tokens + page_size - 1) / page_size;
-    if (page_bytes > (int64_t)1 << 40 || pages > ((int64_t)1 << 62) / page_bytes)
+    if (page_bytes > (int64_t)1 << 40)
+        return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY,
+                           "options.page_size, options.num_layers: a page of %lld tokens x %lld layers is %lld bytes, "
+                           "more than 2^40",
+                           (long long)page_size, (long long)options.num_layers, (long long)page_bytes);
+    if (pages > ((int64_t)1 << 62) / page_bytes)
         return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY,
                            "options.capacity_tokens: %lld pages of %lld bytes do not fit in memory",
                            (long long)pages, (long long)page_bytes);

@@ -156,6 +156,21 @@ static void test_create_options(void)
     sneppx_config bad = config;
     bad.num_key_value_heads = 3;
     EXPECT_ERROR(sneppx_kv_cache_create(&bad, &options, &cache), SNEPPX_ERR_INVALID_ARGUMENT, "num_key_value_heads");
+    /* One page of 2^16 tokens x 4096 layers of 64 K/V heads of 256 is 2^47 bytes, whatever
+     * the capacity: the page's options are named. */
+    sneppx_config wide = config;
+    wide.hidden_size = 64 * 256;
+    wide.num_attention_heads = wide.num_key_value_heads = 64;
+    wide.head_dim = 256;
+    options.page_size = SNEPPX_KV_MAX_PAGE_SIZE;
+    options.num_layers = SNEPPX_KV_MAX_LAYERS;
+    options.capacity_tokens = 1;
+    EXPECT_ERROR(sneppx_kv_cache_create(&wide, &options, &cache), SNEPPX_ERR_OUT_OF_MEMORY,
+                 "options.page_size, options.num_layers: a page of 65536 tokens x 4096 layers");
+    TEST_CHECK(&tally, cache == NULL, "a failed create must set *cache to NULL");
+    options.page_size = 4;
+    options.num_layers = 1;
+    options.capacity_tokens = 17;
 
     /* 17 tokens in pages of 4: 5 pages; page bytes = 2 heads x 4 x (16 + 16) floats. */
     EXPECT_OK(sneppx_kv_cache_create(&config, &options, &cache));
