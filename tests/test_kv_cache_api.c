@@ -170,6 +170,19 @@ static void test_create_options(void)
     TEST_CHECK(&tally, cache == NULL, "a failed create must set *cache to NULL");
     options.page_size = 4;
     options.num_layers = 1;
+    /* 2^31 - 1 tokens in pages of 2^16 tokens x 4096 layers of 256 bytes: 2^51 bytes, more
+     * than any address space (ASan aborts on such a request instead of failing it): the
+     * pool that cannot be made is named. */
+    if (!TEST_UNDER_ASAN) {
+        options.page_size = SNEPPX_KV_MAX_PAGE_SIZE;
+        options.num_layers = SNEPPX_KV_MAX_LAYERS;
+        options.capacity_tokens = SNEPPX_KV_MAX_CAPACITY_TOKENS;
+        EXPECT_ERROR(sneppx_kv_cache_create(&config, &options, &cache), SNEPPX_ERR_OUT_OF_MEMORY,
+                     "options.capacity_tokens: cannot allocate 32768 pages of 68719476736 bytes");
+        TEST_CHECK(&tally, cache == NULL, "a failed create must set *cache to NULL");
+        options.page_size = 4;
+        options.num_layers = 1;
+    }
     options.capacity_tokens = 17;
 
     /* 17 tokens in pages of 4: 5 pages; page bytes = 2 heads x 4 x (16 + 16) floats. */
@@ -546,6 +559,11 @@ static void test_forward_errors(sneppx_layer *layer)
             SNEPPX_ERR_INVALID_ARGUMENT, "seq_ids[1]");
     REFUSED(sneppx_layer_forward_cached(layer, cache, 0, 2, twice, q11, hidden, NULL, NULL, out),
             SNEPPX_ERR_INVALID_ARGUMENT, "also seq_ids[0]");
+    const int64_t later_twice[] = {b, a, a}, q111[] = {1, 1, 1};
+    REFUSED(sneppx_layer_forward_cached(layer, cache, 0, 3, later_twice, q111, hidden, NULL, NULL, out),
+            SNEPPX_ERR_INVALID_ARGUMENT, "seq_ids[2]: sequence");
+    REFUSED(sneppx_layer_forward_cached(layer, cache, 0, 3, later_twice, q111, hidden, NULL, NULL, out),
+            SNEPPX_ERR_INVALID_ARGUMENT, "is also seq_ids[1]");
     REFUSED(sneppx_layer_forward_cached(layer, cache, 0, 2, pair, q10, hidden, NULL, NULL, out),
             SNEPPX_ERR_INVALID_ARGUMENT, "q_lens[1]");
     REFUSED(sneppx_layer_forward_cached(layer, cache, 0, 2, pair, qneg, hidden, NULL, NULL, out),
@@ -569,6 +587,15 @@ static void test_forward_errors(sneppx_layer *layer)
     snprintf(needle, sizeof needle, "sequence %lld (seq_ids[1]) needs 3 more pages", (long long)b);
     EXPECT_ERROR(sneppx_layer_forward_cached(layer, cache, 0, 2, pair, q39, hidden, NULL, NULL, out),
                  SNEPPX_ERR_OUT_OF_MEMORY, needle);
+    /* Reads need both outputs (a standard cache's K and V), and every call its cache. */
+    float k_rows[2 * 16], v_rows[2 * 16];
+    int64_t fork_id = -1;
+    EXPECT_ERROR(sneppx_kv_cache_read(cache, a, 0, 0, 1, NULL, v_rows), SNEPPX_ERR_INVALID_ARGUMENT, "k: must not");
+    EXPECT_ERROR(sneppx_kv_cache_read(cache, a, 0, 0, 1, k_rows, NULL), SNEPPX_ERR_INVALID_ARGUMENT, "v: must not");
+    EXPECT_ERROR(sneppx_kv_cache_read(NULL, a, 0, 0, 1, k_rows, v_rows), SNEPPX_ERR_INVALID_ARGUMENT, "cache");
+    EXPECT_ERROR(sneppx_kv_cache_fork(NULL, a, &fork_id), SNEPPX_ERR_INVALID_ARGUMENT, "cache");
+    EXPECT_ERROR(sneppx_kv_cache_truncate(NULL, a, 0), SNEPPX_ERR_INVALID_ARGUMENT, "cache");
+    EXPECT_UNCHANGED(cache, ids, 2, before, "refused reads");
     /* A sequence another call holds: refused by forward, remove, fork and truncate. */
     struct sneppx_kv_sequence *held[1];
     const char other_call = 0;
@@ -608,20 +635,56 @@ static void test_forward_errors(sneppx_layer *layer)
     sneppx_kv_cache_destroy(cache);
 }
 
-/* A layer made with mla_naive: refused, SNEPPX_ERR_UNSUPPORTED naming mla_naive. */
-static void test_mla_naive(void)
+static sneppx_config small_mla_config(int64_t kv_lora_rank, int64_t rope_dim)
 {
     sneppx_config config;
     sneppx_config_init(&config);
     config.hidden_size = HIDDEN;
     config.num_attention_heads = config.num_key_value_heads = 2;
-    config.kv_lora_rank = 32;
+    config.kv_lora_rank = kv_lora_rank;
     config.qk_nope_head_dim = 16;
-    config.qk_rope_head_dim = 16;
+    config.qk_rope_head_dim = rope_dim;
     config.v_head_dim = 16;
     config.rope_interleaved = 1;
-    config.mla_naive = 1;
     config.max_position_embeddings = MAX_POSITIONS;
+    return config;
+}
+
+/* An MLA layer and a cache of other latent rows (its kv_lora_rank, its rope part):
+ * refused naming both shapes, nothing appended, out untouched. */
+static void test_mla_shapes(void)
+{
+    const sneppx_config config = small_mla_config(32, 16);
+    sneppx_layer *layer = NULL;
+    if (!EXPECT_OK(sneppx_layer_create(&config, NULL, &layer)))
+        return;
+    const sneppx_config others[] = {small_mla_config(48, 16), small_mla_config(32, 32)};
+    const char *const needles[] = {"cache: made for latent rows of kv_lora_rank 48 + qk_rope_head_dim 16, this layer "
+                                   "has 32 + 16",
+                                   "cache: made for latent rows of kv_lora_rank 32 + qk_rope_head_dim 32, this layer "
+                                   "has 32 + 16"};
+    const int64_t q = 2;
+    for (int i = 0; i < 2; i++) {
+        sneppx_kv_cache *cache = make_cache(&others[i], 16, 4, 1);
+        int64_t id = -1, length = -1;
+        if (cache && EXPECT_OK(sneppx_kv_cache_add_sequence(cache, &id))) {
+            test_fill_sentinel(out, sizeof out / sizeof out[0]);
+            EXPECT_ERROR(sneppx_layer_forward_cached(layer, cache, 0, 1, &id, &q, hidden, NULL, NULL, out),
+                         SNEPPX_ERR_INVALID_ARGUMENT, needles[i]);
+            sneppx_kv_cache_length(cache, id, &length);
+            TEST_CHECK(&tally, length == 0 && test_all_sentinel(out, sizeof out / sizeof out[0]),
+                       "a refused call on another MLA shape's cache appended %lld tokens", (long long)length);
+        }
+        sneppx_kv_cache_destroy(cache);
+    }
+    sneppx_layer_destroy(layer);
+}
+
+/* A layer made with mla_naive: refused, SNEPPX_ERR_UNSUPPORTED naming mla_naive. */
+static void test_mla_naive(void)
+{
+    sneppx_config config = small_mla_config(32, 16);
+    config.mla_naive = 1;
     sneppx_layer *layer = NULL;
     sneppx_kv_cache *cache = make_cache(&config, 16, 4, 1);
     if (!EXPECT_OK(sneppx_layer_create(&config, NULL, &layer)) || !cache)
@@ -698,6 +761,7 @@ int main(void)
     }
     sneppx_layer_destroy(layer);
     test_mla_naive();
+    test_mla_shapes();
     test_window_errors();
     return test_finish(&tally);
 }

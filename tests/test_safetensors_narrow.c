@@ -5,15 +5,17 @@
  * the same forward output, bit for bit, into float32, bfloat16 and float16
  * layers; a GQA shape whose fused q|k|v pack tasks straddle q and k, and
  * DeepSeek-V2-Lite's MLA (absorbed and naive). And the errors, naming the
- * tensor, the field and the dtype. */
+ * tensor, the field and the dtype, and a file cut short while its rows are packed. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "layer_internal.h"
 #include "sneppx/safetensors.h"
 #include "test_util.h"
+#include "weights.h"
 
 static test_tally tally;
 
@@ -276,6 +278,43 @@ static void test_mla(const char *dir)
                    sneppx_last_error(), needle);                                                               \
     } while (0)
 
+/* The file (q, k, v, o: BF16, no biases) cut short after it was opened, in v_proj:
+ * the pack task that reads v's rows fails on a worker thread, and the create fails
+ * with SNEPPX_ERR_IO naming the file and the tensor, making no layer. */
+static void test_truncated_while_packing(const sneppx_config *config, const char *path)
+{
+    sneppx_safetensors *file = NULL;
+    if (sneppx_safetensors_open(path, &file) != SNEPPX_OK) {
+        TEST_CHECK(&tally, 0, "open %s: %s", path, sneppx_last_error());
+        return;
+    }
+    struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS] = {{0}};
+    sneppx_attn_tensor specs[SNEPPX_ATTN_TENSORS_MAX];
+    int count = 0;
+    sneppx_attn_tensors(config, specs, &count);
+    for (int i = 0; i < count; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "model.layers.0.self_attn.%s", specs[i].name);
+        struct sneppx_weight_source *source = &sources[specs[i].weights_offset / sizeof(const float *)];
+        source->kind = SNEPPX_SOURCE_FILE;
+        source->file = file;
+        source->index = sneppx_safetensors_find(file, name);
+    }
+    struct stat st;
+    const off_t o_bytes = (off_t)(config->hidden_size * config->hidden_size * 2);
+    TEST_CHECK(&tally, stat(path, &st) == 0 && truncate(path, st.st_size - o_bytes - 64) == 0, "truncate %s",
+               path);
+    sneppx_layer *layer = NULL;
+    const sneppx_status status = sneppx_layer_create_from_sources(config, sources, &layer);
+    TEST_CHECK(&tally, status == SNEPPX_ERR_IO && layer == NULL &&
+                           strstr(sneppx_last_error(), path) &&
+                           strstr(sneppx_last_error(), "tensor 'model.layers.0.self_attn.v_proj.weight'") &&
+                           strstr(sneppx_last_error(), "truncated"),
+               "a pack reading a file cut short: %s, '%s'", sneppx_status_name(status), sneppx_last_error());
+    sneppx_layer_destroy(layer);
+    sneppx_safetensors_close(file);
+}
+
 static void test_errors(const char *dir)
 {
     sneppx_config config;
@@ -342,6 +381,8 @@ static void test_errors(const char *dir)
     TEST_CHECK(&tally, sneppx_layer_create_typed(&config, &typed, &layer) == SNEPPX_OK && layer,
                "typed weights after the errors: %s", sneppx_last_error());
     sneppx_layer_destroy(layer);
+    layer = NULL;
+    test_truncated_while_packing(&config, path);
     unlink(path);
     free_tensors(tensors, count);
 }
