@@ -284,10 +284,13 @@ sneppx_status sneppx_config_validate(const sneppx_config *config)
             return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                                "config.qk_nope_head_dim + qk_rope_head_dim: %lld must be a multiple of %d",
                                (long long)(config->qk_nope_head_dim + config->qk_rope_head_dim), M);
-        if ((config->kv_lora_rank + config->qk_rope_head_dim) % M != 0 || config->kv_lora_rank % M != 0)
-            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                               "config.kv_lora_rank: %lld (and + qk_rope_head_dim) must be a multiple of %d",
+        if (config->kv_lora_rank % M != 0)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.kv_lora_rank: %lld must be a multiple of %d",
                                (long long)config->kv_lora_rank, M);
+        if ((config->kv_lora_rank + config->qk_rope_head_dim) % M != 0)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "config.kv_lora_rank + qk_rope_head_dim: %lld must be a multiple of %d",
+                               (long long)(config->kv_lora_rank + config->qk_rope_head_dim), M);
         if (config->v_head_dim % M != 0)
             return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.v_head_dim: %lld must be a multiple of %d",
                                (long long)config->v_head_dim, M);

@@ -626,9 +626,11 @@ def validate(c: CConfig) -> None:
         if (c.qk_nope_head_dim + c.qk_rope_head_dim) % m:
             raise ConfigError(f"config.qk_nope_head_dim + qk_rope_head_dim: "
                               f"{c.qk_nope_head_dim + c.qk_rope_head_dim} must be a multiple of {m}")
-        if (c.kv_lora_rank + c.qk_rope_head_dim) % m or c.kv_lora_rank % m:
-            raise ConfigError(f"config.kv_lora_rank: {c.kv_lora_rank} (and + qk_rope_head_dim) must be a "
-                              f"multiple of {m}")
+        if c.kv_lora_rank % m:
+            raise ConfigError(f"config.kv_lora_rank: {c.kv_lora_rank} must be a multiple of {m}")
+        if (c.kv_lora_rank + c.qk_rope_head_dim) % m:
+            raise ConfigError(f"config.kv_lora_rank + qk_rope_head_dim: "
+                              f"{c.kv_lora_rank + c.qk_rope_head_dim} must be a multiple of {m}")
         if c.v_head_dim % m:
             raise ConfigError(f"config.v_head_dim: {c.v_head_dim} must be a multiple of {m}")
         if c.sliding_window:

@@ -78,6 +78,11 @@ def test_unknown_preset_lists_valid_names():
     (dict(SMALL, mla_naive=True), ValueError, "mla_naive: applies to MLA configs"),
     (dict(SMALL, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, sliding_window=8),
      NotImplementedError, "MLA has no sliding window"),
+    # The latent rows' sizes: kv_lora_rank alone, then with the rope part (named, with their sum).
+    (dict(SMALL, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16), ValueError,
+     r"^config.kv_lora_rank: 24 must be a multiple of 16$"),
+    (dict(SMALL, kv_lora_rank=32, qk_nope_head_dim=8, qk_rope_head_dim=24, v_head_dim=16), ValueError,
+     r"^config.kv_lora_rank \+ qk_rope_head_dim: 56 must be a multiple of 16$"),
     # MLA rotates qk_rope_head_dim dims whatever the factor: it was accepted and ignored.
     (dict(SMALL, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, partial_rotary_factor=0.5),
      ValueError, r"^partial_rotary_factor: MLA \(kv_lora_rank > 0\) rotates the qk_rope_head_dim \(16\) dims"),

@@ -226,6 +226,9 @@ CORPUS = {
     "deepseek": json.dumps(DEEPSEEK),
     "deepseek-no-kv-lora": json.dumps({k: v for k, v in DEEPSEEK.items() if k != "kv_lora_rank"}),
     "deepseek-kv-lora-0": json.dumps(dict(DEEPSEEK, kv_lora_rank=0)),
+    "deepseek-kv-lora-24": json.dumps(dict(DEEPSEEK, kv_lora_rank=24)),
+    # Heads of 16 + 24 = 40 would pass head_dim's multiple; 32 + 24 latent rows do not.
+    "deepseek-latent-56": json.dumps(dict(DEEPSEEK, qk_nope_head_dim=8, qk_rope_head_dim=24)),
     "deepseek-window": json.dumps(dict(DEEPSEEK, model_type="mistral", sliding_window=4)),
     "deepseek-mscale-huge": json.dumps(dict(DEEPSEEK, rope_scaling=dict(DEEPSEEK["rope_scaling"],
                                                                          mscale_all_dim=-1e30))),
