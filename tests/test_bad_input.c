@@ -149,6 +149,15 @@ static void test_sizes(test_tally *tally, sneppx_layer *layer, const float *hidd
                  "new_max_positions: 64 must exceed max_position_embeddings 64");
     TEST_CHECK(tally, config.max_position_embeddings == MAX_POSITIONS && config.rope_theta == 10000.0,
                "a refused extend_context leaves the config as it was");
+    /* A result that would not validate: NTK's exponent dim / (dim - 2) is infinite for a
+     * rotary dim of 2, so theta would be. Refused, naming the cause; the config as it was. */
+    config.rotary_dim = 2;
+    const sneppx_config before_extend = config;
+    EXPECT_ERROR(tally, sneppx_config_extend_context(&config, 2 * MAX_POSITIONS), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "new_max_positions: 128 makes the config invalid (config.rope_theta: inf");
+    TEST_CHECK(tally, memcmp(&config, &before_extend, sizeof config) == 0,
+               "an extend_context whose result is invalid changed the config");
+    small_config(&config);
     double inv_freq[8], factor;
     EXPECT_ERROR(tally, sneppx_config_rope_frequencies(&config, 0, inv_freq, 7, &factor),
                  SNEPPX_ERR_INVALID_ARGUMENT, "inv_freq_len");

@@ -235,6 +235,20 @@ static void test_bad_files(test_tally *tally)
                    untouched(&config) ? "" : " (and config was written)");
     }
     sneppx_config config;
+    memset(&config, SENTINEL, sizeof config);
+    /* Text beyond 16 MiB is refused by its length alone, before a copy or a parse. */
+    const size_t huge = ((size_t)16 << 20) + 1;
+    char *spaces = malloc(huge);
+    if (spaces) {
+        memset(spaces, ' ', huge);
+        memcpy(spaces, LLAMA_HEAD "}", strlen(LLAMA_HEAD "}"));
+        TEST_CHECK(tally, sneppx_config_from_json(spaces, huge, &config) == SNEPPX_ERR_FORMAT &&
+                              strstr(sneppx_last_error(), "json_text: more than 16777216 bytes") && untouched(&config),
+                   "16 MiB + 1 of text: '%s'", sneppx_last_error());
+        TEST_CHECK(tally, sneppx_config_from_json(spaces, huge - 1, &config) == SNEPPX_OK,
+                   "16 MiB of text (a config padded with spaces): '%s'", sneppx_last_error());
+        free(spaces);
+    }
     TEST_CHECK(tally, sneppx_config_from_json(NULL, 3, &config) == SNEPPX_ERR_INVALID_ARGUMENT &&
                           strstr(sneppx_last_error(), "json_text"), "NULL json_text: '%s'", sneppx_last_error());
     TEST_CHECK(tally, sneppx_config_from_json("{}", 2, NULL) == SNEPPX_ERR_INVALID_ARGUMENT &&
@@ -381,6 +395,18 @@ static void test_files(test_tally *tally)
         alarm(0);
         TEST_CHECK(tally, status == SNEPPX_ERR_IO && strstr(sneppx_last_error(), "fifo.json: not a regular file"),
                    "FIFO: %s '%s'", sneppx_status_name(status), sneppx_last_error());
+    }
+    /* More than 16 MiB (a sparse file): refused by size, naming the file, before parsing. */
+    snprintf(path, sizeof path, "%s/huge.json", dir);
+    stream = fopen(path, "wb");
+    if (TEST_CHECK(tally, stream && fputs("{}", stream) >= 0 && ftruncate(fileno(stream), (16 << 20) + 1) == 0,
+                   "sparse %s", path)) {
+        fclose(stream);
+        status = sneppx_config_from_json_file(path, &untouched_config);
+        snprintf(want, sizeof want, "%s: more than 16777216 bytes, the most a config.json may have", path);
+        TEST_CHECK(tally, status == SNEPPX_ERR_FORMAT && strstr(sneppx_last_error(), want),
+                   "oversized file: %s '%s', want '%s'", sneppx_status_name(status), sneppx_last_error(), want);
+        remove(path);
     }
     TEST_CHECK(tally, untouched(&untouched_config), "a failed from_json_file wrote the config");
     status = sneppx_config_from_json_file(NULL, &untouched_config);
