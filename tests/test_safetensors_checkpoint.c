@@ -419,6 +419,41 @@ static void test_single_file_and_errors(void)
     write_index(path_in("single/escape.index.json"), tensors, shards, count);
     CHECK_ERROR(sneppx_attn_weights_load(path_in("single/escape.index.json"), 2, &config, &weights), SNEPPX_ERR_FORMAT,
                 "is not a file name inside");
+    /* ".." below a subdirectory climbs out all the same; so does an absolute name. */
+    static const char *const escapes[] = {"sub/../../single/model.safetensors", "sub//..", "/etc/passwd"};
+    for (int i = 0; i < 3; i++) {
+        shards[5] = escapes[i];
+        write_index(path_in("single/escape.index.json"), tensors, shards, count);
+        CHECK_ERROR(sneppx_attn_weights_load(path_in("single/escape.index.json"), 2, &config, &weights),
+                    SNEPPX_ERR_FORMAT, "v_proj.bias'] is not a file name inside");
+    }
+    CHECK(weights == NULL);
+    /* A subdirectory without "..", and a name that only starts with "..", stay inside. */
+    mkdir(path_in("single/sub"), 0700);
+    write_shard(path_in("single/sub/..model.safetensors"), tensors, count);
+    for (int i = 0; i < count; i++)
+        shards[i] = "sub/./..model.safetensors";
+    write_index(path_in("single/sub.index.json"), tensors, shards, count);
+    CHECK(sneppx_attn_weights_load(path_in("single/sub.index.json"), 2, &config, &weights) == SNEPPX_OK);
+    sneppx_attn_weights_free(weights);
+    weights = NULL;
+    for (int i = 0; i <= count; i++)
+        shards[i] = "model.safetensors";
+    /* An index naming more than 16 tensors per one the config needs under the layer's
+     * pattern (every prefix counted) is refused by name before any shard is opened. */
+    struct tensor_out many[16 * SNEPPX_ATTN_TENSORS_MAX + 1];
+    const char *many_shards[16 * SNEPPX_ATTN_TENSORS_MAX + 1];
+    const int many_count = 16 * SNEPPX_ATTN_TENSORS_MAX + 1;
+    for (int i = 0; i < many_count; i++) {
+        snprintf(many[i].name, sizeof many[i].name, "tower%d.layers.2.self_attn.q_proj.weight", i);
+        many_shards[i] = "absent.safetensors";
+    }
+    write_index(path_in("single/many.index.json"), many, many_shards, many_count);
+    char needle[96];
+    snprintf(needle, sizeof needle, "more than %d tensors are named '...layers.2.self_attn.<name>'",
+             16 * SNEPPX_ATTN_TENSORS_MAX);
+    CHECK_ERROR(sneppx_attn_weights_load(path_in("single/many.index.json"), 2, &config, &weights), SNEPPX_ERR_FORMAT,
+                needle);
     FILE *stream = fopen(path_in("single/notjson.index.json"), "w");
     fputs("{\"weight_map\": [1, 2]}", stream);
     fclose(stream);
