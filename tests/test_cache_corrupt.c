@@ -4,7 +4,9 @@
  * SHA-256 intact), not a sneppx entry, a symbolic link, a FIFO, writable by
  * others, not owned by us, a directory. Each is refused
  * (never loaded), the kernel is rebuilt, and the entry is replaced by a valid
- * one that the next process loads. */
+ * one that the next process loads. A lock file that is not one (a directory,
+ * FIFO or symbolic link at its name) is refused and left; the kernel is built
+ * without it and stored. */
 #include "test_cache_common.h"
 
 #include <errno.h>
@@ -247,13 +249,47 @@ int main(void)
         check_rebuilt(&tally, "owned by another user", plant_foreign_owner);
     else
         tally.skipped++; /* only root can give a file away */
+    sneppx_jit_stats stats;
+
+    /* Something not a lock file squats the key's lock (a directory, a FIFO, a symbolic link
+     * to a file of ours): refused and left alone; the kernel is built without the lock,
+     * stored, and loads from disk in the next resolve. */
+    char lock[CACHE_TEST_PATH_MAX], target[CACHE_TEST_PATH_MAX + 8];
+    snprintf(lock, sizeof lock, "%s/%s.lock", dir, entry_key);
+    snprintf(target, sizeof target, "%s.target", entry);
+    for (int squatter = 0; squatter < 3; squatter++) {
+        static const char *const names[] = {"directory", "FIFO", "symbolic link"};
+        clear_entry();
+        unlink(lock);
+        rmdir(lock);
+        const int planted = squatter == 0   ? mkdir(lock, 0700)
+                            : squatter == 1 ? mkfifo(lock, 0600)
+                                            : write_file(target, good, 0) || symlink(target, lock);
+        sneppx_kernel_cache_reset_for_testing();
+        kernel = resolve_norm(&source);
+        sneppx_jit_stats_get(&stats);
+        struct stat info;
+        TEST_CHECK(&tally, planted == 0 && kernel && source == SNEPPX_KERNEL_SOURCE_COMPILED &&
+                               stats.disk_writes == 1 && lstat(lock, &info) == 0 &&
+                               (squatter == 0   ? S_ISDIR(info.st_mode)
+                                : squatter == 1 ? S_ISFIFO(info.st_mode)
+                                                : S_ISLNK(info.st_mode)),
+                   "a %s at the lock file: planted %d, source %d, %llu writes, still there: %d", names[squatter],
+                   planted, source, (unsigned long long)stats.disk_writes, lstat(lock, &info) == 0);
+        sneppx_kernel_cache_reset_for_testing();
+        kernel = resolve_norm(&source);
+        TEST_CHECK(&tally, kernel && source == SNEPPX_KERNEL_SOURCE_DISK,
+                   "a %s at the lock file: the stored entry loads (source %d)", names[squatter], source);
+    }
+    unlink(lock);
+    rmdir(lock);
+    unlink(target);
 
     /* A directory squats the entry: refused, and the kernel still runs from memory. */
     clear_entry();
     mkdir(entry, 0700);
     sneppx_kernel_cache_reset_for_testing();
     kernel = resolve_norm(&source);
-    sneppx_jit_stats stats;
     sneppx_jit_stats_get(&stats);
     TEST_CHECK(&tally, kernel && source == SNEPPX_KERNEL_SOURCE_COMPILED && stats.disk_rejects == 1 &&
                            stats.disk_writes == 0,
