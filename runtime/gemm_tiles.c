@@ -71,12 +71,14 @@ void sneppx_gemm_tiles(const struct sneppx_target *target, sneppx_dtype weight_t
         char reason[256] = "";
         struct sneppx_gemm_tuning tiles;
         const sneppx_tuning_load loaded = sneppx_gemm_tuning_load(target, &tiles, reason, sizeof reason);
+        /* Read once: a value that is neither 0 nor 1 is one warning. */
+        const int tune_now = loaded != SNEPPX_TUNING_LOADED && tune_at_first_use();
         if (loaded == SNEPPX_TUNING_REFUSED)
             sneppx_log(0, "warning: the GEMM tuning record for %s is ignored (%s); %s", target->name, reason,
-                       tune_at_first_use() ? "tuning again (SNEPPX_TUNE=1)" : "the target's defaults apply");
+                       tune_now ? "tuning again (SNEPPX_TUNE=1)" : "the target's defaults apply");
         if (loaded == SNEPPX_TUNING_LOADED)
             chosen[index].tuned = 1;
-        else if (tune_at_first_use())
+        else if (tune_now)
             chosen[index].tuned = tune(target, &tiles);
         chosen[index].tiles = tiles;
         chosen[index].known = 1;

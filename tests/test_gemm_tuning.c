@@ -8,7 +8,9 @@
  *   reference (tests/support's ref_linear) within float32 tolerance, on a shape
  *   with partial k slices, blocks, row groups and panels;
  * - a record that is corrupt, foreign, or whose text is not a candidate is
- *   ignored with a message naming why, and the target's defaults apply. */
+ *   ignored with a message naming why, and the target's defaults apply;
+ * - SNEPPX_TUNE=1 without a valid record tunes at the first layer and keeps the
+ *   record its keys carry; another value than 0 or 1 is one warning. */
 #include "test_cache_common.h"
 
 #include "disk_cache.h"
@@ -216,10 +218,40 @@ static int child_tiles_after_corruption(void)
     return is_default(sneppx_host_target(), SNEPPX_DTYPE_FLOAT32) ? 0 : 1;
 }
 
+/* SNEPPX_TUNE=1 and no valid record: the first layer tunes, keeps the winner as the
+ * record, and asks for its keys. Exit 0 when the record loads and the layer's keys
+ * carry its tiles. */
+static int child_tune_at_first_use(void)
+{
+    sneppx_config config;
+    sneppx_config_init(&config);
+    config.hidden_size = 128;
+    config.num_attention_heads = 2;
+    config.num_key_value_heads = 1;
+    config.head_dim = 64;
+    config.max_position_embeddings = 64;
+    sneppx_layer *layer = NULL;
+    if (sneppx_layer_create(&config, NULL, &layer) != SNEPPX_OK) {
+        fprintf(stderr, "layer: %s\n", sneppx_last_error());
+        return 1;
+    }
+    struct sneppx_gemm_tuning tiles;
+    char why[256] = "";
+    const int loaded = sneppx_gemm_tuning_load(sneppx_host_target(), &tiles, why, sizeof why) == SNEPPX_TUNING_LOADED;
+    char suffix[64];
+    snprintf(suffix, sizeof suffix, "-kc%lld-mc%lld-", (long long)tiles.kc, (long long)tiles.mc);
+    const int keyed = loaded && strstr(sneppx_layer_keys(layer), suffix) != NULL;
+    fprintf(stderr, "record %s (%s); keys:\n%s", loaded ? "loaded" : "not loaded", why, sneppx_layer_keys(layer));
+    sneppx_layer_destroy(layer);
+    return keyed ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "child-tiles") == 0)
         return child_tiles_after_corruption();
+    if (argc == 2 && strcmp(argv[1], "child-tune") == 0)
+        return child_tune_at_first_use();
     char dir[CACHE_TEST_DIR_MAX];
     if (cache_test_make_dir(dir, sizeof dir, "tuning") != 0 || setenv("SNEPPX_CACHE_DIR", dir, 1) != 0) {
         perror("cache directory");
@@ -280,6 +312,25 @@ int main(int argc, char **argv)
     check_refused(target, "a leading zero", "its text is not kc=<k slice> mc=<block rows>");
     plant(target, "kc=128 mc=14", NULL);
     check_refused(target, "no newline", "its text is not kc=<k slice> mc=<block rows>");
+
+    /* SNEPPX_TUNE another value than 0 or 1: one warning naming it (not one per reading),
+     * the defaults, nothing tuned or written. */
+    const char *bad_tune_env[] = {"SNEPPX_TUNE=yes", "SNEPPX_VERBOSE=0", NULL};
+    code = cache_test_run_child("child-tiles", bad_tune_env, &child_stderr);
+    TEST_CHECK(&tally, code == 0 && child_stderr &&
+                           cache_test_count(child_stderr, "SNEPPX_TUNE='yes' is neither 0 nor 1; not tuning") == 1,
+               "SNEPPX_TUNE=yes beside a refused record: exit %d, stderr '%s'", code, child_stderr ? child_stderr : "");
+    free(child_stderr);
+    check_refused(target, "the record after SNEPPX_TUNE=yes", "its text is not kc=<k slice> mc=<block rows>");
+    /* SNEPPX_TUNE=1 beside the refused record: tuned again, at the first layer, and kept. */
+    const char *tune_env[] = {"SNEPPX_TUNE=1", "SNEPPX_VERBOSE=0", NULL};
+    code = cache_test_run_child("child-tune", tune_env, &child_stderr);
+    snprintf(message, sizeof message, "the GEMM tuning record for %s is ignored (its text is not kc=<k slice> "
+             "mc=<block rows>", target->name);
+    TEST_CHECK(&tally, code == 0 && child_stderr && strstr(child_stderr, message) &&
+                           strstr(child_stderr, "tuning again (SNEPPX_TUNE=1)"),
+               "SNEPPX_TUNE=1 beside a refused record: exit %d, stderr '%s'", code, child_stderr ? child_stderr : "");
+    free(child_stderr);
 
     cache_test_remove_tree(dir);
     return test_finish(&tally);
