@@ -272,6 +272,28 @@ static void test_hand_configs(test_tally *tally)
     config.rope_scaling.type = SNEPPX_ROPE_LINEAR;
     config.rope_scaling.factor = INFINITY;
     expect_config_refused(tally, "rope factor inf", &config, SNEPPX_ERR_INVALID_ARGUMENT, "config.rope_scaling.factor");
+    /* A type no sneppx_rope_type names, below or above the enum. */
+    static const int bad_types[] = {-1, SNEPPX_ROPE_TYPE_COUNT, 99};
+    for (size_t i = 0; i < sizeof bad_types / sizeof bad_types[0]; i++) {
+        small_config(&config);
+        config.rope_scaling.type = (sneppx_rope_type)bad_types[i];
+        char needle[64];
+        snprintf(needle, sizeof needle, "config.rope_scaling.type: %d is not a sneppx_rope_type", bad_types[i]);
+        expect_config_refused(tally, "rope_scaling.type out of the enum", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                              needle);
+    }
+    /* YaRN's parameters each finite, named when one is not. */
+    small_config(&config);
+    config.rope_scaling.type = SNEPPX_ROPE_YARN;
+    config.rope_scaling.factor = 4.0;
+    config.rope_scaling.beta_fast = NAN;
+    config.rope_scaling.beta_slow = 1.0;
+    expect_config_refused(tally, "yarn beta_fast NaN", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.rope_scaling.beta_fast: nan is not finite");
+    config.rope_scaling.beta_fast = 32.0;
+    config.rope_scaling.mscale = -INFINITY;
+    expect_config_refused(tally, "yarn mscale -inf", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.rope_scaling.mscale: -inf is not finite");
     /* Flags are 0 or 1; mla_naive only on an MLA config. */
     small_config(&config);
     config.use_flash_attn = 7;
