@@ -333,16 +333,16 @@ sneppx_status sneppx_layer_create(const sneppx_config *config, const sneppx_weig
     *out = NULL;
     if (!config)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
-    sneppx_layer *layer = NULL;
-    sneppx_status status = layer_init(config, 0, &layer);
-    if (status == SNEPPX_OK)
-        status = sneppx_layer_load_weights(layer, weights);
-    if (status != SNEPPX_OK) {
-        sneppx_layer_destroy(layer);
+    /* As every create: the weights are checked before any kernel is resolved. */
+    struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS] = {{0}};
+    sneppx_status status = SNEPPX_OK;
+    if (weights)
+        sneppx_float32_sources(weights, sources);
+    else
+        status = sneppx_synthetic_sources(config, sources);
+    if (status != SNEPPX_OK)
         return status;
-    }
-    *out = layer;
-    return SNEPPX_OK;
+    return sneppx_layer_create_from_sources(config, sources, out);
 }
 
 sneppx_status sneppx_layer_create_unpacked(const sneppx_config *config, sneppx_layer **out)

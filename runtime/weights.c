@@ -324,19 +324,6 @@ void sneppx_float32_sources(const sneppx_weights *weights, struct sneppx_weight_
             sources[field] = sneppx_float32_source(given[field], 0, 0); /* shapes: from the config */
 }
 
-sneppx_status sneppx_layer_load_weights(sneppx_layer *layer, const sneppx_weights *weights)
-{
-    struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS] = {{0}};
-    if (!weights) {
-        sneppx_status status = sneppx_synthetic_sources(&layer->config, sources);
-        if (status != SNEPPX_OK)
-            return status;
-    } else {
-        sneppx_float32_sources(weights, sources);
-    }
-    return sneppx_layer_load_sources(layer, sources);
-}
-
 sneppx_status sneppx_layer_create_from_sources(const sneppx_config *config,
                                                struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS],
                                                sneppx_layer **out)

@@ -31,8 +31,6 @@ void sneppx_float32_sources(const sneppx_weights *weights, struct sneppx_weight_
  * 16-bit elements at an odd address, naming the field. */
 sneppx_status sneppx_typed_sources(const sneppx_typed_weights *weights,
                                    struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS]);
-/* sneppx_weights (float32) or NULL (synthetic) -> sources -> packed. */
-sneppx_status sneppx_layer_load_weights(sneppx_layer *layer, const sneppx_weights *weights);
 /* Checks the sources, then makes the layer (kernels) and packs them; *out untouched on failure. */
 sneppx_status sneppx_layer_create_from_sources(const sneppx_config *config,
                                                struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS],

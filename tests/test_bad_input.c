@@ -364,6 +364,22 @@ static void test_weights(test_tally *tally)
     weights.k_proj_weight = NULL;
     EXPECT_ERROR(tally, sneppx_layer_create(&config, &weights, &made), SNEPPX_ERR_INVALID_ARGUMENT,
                  "weights.k_proj_weight");
+    /* Refused before any kernel is resolved: a shape no layer of this process had
+     * (its kernels compile only once the weights are right). */
+    sneppx_config unresolved = config;
+    unresolved.hidden_size = 48;
+    unresolved.num_key_value_heads = 1;
+    sneppx_jit_stats before, after;
+    sneppx_jit_stats_get(&before);
+    EXPECT_ERROR(tally, sneppx_layer_create(&unresolved, &weights, &made), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "weights.k_proj_weight: NULL, but this config needs k_proj.weight [16 x 48]");
+    sneppx_jit_stats_get(&after);
+    TEST_CHECK(tally, after.compiles == before.compiles && after.disk_hits == before.disk_hits &&
+                          after.memory_hits == before.memory_hits,
+               "a create with a missing tensor resolved kernels first: %llu compiles, %llu disk hits, %llu memory "
+               "hits", (unsigned long long)(after.compiles - before.compiles),
+               (unsigned long long)(after.disk_hits - before.disk_hits),
+               (unsigned long long)(after.memory_hits - before.memory_hits));
     weights.k_proj_weight = buffer;
     weights.o_proj_bias = NULL;
     EXPECT_ERROR(tally, sneppx_layer_create(&config, &weights, &made), SNEPPX_ERR_INVALID_ARGUMENT,
