@@ -2,7 +2,8 @@
  * foreign (another key's valid entry), of this key but another fingerprint
  * (as another template, LLVM version or CPU would write: payload and its
  * SHA-256 intact), not a sneppx entry, a symbolic link, a FIFO, writable by
- * others, not owned by us, a directory. Each is refused
+ * others, not owned by us, a directory, another key's object bundle under this
+ * key's fingerprint (it links no entry of this key). Each is refused
  * (never loaded), the kernel is rebuilt, and the entry is replaced by a valid
  * one that the next process loads. A lock file that is not one (a directory,
  * FIFO or symbolic link at its name) is refused and left; the kernel is built
@@ -173,6 +174,28 @@ static int plant_unlinkable(void)
     return 0;
 }
 
+/* Another key's valid object bundle stored under this key (its fingerprint, its hash):
+ * it unpacks and is added to the JIT, but defines none of this key's entries, so the
+ * link fails after the add. What was added must go again: the other key links later. */
+static int plant_foreign_bundle(void)
+{
+    uint8_t fingerprint[SNEPPX_SHA256_SIZE], foreign_fingerprint[SNEPPX_SHA256_SIZE];
+    char key[SNEPPX_KEY_MAX], reason[160];
+    const int64_t values[] = {FOREIGN_N};
+    void *payload = NULL;
+    size_t size = 0;
+    int evictions = 0;
+    sneppx_kernel_key("rmsnorm", values, sneppx_host_target(), key, sizeof key);
+    const int ok = sneppx_kernel_fingerprint(key, foreign_fingerprint) == SNEPPX_OK &&
+                   sneppx_disk_cache_verify(key, foreign_fingerprint, &payload, &size, reason, sizeof reason) ==
+                       SNEPPX_DISK_HIT &&
+                   sneppx_kernel_fingerprint(entry_key, fingerprint) == SNEPPX_OK &&
+                   sneppx_disk_cache_store(entry_key, fingerprint, payload, size, &evictions) == SNEPPX_OK;
+    free(payload);
+    errno = ok ? 0 : EIO;
+    return ok ? 0 : -1;
+}
+
 /* A link to a byte-for-byte valid entry elsewhere: still refused. */
 static int plant_symlink(void)
 {
@@ -243,6 +266,14 @@ int main(void)
     check_rebuilt(&tally, "this key's entry with a stale fingerprint", plant_stale_fingerprint);
     check_rebuilt(&tally, "symbolic link to a valid entry", plant_symlink);
     check_rebuilt(&tally, "a verified entry that does not link", plant_unlinkable);
+    check_rebuilt(&tally, "another key's object bundle under this key's fingerprint", plant_foreign_bundle);
+    /* The other key's symbols, added by the failed link, went with it: it links now. */
+    sneppx_kernel_cache_reset_for_testing();
+    foreign = NULL;
+    status = sneppx_kernel_resolve("rmsnorm", foreign_values, sneppx_host_target(), &foreign);
+    TEST_CHECK(&tally, status == SNEPPX_OK && foreign && cache_test_rmsnorm_error(foreign, FOREIGN_N, NULL) < 1e-6,
+               "the key whose bundle failed to link under another key: %s '%s'", sneppx_status_name(status),
+               sneppx_last_error());
     check_rebuilt(&tally, "FIFO", plant_fifo);
     check_rebuilt(&tally, "writable by everyone", plant_world_writable);
     if (geteuid() == 0)
