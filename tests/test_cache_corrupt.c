@@ -222,8 +222,26 @@ static int plant_foreign_owner(void)
     return chown(entry, 65534, 65534);
 }
 
-int main(void)
+/* Child, under SNEPPX_JIT=0 with the foreign bundle planted: the key cannot be rebuilt,
+ * so its resolve fails naming SNEPPX_JIT=0 and the link, and the other key (whose
+ * symbols the failed link added) still links. Exit 0 when both hold. */
+static int child_jit_forbidden_unlinkable(void)
 {
+    const int64_t values[] = {NORM_N}, foreign_values[] = {FOREIGN_N};
+    const sneppx_kernel *kernel = NULL, *foreign = NULL;
+    sneppx_status status = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_target(), &kernel);
+    const int refused = status == SNEPPX_ERR_JIT && !kernel && strstr(sneppx_last_error(), "SNEPPX_JIT=0 forbids") &&
+                        strstr(sneppx_last_error(), "its disk cache entry does not link");
+    fprintf(stderr, "this key: %s '%s'\n", sneppx_status_name(status), sneppx_last_error());
+    status = sneppx_kernel_resolve("rmsnorm", foreign_values, sneppx_host_target(), &foreign);
+    fprintf(stderr, "the other key: %s '%s'\n", sneppx_status_name(status), sneppx_last_error());
+    return refused && status == SNEPPX_OK ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 2 && strcmp(argv[1], "jit-forbidden-unlinkable") == 0)
+        return child_jit_forbidden_unlinkable();
     test_tally tally = {0};
     if (cache_test_make_dir(dir, sizeof dir, "corrupt") != 0 || setenv("SNEPPX_CACHE_DIR", dir, 1) != 0) {
         perror("cache directory");
@@ -267,6 +285,16 @@ int main(void)
     check_rebuilt(&tally, "symbolic link to a valid entry", plant_symlink);
     check_rebuilt(&tally, "a verified entry that does not link", plant_unlinkable);
     check_rebuilt(&tally, "another key's object bundle under this key's fingerprint", plant_foreign_bundle);
+    /* Where nothing may be compiled, the same entry fails the key, naming why. */
+    clear_entry();
+    if (TEST_CHECK(&tally, plant_foreign_bundle() == 0, "plant the foreign bundle: %s", strerror(errno))) {
+        const char *forbid[] = {"SNEPPX_JIT=0", NULL};
+        char *child_stderr = NULL;
+        const int code = cache_test_run_child("jit-forbidden-unlinkable", forbid, &child_stderr);
+        TEST_CHECK(&tally, code == 0, "SNEPPX_JIT=0 and an entry that does not link: exit %d: %s", code,
+                   child_stderr ? child_stderr : "");
+        free(child_stderr);
+    }
     /* The other key's symbols, added by the failed link, went with it: it links now. */
     sneppx_kernel_cache_reset_for_testing();
     foreign = NULL;
