@@ -550,7 +550,7 @@ static sneppx_status forward(sneppx_layer *layer, int64_t batch, int64_t seq_len
     if (agreed) {
         const struct sneppx_shard_call call = {
             .cached = 0, .tokens = tokens, .batch = batch, .seq_len = seq_len, .has_mask = attention_mask != NULL,
-            .positions = position_ids ? sneppx_shard_positions_hash(position_ids, tokens) : 0};
+            .positions = position_ids ? sneppx_shard_hash(position_ids, tokens) : 0};
         status = sneppx_shard_agree_call(layer->shard, status, &call);
         *agreed = 1;
     }

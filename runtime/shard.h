@@ -58,9 +58,10 @@ struct sneppx_shard_call {
     int64_t layer_index;  /* cached: the cache's layer; else 0 */
     int64_t has_mask;
     uint64_t positions;   /* a hash of the call's positions (0: the default ones of a forward) */
+    uint64_t q_lens;      /* cached: a hash of q_lens (the same total may split otherwise); else 0 */
 };
-/* A hash of n positions, for sneppx_shard_call.positions. */
-uint64_t sneppx_shard_positions_hash(const int64_t *positions, int64_t n);
+/* A hash of n values (positions, q_lens), for sneppx_shard_call. */
+uint64_t sneppx_shard_hash(const int64_t *values, int64_t n);
 /* sneppx_shard_agree on call (a layer that is no shard: local). */
 sneppx_status sneppx_shard_agree_call(const struct sneppx_layer_shard *shard, sneppx_status local,
                                       const struct sneppx_shard_call *call);

@@ -102,11 +102,11 @@ sneppx_status sneppx_shard_agree(const sneppx_shard *shard, sneppx_status local,
     return status;
 }
 
-uint64_t sneppx_shard_positions_hash(const int64_t *positions, int64_t n)
+uint64_t sneppx_shard_hash(const int64_t *values, int64_t n)
 {
     uint64_t hash = 0xcbf29ce484222325ULL; /* FNV-1a over the values */
     for (int64_t i = 0; i < n; i++) {
-        hash ^= (uint64_t)positions[i];
+        hash ^= (uint64_t)values[i];
         hash *= 0x100000001b3ULL;
     }
     return hash;
@@ -138,6 +138,11 @@ static sneppx_status compare_calls(const unsigned char *records, size_t stride, 
                                "every rank of a sharded layer makes the same call",
                                r, world, (long long)c->batch, (long long)c->tokens, (long long)first.batch,
                                (long long)first.tokens);
+        if (c->q_lens != first.q_lens)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "q_lens: rank %d of %d's differ from rank 0's (%lld tokens in all on each): every "
+                               "rank of a sharded layer makes the same call",
+                               r, world, (long long)c->tokens);
         if (c->layer_index != first.layer_index)
             return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                                "layer_index: rank %d of %d passes %lld, rank 0 %lld: every rank of a sharded layer "

@@ -273,3 +273,31 @@ def test_int8_groups():
         else:
             assert error(got, exact) <= 1.5 * error(want, exact)
             assert error(got, exact) <= 2e-2
+
+
+@pytest.mark.skipif(WORLD == 1, reason="needs another rank")
+def test_rows_split_otherwise_on_one_rank():
+    """The same rows, tokens and positions in all, split otherwise between the rows on one
+    rank (q_lens [3, 1] against [1, 3], positions 0..3 either way): refused on every rank,
+    naming q_lens, and no row grows or changes (it used to run, each rank caching other
+    tokens per row, and return a sum of two different calls)."""
+    cfg, whole = small(), small()
+    cfg.tensor_parallel(COMM)
+    cache, whole_cache = cfg.kv_cache(batch=2, max_tokens=16), whole.kv_cache(batch=2, max_tokens=16)
+    x = inputs(14, 2, 2, 128)
+    cfg.forward_mha(x, past_key_value=cache)
+    whole.forward_mha(x, past_key_value=whole_cache)
+    before = [cache.read(row) for row in (0, 1)]
+    last = RANK == WORLD - 1
+    y = inputs(15, 4, 128)
+    chunks, positions = ([y[:3], y[3:]], [[2, 3, 4], [5]]) if last else ([y[:1], y[1:]], [[2], [3, 4, 5]])
+    with pytest.raises(sneppx.InvalidArgumentError, match=f"q_lens: rank {WORLD - 1} of {WORLD}'s differ from "
+                                                          f"rank 0's \\(4 tokens in all on each\\)"):
+        cfg.forward_ragged(cache, [0, 1], chunks, position_ids=positions)
+    assert cache.lengths == [2, 2]
+    for row, (k, v) in enumerate(before):
+        got_k, got_v = cache.read(row)
+        assert np.array_equal(got_k, k) and np.array_equal(got_v, v)
+    z = inputs(16, 2, 1, 128)
+    assert error(cfg.forward_mha(z, past_key_value=cache), whole.forward_mha(z, past_key_value=whole_cache)) <= 1e-6
+
