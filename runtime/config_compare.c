@@ -6,6 +6,20 @@
 
 #include "config_internal.h"
 
+/* An enum value by its name ("float32", "llama3"), or its number if it has none. */
+static const char *enum_name(enum sneppx_field_kind kind, int value, char number[16])
+{
+    const char *name = NULL;
+    if (kind == SNEPPX_FIELD_DTYPE)
+        name = sneppx_dtype_name(value);
+    else if (kind == SNEPPX_FIELD_ROPE_TYPE && value >= 0 && value < sneppx_rope_type_count)
+        name = sneppx_rope_type_names[value];
+    if (name)
+        return name;
+    snprintf(number, 16, "%d", value);
+    return number;
+}
+
 static int skipped(size_t offset, const size_t *skip, int skip_count)
 {
     for (int i = 0; i < skip_count; i++)
@@ -23,12 +37,15 @@ int sneppx_config_difference(const sneppx_config *a, const sneppx_config *b, con
             continue;
         const char *pa = (const char *)a + f->offset, *pb = (const char *)b + f->offset;
         switch (f->kind) {
-        case SNEPPX_FIELD_INT: {
+        case SNEPPX_FIELD_INT:
+        case SNEPPX_FIELD_ROPE_TYPE:
+        case SNEPPX_FIELD_DTYPE: {
             int va, vb;
             memcpy(&va, pa, sizeof va), memcpy(&vb, pb, sizeof vb);
             if (va == vb)
                 continue;
-            snprintf(text, size, "%s %d / %d", f->name, va, vb);
+            char na[16], nb[16];
+            snprintf(text, size, "%s %s / %s", f->name, enum_name(f->kind, va, na), enum_name(f->kind, vb, nb));
             return 1;
         }
         case SNEPPX_FIELD_INT64: {

@@ -45,8 +45,12 @@ extern const char sneppx_rope_key_list[];
 void sneppx_rope_params_set_scaling(struct sneppx_rope_params *params, const sneppx_rope_scaling *scaling);
 
 /* config_fields.CONFIG_FIELDS value by value (rope_scaling's as "rope_scaling.<name>"),
- * rendered beside them: where each lives in sneppx_config and what it is. */
-enum sneppx_field_kind { SNEPPX_FIELD_INT, SNEPPX_FIELD_INT64, SNEPPX_FIELD_DOUBLE, SNEPPX_FIELD_NAME };
+ * rendered beside them: where each lives in sneppx_config and what it is (the two
+ * enums are ints that differences name by their names). */
+enum sneppx_field_kind {
+    SNEPPX_FIELD_INT, SNEPPX_FIELD_ROPE_TYPE, SNEPPX_FIELD_DTYPE, SNEPPX_FIELD_INT64, SNEPPX_FIELD_DOUBLE,
+    SNEPPX_FIELD_NAME
+};
 struct sneppx_config_field {
     const char *name;
     size_t offset;

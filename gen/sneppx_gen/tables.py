@@ -111,8 +111,8 @@ def config_fields_c() -> str:
     return "".join(out)
 
 
-_LEAF_KINDS = {config_fields.INT.name: "SNEPPX_FIELD_INT", config_fields.ROPE_TYPE.name: "SNEPPX_FIELD_INT",
-               config_fields.DTYPE.name: "SNEPPX_FIELD_INT", config_fields.INT64.name: "SNEPPX_FIELD_INT64",
+_LEAF_KINDS = {config_fields.INT.name: "SNEPPX_FIELD_INT", config_fields.ROPE_TYPE.name: "SNEPPX_FIELD_ROPE_TYPE",
+               config_fields.DTYPE.name: "SNEPPX_FIELD_DTYPE", config_fields.INT64.name: "SNEPPX_FIELD_INT64",
                config_fields.DOUBLE.name: "SNEPPX_FIELD_DOUBLE", config_fields.NAME.name: "SNEPPX_FIELD_NAME"}
 
 

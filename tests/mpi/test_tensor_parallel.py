@@ -301,3 +301,22 @@ def test_rows_split_otherwise_on_one_rank():
     z = inputs(16, 2, 1, 128)
     assert error(cfg.forward_mha(z, past_key_value=cache), whole.forward_mha(z, past_key_value=whole_cache)) <= 1e-6
 
+
+@pytest.mark.skipif(WORLD == 1, reason="needs another rank")
+def test_another_weight_dtype_on_one_rank():
+    """A load with another dtype on one rank: every rank's create refuses, naming the
+    dtypes (they used to be their enum values, "weight_dtype 3 / 0"), and the config
+    keeps its weights and dtype."""
+    whole, cfg = small(), small()
+    weights = random_state_dict(whole, 17)
+    whole.load_state_dict(weights)
+    cfg.tensor_parallel(COMM)
+    cfg.load_state_dict(weights)
+    last = RANK == WORLD - 1
+    with pytest.raises(sneppx.InvalidArgumentError,
+                       match=f"config: rank {WORLD - 1} of {WORLD}'s differs from rank 0's: weight_dtype int8 / "
+                             f"float32 \\(rank {WORLD - 1} / rank 0\\)"):
+        cfg.load_state_dict(weights, dtype="int8" if last else "float32")
+    assert cfg.weight_dtype == "float32"
+    x = inputs(18, 1, 5, 128)
+    assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
