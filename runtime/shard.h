@@ -59,6 +59,7 @@ struct sneppx_shard_call {
     int64_t has_mask;
     uint64_t positions;   /* a hash of the call's positions (0: the default ones of a forward) */
     uint64_t q_lens;      /* cached: a hash of q_lens (the same total may split otherwise); else 0 */
+    uint64_t seq_ids;     /* cached: a hash of seq_ids (the same rows in another order); else 0 */
 };
 /* A hash of n values (positions, q_lens), for sneppx_shard_call. */
 uint64_t sneppx_shard_hash(const int64_t *values, int64_t n);

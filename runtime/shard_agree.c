@@ -138,6 +138,11 @@ static sneppx_status compare_calls(const unsigned char *records, size_t stride, 
                                "every rank of a sharded layer makes the same call",
                                r, world, (long long)c->batch, (long long)c->tokens, (long long)first.batch,
                                (long long)first.tokens);
+        if (c->seq_ids != first.seq_ids)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "seq_ids: rank %d of %d's differ from rank 0's (%lld sequences on each): every rank "
+                               "of a sharded layer makes the same call",
+                               r, world, (long long)c->batch);
         if (c->q_lens != first.q_lens)
             return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                                "q_lens: rank %d of %d's differ from rank 0's (%lld tokens in all on each): every "

@@ -18,8 +18,11 @@
  * Collective calls: every rank makes the same calls on its shard, in the same
  * order, with the same arguments (hidden states included): create (two
  * all-gathers), sneppx_layer_forward and sneppx_layer_forward_cached (one small
- * all-gather, then the sums). A call one rank refuses (a bad argument, a full KV
- * cache, another config) fails on every rank, before anything is written: the
+ * all-gather, then the sums). The all-gather compares what can differ silently:
+ * the shape, the mask's presence, a hash of the positions and, cached, the layer
+ * index and hashes of seq_ids and q_lens (not the hidden states or mask values).
+ * A call one rank refuses (a bad argument, a full KV
+ * cache, another config, a call that differs) fails on every rank, before anything is written: the
  * refusing rank with its own message, the others with "rank R of W: <its
  * message>". A transport that fails is SNEPPX_ERR_COMM. Other calls on a shard
  * (set_flash, keys, flops, weight_bytes, destroy) are local.

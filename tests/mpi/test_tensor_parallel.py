@@ -320,3 +320,28 @@ def test_another_weight_dtype_on_one_rank():
     assert cfg.weight_dtype == "float32"
     x = inputs(18, 1, 5, 128)
     assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
+
+
+@pytest.mark.skipif(WORLD == 1, reason="needs another rank")
+def test_rows_in_another_order_on_one_rank():
+    """The same rows with the same lengths in another order on one rank ([1, 0] against
+    [0, 1]): refused on every rank, naming seq_ids, and no row changes (each rank would
+    cache one row's tokens in the other row)."""
+    cfg, whole = small(), small()
+    cfg.tensor_parallel(COMM)
+    cache, whole_cache = cfg.kv_cache(batch=2, max_tokens=16), whole.kv_cache(batch=2, max_tokens=16)
+    x = inputs(19, 2, 2, 128)
+    cfg.forward_mha(x, past_key_value=cache)
+    whole.forward_mha(x, past_key_value=whole_cache)
+    before = [cache.read(row) for row in (0, 1)]
+    rows = [1, 0] if RANK == WORLD - 1 else [0, 1]
+    y = inputs(20, 2, 128)
+    with pytest.raises(sneppx.InvalidArgumentError, match=f"seq_ids: rank {WORLD - 1} of {WORLD}'s differ from "
+                                                          f"rank 0's \\(2 sequences on each\\)"):
+        cfg.forward_ragged(cache, rows, [y[:1], y[1:]])
+    assert cache.lengths == [2, 2]
+    for row, (k, v) in enumerate(before):
+        got_k, got_v = cache.read(row)
+        assert np.array_equal(got_k, k) and np.array_equal(got_v, v)
+    z = inputs(21, 2, 1, 128)
+    assert error(cfg.forward_mha(z, past_key_value=cache), whole.forward_mha(z, past_key_value=whole_cache)) <= 1e-6
