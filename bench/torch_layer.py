@@ -48,7 +48,8 @@ def parse_args():
 
 
 class Attention:
-    """The weights and the forward of one layer, HF's eager attention."""
+    """The weights and the forward of one layer: HF's SDPA attention (eager with --attention eager or on
+    torch < 2.0)."""
 
     def __init__(self, torch, args):
         self.torch = torch

@@ -312,12 +312,13 @@ static sneppx_status read_rope_scaling_value(const cJSON *dict, const char *name
         return type_status;
     if (kind == ROPE_KIND_MISSING) {
         /* transformers 5 reads a dict without a type as plain RoPE: so is one that holds
-         * nothing else ({}, or rope_parameters' own rope_theta). A scaling parameter
+         * nothing else ({}, nulls, or rope_parameters' own rope_theta). A scaling parameter
          * without a type is refused: its type cannot be guessed. */
         cJSON_ArrayForEach(item, dict) {
-            if (!rope_config_key(item->string))
-                return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: %s.rope_type: missing (nor is 'type' given)",
-                                   name);
+            if (!cJSON_IsNull(item) && !rope_config_key(item->string))
+                return sneppx_fail(SNEPPX_ERR_FORMAT,
+                                   "config.json: %s.rope_type: missing (nor is 'type' given), which '%s' needs", name,
+                                   clip(item->string, CLIP_BYTES).text);
         }
         return SNEPPX_OK;
     }

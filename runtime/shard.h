@@ -61,7 +61,7 @@ struct sneppx_shard_call {
     uint64_t q_lens;      /* cached: a hash of q_lens (the same total may split otherwise); else 0 */
     uint64_t seq_ids;     /* cached: a hash of seq_ids (the same rows in another order); else 0 */
 };
-/* A hash of n values (positions, q_lens), for sneppx_shard_call. */
+/* A hash of n values (positions, q_lens, seq_ids), for sneppx_shard_call. */
 uint64_t sneppx_shard_hash(const int64_t *values, int64_t n);
 /* sneppx_shard_agree on call (a layer that is no shard: local). */
 sneppx_status sneppx_shard_agree_call(const struct sneppx_layer_shard *shard, sneppx_status local,

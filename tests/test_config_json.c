@@ -192,7 +192,7 @@ static const struct bad_case bad_cases[] = {
     {LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4, \"finetuned\": true}}",
      SNEPPX_ERR_UNSUPPORTED, "rope_scaling.finetuned: unknown key"},
     {LLAMA_HEAD ", \"rope_parameters\": {\"rope_theta\": 1e6, \"factor\": 2}}", SNEPPX_ERR_FORMAT,
-     "config.json: rope_parameters.rope_type: missing"},
+     "config.json: rope_parameters.rope_type: missing (nor is 'type' given), which 'factor' needs"},
     {LLAMA_HEAD ", \"rope_parameters\": {\"rope_type\": \"longrope\", \"factor\": 2}}", SNEPPX_ERR_UNSUPPORTED,
      "config.json: rope_parameters.rope_type: 'longrope' is not supported"},
     {LLAMA_HEAD ", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": \"1e6\"}}", SNEPPX_ERR_FORMAT,
@@ -399,9 +399,10 @@ static void test_files(test_tally *tally)
     /* More than 16 MiB (a sparse file): refused by size, naming the file, before parsing. */
     snprintf(path, sizeof path, "%s/huge.json", dir);
     stream = fopen(path, "wb");
-    if (TEST_CHECK(tally, stream && fputs("{}", stream) >= 0 && ftruncate(fileno(stream), (16 << 20) + 1) == 0,
-                   "sparse %s", path)) {
+    const int written = stream && fputs("{}", stream) >= 0 && ftruncate(fileno(stream), (16 << 20) + 1) == 0;
+    if (stream)
         fclose(stream);
+    if (TEST_CHECK(tally, written, "sparse %s", path)) {
         status = sneppx_config_from_json_file(path, &untouched_config);
         snprintf(want, sizeof want, "%s: more than 16777216 bytes, the most a config.json may have", path);
         TEST_CHECK(tally, status == SNEPPX_ERR_FORMAT && strstr(sneppx_last_error(), want),

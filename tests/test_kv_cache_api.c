@@ -156,7 +156,7 @@ static void test_create_options(void)
     sneppx_config bad = config;
     bad.num_key_value_heads = 3;
     EXPECT_ERROR(sneppx_kv_cache_create(&bad, &options, &cache), SNEPPX_ERR_INVALID_ARGUMENT, "num_key_value_heads");
-    /* One page of 2^16 tokens x 4096 layers of 64 K/V heads of 256 is 2^47 bytes, whatever
+    /* One page of 2^16 tokens x 4096 layers of 64 K/V heads of 256 is 2^45 bytes, whatever
      * the capacity: the page's options are named. */
     sneppx_config wide = config;
     wide.hidden_size = 64 * 256;

@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--arch", metavar="NAME", action=_Once, help='preset name, case-insensitive ("llama3-8B", "mistral-7B")')
     what.add_argument("--config", metavar="PATH", action=_Once, help="an HF config.json (with model_type), or the checkpoint directory "
                       "holding it, read as libsneppx reads it; without model_type, a hand config (sneppx.LLMConfig's "
-                      "keywords, + rotary_dim)")
+                      "keywords, + rotary_dim and the presets' informational keys; any other key is refused)")
     parser.add_argument("--name", metavar="NAME", action=_Once, help="the layer's name (its files are sneppx_<name>.c/.h, "
                         "its functions sneppx_<name>_*; two copies of one preset, for two targets, need two names); "
                         "default: the preset's, or the config's \"name\", else the checkpoint directory's name")

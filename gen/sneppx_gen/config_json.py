@@ -362,9 +362,11 @@ def read_rope_scaling(top: Scope, key: str = "rope_scaling") -> RopeFields:
                           f"'{_c_prefix(type_, 64)}' disagree")
     if name is None:
         # transformers 5 reads a dict without a type as plain RoPE: so is one that holds nothing
-        # else ({}, or rope_parameters' own rope_theta); a scaling parameter cannot be typed.
-        if any(field_name not in extra for field_name, _ in raw.pairs):
-            raise ConfigError(f"{key}.rope_type: missing (nor is 'type' given)")
+        # else ({}, nulls, or rope_parameters' own rope_theta); a scaling parameter cannot be typed.
+        for field_name, value in raw.pairs:
+            if value is not None and field_name not in extra:
+                raise ConfigError(f"{key}.rope_type: missing (nor is 'type' given), which "
+                                  f"'{_c_prefix(field_name, 64)}' needs")
         return RopeFields()
     for required in config_fields.rope_required(name):
         if scope.lookup(required) is None:
@@ -518,6 +520,8 @@ def read_hand(root: JsonObject) -> CConfig:
                                   f"{alias_value} disagree")
             value = alias_value
         elif f.required:
+            if alias is not None and given is None:
+                raise ConfigError(f"{f.name} (or {alias}): missing")
             value = top.required_size(f.name)
         else:
             value = top.size(f.name, getattr(c, f.default_from) if f.default_from else f.default)

@@ -297,6 +297,9 @@ CORPUS = {
     "rope-parameters-empty": _text(rope_theta=1e6, rope_parameters={}),
     "rope-parameters-untyped-factor": _text(rope_parameters={"rope_theta": 1e6, "factor": 2.0}),
     "rope-scaling-untyped-truncate": _text(rope_scaling={"truncate": True}),
+    # A null counts as absent, a null type too.
+    "rope-scaling-type-null": _text(rope_scaling={"rope_type": None, "factor": None}),
+    "rope-parameters-type-null": _text(rope_parameters={"rope_type": None, "rope_theta": 1e6}),
     "rope-parameters-per-layer": _text(rope_parameters={"full_attention": {"rope_type": "default"}}),
     "rope-parameters-array": _text(rope_parameters=[1]),
     "rope-parameters-longrope": _text(rope_parameters={"rope_type": "longrope", "short_factor": [1.0]}),
@@ -408,9 +411,10 @@ def test_hand_form_is_read_with_the_same_rules(tmp_path):
     with pytest.raises(config_json.ConfigError, match=r"hand\.json: sliding_windw: unknown key \(a config "
                        r"without model_type is sneppx\.LLMConfig's keywords; known: name, hidden_size, "):
         config_json.read_file(str(path))
-    with pytest.raises(TypeError, match="sliding_windw"):
-        sneppx.LLMConfig(hidden_size=64, num_attention_heads=4, sliding_windw=16)
     # LLMConfig's aliases of the head counts count, and must agree with the names they alias.
+    path.write_text(json.dumps({"hidden_size": 64}))
+    with pytest.raises(config_json.ConfigError, match=r"hand\.json: num_attention_heads \(or num_heads\): missing"):
+        config_json.read_file(str(path))
     path.write_text(json.dumps({"hidden_size": 64, "num_heads": 4, "num_kv_heads": 2}))
     _, config = config_json.read_file(str(path))
     want = sneppx.LLMConfig(hidden_size=64, num_heads=4, num_kv_heads=2)._config
