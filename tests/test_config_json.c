@@ -302,33 +302,32 @@ static void test_semantics(test_tally *tally)
                "yarn defaults: beta %g/%g orig %lld (%s)", config.rope_scaling.beta_fast,
                config.rope_scaling.beta_slow, (long long)config.rope_scaling.original_max_position_embeddings,
                sneppx_last_error());
-    /* transformers 5 saves rope_theta and the scaling inside rope_parameters, none at the top. */
-    const char *saved = LLAMA_HEAD ", \"rope_parameters\": {\"rope_type\": \"linear\", \"factor\": 2, "
-                        "\"rope_theta\": 500000}}";
-    status = sneppx_config_from_json(saved, strlen(saved), &config);
-    TEST_CHECK(tally, status == SNEPPX_OK && config.rope_theta == 500000.0 &&
-                          config.rope_scaling.type == SNEPPX_ROPE_LINEAR && config.rope_scaling.factor == 2.0,
-               "rope_parameters: theta %g type %d factor %g (%s)", config.rope_theta, (int)config.rope_scaling.type,
-               config.rope_scaling.factor, sneppx_last_error());
-    /* transformers takes `rope_scaling or rope_parameters`: an empty rope_scaling is none. */
-    const char *empty_beside = LLAMA_HEAD ", \"rope_scaling\": {}, \"rope_parameters\": {\"rope_type\": \"linear\", "
-                               "\"factor\": 2, \"rope_theta\": 500000}}";
-    status = sneppx_config_from_json(empty_beside, strlen(empty_beside), &config);
-    TEST_CHECK(tally, status == SNEPPX_OK && config.rope_theta == 500000.0 &&
-                          config.rope_scaling.type == SNEPPX_ROPE_LINEAR && config.rope_scaling.factor == 2.0,
-               "empty rope_scaling beside rope_parameters: theta %g type %d factor %g (%s)", config.rope_theta,
-               (int)config.rope_scaling.type, config.rope_scaling.factor, sneppx_last_error());
-    /* ... and a dict without a type as plain RoPE, when it holds no scaling parameter. */
-    const char *untyped = LLAMA_HEAD ", \"rope_parameters\": {\"rope_theta\": 1000000}}";
-    status = sneppx_config_from_json(untyped, strlen(untyped), &config);
-    TEST_CHECK(tally, status == SNEPPX_OK && config.rope_theta == 1e6 &&
-                          config.rope_scaling.type == SNEPPX_ROPE_DEFAULT && config.rope_scaling.factor == 1.0,
-               "untyped rope_parameters: theta %g type %d factor %g (%s)", config.rope_theta,
-               (int)config.rope_scaling.type, config.rope_scaling.factor, sneppx_last_error());
-    const char *empty = LLAMA_HEAD ", \"rope_scaling\": {}}";
-    status = sneppx_config_from_json(empty, strlen(empty), &config);
-    TEST_CHECK(tally, status == SNEPPX_OK && config.rope_scaling.type == SNEPPX_ROPE_DEFAULT,
-               "empty rope_scaling: type %d (%s)", (int)config.rope_scaling.type, sneppx_last_error());
+    /* Where rope_theta and the scaling come from, as transformers reads them. */
+    const struct {
+        const char *what, *text;
+        double theta;
+        sneppx_rope_type type;
+        double factor;
+    } ropes[] = {
+        /* transformers 5 saves rope_theta and the scaling inside rope_parameters, none at the top. */
+        {"rope_parameters", LLAMA_HEAD ", \"rope_parameters\": {\"rope_type\": \"linear\", \"factor\": 2, "
+                            "\"rope_theta\": 500000}}", 500000.0, SNEPPX_ROPE_LINEAR, 2.0},
+        /* transformers takes `rope_scaling or rope_parameters`: an empty rope_scaling is none. */
+        {"empty rope_scaling beside rope_parameters",
+         LLAMA_HEAD ", \"rope_scaling\": {}, \"rope_parameters\": {\"rope_type\": \"linear\", \"factor\": 2, "
+                    "\"rope_theta\": 500000}}", 500000.0, SNEPPX_ROPE_LINEAR, 2.0},
+        /* ... and a dict without a type as plain RoPE, when it holds no scaling parameter. */
+        {"untyped rope_parameters", LLAMA_HEAD ", \"rope_parameters\": {\"rope_theta\": 1000000}}", 1e6,
+         SNEPPX_ROPE_DEFAULT, 1.0},
+        {"empty rope_scaling", LLAMA_HEAD ", \"rope_scaling\": {}}", 10000.0, SNEPPX_ROPE_DEFAULT, 1.0},
+    };
+    for (size_t i = 0; i < sizeof ropes / sizeof ropes[0]; i++) {
+        status = sneppx_config_from_json(ropes[i].text, strlen(ropes[i].text), &config);
+        TEST_CHECK(tally, status == SNEPPX_OK && config.rope_theta == ropes[i].theta &&
+                              config.rope_scaling.type == ropes[i].type && config.rope_scaling.factor == ropes[i].factor,
+                   "%s: theta %g type %d factor %g (%s)", ropes[i].what, config.rope_theta,
+                   (int)config.rope_scaling.type, config.rope_scaling.factor, sneppx_last_error());
+    }
     const char *mistral = "{\"model_type\": \"mistral\", \"hidden_size\": 256, \"num_attention_heads\": 4, "
                           "\"attention_bias\": true}";
     status = sneppx_config_from_json(mistral, strlen(mistral), &config);

@@ -161,23 +161,35 @@ static void check_numerics(const struct sneppx_target *target, const struct snep
            untuned_error.max_normalized);
 }
 
+/* The small layer whose GEMM keys the tests look at. */
+static void small_layer_config(sneppx_config *config)
+{
+    sneppx_config_init(config);
+    config->hidden_size = 128;
+    config->num_attention_heads = 2;
+    config->num_key_value_heads = 1;
+    config->head_dim = 64;
+    config->max_position_embeddings = 64;
+}
+
+/* The part of a GEMM key that names tiles. */
+static void tiles_suffix(const struct sneppx_gemm_tuning *tiles, char suffix[64])
+{
+    snprintf(suffix, 64, "-kc%lld-mc%lld-", (long long)tiles->kc, (long long)tiles->mc);
+}
+
 /* A layer made with the record in place asks for the tuned GEMM keys. */
 static void check_layer_keys(const struct sneppx_gemm_tuning *tuned)
 {
     sneppx_config config;
-    sneppx_config_init(&config);
-    config.hidden_size = 128;
-    config.num_attention_heads = 2;
-    config.num_key_value_heads = 1;
-    config.head_dim = 64;
-    config.max_position_embeddings = 64;
+    small_layer_config(&config);
     config.num_threads = 1;
     sneppx_layer *layer;
     if (!TEST_CHECK(&tally, sneppx_layer_create(&config, NULL, &layer) == SNEPPX_OK, "layer: %s",
                     sneppx_last_error()))
         return;
     char suffix[64];
-    snprintf(suffix, sizeof suffix, "-kc%lld-mc%lld-", (long long)tuned->kc, (long long)tuned->mc);
+    tiles_suffix(tuned, suffix);
     TEST_CHECK(&tally, strstr(sneppx_layer_keys(layer), suffix) != NULL, "layer keys have %s:\n%s", suffix,
                sneppx_layer_keys(layer));
     sneppx_layer_destroy(layer);
@@ -224,12 +236,7 @@ static int child_tiles_after_corruption(void)
 static int child_tune_at_first_use(void)
 {
     sneppx_config config;
-    sneppx_config_init(&config);
-    config.hidden_size = 128;
-    config.num_attention_heads = 2;
-    config.num_key_value_heads = 1;
-    config.head_dim = 64;
-    config.max_position_embeddings = 64;
+    small_layer_config(&config);
     sneppx_layer *layer = NULL;
     if (sneppx_layer_create(&config, NULL, &layer) != SNEPPX_OK) {
         fprintf(stderr, "layer: %s\n", sneppx_last_error());
@@ -239,7 +246,7 @@ static int child_tune_at_first_use(void)
     char why[256] = "";
     const int loaded = sneppx_gemm_tuning_load(sneppx_host_target(), &tiles, why, sizeof why) == SNEPPX_TUNING_LOADED;
     char suffix[64];
-    snprintf(suffix, sizeof suffix, "-kc%lld-mc%lld-", (long long)tiles.kc, (long long)tiles.mc);
+    tiles_suffix(&tiles, suffix);
     const int keyed = loaded && strstr(sneppx_layer_keys(layer), suffix) != NULL;
     fprintf(stderr, "record %s (%s); keys:\n%s", loaded ? "loaded" : "not loaded", why, sneppx_layer_keys(layer));
     sneppx_layer_destroy(layer);

@@ -275,12 +275,27 @@ def test_int8_groups():
             assert error(got, exact) <= 2e-2
 
 
+# A ragged call that differs on the last rank only where the totals and positions cannot
+# show it: (rows, q_lens, position_ids) on the last rank and on the others, and the message.
+RAGGED_DIFFERENCES = {
+    # The same tokens and positions in all, split otherwise between the rows: each rank
+    # would cache other tokens per row, and the call return a sum of two different calls.
+    "q_lens": (([0, 1], [3, 1], [[2, 3, 4], [5]]), ([0, 1], [1, 3], [[2], [3, 4, 5]]),
+               "q_lens: rank {last} of {world}'s differ from rank 0's \\(4 tokens in all on each\\)"),
+    # The same rows with the same lengths in another order: each rank would cache one
+    # row's tokens in the other row.
+    "seq_ids": (([1, 0], [1, 1], None), ([0, 1], [1, 1], None),
+                "seq_ids: rank {last} of {world}'s differ from rank 0's \\(2 sequences on each\\)"),
+}
+
+
 @pytest.mark.skipif(WORLD == 1, reason="needs another rank")
-def test_rows_split_otherwise_on_one_rank():
-    """The same rows, tokens and positions in all, split otherwise between the rows on one
-    rank (q_lens [3, 1] against [1, 3], positions 0..3 either way): refused on every rank,
-    naming q_lens, and no row grows or changes (it used to run, each rank caching other
-    tokens per row, and return a sum of two different calls)."""
+@pytest.mark.parametrize("name", sorted(RAGGED_DIFFERENCES))
+def test_ragged_call_that_differs_on_one_rank(name):
+    """Refused on every rank, naming the argument, and no row grows or changes (it used to
+    run); the next call still gives the whole layer's output."""
+    last_call, other_call, message = RAGGED_DIFFERENCES[name]
+    rows, q_lens, positions = last_call if RANK == WORLD - 1 else other_call
     cfg, whole = small(), small()
     cfg.tensor_parallel(COMM)
     cache, whole_cache = cfg.kv_cache(batch=2, max_tokens=16), whole.kv_cache(batch=2, max_tokens=16)
@@ -288,12 +303,10 @@ def test_rows_split_otherwise_on_one_rank():
     cfg.forward_mha(x, past_key_value=cache)
     whole.forward_mha(x, past_key_value=whole_cache)
     before = [cache.read(row) for row in (0, 1)]
-    last = RANK == WORLD - 1
-    y = inputs(15, 4, 128)
-    chunks, positions = ([y[:3], y[3:]], [[2, 3, 4], [5]]) if last else ([y[:1], y[1:]], [[2], [3, 4, 5]])
-    with pytest.raises(sneppx.InvalidArgumentError, match=f"q_lens: rank {WORLD - 1} of {WORLD}'s differ from "
-                                                          f"rank 0's \\(4 tokens in all on each\\)"):
-        cfg.forward_ragged(cache, [0, 1], chunks, position_ids=positions)
+    y = inputs(15, sum(q_lens), 128)
+    chunks = np.split(y, np.cumsum(q_lens)[:-1])
+    with pytest.raises(sneppx.InvalidArgumentError, match=message.format(last=WORLD - 1, world=WORLD)):
+        cfg.forward_ragged(cache, rows, chunks, position_ids=positions)
     assert cache.lengths == [2, 2]
     for row, (k, v) in enumerate(before):
         got_k, got_v = cache.read(row)
@@ -320,28 +333,3 @@ def test_another_weight_dtype_on_one_rank():
     assert cfg.weight_dtype == "float32"
     x = inputs(18, 1, 5, 128)
     assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
-
-
-@pytest.mark.skipif(WORLD == 1, reason="needs another rank")
-def test_rows_in_another_order_on_one_rank():
-    """The same rows with the same lengths in another order on one rank ([1, 0] against
-    [0, 1]): refused on every rank, naming seq_ids, and no row changes (each rank would
-    cache one row's tokens in the other row)."""
-    cfg, whole = small(), small()
-    cfg.tensor_parallel(COMM)
-    cache, whole_cache = cfg.kv_cache(batch=2, max_tokens=16), whole.kv_cache(batch=2, max_tokens=16)
-    x = inputs(19, 2, 2, 128)
-    cfg.forward_mha(x, past_key_value=cache)
-    whole.forward_mha(x, past_key_value=whole_cache)
-    before = [cache.read(row) for row in (0, 1)]
-    rows = [1, 0] if RANK == WORLD - 1 else [0, 1]
-    y = inputs(20, 2, 128)
-    with pytest.raises(sneppx.InvalidArgumentError, match=f"seq_ids: rank {WORLD - 1} of {WORLD}'s differ from "
-                                                          f"rank 0's \\(2 sequences on each\\)"):
-        cfg.forward_ragged(cache, rows, [y[:1], y[1:]])
-    assert cache.lengths == [2, 2]
-    for row, (k, v) in enumerate(before):
-        got_k, got_v = cache.read(row)
-        assert np.array_equal(got_k, k) and np.array_equal(got_v, v)
-    z = inputs(21, 2, 1, 128)
-    assert error(cfg.forward_mha(z, past_key_value=cache), whole.forward_mha(z, past_key_value=whole_cache)) <= 1e-6
