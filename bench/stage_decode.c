@@ -12,7 +12,9 @@
  * copies of the cache that add up to more than the caches hold. A batch
  * with fewer (sequence, K/V head) pairs than 2 per thread splits each
  * sequence's keys (split-KV) and merges the splits with
- * sneppx_attn_decode_merge(), inside the timed run. */
+ * sneppx_attn_decode_merge(), inside the timed run. Beside the kernel, in the
+ * same rounds, a paged read (run_paged_read) rates it against what its pages
+ * let the cores read. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -56,6 +58,7 @@ struct decode_run {
     int64_t page_stride;
     float *o, *split, *scratch;
     int64_t scratch_floats;
+    volatile float sink; /* the paged read's sum, so that it is not dead */
 };
 
 /* Bytes of K/V one run reads: every key and value row of every (sequence, K/V head) once. */
@@ -72,6 +75,49 @@ static int64_t pool_floats(const struct decode_shape *s, int64_t batch, int64_t 
     return pages * *page_stride;
 }
 
+/* The kernel arguments of one task of a run: (sequence b, K/V head h, split sp) as
+ * task = (b * kv_heads + h) * splits + sp, reading the page table `table`. */
+static struct sneppx_args task_args(const struct decode_run *run, const int32_t *table, int64_t task)
+{
+    const struct decode_shape *s = run->shape;
+    const int64_t heads = s->kv_heads * s->group, splits = run->splits;
+    const int64_t split_floats = sneppx_attn_decode_split_floats(splits, 1, s->group, s->v_head_dim);
+    const int64_t sp = task % splits, h = task / splits % s->kv_heads, b = task / splits / s->kv_heads;
+    struct sneppx_args args = bench_new_args();
+    args.row_begin = 0;
+    args.row_end = 1;
+    args.q = run->q + (b * heads + h * s->group) * s->head_dim;
+    args.q_stride = heads * s->head_dim;
+    if (s->mla) {
+        args.k = args.v = run->pool;
+        args.k_stride = args.v_stride = s->head_dim;
+    } else {
+        args.k = run->pool + h * PAGE_SIZE * s->head_dim;
+        args.v = run->pool + s->kv_heads * PAGE_SIZE * s->head_dim + h * PAGE_SIZE * s->v_head_dim;
+        args.k_stride = s->head_dim;
+        args.v_stride = s->v_head_dim;
+    }
+    args.q_len = 1;
+    args.kv_len = run->context;
+    args.softmax_scale = 1.0f / sqrtf((float)s->head_dim);
+    args.pages = table + b * run->pages_per_seq;
+    args.page_size = PAGE_SIZE;
+    args.page_stride = run->page_stride;
+    args.kv_begin = run->context * sp / splits;
+    args.kv_end = run->context * (sp + 1) / splits;
+    float *o = run->o + (b * heads + h * s->group) * s->v_head_dim;
+    if (splits == 1) {
+        args.o = o;
+        args.o_stride = heads * s->v_head_dim;
+    } else {
+        float *split = run->split + (b * s->kv_heads + h) * split_floats;
+        args.o = split + sp * s->group * s->v_head_dim;
+        args.o_stride = s->group * s->v_head_dim;
+        args.lse = split + (splits * s->v_head_dim + sp) * s->group;
+    }
+    return args;
+}
+
 static int run_decode(void *opaque)
 {
     struct decode_run *run = opaque;
@@ -82,40 +128,8 @@ static int run_decode(void *opaque)
     const int32_t *table = run->table + run->uses++ % run->copies * run->batch * run->pages_per_seq;
 #pragma omp parallel for schedule(static) num_threads(run->threads)
     for (int64_t task = 0; task < tasks; task++) {
-        const int64_t sp = task % splits, h = task / splits % s->kv_heads, b = task / splits / s->kv_heads;
-        struct sneppx_args args = bench_new_args();
-        args.row_begin = 0;
-        args.row_end = 1;
-        args.q = run->q + (b * heads + h * s->group) * s->head_dim;
-        args.q_stride = heads * s->head_dim;
-        if (s->mla) {
-            args.k = args.v = run->pool;
-            args.k_stride = args.v_stride = s->head_dim;
-        } else {
-            args.k = run->pool + h * PAGE_SIZE * s->head_dim;
-            args.v = run->pool + s->kv_heads * PAGE_SIZE * s->head_dim + h * PAGE_SIZE * s->v_head_dim;
-            args.k_stride = s->head_dim;
-            args.v_stride = s->v_head_dim;
-        }
-        args.q_len = 1;
-        args.kv_len = run->context;
-        args.softmax_scale = 1.0f / sqrtf((float)s->head_dim);
+        struct sneppx_args args = task_args(run, table, task);
         args.scratch = run->scratch + omp_get_thread_num() * run->scratch_floats;
-        args.pages = table + b * run->pages_per_seq;
-        args.page_size = PAGE_SIZE;
-        args.page_stride = run->page_stride;
-        args.kv_begin = run->context * sp / splits;
-        args.kv_end = run->context * (sp + 1) / splits;
-        float *o = run->o + (b * heads + h * s->group) * s->v_head_dim;
-        if (splits == 1) {
-            args.o = o;
-            args.o_stride = heads * s->v_head_dim;
-        } else {
-            float *split = run->split + (b * s->kv_heads + h) * split_floats;
-            args.o = split + sp * s->group * s->v_head_dim;
-            args.o_stride = s->group * s->v_head_dim;
-            args.lse = split + (splits * s->v_head_dim + sp) * s->group;
-        }
         run->kernel->entry[SNEPPX_ENTRY_RUN](&args);
     }
     if (splits > 1) {
@@ -127,6 +141,77 @@ static int run_decode(void *opaque)
                                      NULL);
         }
     }
+    return 0;
+}
+
+typedef float read_vector __attribute__((vector_size(32)));
+typedef float read_vector_mem __attribute__((vector_size(32), aligned(4), may_alias));
+
+/* The sum of `floats` floats (a multiple of 16) of each of the rows, prefetching the
+ * same bytes of the first `ahead` rows of `next` into L2 with each row, as the kernel
+ * does. */
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2")))
+#endif
+static float sum_rows(const float *const *rows, int64_t n, int64_t floats, const float *const *next, int64_t ahead)
+{
+    read_vector s0 = {0}, s1 = {0};
+    for (int64_t j = 0; j < n; j++) {
+        if (j < ahead)
+            for (int64_t f = 0; f < floats; f += 16)
+                __builtin_prefetch(next[j] + f, 0, 2);
+        for (int64_t f = 0; f < floats; f += 16) {
+            s0 += *(const read_vector_mem *)(rows[j] + f);
+            s1 += *(const read_vector_mem *)(rows[j] + f + 8);
+        }
+    }
+    const read_vector total = s0 + s1;
+    float sum = 0;
+    for (int lane = 0; lane < 8; lane++)
+        sum += total[lane];
+    return sum;
+}
+
+/* The key and value rows of keys [j0, j0 + keys) of a task, from its page table. */
+static void tile_rows(const struct sneppx_args *args, int64_t j0, int64_t keys, const float **kp, const float **vp)
+{
+    for (int64_t jj = 0; jj < keys; jj++) {
+        const int64_t j = j0 + jj, page = args->pages[j / PAGE_SIZE] * args->page_stride;
+        kp[jj] = (const float *)args->k + page + j % PAGE_SIZE * args->k_stride;
+        vp[jj] = (const float *)args->v + page + j % PAGE_SIZE * args->v_stride;
+    }
+}
+
+/* A paged read: every row a run of the kernel reads, in the kernel's order (a tile
+ * of SNEPPX_ATTN_BLOCK_KV keys' rows, then their values) and with its software
+ * prefetch (the next tile's rows into L2), summed; nothing else computed. What the
+ * kernel's access pattern lets the cores read, beside the read probe's one long
+ * stream per thread. */
+static int run_paged_read(void *opaque)
+{
+    struct decode_run *run = opaque;
+    const struct decode_shape *s = run->shape;
+    const int64_t tasks = run->batch * s->kv_heads * run->splits;
+    const int32_t *table = run->table + run->uses++ % run->copies * run->batch * run->pages_per_seq;
+    float total = 0;
+#pragma omp parallel for schedule(static) num_threads(run->threads) reduction(+ : total)
+    for (int64_t task = 0; task < tasks; task++) {
+        const struct sneppx_args args = task_args(run, table, task);
+        const float *kp[2][SNEPPX_ATTN_BLOCK_KV], *vp[2][SNEPPX_ATTN_BLOCK_KV];
+        int tile = 0;
+        const int64_t first = args.kv_end - args.kv_begin;
+        tile_rows(&args, args.kv_begin, first < SNEPPX_ATTN_BLOCK_KV ? first : SNEPPX_ATTN_BLOCK_KV, kp[0], vp[0]);
+        for (int64_t j0 = args.kv_begin; j0 < args.kv_end; j0 += SNEPPX_ATTN_BLOCK_KV, tile ^= 1) {
+            const int64_t keys = args.kv_end - j0 < SNEPPX_ATTN_BLOCK_KV ? args.kv_end - j0 : SNEPPX_ATTN_BLOCK_KV;
+            const int64_t rest = args.kv_end - j0 - keys;
+            const int64_t next = rest < SNEPPX_ATTN_BLOCK_KV ? rest : SNEPPX_ATTN_BLOCK_KV;
+            tile_rows(&args, j0 + keys, next, kp[tile ^ 1], vp[tile ^ 1]);
+            total += sum_rows(kp[tile], keys, s->head_dim, kp[tile ^ 1], next);
+            if (!s->mla) /* MLA's values are the keys' first floats: read with them */
+                total += sum_rows(vp[tile], keys, s->v_head_dim, vp[tile ^ 1], next);
+        }
+    }
+    run->sink = total;
     return 0;
 }
 
@@ -151,9 +236,22 @@ static void measure(struct bench_context *ctx, const struct decode_shape *s,
     result.work = kv_bytes(s, batch, context);
     const double before = bench_read_bandwidth_beside(ctx, threads);
     const struct bench_plan plan = bench_plan_for(ctx, 5, 41, 1.5);
-    bench_measure(run_decode, run, &plan, &result.seconds);
+    enum { SIDE_KERNEL, SIDE_PAGED_READ, SIDES };
+    const struct bench_side sides[SIDES] = {{run_decode, run, NULL}, {run_paged_read, run, NULL}};
+    struct bench_stats seconds[SIDES];
+    struct bench_rounds rounds;
+    if (bench_measure_sides(sides, SIDES, &plan, seconds, &rounds) != 0) {
+        ctx->failures++;
+        return;
+    }
     const double after = bench_read_bandwidth_beside(ctx, threads);
+    result.seconds = seconds[SIDE_KERNEL];
     result.peak_rate = before > after ? before : after;
+    struct bench_result paged = result;
+    snprintf(paged.impl, sizeof paged.impl, "paged-read");
+    paged.seconds = seconds[SIDE_PAGED_READ];
+    struct bench_stats of_paged;
+    bench_round_ratio(&rounds, SIDE_PAGED_READ, SIDE_KERNEL, &of_paged);
     /* Q.K and P.V: 2 * (d + dv) flops per key and query head. */
     const double flops = 2.0 * (double)(s->head_dim + s->v_head_dim) * (double)(batch * s->kv_heads * s->group) *
                          (double)context;
@@ -162,7 +260,7 @@ static void measure(struct bench_context *ctx, const struct decode_shape *s,
     snprintf(note, sizeof note, "split %lld, %.0f GFLOP/s (%.0f%% of FMA peak)", (long long)run->splits,
              flops / result.seconds.median * 1e-9,
              fma_peak > 0 ? 100 * flops / result.seconds.median * 1e-9 / fma_peak : 0.0);
-    bench_report_pair(&result, NULL, note);
+    bench_report_rounds(&result, &paged, &of_paged, note);
 }
 
 static void bench_shape(struct bench_context *ctx, const struct decode_shape *s)
@@ -250,6 +348,8 @@ void bench_stage_decode(struct bench_context *ctx)
     bench_report_section(title,
                          "GB/s of K/V read (every key and value once; MLA's latent row once for both); "
                          "% = of the read bandwidth probed just before and after each case (best of both); "
+                         "paged-read: the same rows, order and prefetch summed with nothing computed, in the same "
+                         "rounds (x = its time / the kernel's: the fraction of what the pages let the cores read); "
                          "split = key ranges per sequence, merged");
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         bench_shape(ctx, &shapes[i]);
