@@ -550,7 +550,8 @@ static sneppx_status forward(sneppx_layer *layer, int64_t batch, int64_t seq_len
     if (agreed) {
         const struct sneppx_shard_call call = {
             .cached = 0, .tokens = tokens, .batch = batch, .seq_len = seq_len, .has_mask = attention_mask != NULL,
-            .positions = position_ids ? sneppx_shard_hash(position_ids, tokens) : 0};
+            .positions = position_ids ? sneppx_shard_hash(position_ids, tokens)
+                                      : sneppx_shard_hash_default_positions(batch, seq_len)};
         status = sneppx_shard_agree_call(layer->shard, status, &call);
         *agreed = 1;
     }

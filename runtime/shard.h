@@ -57,12 +57,17 @@ struct sneppx_shard_call {
     int64_t batch, seq_len; /* cached: n_seqs and 0 */
     int64_t layer_index;  /* cached: the cache's layer; else 0 */
     int64_t has_mask;
-    uint64_t positions;   /* a hash of the call's positions (0: the default ones of a forward) */
+    uint64_t positions;   /* a hash of the call's positions (a forward's default ones hashed as given) */
     uint64_t q_lens;      /* cached: a hash of q_lens (the same total may split otherwise); else 0 */
     uint64_t seq_ids;     /* cached: a hash of seq_ids (the same rows in another order); else 0 */
 };
 /* A hash of n values (positions, q_lens, seq_ids), for sneppx_shard_call. */
 uint64_t sneppx_shard_hash(const int64_t *values, int64_t n);
+
+/* sneppx_shard_hash of the positions a forward without position_ids uses (0 .. seq_len - 1
+ * in each of the batch's rows), so that one rank passing none and another passing the same
+ * positions explicitly agree, as their outputs do. */
+uint64_t sneppx_shard_hash_default_positions(int64_t batch, int64_t seq_len);
 /* sneppx_shard_agree on call (a layer that is no shard: local). */
 sneppx_status sneppx_shard_agree_call(const struct sneppx_layer_shard *shard, sneppx_status local,
                                       const struct sneppx_shard_call *call);

@@ -102,13 +102,24 @@ sneppx_status sneppx_shard_agree(const sneppx_shard *shard, sneppx_status local,
     return status;
 }
 
+/* FNV-1a over int64 values, one value a step. */
+#define HASH_START 0xcbf29ce484222325ULL
+static uint64_t hash_step(uint64_t hash, int64_t value) { return (hash ^ (uint64_t)value) * 0x100000001b3ULL; }
+
 uint64_t sneppx_shard_hash(const int64_t *values, int64_t n)
 {
-    uint64_t hash = 0xcbf29ce484222325ULL; /* FNV-1a over the values */
-    for (int64_t i = 0; i < n; i++) {
-        hash ^= (uint64_t)values[i];
-        hash *= 0x100000001b3ULL;
-    }
+    uint64_t hash = HASH_START;
+    for (int64_t i = 0; i < n; i++)
+        hash = hash_step(hash, values[i]);
+    return hash;
+}
+
+uint64_t sneppx_shard_hash_default_positions(int64_t batch, int64_t seq_len)
+{
+    uint64_t hash = HASH_START;
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t t = 0; t < seq_len; t++)
+            hash = hash_step(hash, t);
     return hash;
 }
 

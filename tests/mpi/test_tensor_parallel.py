@@ -137,6 +137,22 @@ def test_another_config_on_one_rank():
 
 
 @pytest.mark.skipif(WORLD == 1, reason="needs another rank")
+def test_default_positions_on_one_rank_explicit_on_another():
+    """position_ids=None is 0..seq_len-1 in every row: a rank that spells those out agrees
+    with one that does not, and other positions are still refused on every rank."""
+    whole, cfg = small(), small()
+    cfg.tensor_parallel(COMM)
+    x = inputs(7, 2, 5, 128)
+    spelled = np.tile(np.arange(5), (2, 1))
+    positions = spelled if RANK == WORLD - 1 else None
+    assert error(cfg.forward_mha(x, position_ids=positions), whole.forward_mha(x)) <= 1e-6
+    shifted = spelled + 1 if RANK == WORLD - 1 else None
+    with pytest.raises(sneppx.InvalidArgumentError,
+                       match=f"position_ids: rank {WORLD - 1} of {WORLD}'s positions differ from rank 0's: "):
+        cfg.forward_mha(x, position_ids=shifted)
+
+
+@pytest.mark.skipif(WORLD == 1, reason="needs another rank")
 def test_a_bad_argument_in_python_on_one_rank():
     """Python's checks run before the C call: a rank they refuse still takes part in the
     call (sneppx_layer_shard_refuse), so the others fail with its message, not a hang,
