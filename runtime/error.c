@@ -1,12 +1,15 @@
 #include "error.h"
 
+#include <limits.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static _Thread_local char last_error[1024];
+/* Room for a path as long as the system takes (PATH_MAX) and the reason after it: messages
+ * lead with the file they are about, and a reason cut off says nothing. */
+static _Thread_local char last_error[PATH_MAX + 1024];
 
 sneppx_status sneppx_fail(sneppx_status status, const char *format, ...)
 {

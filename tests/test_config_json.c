@@ -7,6 +7,7 @@
  * sneppx_rope_scaling_from_json reads a rope_scaling value alone. */
 #include "test_cache_common.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -408,6 +409,19 @@ static void test_files(test_tally *tally)
                    "oversized file: %s '%s', want '%s'", sneppx_status_name(status), sneppx_last_error(), want);
         remove(path);
     }
+    /* A path as long as Linux takes (PATH_MAX, 4096 bytes with its NUL) still leaves room
+     * for the reason after it. */
+    char long_path[4096];
+    memset(long_path, 'a', sizeof long_path - 1);
+    long_path[0] = '/';
+    long_path[sizeof long_path - 1] = '\0';
+    status = sneppx_config_from_json_file(long_path, &untouched_config);
+    const char *message = sneppx_last_error();
+    const size_t length = strlen(message), reason = strlen(strerror(ENAMETOOLONG));
+    TEST_CHECK(tally, status == SNEPPX_ERR_IO && length > reason &&
+                          strcmp(message + length - reason, strerror(ENAMETOOLONG)) == 0,
+               "a 4095-byte path: %s, a message of %zu bytes ending '%s'", sneppx_status_name(status), length,
+               length > 40 ? message + length - 40 : message);
     TEST_CHECK(tally, untouched(&untouched_config), "a failed from_json_file wrote the config");
     status = sneppx_config_from_json_file(NULL, &untouched_config);
     TEST_CHECK(tally, status == SNEPPX_ERR_INVALID_ARGUMENT && strstr(sneppx_last_error(), "path"), "NULL path: %s",
