@@ -544,7 +544,7 @@ static sneppx_status forward_cached(sneppx_layer *layer, sneppx_kv_cache *cache,
         const struct sneppx_shard_call call = {
             .cached = 1, .tokens = tokens, .batch = n_seqs, .layer_index = layer_index, .has_mask = masks != NULL,
             .positions = sneppx_shard_hash(plan.positions, tokens), .q_lens = sneppx_shard_hash(q_lens, n_seqs),
-            .seq_ids = sneppx_shard_hash(seq_ids, n_seqs)};
+            .seq_ids = sneppx_shard_hash(seq_ids, n_seqs), .kv_dtype = cache->dtype};
         status = sneppx_shard_agree_call(layer->shard, status, &call);
         *agreed = 1;
     }

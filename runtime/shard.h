@@ -60,6 +60,8 @@ struct sneppx_shard_call {
     uint64_t positions;   /* a hash of the call's positions (a forward's default ones hashed as given) */
     uint64_t q_lens;      /* cached: a hash of q_lens (the same total may split otherwise); else 0 */
     uint64_t seq_ids;     /* cached: a hash of seq_ids (the same rows in another order); else 0 */
+    int64_t kv_dtype;     /* cached: the cache's sneppx_dtype (a rank rounding its K/V otherwise is another
+                           * layer); else 0 */
 };
 /* A hash of n values (positions, q_lens, seq_ids), for sneppx_shard_call. */
 uint64_t sneppx_shard_hash(const int64_t *values, int64_t n);

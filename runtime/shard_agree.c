@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sneppx/config.h"
 #include "error.h"
 #include "shard.h"
 
@@ -159,6 +160,11 @@ static sneppx_status compare_calls(const unsigned char *records, size_t stride, 
                                "q_lens: rank %d of %d's differ from rank 0's (%lld tokens in all on each): every "
                                "rank of a sharded layer makes the same call",
                                r, world, (long long)c->tokens);
+        if (c->kv_dtype != first.kv_dtype)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "cache: rank %d of %d's holds %s, rank 0's %s: every rank of a sharded layer caches "
+                               "its K/V in the same dtype",
+                               r, world, sneppx_dtype_name((int)c->kv_dtype), sneppx_dtype_name((int)first.kv_dtype));
         if (c->layer_index != first.layer_index)
             return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                                "layer_index: rank %d of %d passes %lld, rank 0 %lld: every rank of a sharded layer "

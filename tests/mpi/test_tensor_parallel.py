@@ -349,3 +349,22 @@ def test_another_weight_dtype_on_one_rank():
     assert cfg.weight_dtype == "float32"
     x = inputs(18, 1, 5, 128)
     assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
+
+
+@pytest.mark.skipif(WORLD == 1, reason="needs another rank")
+def test_another_cache_dtype_on_one_rank():
+    """A cache of another dtype on one rank would sum heads rounded two ways (it ran, about
+    4e-3 from the whole layer): refused on every rank, naming both dtypes, and no row of
+    either cache grows."""
+    whole, cfg = small(), small()
+    cfg.tensor_parallel(COMM)
+    last = RANK == WORLD - 1
+    cache = cfg.kv_cache(1, max_tokens=16, dtype="bfloat16" if last else "float32")
+    x = inputs(19, 1, 4, 128)
+    with pytest.raises(sneppx.InvalidArgumentError,
+                       match=f"cache: rank {WORLD - 1} of {WORLD}'s holds bfloat16, rank 0's float32: "):
+        cfg.forward_mha(x, past_key_value=cache)
+    assert cache.lengths == [0]
+    same = cfg.kv_cache(1, max_tokens=16, dtype="bfloat16")
+    whole_cache = whole.kv_cache(1, max_tokens=16, dtype="bfloat16")
+    assert error(cfg.forward_mha(x, past_key_value=same), whole.forward_mha(x, past_key_value=whole_cache)) <= 1e-6
