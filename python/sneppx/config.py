@@ -302,8 +302,9 @@ class LLMConfig:
     @property
     def weights_source(self) -> str:
         """Where the weights come from: "synthetic(seed=0x5eed5eed)" (see
-        sneppx_layer_create in include/sneppx/layer.h), "state_dict(<n> tensors)" or
-        "safetensors(<path>, layer=<n>)"."""
+        sneppx_layer_create in include/sneppx/layer.h), "state_dict(<n> tensors)",
+        "state_dict(<n> tensors, layer=<n>)" or "safetensors('<path>', layer=<n>)"; after
+        tensor_parallel(), followed by ", tensor_parallel(rank R of W)"."""
         return self._weights.description
 
     @property
