@@ -104,8 +104,27 @@ sneppx_status sneppx_shard_agree(const sneppx_shard *shard, sneppx_status local,
 }
 
 /* FNV-1a over int64 values, one value a step. */
-#define HASH_START 0xcbf29ce484222325ULL
+#define HASH_START SNEPPX_SHARD_HASH_START
 static uint64_t hash_step(uint64_t hash, int64_t value) { return (hash ^ (uint64_t)value) * 0x100000001b3ULL; }
+
+uint64_t sneppx_shard_hash_floats(uint64_t hash, const float *values, int64_t n)
+{
+    /* Two floats a step: a mask plane of 2048 x 2048 entries costs about 2 ms. */
+    int64_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+        const float pair[2] = {values[i] + 0.0f, values[i + 1] + 0.0f}; /* -0 + 0 = +0 */
+        uint64_t bits;
+        memcpy(&bits, pair, sizeof bits);
+        hash = hash_step(hash, (int64_t)bits);
+    }
+    if (i < n) {
+        const float last = values[i] + 0.0f;
+        uint32_t bits;
+        memcpy(&bits, &last, sizeof bits);
+        hash = hash_step(hash, (int64_t)bits);
+    }
+    return hash;
+}
 
 uint64_t sneppx_shard_hash(const int64_t *values, int64_t n)
 {
@@ -176,6 +195,11 @@ static sneppx_status compare_calls(const unsigned char *records, size_t stride, 
                                "call",
                                c->cached ? "masks" : "attention_mask", r, world, c->has_mask ? "one" : "none",
                                first.has_mask ? "one" : "none");
+        if (c->mask != first.mask)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "%s: rank %d of %d's entries differ from rank 0's: every rank of a sharded layer "
+                               "makes the same call",
+                               c->cached ? "masks" : "attention_mask", r, world);
         if (c->positions != first.positions)
             return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                                "position_ids: rank %d of %d's positions differ from rank 0's%s: every rank of a "

@@ -368,3 +368,41 @@ def test_another_cache_dtype_on_one_rank():
     same = cfg.kv_cache(1, max_tokens=16, dtype="bfloat16")
     whole_cache = whole.kv_cache(1, max_tokens=16, dtype="bfloat16")
     assert error(cfg.forward_mha(x, past_key_value=same), whole.forward_mha(x, past_key_value=whole_cache)) <= 1e-6
+
+
+def causal_plane(batch, q_len, past=0):
+    keys = past + q_len
+    plane = np.where(np.arange(keys)[None, :] <= past + np.arange(q_len)[:, None], 0.0, -np.inf)
+    return np.broadcast_to(plane.astype(np.float32), (batch, 1, q_len, keys)).copy()
+
+
+@pytest.mark.skipif(WORLD == 1, reason="needs another rank")
+def test_a_mask_that_differs_on_one_rank():
+    """Each rank attends with its own mask, so masks that differ would sum two calls: refused
+    on every rank, for forward_mha and for a cached forward (whose cache keeps its rows); the
+    same entries given as one broadcast plane on one rank and a plane per row on another
+    agree."""
+    whole, cfg = small(), small()
+    cfg.tensor_parallel(COMM)
+    last = RANK == WORLD - 1
+    x = inputs(20, 2, 6, 128)
+    mask = causal_plane(2, 6)
+    given = mask[:1] if last else mask   # [1, 1, 6, 6] broadcast on one rank
+    assert error(cfg.forward_mha(x, attention_mask=given), whole.forward_mha(x, attention_mask=mask)) <= 1e-6
+    other = mask.copy()
+    if last:
+        other[1, 0, 5, 0] = -np.inf      # one more hidden key, in the second row only
+    with pytest.raises(sneppx.InvalidArgumentError,
+                       match=f"attention_mask: rank {WORLD - 1} of {WORLD}'s entries differ from rank 0's: "):
+        cfg.forward_mha(x, attention_mask=other)
+
+    cache = cfg.kv_cache(2, max_tokens=16)
+    cfg.forward_mha(x, past_key_value=cache)
+    step = inputs(21, 2, 1, 128)
+    plane = causal_plane(2, 1, past=6)
+    if last:
+        plane[0, 0, 0, 2] = -np.inf
+    with pytest.raises(sneppx.InvalidArgumentError,
+                       match=f"masks: rank {WORLD - 1} of {WORLD}'s entries differ from rank 0's: "):
+        cfg.forward_mha(step, attention_mask=plane, past_key_value=cache)
+    assert cache.lengths == [6, 6]
