@@ -541,19 +541,21 @@ static sneppx_status forward_cached(sneppx_layer *layer, sneppx_kv_cache *cache,
     if (status == SNEPPX_OK)
         status = sneppx_kv_call_reserve(cache, layer_index, n_seqs, plan.seqs, q_lens);
     if (agreed) {
-        uint64_t mask_hash = 0;
+        uint64_t mask_hash = masks ? SNEPPX_SHARD_HASH_START : 0;
         for (int64_t i = 0; status == SNEPPX_OK && masks && i < n_seqs; i++) {
-            /* Which rows have a plane counts too: a plane of zeros is not causal. */
+            /* A row without a plane (causal) hashes as 0, not as a plane of zeros. */
             const struct cached_sequence *s = &plan.sequences[i];
-            const float has_plane = s->mask != NULL;
-            mask_hash = sneppx_shard_hash_floats(i ? mask_hash : SNEPPX_SHARD_HASH_START, &has_plane, 1);
-            if (s->mask)
-                mask_hash = sneppx_shard_hash_floats(mask_hash, s->mask, s->q_len * (s->past + s->q_len));
+            mask_hash = sneppx_shard_hash_step(
+                mask_hash, s->mask ? sneppx_shard_hash_floats(s->mask, s->q_len * (s->past + s->q_len)) : 0);
         }
         const struct sneppx_shard_call call = {
             .cached = 1, .tokens = tokens, .batch = n_seqs, .layer_index = layer_index, .has_mask = masks != NULL,
             .positions = sneppx_shard_hash(plan.positions, tokens), .q_lens = sneppx_shard_hash(q_lens, n_seqs),
-            .seq_ids = sneppx_shard_hash(seq_ids, n_seqs), .kv_dtype = cache->dtype, .mask = mask_hash};
+            .seq_ids = sneppx_shard_hash(seq_ids, n_seqs), .kv_dtype = cache->dtype,
+            .inputs = status == SNEPPX_OK
+                          ? sneppx_shard_hash_floats(hidden_states, tokens * layer->config.hidden_size)
+                          : 0,
+            .mask = mask_hash};
         status = sneppx_shard_agree_call(layer->shard, status, &call);
         *agreed = 1;
     }

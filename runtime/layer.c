@@ -548,14 +548,17 @@ static sneppx_status forward(sneppx_layer *layer, int64_t batch, int64_t seq_len
     status = sneppx_rope_tables(layer, tokens, seq_len, position_ids, max_position,
                                 workspace->cos, workspace->sin);
     if (agreed) {
-        uint64_t mask_hash = 0;
+        uint64_t mask_hash = attention_mask ? SNEPPX_SHARD_HASH_START : 0;
         for (int64_t b = 0; status == SNEPPX_OK && attention_mask && b < batch; b++)
-            mask_hash = sneppx_shard_hash_floats(b ? mask_hash : SNEPPX_SHARD_HASH_START,
-                                                 attention_mask + b * mask_batch_stride, seq_len * seq_len);
+            mask_hash = sneppx_shard_hash_step(
+                mask_hash, sneppx_shard_hash_floats(attention_mask + b * mask_batch_stride, seq_len * seq_len));
         const struct sneppx_shard_call call = {
             .cached = 0, .tokens = tokens, .batch = batch, .seq_len = seq_len, .has_mask = attention_mask != NULL,
             .positions = position_ids ? sneppx_shard_hash(position_ids, tokens)
                                       : sneppx_shard_hash_default_positions(batch, seq_len),
+            .inputs = status == SNEPPX_OK
+                          ? sneppx_shard_hash_floats(hidden_states, tokens * layer->config.hidden_size)
+                          : 0,
             .mask = mask_hash};
         status = sneppx_shard_agree_call(layer->shard, status, &call);
         *agreed = 1;

@@ -62,16 +62,21 @@ struct sneppx_shard_call {
     uint64_t seq_ids;     /* cached: a hash of seq_ids (the same rows in another order); else 0 */
     int64_t kv_dtype;     /* cached: the cache's sneppx_dtype (a rank rounding its K/V otherwise is another
                            * layer); else 0 */
-    uint64_t mask;        /* a hash of the mask entries the call reads (sneppx_shard_hash_floats), 0 without */
+    uint64_t inputs;      /* a hash of hidden_states */
+    uint64_t mask;        /* a hash of the mask entries the call reads, each row's plane hashed alone; 0
+                           * without */
 };
 /* A hash of n values (positions, q_lens, seq_ids), for sneppx_shard_call. */
 uint64_t sneppx_shard_hash(const int64_t *values, int64_t n);
 
-/* hash (SNEPPX_SHARD_HASH_START to begin) continued over n floats by value (-0 as 0), so
- * that masks given as one broadcast plane or as a plane per row hash alike when their
- * rows do. */
+/* A hash of n floats by value (-0 as +0), for sneppx_shard_call. */
+uint64_t sneppx_shard_hash_floats(const float *values, int64_t n);
+
+/* hash (SNEPPX_SHARD_HASH_START to begin) continued by one value: a hash of a call's
+ * parts, such as each row's mask plane, so that one broadcast plane and the same
+ * plane given per row hash alike. */
 #define SNEPPX_SHARD_HASH_START 0xcbf29ce484222325ULL
-uint64_t sneppx_shard_hash_floats(uint64_t hash, const float *values, int64_t n);
+uint64_t sneppx_shard_hash_step(uint64_t hash, uint64_t value);
 
 /* sneppx_shard_hash of the positions a forward without position_ids uses (0 .. seq_len - 1
  * in each of the batch's rows), so that one rank passing none and another passing the same

@@ -406,3 +406,25 @@ def test_a_mask_that_differs_on_one_rank():
                        match=f"masks: rank {WORLD - 1} of {WORLD}'s entries differ from rank 0's: "):
         cfg.forward_mha(step, attention_mask=plane, past_key_value=cache)
     assert cache.lengths == [6, 6]
+
+
+@pytest.mark.skipif(WORLD == 1, reason="needs another rank")
+def test_hidden_states_that_differ_on_one_rank():
+    """Each rank projects its heads of the input it is given: inputs that differ would sum
+    two layers' halves. Refused on every rank, for forward_mha and a cached step (the
+    cache keeps its rows)."""
+    cfg = small()
+    cfg.tensor_parallel(COMM)
+    x = inputs(22, 1, 3, 128)
+    if RANK == WORLD - 1:
+        x[0, 2, 7] += 1e-3
+    want = f"hidden_states: rank {WORLD - 1} of {WORLD}'s differ from rank 0's: "
+    with pytest.raises(sneppx.InvalidArgumentError, match=want):
+        cfg.forward_mha(x)
+    cache = cfg.kv_cache(1, max_tokens=8)
+    with pytest.raises(sneppx.InvalidArgumentError, match=want):
+        cfg.forward_mha(x, past_key_value=cache)
+    assert cache.lengths == [0]
+    x[0, 2, 7] = -0.0 if RANK == 0 else 0.0   # the same value
+    cfg.forward_mha(x, past_key_value=cache)
+    assert cache.lengths == [3]
