@@ -381,8 +381,12 @@ sneppx_status sneppx_layer_set_flash(sneppx_layer *layer, int use_flash_attn)
     sneppx_status status = sneppx_layer_attention_kernel(layer, use_flash_attn, 0, &attention);
     if (status != SNEPPX_OK)
         return status;
+    /* Under the lock: two switches at once would otherwise write the config's
+     * copy unordered, and it could name the attention the forwards do not run. */
+    pthread_mutex_lock(&layer->lock);
     atomic_store(&layer->use_flash, use_flash_attn);
     layer->config.use_flash_attn = use_flash_attn;
+    pthread_mutex_unlock(&layer->lock);
     return SNEPPX_OK;
 }
 

@@ -89,7 +89,7 @@ struct sneppx_layer {
 
     double *inv_freq;        /* [rotary_dim/2], for non-dynamic positions */
     double attention_factor;
-    pthread_mutex_t lock;    /* guards the cos/sin cache and the workspace pool */
+    pthread_mutex_t lock;    /* guards the cos/sin cache, the workspace pool, writes of config.use_flash_attn */
     float *cos_cache, *sin_cache;
     int64_t cached_positions;
     struct sneppx_workspace *free_workspaces;

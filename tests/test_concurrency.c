@@ -15,6 +15,9 @@
  *    (keys, count, timings): the reader sees the list before or after the
  *    line, whole, and a key string returned earlier is not changed under its
  *    holder.
+ * 4. Two threads switch one layer to flash and to SDPA at the same moment,
+ *    round after round: after each round the layer's config says the
+ *    attention its forwards run (TSan also sees the two switches' writes).
  *
  * Bitwise is the right bar: a forward's arithmetic is a fixed set of
  * independent tiles (no reduction across threads), so its result does not
@@ -24,6 +27,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "layer_internal.h"
 #include "mha_reference.h"
 #include "sneppx/sneppx.h"
 #include "test_forward_case.h"
@@ -401,6 +405,62 @@ static void test_kernel_list_beside_resolution(test_tally *tally)
     sneppx_layer_destroy(layer);
 }
 
+/* ---- 4. two switches at once ------------------------------------------------ */
+
+enum { SWITCH_ROUNDS = 200 };
+
+static pthread_barrier_t switch_start, switch_end;
+
+struct switcher {
+    sneppx_layer *layer;
+    int flash, failures;
+};
+
+static void *switch_flash(void *context)
+{
+    struct switcher *s = context;
+    for (int round = 0; round < SWITCH_ROUNDS; round++) {
+        pthread_barrier_wait(&switch_start);
+        s->failures += sneppx_layer_set_flash(s->layer, s->flash) != SNEPPX_OK;
+        pthread_barrier_wait(&switch_end);
+    }
+    return NULL;
+}
+
+static void test_two_switches_at_once(test_tally *tally)
+{
+    sneppx_config config;
+    sneppx_config_init(&config);
+    config.hidden_size = HIDDEN, config.num_attention_heads = 8, config.num_key_value_heads = 2;
+    config.head_dim = 32, config.num_threads = 1;
+    sneppx_layer *layer = NULL;
+    if (!TEST_CHECK(tally, sneppx_layer_create(&config, NULL, &layer) == SNEPPX_OK, "layer: %s", sneppx_last_error()))
+        return;
+    struct switcher switchers[2] = {{.layer = layer, .flash = 0}, {.layer = layer, .flash = 1}};
+    pthread_barrier_init(&switch_start, NULL, 3);
+    pthread_barrier_init(&switch_end, NULL, 3);
+    pthread_t threads[2];
+    for (int t = 0; t < 2; t++)
+        pthread_create(&threads[t], NULL, switch_flash, &switchers[t]);
+    int disagreements = 0;
+    for (int round = 0; round < SWITCH_ROUNDS; round++) {
+        pthread_barrier_wait(&switch_start);
+        pthread_barrier_wait(&switch_end);
+        disagreements += sneppx_layer_config(layer)->use_flash_attn != atomic_load(&layer->use_flash);
+    }
+    for (int t = 0; t < 2; t++)
+        pthread_join(threads[t], NULL);
+    pthread_barrier_destroy(&switch_start);
+    pthread_barrier_destroy(&switch_end);
+    TEST_CHECK(tally, switchers[0].failures == 0 && switchers[1].failures == 0, "set_flash failed: %d, %d",
+               switchers[0].failures, switchers[1].failures);
+    TEST_CHECK(tally, disagreements == 0,
+               "after %d of %d rounds of two switches at once the config's use_flash_attn is not the attention "
+               "the forwards run",
+               disagreements, SWITCH_ROUNDS);
+    sneppx_layer_destroy(layer);
+}
+
 int main(void)
 {
     test_tally tally = {0};
@@ -413,6 +473,7 @@ int main(void)
     test_architectures_at_once(&tally);
     test_one_layer_many_callers(&tally);
     test_kernel_list_beside_resolution(&tally);
+    test_two_switches_at_once(&tally);
     cache_test_remove_tree(dir);
     return test_finish(&tally);
 }

@@ -112,7 +112,9 @@ SNEPPX_API sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch
 SNEPPX_API sneppx_status sneppx_layer_warmup(const sneppx_config *config);
 
 /* Switches flash (1) / SDPA (0) on an existing layer (resolves the kernel);
- * any other value is SNEPPX_ERR_INVALID_ARGUMENT. */
+ * any other value is SNEPPX_ERR_INVALID_ARGUMENT. Thread-safe beside forwards
+ * and other switches. It writes the use_flash_attn of sneppx_layer_config's
+ * config: read that field (or pass the config on) only while no switch runs. */
 SNEPPX_API sneppx_status sneppx_layer_set_flash(sneppx_layer *layer, int use_flash_attn);
 
 /* The config the layer was made from. */
