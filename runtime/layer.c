@@ -552,10 +552,12 @@ static sneppx_status forward(sneppx_layer *layer, int64_t batch, int64_t seq_len
     status = sneppx_rope_tables(layer, tokens, seq_len, position_ids, max_position,
                                 workspace->cos, workspace->sin);
     if (agreed) {
-        uint64_t mask_hash = attention_mask ? SNEPPX_SHARD_HASH_START : 0;
-        for (int64_t b = 0; status == SNEPPX_OK && attention_mask && b < batch; b++)
-            mask_hash = sneppx_shard_hash_step(
-                mask_hash, sneppx_shard_hash_floats(attention_mask + b * mask_batch_stride, seq_len * seq_len));
+        uint64_t mask_hash = attention_mask ? SNEPPX_SHARD_HASH_START : 0, plane_hash = 0;
+        for (int64_t b = 0; status == SNEPPX_OK && attention_mask && b < batch; b++) {
+            if (b == 0 || mask_batch_stride) /* a broadcast plane is hashed once */
+                plane_hash = sneppx_shard_hash_floats(attention_mask + b * mask_batch_stride, seq_len * seq_len);
+            mask_hash = sneppx_shard_hash_step(mask_hash, plane_hash);
+        }
         const struct sneppx_shard_call call = {
             .cached = 0, .tokens = tokens, .batch = batch, .seq_len = seq_len, .has_mask = attention_mask != NULL,
             .positions = position_ids ? sneppx_shard_hash(position_ids, tokens)

@@ -63,8 +63,9 @@ struct sneppx_shard_call {
     int64_t kv_dtype;     /* cached: the cache's sneppx_dtype (a rank rounding its K/V otherwise is another
                            * layer); else 0 */
     uint64_t inputs;      /* a hash of hidden_states */
-    uint64_t mask;        /* a hash of the mask entries the call reads, each row's plane hashed alone; 0
-                           * without */
+    uint64_t mask;        /* a hash of the mask's entries as given, each row's plane hashed alone; 0
+                           * without. By value: entries that mask alike but differ (-inf and float's
+                           * lowest, NaNs of other payloads) count as different */
 };
 /* A hash of n values (positions, q_lens, seq_ids), for sneppx_shard_call. */
 uint64_t sneppx_shard_hash(const int64_t *values, int64_t n);

@@ -103,7 +103,14 @@ sneppx_status sneppx_shard_agree(const sneppx_shard *shard, sneppx_status local,
     return status;
 }
 
-uint64_t sneppx_shard_hash_step(uint64_t hash, uint64_t value) { return (hash ^ value) * 0x100000001b3ULL; }
+uint64_t sneppx_shard_hash_step(uint64_t hash, uint64_t value)
+{
+    /* FNV-1a's step, then the high half folded into the low one: a multiply only
+     * carries upward, so without the fold a difference in a value's top bits (the sign
+     * of the first float of a pair) stays there, and two of them cancel. */
+    hash = (hash ^ value) * 0x100000001b3ULL;
+    return hash ^ hash >> 32;
+}
 
 /* A float's bits, -0 as +0 (the same value). */
 static uint32_t float_bits(float value)
@@ -203,6 +210,12 @@ static sneppx_status compare_calls(const unsigned char *records, size_t stride, 
                                "call",
                                c->cached ? "masks" : "attention_mask", r, world, c->has_mask ? "one" : "none",
                                first.has_mask ? "one" : "none");
+        if (c->positions != first.positions)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "position_ids: rank %d of %d's positions differ from rank 0's%s: every rank of a "
+                               "sharded layer makes the same call",
+                               r, world,
+                               c->cached ? " (or its cache holds other lengths for these sequences)" : "");
         if (c->inputs != first.inputs)
             return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                                "hidden_states: rank %d of %d's differ from rank 0's: every rank of a sharded layer "
@@ -213,12 +226,6 @@ static sneppx_status compare_calls(const unsigned char *records, size_t stride, 
                                "%s: rank %d of %d's entries differ from rank 0's: every rank of a sharded layer "
                                "makes the same call",
                                c->cached ? "masks" : "attention_mask", r, world);
-        if (c->positions != first.positions)
-            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                               "position_ids: rank %d of %d's positions differ from rank 0's%s: every rank of a "
-                               "sharded layer makes the same call",
-                               r, world,
-                               c->cached ? " (or its cache holds other lengths for these sequences)" : "");
     }
     return SNEPPX_OK;
 }

@@ -428,3 +428,11 @@ def test_hidden_states_that_differ_on_one_rank():
     x[0, 2, 7] = -0.0 if RANK == 0 else 0.0   # the same value
     cfg.forward_mha(x, past_key_value=cache)
     assert cache.lengths == [3]
+    # Two sign flips, each in a float whose bits a 64-bit hash step takes as its top
+    # half: FNV's multiply alone carried both differences into bit 63 only, where they
+    # cancelled, and the call ran (0.18 from the whole layer).
+    y = inputs(23, 1, 3, 128)
+    if RANK == WORLD - 1:
+        y[0, 0, 0], y[0, 1, 2] = -y[0, 0, 0], -y[0, 1, 2]
+    with pytest.raises(sneppx.InvalidArgumentError, match=want):
+        cfg.forward_mha(y)
