@@ -128,15 +128,15 @@ uint64_t sneppx_shard_hash_floats(const float *values, int64_t n)
      * floats) then hashes in a few ms on one core. */
     uint64_t lanes[4] = {SNEPPX_SHARD_HASH_START, SNEPPX_SHARD_HASH_START ^ 1, SNEPPX_SHARD_HASH_START ^ 2,
                          SNEPPX_SHARD_HASH_START ^ 3};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
+    const int64_t whole = n - n % 8;
+    for (int64_t i = 0; i < whole; i += 8)
         for (int lane = 0; lane < 4; lane++)
             lanes[lane] = sneppx_shard_hash_step(lanes[lane], (uint64_t)float_bits(values[i + 2 * lane]) << 32 |
                                                                   float_bits(values[i + 2 * lane + 1]));
     uint64_t hash = SNEPPX_SHARD_HASH_START;
     for (int lane = 0; lane < 4; lane++)
         hash = sneppx_shard_hash_step(hash, lanes[lane]);
-    for (; i < n; i++)
+    for (int64_t i = whole; i < n; i++)
         hash = sneppx_shard_hash_step(hash, float_bits(values[i]));
     return hash;
 }
