@@ -270,14 +270,24 @@ static void *meddle(void *context)
     return NULL;
 }
 
+/* The parts' layer: 8 query heads over 2 K/V heads of d 32, synthetic weights; NULL
+ * (and a failed check) when it cannot be made. */
+static sneppx_layer *small_layer(test_tally *tally, int64_t sliding_window, int num_threads,
+                                 sneppx_config *config)
+{
+    sneppx_config_init(config);
+    config->hidden_size = HIDDEN, config->num_attention_heads = 8, config->num_key_value_heads = 2;
+    config->head_dim = 32, config->sliding_window = sliding_window, config->num_threads = num_threads;
+    sneppx_layer *layer = NULL;
+    TEST_CHECK(tally, sneppx_layer_create(config, NULL, &layer) == SNEPPX_OK, "layer: %s", sneppx_last_error());
+    return layer;
+}
+
 static void test_one_layer_many_callers(test_tally *tally)
 {
     sneppx_config config;
-    sneppx_config_init(&config);
-    config.hidden_size = HIDDEN, config.num_attention_heads = 8, config.num_key_value_heads = 2;
-    config.head_dim = 32, config.sliding_window = 40;
-    sneppx_layer *layer = NULL;
-    if (!TEST_CHECK(tally, sneppx_layer_create(&config, NULL, &layer) == SNEPPX_OK, "layer: %s", sneppx_last_error()))
+    sneppx_layer *layer = small_layer(tally, 40, 0, &config);
+    if (!layer)
         return;
     struct caller callers[CALLERS];
     memset(callers, 0, sizeof callers);
@@ -366,12 +376,9 @@ static void *read_kernel_list(void *context)
 static void test_kernel_list_beside_resolution(test_tally *tally)
 {
     sneppx_config config;
-    sneppx_config_init(&config);
-    config.hidden_size = HIDDEN, config.num_attention_heads = 8, config.num_key_value_heads = 2;
-    config.head_dim = 32, config.num_threads = 1;
-    sneppx_layer *layer = NULL;
+    sneppx_layer *layer = small_layer(tally, 0, 1, &config);
     test_inputs inputs;
-    if (!TEST_CHECK(tally, sneppx_layer_create(&config, NULL, &layer) == SNEPPX_OK, "layer: %s", sneppx_last_error()))
+    if (!layer)
         return;
     if (!TEST_CHECK(tally, test_inputs_make(TEST_MASK_EXPLICIT, 1, 9, HIDDEN, 0, 77, &inputs) == 0, "inputs")) {
         sneppx_layer_destroy(layer);
@@ -430,11 +437,8 @@ static void *switch_flash(void *context)
 static void test_two_switches_at_once(test_tally *tally)
 {
     sneppx_config config;
-    sneppx_config_init(&config);
-    config.hidden_size = HIDDEN, config.num_attention_heads = 8, config.num_key_value_heads = 2;
-    config.head_dim = 32, config.num_threads = 1;
-    sneppx_layer *layer = NULL;
-    if (!TEST_CHECK(tally, sneppx_layer_create(&config, NULL, &layer) == SNEPPX_OK, "layer: %s", sneppx_last_error()))
+    sneppx_layer *layer = small_layer(tally, 0, 1, &config);
+    if (!layer)
         return;
     struct switcher switchers[2] = {{.layer = layer, .flash = 0}, {.layer = layer, .flash = 1}};
     pthread_barrier_init(&switch_start, NULL, 3);

@@ -40,6 +40,16 @@ def random_state_dict(cfg, seed):
             for name, shape in cfg.tensor_shapes().items()}
 
 
+def sharded_with_weights(seed):
+    """The whole layer and its shard on this rank, both holding the same random weights."""
+    whole, cfg = small(), small()
+    weights = random_state_dict(whole, seed)
+    whole.load_state_dict(weights)
+    cfg.tensor_parallel(COMM)
+    cfg.load_state_dict(weights)       # stays sharded: each rank packs its rows and columns
+    return whole, cfg, weights
+
+
 def test_forward_synthetic():
     whole, cfg = small(), small()
     cfg.tensor_parallel(COMM)
@@ -55,11 +65,7 @@ def test_forward_synthetic():
 
 
 def test_state_dict_and_kv_cache():
-    whole, cfg = small(), small()
-    weights = random_state_dict(whole, 5)
-    whole.load_state_dict(weights)
-    cfg.tensor_parallel(COMM)
-    cfg.load_state_dict(weights)       # stays sharded: each rank packs its rows and columns
+    whole, cfg, weights = sharded_with_weights(5)
     assert "state_dict" in cfg.weights_source and "tensor_parallel" in cfg.weights_source
     x = inputs(2, 1, 5, 128)
     assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
@@ -182,11 +188,7 @@ def test_a_bad_argument_in_python_on_one_rank():
 def test_a_bad_load_or_setting_on_one_rank():
     """A load or a setter that rebuilds the layer checks its arguments on every rank
     before any rank starts the collective create: one rank's bad value raises on all."""
-    whole, cfg = small(), small()
-    weights = random_state_dict(whole, 8)
-    whole.load_state_dict(weights)
-    cfg.tensor_parallel(COMM)
-    cfg.load_state_dict(weights)
+    whole, cfg, weights = sharded_with_weights(8)
     last = RANK == WORLD - 1
     want = f"rank {WORLD - 1} of {WORLD}: " if not last else ""
     partial = {name: array for name, array in weights.items() if name != "o_proj.weight"} if last else weights
@@ -336,11 +338,7 @@ def test_another_weight_dtype_on_one_rank():
     """A load with another dtype on one rank: every rank's create refuses, naming the
     dtypes (they used to be their enum values, "weight_dtype 3 / 0"), and the config
     keeps its weights and dtype."""
-    whole, cfg = small(), small()
-    weights = random_state_dict(whole, 17)
-    whole.load_state_dict(weights)
-    cfg.tensor_parallel(COMM)
-    cfg.load_state_dict(weights)
+    whole, cfg, weights = sharded_with_weights(17)
     last = RANK == WORLD - 1
     with pytest.raises(sneppx.InvalidArgumentError,
                        match=f"config: rank {WORLD - 1} of {WORLD}'s differs from rank 0's: weight_dtype int8 / "
