@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Measures a kind of host the results do not have yet, in one go, into
+# bench/results/ (named after the host: zen3, zen4, zen5, xeon, else vendor-family-model):
+#   full-HOST-ISA.txt          bench/run.sh, every stage beside its baselines
+#   tuning-HOST-ISA.txt        sneppx-cache tune in a fresh cache, then the gemm stage
+#                              with its record: tuned, untuned and OpenBLAS in rounds
+#   long-blocks-HOST-ISA.txt   flash's long query blocks from 512 keys back (this tree)
+#                              against 1024 (a copy with SNEPPX_ATTN_LONG_BLOCK_KEYS
+#                              1024), the attention stage in alternated processes
+# ISA is avx512 or avx2 for the host's own target; with --avx2-target an AVX-512 host
+# also measures its AVX2 kernels (SNEPPX_TARGET=v8, the baselines on their AVX2 code
+# too) as ISA avx2-target. About 45 minutes on a 2-core host (55 the first time: the
+# baselines' venv), twice that with --avx2-target.
+#   bench/host_survey.sh [--avx2-target] [--only full,tuning,long-blocks] [--rounds N]
+#                        [--out DIR] [--quick]
+# --quick runs every step at sneppx-bench --quick's sizes into a scratch directory
+# (no timing meaning: it checks the steps). Nothing here reads the results back but
+# ab_compare.py; the docs' tables are written from the files by hand.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${SNEPPX_BUILD_DIR:-$root/build-bench}"
+usage="usage: bench/host_survey.sh [--avx2-target] [--only full,tuning,long-blocks] [--rounds N] [--out DIR] [--quick]"
+steps="full,tuning,long-blocks" rounds=3 out="" quick=() avx2_target=0
+while (($#)); do
+    case "$1" in
+        --avx2-target) avx2_target=1 ;;
+        --only) steps="${2:?$usage}"; shift ;;
+        --rounds) rounds="${2:?$usage}"; shift ;;
+        --out) out="${2:?$usage}"; shift ;;
+        --quick) quick=(--quick) ;;
+        -h|--help) echo "$usage"; exit 0 ;;
+        *) echo "host_survey: unknown argument '$1'" >&2; echo "$usage" >&2; exit 2 ;;
+    esac
+    shift
+done
+for step in ${steps//,/ }; do
+    case "$step" in
+        full|tuning|long-blocks) ;;
+        *) echo "host_survey: --only: unknown step '$step' (full, tuning, long-blocks)" >&2; exit 2 ;;
+    esac
+done
+if ! [[ "$rounds" =~ ^[1-9][0-9]?$ ]]; then
+    echo "host_survey: --rounds wants 1 to 99, not '$rounds'" >&2
+    exit 2
+fi
+has_step() { [[ ",$steps," == *",$1,"* ]]; }
+
+# The host's kind, from /proc/cpuinfo's first processor.
+cpu_field() { awk -F': *' -v f="$1" '$1 ~ "^"f"[ \t]*$" {print $2; exit}' /proc/cpuinfo; }
+vendor="$(cpu_field vendor_id)" family="$(cpu_field "cpu family")" model="$(cpu_field model)"
+case "$vendor:$family" in
+    AuthenticAMD:25)  # Zen 3 and Zen 4 share family 19h; their models do not overlap
+        if ((model < 0x10 || (model >= 0x20 && model < 0x60))); then host=zen3; else host=zen4; fi ;;
+    AuthenticAMD:26) host=zen5 ;;
+    GenuineIntel:*) host=xeon ;;
+    *) host="$(echo "$vendor-$family-$model" | tr -c 'A-Za-z0-9-\n' '-')" ;;
+esac
+host_isa=avx2
+grep -qw avx512f /proc/cpuinfo && host_isa=avx512
+if ((avx2_target)) && [[ "$host_isa" != avx512 ]]; then
+    echo "host_survey: --avx2-target: this host's own target is AVX2 already" >&2
+    exit 2
+fi
+
+scratch="$(mktemp -d /tmp/sneppx-survey.XXXXXX)"
+trap 'rm -rf "$scratch"' EXIT
+if ((${#quick[@]})); then
+    out="${out:-$scratch/results}"
+else
+    out="${out:-$root/bench/results}"
+fi
+mkdir -p "$out"
+echo "host_survey: $host ($vendor family $family model $model, $host_isa), $(nproc) cores; results in $out"
+
+# One target's steps: SNEPPX_TARGET is "" (the host's) or v8.
+survey_target() {
+    local target="$1" isa="$2"
+    local name="$host-$isa"
+    if has_step full; then
+        echo "host_survey: full run -> $out/full-$name.txt"
+        SNEPPX_TARGET="$target" "$root/bench/run.sh" "${quick[@]}" 2>&1 | tee "$out/full-$name.txt"
+    fi
+    if has_step tuning; then
+        # A record is fingerprinted by the build that tuned it: the bench build's tool tunes.
+        local cache="$scratch/tune-cache-$isa"
+        echo "host_survey: tuning in a fresh cache, then the gemm stage with it -> $out/tuning-$name.txt"
+        cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+        cmake --build "$build" --target sneppx-cache sneppx-bench -j"$(nproc)" >/dev/null
+        {
+            echo "# sneppx-cache tune, then bench/run.sh --stages gemm with its record, on $host ($isa)"
+            SNEPPX_TARGET="$target" SNEPPX_CACHE_DIR="$cache" "$build/runtime/sneppx-cache" tune
+            SNEPPX_TARGET="$target" SNEPPX_CACHE_DIR="$cache" SNEPPX_BENCH_VENV= \
+                "$root/bench/run.sh" --stages gemm "${quick[@]}"
+        } 2>&1 | tee "$out/tuning-$name.txt"
+    fi
+    if has_step long-blocks; then
+        survey_long_blocks "$target" "$isa" "$out/long-blocks-$name.txt"
+    fi
+}
+
+# The attention stage of this tree (long blocks from 512 keys back) and of a copy
+# whose blocks lengthen from 1024, alternated in separate processes.
+survey_long_blocks() {
+    local target="$1" isa="$2" result="$3"
+    local copy="$scratch/src-long-1024"
+    if [[ ! -d "$copy" ]]; then
+        echo "host_survey: building a copy with SNEPPX_ATTN_LONG_BLOCK_KEYS 1024 in $copy"
+        mkdir -p "$copy"
+        git -C "$root" ls-files -z --cached --others --exclude-standard |
+            tar -C "$root" --null -T - -cf - | tar -C "$copy" -xf -
+        local abi="$copy/templates/abi.h.j2"
+        sed -i 's/^#define SNEPPX_ATTN_LONG_BLOCK_KEYS 512$/#define SNEPPX_ATTN_LONG_BLOCK_KEYS 1024/' "$abi"
+        if ! grep -qx '#define SNEPPX_ATTN_LONG_BLOCK_KEYS 1024' "$abi"; then
+            echo "host_survey: templates/abi.h.j2 no longer defines SNEPPX_ATTN_LONG_BLOCK_KEYS 512 on a line" \
+                 "of its own: update this step" >&2
+            return 1
+        fi
+    fi
+    local a_csvs=() b_csvs=()
+    for ((r = 1; r <= rounds; r++)); do
+        for side in 512 1024; do
+            local tree="$root" dir="$build"
+            if [[ "$side" == 1024 ]]; then tree="$copy" dir="$copy/build-bench"; fi
+            local csv="$scratch/long-blocks-$isa-$side-$r.csv"
+            echo "host_survey: long blocks from $side keys, round $r of $rounds"
+            SNEPPX_TARGET="$target" SNEPPX_BUILD_DIR="$dir" SNEPPX_BENCH_VENV= SNEPPX_CACHE_DIR="$scratch/cache-$side" \
+                "$tree/bench/run.sh" --stages attention --csv "$csv" "${quick[@]}" >"$scratch/long-blocks-$isa-$side-$r.txt"
+            if [[ "$side" == 512 ]]; then a_csvs+=("$csv"); else b_csvs+=("$csv"); fi
+        done
+    done
+    {
+        echo "# flash attention with long query blocks from 512 keys back (as built) against 1024,"
+        echo "# on $host ($isa): the attention stage in $rounds alternated pairs of processes"
+        local IFS=,
+        /usr/bin/python3 "$root/bench/ab_compare.py" --stage attention --impl flash \
+            from-512 "${a_csvs[*]}" from-1024 "${b_csvs[*]}"
+    } | tee "$result"
+}
+
+survey_target "" "$host_isa"
+if ((avx2_target)); then
+    survey_target v8 avx2-target
+fi
+echo "host_survey: done; results in $out"
