@@ -1,0 +1,86 @@
+"""The bench's scripts that measure nothing themselves:
+
+- bench/ab_compare.py pairs two builds' sneppx-bench CSVs round by round: its
+  speedups are per-round ratios (median, min, max), and CSVs that do not pair
+  are refused, naming what is wrong;
+- bench/host_survey.sh refuses bad arguments before it builds or runs anything.
+"""
+import csv
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+AB_COMPARE = REPO / "bench" / "ab_compare.py"
+HOST_SURVEY = REPO / "bench" / "host_survey.sh"
+FIELDS = ["stage", "case", "impl", "tokens", "threads", "median_ms", "min_ms", "max_ms", "reps", "unit", "value",
+          "value_min", "value_max", "peak", "fraction_of_peak", "baseline", "speedup"]
+
+
+def write_csv(path, rows):
+    """rows: (stage, case, impl, tokens, threads, median_ms)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, FIELDS)
+        writer.writeheader()
+        for stage, case, impl, tokens, threads, ms in rows:
+            writer.writerow({"stage": stage, "case": case, "impl": impl, "tokens": tokens, "threads": threads,
+                             "median_ms": ms, "min_ms": ms, "max_ms": ms, "reps": 3, "unit": "GFLOP/s"})
+    return str(path)
+
+
+def ab_compare(*args):
+    return subprocess.run([sys.executable, str(AB_COMPARE), "--stage", "attention", "--impl", "flash", *args],
+                          capture_output=True, text=True)
+
+
+def test_speedups_are_ratios_within_rounds(tmp_path):
+    # B's speedup per round: 10/8, 12/12, 9/6 -> median 1.25, min 1.0, max 1.5. A ratio of the
+    # medians (10 / 8) would give the same 1.25: the range is what shows the rounds were paired.
+    a_ms, b_ms = [10.0, 12.0, 9.0], [8.0, 12.0, 6.0]
+    a, b = [], []
+    for r, (x, y) in enumerate(zip(a_ms, b_ms)):
+        other = ("attention", "causal d128 g4", "sdpa", 512, 2, 100.0)  # another impl: not compared
+        a.append(write_csv(tmp_path / f"a{r}.csv", [("attention", "causal d128 g4", "flash", 2048, 2, x), other]))
+        b.append(write_csv(tmp_path / f"b{r}.csv", [("attention", "causal d128 g4", "flash", 2048, 2, y), other]))
+    result = ab_compare("old", ",".join(a), "new", ",".join(b))
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("  causal")]
+    assert len(rows) == 1, result.stdout
+    fields = rows[0].split()
+    assert fields[3:5] == ["2048", "2"]
+    assert float(fields[5]) == pytest.approx(10.0) and float(fields[6]) == pytest.approx(8.0)
+    assert re.fullmatch(r"1\.250x", fields[7]) and fields[8] == "[1.000-1.500]", rows[0]
+
+
+def test_rounds_must_pair(tmp_path):
+    a = write_csv(tmp_path / "a.csv", [("attention", "c", "flash", 1, 1, 1.0)])
+    result = ab_compare("old", f"{a},{a}", "new", a)
+    assert result.returncode != 0
+    assert "2 CSVs for old but 1 for new" in result.stderr
+
+
+def test_no_common_rows_is_an_error(tmp_path):
+    a = write_csv(tmp_path / "a.csv", [("attention", "c", "flash", 1, 1, 1.0)])
+    b = write_csv(tmp_path / "b.csv", [("attention", "c", "flash", 2, 1, 1.0)])  # another T
+    result = ab_compare("old", a, "new", b)
+    assert result.returncode != 0
+    assert "no 'attention' rows of 'flash' in every CSV" in result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--only", "full,bogus"], "--only: unknown step 'bogus'"),
+    (["--rounds", "0"], "--rounds wants 1 to 99, not '0'"),
+    (["--rounds", "x"], "--rounds wants 1 to 99, not 'x'"),
+    (["--frobnicate"], "unknown argument '--frobnicate'"),
+])
+def test_host_survey_refuses_bad_arguments(args, message, tmp_path):
+    # Refused before anything is built: nothing appears in --out.
+    out = tmp_path / "results"
+    result = subprocess.run(["bash", str(HOST_SURVEY), "--out", str(out), *args], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr
+    assert not out.exists()
