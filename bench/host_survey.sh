@@ -70,7 +70,10 @@ else
     out="${out:-$root/bench/results}"
 fi
 mkdir -p "$out"
-echo "host_survey: $host ($vendor family $family model $model, $host_isa), $(nproc) cores; results in $out"
+# Per core (or per instance), as the docs quote them: "L1d 32K, L2 1M, L3 32M".
+caches="$(lscpu -C=NAME,ONE-SIZE 2>/dev/null | awk 'NR > 1 && $1 != "L1i" {printf "%s%s %s", sep, $1, $2; sep = ", "}')"
+host_line="$host ($vendor family $family model $model, $host_isa), $(nproc) cores, caches ${caches:-unknown}"
+echo "host_survey: $host_line; results in $out"
 
 # One target's steps: SNEPPX_TARGET is "" (the host's) or v8.
 survey_target() {
@@ -87,7 +90,8 @@ survey_target() {
         cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
         cmake --build "$build" --target sneppx-cache sneppx-bench -j"$(nproc)" >/dev/null
         {
-            echo "# sneppx-cache tune, then bench/run.sh --stages gemm with its record, on $host ($isa)"
+            echo "# sneppx-cache tune, then bench/run.sh --stages gemm with its record, the $isa kernels"
+            echo "# on $host_line"
             SNEPPX_TARGET="$target" SNEPPX_CACHE_DIR="$cache" "$build/runtime/sneppx-cache" tune
             SNEPPX_TARGET="$target" SNEPPX_CACHE_DIR="$cache" SNEPPX_BENCH_VENV= \
                 "$root/bench/run.sh" --stages gemm "${quick[@]}"
@@ -129,8 +133,8 @@ survey_long_blocks() {
         done
     done
     {
-        echo "# flash attention with long query blocks from 512 keys back (as built) against 1024,"
-        echo "# on $host ($isa): the attention stage in $rounds alternated pairs of processes"
+        echo "# flash attention with long query blocks from 512 keys back (as built) against 1024, the"
+        echo "# $isa kernels: the attention stage in $rounds alternated pairs of processes, on $host_line"
         local IFS=,
         /usr/bin/python3 "$root/bench/ab_compare.py" --stage attention --impl flash \
             from-512 "${a_csvs[*]}" from-1024 "${b_csvs[*]}"
