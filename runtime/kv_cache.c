@@ -406,7 +406,8 @@ sneppx_status sneppx_kv_cache_truncate(sneppx_kv_cache *cache, int64_t seq_id, i
     smallest = smallest < length ? smallest : length;
     const int64_t window = cache->shape.window, first_held = sneppx_kv_first_held(cache, seq);
     const int64_t first_needed = window > 0 && smallest - window + 1 > 0 ? smallest - window + 1 : 0;
-    if (first_held > first_needed) {
+    /* Length 0 keeps no token, so no released one is missed: the sequence starts over. */
+    if (length > 0 && first_held > first_needed) {
         sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                     "length: %lld is too far back for sequence %lld: the sliding window (%lld) already released "
                     "tokens 0..%lld, and the next query would see token %lld",
@@ -416,6 +417,8 @@ sneppx_status sneppx_kv_cache_truncate(sneppx_kv_cache *cache, int64_t seq_id, i
     }
     for (int64_t l = 0; l < cache->num_layers; l++)
         seq->lengths[l] = seq->lengths[l] < length ? seq->lengths[l] : length;
+    if (length == 0)
+        seq->released = 0; /* every held page goes below: the table starts again at token 0 */
     const int64_t keep = pages_for(cache, length) - seq->released;
     while (seq->held > keep)
         page_unref(cache, seq->pages[--seq->held]);

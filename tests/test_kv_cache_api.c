@@ -6,7 +6,7 @@
  * rounded up to pages, struct_size of an older caller), sequence ids never
  * reused, pages back to the pool on remove / truncate / reset, forks sharing
  * pages, truncation under a window refused once what the next query sees
- * was released, a sequence in use by another call refused by everyone.
+ * was released (to 0 never: the sequence starts over), a sequence in use by another call refused by everyone.
  * Cache types: every sneppx_dtype is accepted, its sizes in the stats; the
  * runtime's conversions give numpy's bits on edge cases (ties, NaN / inf,
  * overflow, subnormals, an all-zero int8 row); a forward stores each token's
@@ -734,6 +734,22 @@ static void test_window_errors(void)
     mask[1 * 22 + 3] = -INFINITY;
     EXPECT_OK(sneppx_layer_forward_cached(layer, cache, 0, 1, &id, &q, hidden, NULL, masks, out));
     EXPECT_OK(sneppx_kv_cache_truncate(cache, id, 21)); /* the next query sees 14..21: held */
+    /* Length 0 keeps nothing, so nothing released is missed: the sequence starts over and
+     * computes what a new sequence does. */
+    EXPECT_OK(sneppx_kv_cache_truncate(cache, id, 0));
+    int64_t length = -1, fresh = -1;
+    sneppx_kv_cache_length(cache, id, &length);
+    sneppx_kv_cache_stats_get(cache, &stats);
+    TEST_CHECK(&tally, length == 0 && stats.free_pages == stats.total_pages,
+               "truncate to 0 under a window: length %lld, %lld of %lld pages free", (long long)length,
+               (long long)stats.free_pages, (long long)stats.total_pages);
+    static float again[20 * HIDDEN];
+    const int64_t q20 = 20;
+    EXPECT_OK(sneppx_layer_forward_cached(layer, cache, 0, 1, &id, &q20, hidden, NULL, NULL, again));
+    EXPECT_OK(sneppx_kv_cache_add_sequence(cache, &fresh));
+    EXPECT_OK(sneppx_layer_forward_cached(layer, cache, 0, 1, &fresh, &q20, hidden, NULL, NULL, out));
+    TEST_CHECK(&tally, memcmp(again, out, sizeof again) == 0,
+               "a sequence truncated to 0 computes other rows than a new one");
 done:
     sneppx_layer_destroy(layer);
     sneppx_kv_cache_destroy(cache);

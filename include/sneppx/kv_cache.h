@@ -113,7 +113,8 @@ SNEPPX_API sneppx_status sneppx_kv_cache_fork(sneppx_kv_cache *cache, int64_t se
  * shorter keeps its length): speculative decoding's rollback. Refused when
  * length exceeds sneppx_kv_cache_length, and under a sliding window when a
  * token the next query would see (index >= length - W + 1) was already
- * released. Pages past the new length go back to the pool. */
+ * released; length 0 keeps no token and is never refused (the sequence
+ * starts over). Pages past the new length go back to the pool. */
 SNEPPX_API sneppx_status sneppx_kv_cache_truncate(sneppx_kv_cache *cache, int64_t seq_id, int64_t length);
 
 /* The largest of the sequence's layer lengths (tokens appended so far,

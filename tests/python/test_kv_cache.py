@@ -183,6 +183,20 @@ def test_window_keeps_the_pool_bounded(rng):
     _assert_close(np.concatenate(outputs, axis=1), ref.mha_forward(hf_config, weights, x), "window decode")
 
 
+def test_truncate_to_zero_under_a_window_starts_the_row_over(rng):
+    """Once the window has released a row's first pages, truncate(row, 0) (what
+    SneppxCache.crop does to a short row) still empties it: it keeps no token, so none
+    it would need is gone. The row then computes its new sequence from the start."""
+    hf_config, cfg, weights = _layer("mistral", rng)
+    cache = cfg.kv_cache(batch=1, max_tokens=64, page_size=4)
+    x = rng.uniform(-1, 1, (1, 40, cfg.hidden_size)).astype(np.float32)
+    cfg.forward_mha(x, past_key_value=cache)
+    cache.truncate(0, 0)
+    assert cache.lengths == [0] and cache.stats()["free_pages"] == cache.stats()["total_pages"]
+    y = rng.uniform(-1, 1, (1, 20, cfg.hidden_size)).astype(np.float32)
+    _assert_close(cfg.forward_mha(y, past_key_value=cache), ref.mha_forward(hf_config, weights, y), "after truncate 0")
+
+
 def test_errors_name_the_argument_and_leave_the_cache(rng):
     hf_config, cfg, _ = _layer("llama3", rng)
     cache = cfg.kv_cache(batch=2, max_tokens=8, page_size=4)
