@@ -67,9 +67,13 @@ def _count(name: str, value: Any, low: int) -> int:
     return c_count(name, value)
 
 
-def layer_index(layer_idx: Any) -> int:
-    """forward_mha's and the cache's layer_idx, checked before it reaches C."""
-    return _count("layer_idx", layer_idx, 0)
+def layer_index(layer_idx: Any, num_layers: int) -> int:
+    """forward_mha's and the cache's layer_idx, checked before it reaches C (whose message
+    would name its own argument, layer_index) against the cache's num_layers."""
+    index = _count("layer_idx", layer_idx, 0)
+    if index >= num_layers:
+        raise InvalidArgumentError(f"layer_idx: {index} must be in [0, {num_layers}) (the cache's num_layers)")
+    return index
 
 
 class KVCache:
@@ -168,7 +172,7 @@ class KVCache:
 
     def layer_lengths(self, layer_idx: int) -> List[int]:
         """Tokens cached per row at one layer."""
-        layer_idx = layer_index(layer_idx)
+        layer_idx = layer_index(layer_idx, self.num_layers)
         with self._lock:
             result = []
             for seq_id in self._rows:
@@ -214,7 +218,7 @@ class KVCache:
         (latent rows [tokens, kv_lora_rank + qk_rope_head_dim], None). Tokens a sliding
         window released are gone (begin must be past them). New float32 ndarrays, whatever
         the forwards took (torch.from_numpy wraps them without a copy)."""
-        layer_idx = layer_index(layer_idx)
+        layer_idx = layer_index(layer_idx, self.num_layers)
         begin = _count("begin", begin, 0)
         with self._lock:
             seq_id = self._rows[self._row(row)]

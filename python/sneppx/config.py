@@ -598,7 +598,7 @@ class LLMConfig:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"past_key_value: expected a sneppx KVCache (LLMConfig.kv_cache()), got "
                                 f"{type(cache).__name__}")
-            layer_idx = layer_index(layer_idx)
+            layer_idx = layer_index(layer_idx, cache.num_layers)
             batch, seq_len = x.shape[0], x.shape[1]
             if seq_len == 0:
                 raise ValueError("hidden_states: seq_len is 0; a cached forward appends at least one token per row")
@@ -643,7 +643,7 @@ class LLMConfig:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache: expected a sneppx KVCache (LLMConfig.kv_cache()), got "
                                 f"{type(cache).__name__}")
-            layer_idx = layer_index(layer_idx)
+            layer_idx = layer_index(layer_idx, cache.num_layers)
             rows = _per_row_list("rows", rows)
             chunks = _per_row_list("hidden_states", hidden_states)
             if len(chunks) != len(rows):

@@ -209,6 +209,13 @@ def test_errors_name_the_argument_and_leave_the_cache(rng):
         cfg.forward_mha(x, np.ones((2, 5)), past_key_value=cache)
     with pytest.raises(TypeError, match="past_key_value: expected a sneppx KVCache"):
         cfg.forward_mha(x, past_key_value={})
+    # A layer the cache does not have is named by Python's layer_idx, not C's layer_index.
+    for call in (lambda: cfg.forward_mha(x, past_key_value=cache, layer_idx=1),
+                 lambda: cfg.forward_mha(x, np.ones((2, 6)), past_key_value=cache, layer_idx=1),
+                 lambda: cfg.forward_ragged(cache, [0], [x[0]], layer_idx=1),
+                 lambda: cache.read(0, layer_idx=1), lambda: cache.layer_lengths(1)):
+        with pytest.raises(sneppx.InvalidArgumentError, match=r"^layer_idx: 1 must be in \[0, 1\) \(the cache's"):
+            call()
     # 3 + 12 tokens: 4 pages a row, 8 in all, beyond the pool's 2 x (2 + 1 spare).
     with pytest.raises(sneppx.Error, match="pages"):
         cfg.forward_mha(np.zeros((2, 12, cfg.hidden_size), np.float32), past_key_value=cache)
