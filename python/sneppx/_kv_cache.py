@@ -147,12 +147,13 @@ class KVCache:
         check(lib.sneppx_kv_cache_add_sequence(self._handle, ctypes.byref(seq_id)))
         return seq_id.value
 
-    def _row(self, row: Any) -> int:
+    def _row(self, row: Any, name: str = "row") -> int:
+        """row's index, checked; errors name `name` (forward_ragged's rows[i])."""
         if isinstance(row, (bool, np.bool_)) or not hasattr(row, "__index__"):
-            raise TypeError(f"row: expected an integer, got {row!r}")
+            raise TypeError(f"{name}: expected an integer, got {row!r}")
         index = row.__index__()
         if not 0 <= index < len(self._rows):
-            raise IndexError(f"row: {index} is not a row of this cache (0..{len(self._rows) - 1})")
+            raise IndexError(f"{name}: {index} is not a row of this cache (0..{len(self._rows) - 1})")
         return index
 
     @property

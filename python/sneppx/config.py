@@ -667,7 +667,7 @@ class LLMConfig:
         out = np.empty_like(x)
         with cache._lock:
             with refused_on_every_rank(self):
-                seq_ids = [cache._rows[cache._row(row)] for row in rows]
+                seq_ids = [cache._rows[cache._row(row, f"rows[{i}]")] for i, row in enumerate(rows)]
                 # Named here by rows[i]: the C call's check names its own seq_ids[i].
                 first = {}
                 for i, seq_id in enumerate(seq_ids):

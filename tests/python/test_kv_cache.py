@@ -274,6 +274,10 @@ def test_ragged_arguments_must_be_per_row(rng):
                        r"once per call$"):
         cfg.forward_ragged(cache, [0, 0], [two, two[:1]])
     assert cache.lengths == [0]
+    # A row the cache does not have is named by its place in rows.
+    with pytest.raises(IndexError, match=r"^rows\[1\]: 3 is not a row of this cache \(0\.\.0\)$"):
+        cfg.forward_ragged(cache, [0, 3], [two, two])
+    assert cache.lengths == [0]
     # No rows is no work, with or without (no) positions.
     assert cfg.forward_ragged(cache, [], []) == []
     assert cfg.forward_ragged(cache, [], [], position_ids=[]) == []
@@ -290,7 +294,7 @@ def test_numpy_bools_are_not_integers(rng):
                        ("max_tokens", lambda: cfg.kv_cache(batch=1, max_tokens=np.True_)),
                        ("layer_idx", lambda: cfg.forward_mha(token[None].repeat(2, 0), past_key_value=cache,
                                                              layer_idx=np.False_)),
-                       ("row", lambda: cfg.forward_ragged(cache, [np.True_], [token])),
+                       ("rows\\[0\\]", lambda: cfg.forward_ragged(cache, [np.True_], [token])),
                        ("row", lambda: cache.fork(np.False_)),
                        ("length", lambda: cache.truncate(0, np.False_)),
                        ("begin", lambda: cache.read(0, begin=np.False_))]:
