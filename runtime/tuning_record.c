@@ -19,11 +19,16 @@ void sneppx_gemm_tuning_key(const struct sneppx_target *target, char *key, size_
     snprintf(key, key_size, RECORD_PREFIX "%s", target->name);
 }
 
-sneppx_status sneppx_tuning_fingerprint(const char *key, uint8_t fingerprint[SNEPPX_SHA256_SIZE])
+/* The target a record's key names, or NULL when key names no record. */
+static const struct sneppx_target *record_target(const char *key)
 {
     const size_t prefix = sizeof RECORD_PREFIX - 1;
-    const struct sneppx_target *target = key && strncmp(key, RECORD_PREFIX, prefix) == 0
-                                             ? sneppx_target_named(key + prefix) : NULL;
+    return key && strncmp(key, RECORD_PREFIX, prefix) == 0 ? sneppx_target_named(key + prefix) : NULL;
+}
+
+sneppx_status sneppx_tuning_fingerprint(const char *key, uint8_t fingerprint[SNEPPX_SHA256_SIZE])
+{
+    const struct sneppx_target *target = record_target(key);
     if (!target)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "'%s' is not " RECORD_PREFIX "<target>",
                            key ? sneppx_clip(key).text : "(null)");
@@ -79,8 +84,10 @@ static int parse_payload(const char *text, size_t size, struct sneppx_gemm_tunin
     return 0;
 }
 
-sneppx_tuning_load sneppx_gemm_tuning_load(const struct sneppx_target *target, struct sneppx_gemm_tuning *tuning,
-                                           char *reason, size_t reason_size)
+/* Reads, verifies and parses the record of target; mark_used: as a load (the
+ * entry is dated for eviction), else as a listing's look. */
+static sneppx_tuning_load read_record(const struct sneppx_target *target, int mark_used,
+                                      struct sneppx_gemm_tuning *tuning, char *reason, size_t reason_size)
 {
     char key[SNEPPX_KEY_MAX];
     uint8_t fingerprint[SNEPPX_SHA256_SIZE];
@@ -91,7 +98,9 @@ sneppx_tuning_load sneppx_gemm_tuning_load(const struct sneppx_target *target, s
     }
     void *payload = NULL;
     size_t size = 0;
-    const sneppx_disk_load loaded = sneppx_disk_cache_load(key, fingerprint, &payload, &size, reason, reason_size);
+    const sneppx_disk_load loaded =
+        mark_used ? sneppx_disk_cache_load(key, fingerprint, &payload, &size, reason, reason_size)
+                  : sneppx_disk_cache_verify(key, fingerprint, &payload, &size, reason, reason_size);
     if (loaded == SNEPPX_DISK_MISS)
         return SNEPPX_TUNING_NONE;
     if (loaded == SNEPPX_DISK_REJECTED)
@@ -109,6 +118,23 @@ sneppx_tuning_load sneppx_gemm_tuning_load(const struct sneppx_target *target, s
     }
     *tuning = parsed;
     return SNEPPX_TUNING_LOADED;
+}
+
+sneppx_tuning_load sneppx_gemm_tuning_load(const struct sneppx_target *target, struct sneppx_gemm_tuning *tuning,
+                                           char *reason, size_t reason_size)
+{
+    return read_record(target, 1, tuning, reason, reason_size);
+}
+
+sneppx_tuning_load sneppx_tuning_record_verify(const char *key, char *reason, size_t reason_size)
+{
+    const struct sneppx_target *target = record_target(key);
+    if (!target) {
+        snprintf(reason, reason_size, "'%s' is not " RECORD_PREFIX "<target>", key ? sneppx_clip(key).text : "(null)");
+        return SNEPPX_TUNING_REFUSED;
+    }
+    struct sneppx_gemm_tuning unused;
+    return read_record(target, 0, &unused, reason, reason_size);
 }
 
 sneppx_status sneppx_gemm_tuning_store(const struct sneppx_target *target, const struct sneppx_gemm_tuning *tuning)

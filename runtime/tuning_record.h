@@ -39,6 +39,11 @@ sneppx_status sneppx_tuning_fingerprint(const char *key, uint8_t fingerprint[SNE
 sneppx_tuning_load sneppx_gemm_tuning_load(const struct sneppx_target *target, struct sneppx_gemm_tuning *tuning,
                                            char *reason, size_t reason_size);
 
+/* The verdict sneppx_gemm_tuning_load would give the record named key (an
+ * entry that verifies yet whose text is no candidate pair is refused too),
+ * without dating the entry as used: for listing. */
+sneppx_tuning_load sneppx_tuning_record_verify(const char *key, char *reason, size_t reason_size);
+
 /* Checks tuning against target's candidates (SNEPPX_ERR_INVALID_ARGUMENT naming the
  * value) and writes the record. A memory-only cache keeps nothing (SNEPPX_OK); a
  * read-only one fails with SNEPPX_ERR_IO. */

@@ -6,7 +6,11 @@
  * 1. sneppx_disk_cache_format_time on ordinary and extreme times;
  * 2. the tool itself, on a tmpfs (a private mount namespace: root, or a
  *    user allowed to make one; skipped with a message otherwise) holding
- *    entries dated 2^62 and -2^62 seconds from the epoch. */
+ *    entries dated 2^62 and -2^62 seconds from the epoch;
+ * 3. a tuning record whose entry verifies (header, fingerprint, hash) but
+ *    whose text names no candidate pair is refused by every load, so list
+ *    must not call it ok nor show count it loadable, and says it is ignored
+ *    (a record is not rebuilt); a record of candidates is ok. */
 #include "test_cache_common.h"
 
 #include <errno.h>
@@ -16,6 +20,8 @@
 #include <time.h>
 
 #include "disk_cache.h"
+#include "host.h"
+#include "tuning_record.h"
 
 enum { SKIP = 77 };
 
@@ -71,15 +77,23 @@ static void child_list_on_tmpfs(const char *dir, const char *tool)
     _exit(1);
 }
 
-static void test_tool(test_tally *tally)
+/* The sneppx-cache of this build into tool; 0 when it is there. */
+static int find_tool(test_tally *tally, char *tool, size_t size)
 {
     const char *binary_dir = getenv("SNEPPX_BINARY_DIR");
-    char tool[CACHE_TEST_PATH_MAX], dir[CACHE_TEST_DIR_MAX];
-    if (!binary_dir || snprintf(tool, sizeof tool, "%s/runtime/sneppx-cache", binary_dir) >= (int)sizeof tool ||
+    if (!binary_dir || snprintf(tool, size, "%s/runtime/sneppx-cache", binary_dir) >= (int)size ||
         access(tool, X_OK) != 0) {
         TEST_CHECK(tally, 0, "no sneppx-cache under $SNEPPX_BINARY_DIR (%s)", binary_dir ? binary_dir : "unset");
-        return;
+        return -1;
     }
+    return 0;
+}
+
+static void test_tool(test_tally *tally)
+{
+    char tool[CACHE_TEST_PATH_MAX], dir[CACHE_TEST_DIR_MAX];
+    if (find_tool(tally, tool, sizeof tool) != 0)
+        return;
     if (cache_test_make_dir(dir, sizeof dir, "list") != 0) {
         TEST_CHECK(tally, 0, "mkdtemp: %s", strerror(errno));
         return;
@@ -114,10 +128,66 @@ static void test_tool(test_tally *tally)
                "each entry listed with its raw time:\n%s", output);
 }
 
+/* The output of `tool command` (stdout and stderr) into output. */
+static void run_tool(const char *tool, const char *command, char *output, size_t size)
+{
+    char line[CACHE_TEST_PATH_MAX + 64];
+    snprintf(line, sizeof line, "'%s' %s 2>&1", tool, command);
+    output[0] = '\0';
+    FILE *pipe = popen(line, "r");
+    size_t got = pipe ? fread(output, 1, size - 1, pipe) : 0;
+    output[got] = '\0';
+    if (pipe)
+        pclose(pipe);
+}
+
+/* Stores text as the host target's tuning record, with this build's fingerprint. */
+static void plant_record(test_tally *tally, const char *key, const char *text)
+{
+    uint8_t fingerprint[SNEPPX_SHA256_SIZE];
+    int evicted = 0;
+    TEST_CHECK(tally, sneppx_tuning_fingerprint(key, fingerprint) == SNEPPX_OK &&
+                          sneppx_disk_cache_store(key, fingerprint, text, strlen(text), &evicted) == SNEPPX_OK,
+               "planting %s: %s", key, sneppx_last_error());
+}
+
+static void test_record_verdicts(test_tally *tally)
+{
+    char tool[CACHE_TEST_PATH_MAX], dir[CACHE_TEST_DIR_MAX], key[SNEPPX_KEY_MAX], text[64], line[256];
+    char output[8192];
+    if (find_tool(tally, tool, sizeof tool) != 0)
+        return;
+    /* This process resolves its cache directory here, once: the tool is given the same. */
+    if (cache_test_make_dir(dir, sizeof dir, "records") != 0 || setenv("SNEPPX_CACHE_DIR", dir, 1) != 0) {
+        TEST_CHECK(tally, 0, "cache directory: %s", strerror(errno));
+        return;
+    }
+    const struct sneppx_target *target = sneppx_host_target();
+    sneppx_gemm_tuning_key(target, key, sizeof key);
+
+    snprintf(text, sizeof text, "kc=100 mc=%d\n", target->gemm_mc_candidates[0]);
+    plant_record(tally, key, text);
+    run_tool(tool, "list", output, sizeof output);
+    snprintf(line, sizeof line, "ignored on next use: kc 100 is not among target %s's candidates", target->name);
+    TEST_CHECK(tally, strstr(output, key) && strstr(output, line) && !strstr(output, " ok"),
+               "list of a record of kc 100: want '%s', got:\n%s", line, output);
+    run_tool(tool, "show", output, sizeof output);
+    TEST_CHECK(tally, strstr(output, "entries     1 (0 loadable by this build)") != NULL,
+               "show of a record of kc 100 counts it not loadable:\n%s", output);
+
+    snprintf(text, sizeof text, "kc=%d mc=%d\n", target->gemm_kc_candidates[0], target->gemm_mc_candidates[0]);
+    plant_record(tally, key, text);
+    run_tool(tool, "list", output, sizeof output);
+    TEST_CHECK(tally, strstr(output, key) && strstr(output, " ok\n"), "list of a record of candidates: ok, got:\n%s",
+               output);
+    cache_test_remove_tree(dir);
+}
+
 int main(void)
 {
     test_tally tally = {0};
     test_format(&tally);
     test_tool(&tally);
+    test_record_verdicts(&tally);
     return test_finish(&tally);
 }

@@ -63,23 +63,27 @@ static const char *other_target(const char *key)
 }
 
 /* Why this build would not load the entry of key (a kernel or a tuning record),
- * or NULL when it would. A kernel's payload must also be an object bundle: an
- * entry that verifies but does not unpack is rebuilt at its next use. */
-static const char *verdict(const char *key, char *reason, size_t reason_size)
+ * or NULL when it would; *record says which it is. A kernel's payload must also
+ * be an object bundle: an entry that verifies but does not unpack is rebuilt at
+ * its next use. A record must hold a candidate pair, as its load checks. */
+static const char *verdict(const char *key, int *record, char *reason, size_t reason_size)
 {
     uint8_t fingerprint[SNEPPX_SHA256_SIZE];
-    const int kernel = sneppx_kernel_fingerprint(key, fingerprint) == SNEPPX_OK;
-    if (!kernel && sneppx_tuning_fingerprint(key, fingerprint) != SNEPPX_OK) {
-        snprintf(reason, reason_size, "no such kernel in this build");
-        return reason;
+    *record = 0;
+    /* The entry may go between the listing and this look (another process's clear or eviction). */
+    snprintf(reason, reason_size, "removed while listing");
+    if (sneppx_kernel_fingerprint(key, fingerprint) != SNEPPX_OK) {
+        if (sneppx_tuning_fingerprint(key, fingerprint) != SNEPPX_OK) {
+            snprintf(reason, reason_size, "no such kernel in this build");
+            return reason;
+        }
+        *record = 1;
+        return sneppx_tuning_record_verify(key, reason, reason_size) == SNEPPX_TUNING_LOADED ? NULL : reason;
     }
     void *payload = NULL;
     size_t payload_size = 0;
-    if (sneppx_disk_cache_verify(key, fingerprint, kernel ? &payload : NULL, &payload_size, reason, reason_size) !=
-        SNEPPX_DISK_HIT)
+    if (sneppx_disk_cache_verify(key, fingerprint, &payload, &payload_size, reason, reason_size) != SNEPPX_DISK_HIT)
         return reason;
-    if (!kernel)
-        return NULL;
     struct sneppx_object_span objects[SNEPPX_BUNDLE_MAX_OBJECTS];
     int count = 0;
     const int unpacks = sneppx_bundle_unpack(payload, payload_size, key, objects, &count) == SNEPPX_OK;
@@ -105,9 +109,10 @@ static int show(void)
         uint64_t bytes = 0;
         size_t loadable = 0;
         char reason[160];
+        int record;
         for (size_t i = 0; i < count; i++) {
             bytes += entries[i].bytes;
-            loadable += verdict(entries[i].key, reason, sizeof reason) == NULL;
+            loadable += verdict(entries[i].key, &record, reason, sizeof reason) == NULL;
         }
         free(entries);
         size_t temp_count;
@@ -157,9 +162,12 @@ static int list(void)
         const char *target = other_target(entries[i].key);
         if (target)
             snprintf(reason, sizeof reason, "SNEPPX_TARGET=%s's entry (checked under it)", target);
-        const char *problem = target ? NULL : verdict(entries[i].key, reason, sizeof reason);
+        int record = 0;
+        const char *problem = target ? NULL : verdict(entries[i].key, &record, reason, sizeof reason);
+        /* A refused kernel is compiled again; a refused record is only ignored (the defaults apply). */
+        const char *fate = record ? "ignored on next use: " : "rebuilt on next use: ";
         printf("%-52s %9llu  %-19s  %s%s\n", entries[i].key, (unsigned long long)entries[i].bytes, when,
-               target ? reason : problem ? "rebuilt on next use: " : "ok", problem ? problem : "");
+               target ? reason : problem ? fate : "ok", problem ? problem : "");
     }
     free(entries);
     return 0;
