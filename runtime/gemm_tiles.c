@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "disk_cache.h"
 #include "error.h"
 #include "gemm_tuner.h"
 #include "tuning_record.h"
@@ -38,7 +39,7 @@ static int tune_at_first_use(void)
 }
 
 /* Tunes target and keeps the winner; 0 and a warning when it cannot. */
-static int tune(const struct sneppx_target *target, struct sneppx_gemm_tuning *tiles)
+static int measure_and_keep(const struct sneppx_target *target, struct sneppx_gemm_tuning *tiles)
 {
     struct sneppx_gemm_tune_shape shape = sneppx_gemm_tune_default_shape();
     struct sneppx_gemm_tune_result *result = malloc(sizeof *result);
@@ -58,6 +59,27 @@ static int tune(const struct sneppx_target *target, struct sneppx_gemm_tuning *t
         sneppx_log(0, "warning: SNEPPX_TUNE: the GEMM tuning for %s is not kept: %s", target->name,
                    sneppx_last_error());
     return 1;
+}
+
+/* measure_and_keep under the record's build lock (disk_cache.h), as processes
+ * building one kernel serialize: processes started at once (a service's
+ * workers) would each time the candidates while the others load the cores,
+ * and keep a winner of disturbed timings, at seconds of compiles and runs
+ * each. The process that waited reads the record the first one kept. */
+static int tune(const struct sneppx_target *target, struct sneppx_gemm_tuning *tiles)
+{
+    char key[SNEPPX_KEY_MAX], reason[256];
+    sneppx_gemm_tuning_key(target, key, sizeof key);
+    const int lock = sneppx_disk_cache_lock(key);
+    if (lock >= 0 && sneppx_gemm_tuning_load(target, tiles, reason, sizeof reason) == SNEPPX_TUNING_LOADED) {
+        sneppx_disk_cache_unlock(lock);
+        sneppx_log(1, "the GEMM for %s was tuned by another process meanwhile: kc %lld, mc %lld", target->name,
+                   (long long)tiles->kc, (long long)tiles->mc);
+        return 1;
+    }
+    const int tuned = measure_and_keep(target, tiles);
+    sneppx_disk_cache_unlock(lock);
+    return tuned;
 }
 
 void sneppx_gemm_tiles(const struct sneppx_target *target, sneppx_dtype weight_type, int64_t *kc, int64_t *mc)

@@ -10,8 +10,12 @@
  * - a record that is corrupt, foreign, or whose text is not a candidate is
  *   ignored with a message naming why, and the target's defaults apply;
  * - SNEPPX_TUNE=1 without a valid record tunes at the first layer and keeps the
- *   record its keys carry; another value than 0 or 1 is one warning. */
+ *   record its keys carry; another value than 0 or 1 is one warning;
+ * - two such processes started at once tune once: the other waits on the
+ *   record's lock and takes the record kept. */
 #include "test_cache_common.h"
+
+#include <pthread.h>
 
 #include "disk_cache.h"
 #include "gemm_tiles.h"
@@ -253,6 +257,47 @@ static int child_tune_at_first_use(void)
     return keyed ? 0 : 1;
 }
 
+struct tune_child {
+    int code;
+    char *output;
+};
+
+static void *run_tune_child(void *context)
+{
+    struct tune_child *child = context;
+    /* A wait long enough for the other's tuning on a loaded machine. */
+    const char *env[] = {"SNEPPX_TUNE=1", "SNEPPX_VERBOSE=1", "SNEPPX_CACHE_LOCK_TIMEOUT=600", NULL};
+    child->code = cache_test_run_child("child-tune", env, &child->output);
+    return NULL;
+}
+
+/* Two processes with SNEPPX_TUNE=1 and no record, started at once: one tunes and
+ * the other takes the record it kept, each layer asking for the record's keys
+ * (side by side, each would time its candidates while the other loads the cores). */
+static void check_concurrent_tuning(const char *dir, const struct sneppx_target *target)
+{
+    char path[CACHE_TEST_PATH_MAX];
+    record_path(dir, target, path, sizeof path);
+    unlink(path);
+    struct tune_child children[2] = {{0}};
+    pthread_t threads[2];
+    int started = 0;
+    while (started < 2 && pthread_create(&threads[started], NULL, run_tune_child, &children[started]) == 0)
+        started++;
+    int tunings = 0, exits = 0;
+    for (int i = 0; i < started; i++) {
+        pthread_join(threads[i], NULL);
+        tunings += cache_test_count(children[i].output, "tuned the GEMM for ");
+        exits += children[i].code == 0;
+    }
+    TEST_CHECK(&tally, started == 2 && exits == 2 && tunings == 1,
+               "two SNEPPX_TUNE=1 processes at once: %d started, %d exited 0, %d tuned (want 1); stderr:\n%s\n---\n%s",
+               started, exits, tunings, children[0].output ? children[0].output : "",
+               children[1].output ? children[1].output : "");
+    free(children[0].output);
+    free(children[1].output);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "child-tiles") == 0)
@@ -338,6 +383,7 @@ int main(int argc, char **argv)
                            strstr(child_stderr, "tuning again (SNEPPX_TUNE=1)"),
                "SNEPPX_TUNE=1 beside a refused record: exit %d, stderr '%s'", code, child_stderr ? child_stderr : "");
     free(child_stderr);
+    check_concurrent_tuning(dir, target);
 
     cache_test_remove_tree(dir);
     return test_finish(&tally);
