@@ -322,22 +322,24 @@ int main(int argc, char **argv)
         return warmup(argc - 2, argv + 2);
     if (strcmp(command, "tune") == 0)
         return tune(argc - 2, argv + 2);
+    /* The command is named before its arguments are judged: "takes no arguments"
+     * would otherwise call a mistyped command one. */
+    if (strcmp(command, "show") != 0 && strcmp(command, "list") != 0 && strcmp(command, "clear") != 0) {
+        fprintf(stderr, "sneppx-cache: unknown command '%s'\n", sneppx_clip(command).text);
+        usage(stderr);
+        return 2;
+    }
     if (argc > 2) {
-        fprintf(stderr, "sneppx-cache: %s takes no arguments\n", sneppx_clip(command).text);
+        fprintf(stderr, "sneppx-cache: %s takes no arguments, not '%s'\n", command, sneppx_clip(argv[2]).text);
         return 2;
     }
     if (strcmp(command, "show") == 0)
         return show();
     if (strcmp(command, "list") == 0)
         return list();
-    if (strcmp(command, "clear") == 0) {
-        sneppx_status status = sneppx_cache_clear();
-        if (status != SNEPPX_OK)
-            return fail("clear", status);
-        printf("cleared %s\n", sneppx_cache_dir()[0] ? sneppx_cache_dir() : "nothing (memory-only)");
-        return 0;
-    }
-    fprintf(stderr, "sneppx-cache: unknown command '%s'\n", sneppx_clip(command).text);
-    usage(stderr);
-    return 2;
+    sneppx_status status = sneppx_cache_clear();
+    if (status != SNEPPX_OK)
+        return fail("clear", status);
+    printf("cleared %s\n", sneppx_cache_dir()[0] ? sneppx_cache_dir() : "nothing (memory-only)");
+    return 0;
 }
