@@ -6,6 +6,7 @@ config, runtime/layer.c), `generate()` renders
     DIR/manifest.json and DIR/manifest.txt (one canonical key per line).
 """
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -333,9 +334,9 @@ def _check_manifest_is_ours(path: str, prefix: str) -> None:
     try:
         with open(path, encoding="utf-8") as stream:
             other = json.load(stream).get("prefix")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return
-    except (OSError, ValueError, AttributeError):
+    except (ValueError, AttributeError):
         other = None
     if other != prefix:
         described = f"layer {other}'s" if isinstance(other, str) else "not a manifest sneppx-gen wrote"
@@ -347,7 +348,7 @@ def generate(arch: Arch, out_dir: str, target: Target, flash: bool, kv_dtype: st
     holding kv_dtype; returns their paths.
     Raises ValueError for an arch the vendored layer does not cover, whose name would
     take the runtime's or another layer's C names, or when out_dir holds another layer's
-    manifest; OSError on I/O."""
+    manifest; OSError naming the path on I/O (out_dir not a directory included)."""
     taken = runtime_names.collision(arch.sanitized_name)
     if taken:
         raise ValueError(f"the layer's C names would be sneppx_{arch.sanitized_name}_*, as the runtime's "
@@ -358,6 +359,9 @@ def generate(arch: Arch, out_dir: str, target: Target, flash: bool, kv_dtype: st
         raise ValueError(f"the layer's C names would be sneppx_{arch.sanitized_name}_*: {clash}: choose another "
                          "name (--name)")
     source, header = render_layer(p)
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        # A file, or a dangling link os.makedirs would take for a directory that exists.
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), out_dir)
     _check_manifest_is_ours(os.path.join(out_dir, "manifest.json"), p.name)
     os.makedirs(out_dir, exist_ok=True)
     files = {

@@ -117,5 +117,9 @@ def main(argv: List[str]) -> int:
             with open(path, "rb") as f:
                 bitcodes.append((family, target, f.read()))
         text = tables.kernel_table(bitcodes)
-    write_if_changed(args.output, text)
+    try:
+        write_if_changed(args.output, text)
+    except OSError as error:
+        print(f"sneppx-gen build {args.what}: -o {args.output}: {error.strerror or error}", file=sys.stderr)
+        return 1
     return 0

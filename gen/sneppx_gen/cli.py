@@ -162,7 +162,12 @@ def main(argv: List[str]) -> int:
         target = host_cpu_target()
     try:
         written = aot.generate(arch, args.output, target, flash, args.kv_dtype or "float32")
-    except (OSError, ValueError) as error:
+    except OSError as error:
+        path = f"{error.filename}: " if error.filename and error.filename != args.output else ""
+        print(f"sneppx-gen: {arch.name}: -o {args.output}: {path}{error.strerror or error}",
+              file=sys.stderr)
+        return EXIT_FAILED
+    except ValueError as error:
         print(f"sneppx-gen: {arch.name}: {error}", file=sys.stderr)
         return EXIT_FAILED
     for path in written:

@@ -11,7 +11,8 @@ def _umask() -> int:
 
 
 def write_if_changed(path: str, text: str) -> bool:
-    """Writes text to path unless it already holds exactly that; returns True if written."""
+    """Writes text to path unless it already holds exactly that; returns True if written.
+    Raises OSError whose filename is path."""
     data = text.encode()
     try:
         with open(path, "rb") as f:
@@ -20,14 +21,20 @@ def write_if_changed(path: str, text: str) -> bool:
     except OSError:
         pass
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".sneppx-gen-")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".sneppx-gen-")
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; generated files are ordinary files
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         os.unlink(tmp)
+        # The error names the file being written, not the temporary one nobody asked for.
+        if isinstance(error, OSError):
+            raise OSError(error.errno, error.strerror, path) from None
         raise
     return True

@@ -175,6 +175,47 @@ def test_cli_refuses_a_repeated_option(options, option, tmp_path):
     assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
 
 
+def _output_in_a_file(tmp_path: Path) -> Path:
+    (tmp_path / "file").write_text("")
+    return tmp_path / "file"
+
+
+def _output_under_a_file(tmp_path: Path) -> Path:
+    return _output_in_a_file(tmp_path) / "out"
+
+
+def _output_a_dangling_link(tmp_path: Path) -> Path:
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    return tmp_path / "link"
+
+
+def _output_holding_a_directory_for_the_source(tmp_path: Path) -> Path:
+    (tmp_path / "out" / "sneppx_tiny.c").mkdir(parents=True)
+    return tmp_path / "out"
+
+
+@pytest.mark.parametrize("make_output, reason", [
+    (_output_in_a_file, "Not a directory"),          # was "FILE/manifest.json is not a manifest sneppx-gen wrote"
+    (_output_under_a_file, "Not a directory"),
+    (_output_a_dangling_link, "Not a directory"),    # was "[Errno 17] File exists: 'LINK'"
+    (_output_holding_a_directory_for_the_source, "{out}/sneppx_tiny.c: Is a directory"),  # named a temporary file
+], ids=["file", "under-file", "dangling-link", "source-is-a-directory"])
+def test_cli_names_an_output_it_cannot_write(make_output, reason, tmp_path):
+    config = tmp_path / "tiny.json"
+    config.write_text(_text())
+    out = make_output(tmp_path)
+    result = _run_gen(config, out)
+    assert result.returncode == 1, result
+    assert result.stderr == f"sneppx-gen: tiny: -o {out}: {reason.format(out=out)}\n"
+
+
+def test_build_names_an_output_it_cannot_write(tmp_path):
+    result = subprocess.run([sys.executable, str(SNEPPX_GEN), "build", "model-types", "-o", str(tmp_path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1       # was a traceback
+    assert result.stderr == f"sneppx-gen build model-types: -o {tmp_path}: Is a directory\n"
+
+
 def test_cli_clips_an_unknown_name():
     result = subprocess.run([sys.executable, str(SNEPPX_GEN), "--arch", "x" * 100000, "-o", "/nonexistent/out"],
                             capture_output=True, text=True, timeout=60)
