@@ -40,7 +40,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     void *again = NULL;
     size_t again_size = 0;
-    FUZZ_ASSERT(sneppx_bundle_pack(objects, count, &again, &again_size) == SNEPPX_OK, "repacking failed");
+    FUZZ_ASSERT(sneppx_bundle_make(objects, count, &again, &again_size) == SNEPPX_OK, "repacking failed");
     FUZZ_ASSERT(again_size == size && memcmp(again, input, size) == 0,
                 "an accepted %zu-byte bundle repacks to %zu other bytes", size, again_size);
     free(again);

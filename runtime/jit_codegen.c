@@ -363,7 +363,7 @@ sneppx_status sneppx_jit_emit_bundle(LLVMModuleRef module, LLVMTargetMachineRef 
                                                    LLVMGetBufferSize(part[p].object)};
     }
     if (status == SNEPPX_OK)
-        status = sneppx_bundle_pack(spans, parts, bundle, bundle_size);
+        status = sneppx_bundle_make(spans, parts, bundle, bundle_size);
 done:
     for (int p = 0; p < PARTS; p++) {
         free_names(part[p].drop, part[p].drop_count);

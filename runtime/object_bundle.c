@@ -27,7 +27,7 @@ _Static_assert(sizeof(struct bundle_header) % BUNDLE_ALIGN == 0, "the header is 
 
 static size_t aligned(size_t offset) { return (offset + BUNDLE_ALIGN - 1) & ~(size_t)(BUNDLE_ALIGN - 1); }
 
-sneppx_status sneppx_bundle_pack(const struct sneppx_object_span *objects, int count, void **bundle,
+sneppx_status sneppx_bundle_make(const struct sneppx_object_span *objects, int count, void **bundle,
                                  size_t *bundle_size)
 {
     if (count < 1 || count > SNEPPX_BUNDLE_MAX_OBJECTS)

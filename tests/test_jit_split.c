@@ -44,7 +44,7 @@ static void check_bundles(void)
     const struct sneppx_object_span objects[] = {{first, sizeof first}, {second, sizeof second}};
     void *bundle = NULL;
     size_t size = 0;
-    CHECK(sneppx_bundle_pack(objects, 2, &bundle, &size) == SNEPPX_OK);
+    CHECK(sneppx_bundle_make(objects, 2, &bundle, &size) == SNEPPX_OK);
     struct sneppx_object_span back[SNEPPX_BUNDLE_MAX_OBJECTS];
     int count = 0;
     CHECK(sneppx_bundle_unpack(bundle, size, "k", back, &count) == SNEPPX_OK && count == 2);
@@ -93,8 +93,8 @@ static void check_bundles(void)
     void *refused_bundle = NULL;
     size_t refused_size = 0;
     const struct sneppx_object_span with_empty[] = {{first, sizeof first}, {second, 0}};
-    CHECK(sneppx_bundle_pack(objects, 0, &refused_bundle, &refused_size) == SNEPPX_ERR_JIT);
-    CHECK(sneppx_bundle_pack(with_empty, 2, &refused_bundle, &refused_size) == SNEPPX_ERR_JIT && !refused_bundle);
+    CHECK(sneppx_bundle_make(objects, 0, &refused_bundle, &refused_size) == SNEPPX_ERR_JIT);
+    CHECK(sneppx_bundle_make(with_empty, 2, &refused_bundle, &refused_size) == SNEPPX_ERR_JIT && !refused_bundle);
     free(grown);
     free(bundle);
 }

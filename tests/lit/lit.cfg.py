@@ -16,6 +16,9 @@ config.environment["SNEPPX_CACHE_DIR"] = os.path.join(config.sneppx_binary_dir, 
 config.substitutions.append(("%sneppx-gen", "%s %s" % (config.python, os.path.join(config.sneppx_source_dir, "gen", "sneppx-gen"))))
 config.substitutions.append(("%sneppx-ir", os.path.join(config.sneppx_binary_dir, "runtime", "sneppx-ir")))
 config.substitutions.append(("%python", config.python))
+# The static runtime and the list of what the shared one exports (the rest of the archive's names are internal).
+config.substitutions.append(("%sneppx-archive", os.path.join(config.sneppx_binary_dir, "runtime", "libsneppx.a")))
+config.substitutions.append(("%sneppx-exports", os.path.join(config.sneppx_source_dir, "runtime", "exports.txt")))
 # The runtime's public headers: include/ and the build's rendered sneppx/limits.h.
 config.substitutions.append(("%sneppx-includes", "-I%s -I%s" % (os.path.join(config.sneppx_source_dir, "include"),
                                                               os.path.join(config.sneppx_binary_dir, "generated"))))
