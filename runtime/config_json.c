@@ -34,24 +34,6 @@ struct scope {
     const char *prefix;
 };
 
-/* Text from the file, for a message: at most CLIP_BYTES bytes, with "..."
- * when it was longer (a cut name must not read as the whole name). The
- * array lives until the end of the full expression holding the call. */
-#define CLIP_BYTES 64
-struct clipped {
-    char text[CLIP_BYTES + 4];
-};
-
-static struct clipped clip(const char *text, size_t bytes)
-{
-    struct clipped out;
-    const size_t length = strlen(text);
-    if (bytes > CLIP_BYTES)
-        bytes = CLIP_BYTES;
-    snprintf(out.text, sizeof out.text, "%.*s%s", (int)bytes, text, length > bytes ? "..." : "");
-    return out;
-}
-
 /* "a string", "-3", "true", ...: what a field held, for messages. */
 static void describe(const cJSON *item, char *text, size_t size)
 {
@@ -62,7 +44,7 @@ static void describe(const cJSON *item, char *text, size_t size)
     else if (cJSON_IsFalse(item))
         snprintf(text, size, "false");
     else if (cJSON_IsString(item))
-        snprintf(text, size, "the string \"%s\"", clip(item->valuestring, 32).text);
+        snprintf(text, size, "the string \"%s\"", sneppx_clip_to(item->valuestring, 32).text);
     else if (cJSON_IsArray(item))
         snprintf(text, size, "an array");
     else if (cJSON_IsObject(item))
@@ -211,7 +193,7 @@ static sneppx_status rope_kind(const struct scope *scope, int *kind)
         return status;
     if (rope_type && type && strcmp(rope_type, type) != 0)
         return sneppx_fail(SNEPPX_ERR_FORMAT, "config.json: %.*s: rope_type '%s' and type '%s' disagree",
-                           (int)strlen(scope->prefix) - 1, scope->prefix, clip(rope_type, CLIP_BYTES).text, clip(type, CLIP_BYTES).text);
+                           (int)strlen(scope->prefix) - 1, scope->prefix, sneppx_clip(rope_type).text, sneppx_clip(type).text);
     const char *name = rope_type ? rope_type : type;
     if (!name) {
         *kind = ROPE_KIND_MISSING;
@@ -224,7 +206,7 @@ static sneppx_status rope_kind(const struct scope *scope, int *kind)
         }
     }
     return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: %srope_type: '%s' is not supported (supported: %s)",
-                       scope->prefix, clip(name, CLIP_BYTES).text, sneppx_rope_type_list);
+                       scope->prefix, sneppx_clip(name).text, sneppx_rope_type_list);
 }
 
 /* Keys each rope type requires (HF's rope validation asks for the same). */
@@ -305,7 +287,7 @@ static sneppx_status read_rope_scaling_value(const cJSON *dict, const char *name
     cJSON_ArrayForEach(item, dict) {
         if (!item->string || !(rope_key_known(item->string) || (parameters && rope_config_key(item->string))))
             return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: %s.%s: unknown key (known: %s%s)", name,
-                               clip(item->string ? item->string : "", CLIP_BYTES).text, sneppx_rope_key_list,
+                               sneppx_clip(item->string ? item->string : "").text, sneppx_rope_key_list,
                                parameters ? ", rope_theta, partial_rotary_factor" : "");
     }
     if (type_status != SNEPPX_OK)
@@ -318,7 +300,7 @@ static sneppx_status read_rope_scaling_value(const cJSON *dict, const char *name
             if (!cJSON_IsNull(item) && !rope_config_key(item->string))
                 return sneppx_fail(SNEPPX_ERR_FORMAT,
                                    "config.json: %s.rope_type: missing (nor is 'type' given), which '%s' needs", name,
-                                   clip(item->string, CLIP_BYTES).text);
+                                   sneppx_clip(item->string).text);
         }
         return SNEPPX_OK;
     }
@@ -392,7 +374,7 @@ static sneppx_status read_model_type(const struct scope *top, const struct snepp
         }
     }
     return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.json: model_type: '%s' is not supported (supported: %s)",
-                       clip(name, CLIP_BYTES).text, sneppx_model_type_list);
+                       sneppx_clip(name).text, sneppx_model_type_list);
 }
 
 /* Whether a Qwen2 file with use_sliding_window: true slides on any layer, by

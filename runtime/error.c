@@ -25,13 +25,14 @@ void sneppx_clear_error(void) { last_error[0] = '\0'; }
 
 const char *sneppx_last_error(void) { return last_error; }
 
-sneppx_clipped sneppx_clip(const char *text)
+sneppx_clipped sneppx_clip_to(const char *text, size_t limit)
 {
     sneppx_clipped out;
-    size_t end = strnlen(text, SNEPPX_CLIP_BYTES + 1);
-    const int cut = end > SNEPPX_CLIP_BYTES;
+    limit = limit < SNEPPX_CLIP_BYTES ? limit : SNEPPX_CLIP_BYTES;
+    size_t end = strnlen(text, limit + 1);
+    const int cut = end > limit;
     if (cut) {
-        end = SNEPPX_CLIP_BYTES;
+        end = limit;
         /* The first byte left out continues a character: drop that
          * character's bytes kept (continuations, then its lead byte). */
         if (((unsigned char)text[end] & 0xC0) == 0x80) {
@@ -41,8 +42,24 @@ sneppx_clipped sneppx_clip(const char *text)
                 end--;
         }
     }
-    snprintf(out.text, sizeof out.text, "%.*s%s", (int)end, text, cut ? "..." : "");
+    /* A control character would let a file or an argument start a line of its own, or
+     * send a terminal escape sequence, inside a message. */
+    for (size_t i = 0; i < end; i++) {
+        const unsigned char c = (unsigned char)text[i];
+        out.text[i] = sneppx_is_control(c) ? '?' : (char)c;
+    }
+    snprintf(out.text + end, sizeof out.text - end, "%s", cut ? "..." : "");
     return out;
+}
+
+sneppx_clipped sneppx_clip(const char *text) { return sneppx_clip_to(text, SNEPPX_CLIP_BYTES); }
+
+int sneppx_has_control(const char *text)
+{
+    for (; *text; text++)
+        if (sneppx_is_control((unsigned char)*text))
+            return 1;
+    return 0;
 }
 
 const char *sneppx_status_name(sneppx_status status)

@@ -124,6 +124,9 @@ static sneppx_status parse_entry(const char *path, const cJSON *item, uint64_t d
                                  struct tensor_entry *entry)
 {
     const char *name = item->string;
+    if (sneppx_has_control(name)) /* every message about the tensor names it */
+        return sneppx_fail(SNEPPX_ERR_FORMAT, "%s: tensor '%s': a name with a control character", path,
+                           sneppx_clip(name).text);
     if (!cJSON_IsObject(item))
         return sneppx_fail(SNEPPX_ERR_FORMAT, "%s: tensor '%s': entry is not a JSON object", path, name);
     entry->name = strdup(name);
@@ -136,7 +139,7 @@ static sneppx_status parse_entry(const char *path, const cJSON *item, uint64_t d
     const struct dtype_desc *desc = find_dtype(dtype->valuestring);
     if (!desc)
         return sneppx_fail(SNEPPX_ERR_FORMAT, "%s: tensor '%s': unknown dtype '%s'", path, name,
-                           dtype->valuestring);
+                           sneppx_clip(dtype->valuestring).text);
     entry->dtype = desc->name;
     entry->element_size = desc->element_size;
 

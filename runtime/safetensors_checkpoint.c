@@ -354,6 +354,11 @@ static sneppx_status scan_index(struct loader *loader, const char *index_path)
     }
     const cJSON *entry;
     cJSON_ArrayForEach(entry, weight_map) {
+        if (sneppx_has_control(entry->string)) { /* every message about the tensor names it */
+            status = sneppx_fail(SNEPPX_ERR_FORMAT, "%s: weight_map['%s']: a name with a control character",
+                                 index_path, sneppx_clip(entry->string).text);
+            break;
+        }
         if (!layer_suffix(loader, entry->string))
             continue;
         if (!cJSON_IsString(entry) || !safe_shard_name(entry->valuestring)) {

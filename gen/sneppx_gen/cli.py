@@ -19,6 +19,7 @@ import sys
 from typing import List
 
 from . import archs, build, config_fields
+from .echo import clip
 from .targets import TARGET_NAMES, TARGETS, VECTOR_WIDTHS, Target, host_target, target_named, target_of_width
 
 EXIT_USAGE = 2
@@ -40,18 +41,6 @@ def host_cpu_target() -> Target:
     return host_target(flags)
 
 
-# What a message echoes of a name the user typed (runtime/config.c's NAME_ECHO_MAX).
-ECHO_MAX_BYTES = 64
-
-
-def clipped(text: str) -> str:
-    """text cut to ECHO_MAX_BYTES bytes on a whole UTF-8 character, with "..." when cut."""
-    data = text.encode("utf-8", "surrogateescape")
-    if len(data) <= ECHO_MAX_BYTES:
-        return text
-    return data[:ECHO_MAX_BYTES].decode("utf-8", "ignore") + "..."
-
-
 class _Once(argparse.Action):
     """An option that may be given once: argparse keeps the last of repeated values, which
     would write one of two outputs, or one of two architectures, without a word."""
@@ -59,8 +48,8 @@ class _Once(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         before = getattr(namespace, self.dest, None)
         if before is not None:
-            parser.error(f"{'/'.join(self.option_strings)} given twice ({clipped(str(before))!r} and "
-                         f"{clipped(str(values))!r}); give it once")
+            parser.error(f"{'/'.join(self.option_strings)} given twice ({clip(str(before))!r} and "
+                         f"{clip(str(values))!r}); give it once")
         setattr(namespace, self.dest, values)
 
 
@@ -134,7 +123,7 @@ def main(argv: List[str]) -> int:
             presets = archs.load_presets()
             arch = archs.find_preset(args.arch, presets)
             if arch is None:
-                print(f"sneppx-gen: unknown architecture '{clipped(args.arch)}'; valid names: "
+                print(f"sneppx-gen: unknown architecture '{clip(args.arch)}'; valid names: "
                       + ", ".join(a.name for a in presets), file=sys.stderr)
                 return EXIT_USAGE
             if args.name is not None:

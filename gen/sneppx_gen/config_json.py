@@ -31,6 +31,7 @@ from dataclasses import make_dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import config_fields, limits, model_types
+from .echo import clip
 
 
 class ConfigError(ValueError):
@@ -186,13 +187,6 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, float)
 
 
-def _c_prefix(text: str, limit: int) -> str:
-    """runtime/config_json.c's clip() of a C string: its first limit bytes, and "..."
-    when it was longer."""
-    whole = text.split("\0", 1)[0].encode("utf-8", "surrogateescape")
-    return whole[:limit].decode("utf-8", "replace") + ("..." if len(whole) > limit else "")
-
-
 def _g(value: float) -> str:
     """printf's %g."""
     return f"{value:g}"
@@ -207,7 +201,7 @@ def describe(value: Any) -> str:
     if value is False:
         return "false"
     if isinstance(value, str):
-        return f'the string "{_c_prefix(value, 32)}"'
+        return f'the string "{clip(value, 32)}"'
     if isinstance(value, list):
         return "an array"
     if isinstance(value, JsonObject):
@@ -349,24 +343,24 @@ def read_rope_scaling(top: Scope, key: str = "rope_scaling") -> RopeFields:
     # longrope's long_factor, would name a key), a mistyped or missing one after them (a
     # per-layer dict is named by its unknown key).
     if name is not None and (rope_type is None or type_ is None or rope_type == type_) and name not in ROPE_TYPES:
-        raise ConfigError(f"{key}.rope_type: '{_c_prefix(name, 64)}' is not supported "
+        raise ConfigError(f"{key}.rope_type: '{clip(name)}' is not supported "
                           f"(supported: {', '.join(ROPE_TYPES)})")
     for field_name, _ in raw.pairs:
         if field_name not in config_fields.ROPE_KEYS + extra:
-            raise ConfigError(f"{key}.{_c_prefix(field_name, 64)}: unknown key "
+            raise ConfigError(f"{key}.{clip(field_name)}: unknown key "
                               f"(known: {', '.join(config_fields.ROPE_KEYS + extra)})")
     if type_error is not None:
         raise type_error
     if rope_type is not None and type_ is not None and rope_type != type_:
-        raise ConfigError(f"{key}: rope_type '{_c_prefix(rope_type, 64)}' and type "
-                          f"'{_c_prefix(type_, 64)}' disagree")
+        raise ConfigError(f"{key}: rope_type '{clip(rope_type)}' and type "
+                          f"'{clip(type_)}' disagree")
     if name is None:
         # transformers 5 reads a dict without a type as plain RoPE: so is one that holds nothing
         # else ({}, nulls, or rope_parameters' own rope_theta); a scaling parameter cannot be typed.
         for field_name, value in raw.pairs:
             if value is not None and field_name not in extra:
                 raise ConfigError(f"{key}.rope_type: missing (nor is 'type' given), which "
-                                  f"'{_c_prefix(field_name, 64)}' needs")
+                                  f"'{clip(field_name)}' needs")
         return RopeFields()
     for required in config_fields.rope_required(name):
         if scope.lookup(required) is None:
@@ -459,7 +453,7 @@ def read_hf(root: JsonObject) -> CConfig:
     if name is None:
         raise ConfigError("model_type: missing")
     if name not in MODEL_TYPES:
-        raise ConfigError(f"model_type: '{_c_prefix(name, 64)}' is not supported (supported: "
+        raise ConfigError(f"model_type: '{clip(name)}' is not supported (supported: "
                           f"{model_types.MODEL_TYPE_LIST})")
     kind = MODEL_TYPES[name]
     c = CConfig(name=name)
@@ -507,7 +501,7 @@ def read_hand(root: JsonObject) -> CConfig:
     top = Scope(root, "")
     for key, _ in root.pairs:
         if key not in HAND_KEYS:
-            raise ConfigError(f"{_c_prefix(key, 64)}: unknown key (a config without model_type is "
+            raise ConfigError(f"{clip(key)}: unknown key (a config without model_type is "
                               f"sneppx.LLMConfig's keywords; known: {', '.join(HAND_KEYS)})")
     c = CConfig()
     for f in HAND_SIZES:
@@ -546,13 +540,13 @@ def read_hand(root: JsonObject) -> CConfig:
     weight_dtype = top.string("weight_dtype")
     if weight_dtype is not None:
         if weight_dtype not in config_fields.WEIGHT_DTYPES:
-            raise ConfigError(f"weight_dtype: {_c_prefix(weight_dtype, 64)!r} is not one of "
+            raise ConfigError(f"weight_dtype: {clip(weight_dtype)!r} is not one of "
                               f"{', '.join(config_fields.WEIGHT_DTYPES)}")
         c.weight_dtype = config_fields.DTYPES.index(weight_dtype)
     compute_dtype = top.string("compute_dtype")
     if compute_dtype is not None:
         if compute_dtype not in ("float32", "bfloat16"):
-            raise ConfigError(f"compute_dtype: {_c_prefix(compute_dtype, 64)!r} is not float32 or bfloat16")
+            raise ConfigError(f"compute_dtype: {clip(compute_dtype)!r} is not float32 or bfloat16")
         c.compute_dtype = config_fields.DTYPES.index(compute_dtype)
     return c
 

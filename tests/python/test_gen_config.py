@@ -13,6 +13,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -354,6 +355,12 @@ CORPUS = {
     "nul-in-model-type": _text(model_type="llama\u0000x"),
     "model-type-null": _text(model_type=None),
     "model-type-long": _text(model_type="\u00e9" * 40),
+    "model-type-cut-inside-a-character": _text(model_type="x" + "\u00e9" * 40),
+    # Control characters echo as '?' (no line of their own, no terminal escape).
+    "model-type-control": _text(model_type="llama\n\u001b[2J\u007f"),
+    "rope-key-control": _text(rope_scaling={"rope_type": "linear", "factor": 2.0, "fac\rtor": 1}),
+    "rope-type-control": _text(rope_scaling={"rope_type": "lin\u001bear", "factor": 2.0}),
+    "string-control": _text(hidden_size="\u0007" * 40),
     "nan-literal": _text()[:-1] + ', "rope_theta": NaN}',
     "trailing-bytes": _text() + " x",
     "trailing-space": _text() + " \n",
@@ -418,6 +425,7 @@ def test_reader_agrees_with_the_runtime(name, tmp_path):
         got, got_error = None, str(error)
     if want_error is not None:
         assert got_error is not None, f"the runtime refuses ({want_error}); gen accepts"
+        assert not re.search(r"[\x00-\x1f\x7f]", want_error), f"a control character in {want_error!r}"
         if "not valid JSON" in want_error:     # the byte offsets are cJSON's and json's
             assert got_error.startswith(f"{path}: not valid JSON"), got_error
         else:

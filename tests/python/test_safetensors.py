@@ -228,3 +228,33 @@ def test_file_and_layer_errors(single_file, tmp_path):
         cfg.load_safetensors(index)
     # The directory is read through its model.safetensors, as transformers reads it.
     cfg.load_safetensors(tmp_path)
+
+
+def test_a_tensor_name_with_a_control_character_is_refused_unechoed(single_file, tmp_path, hidden):
+    # Every message about a tensor names it: a name that could start a line of its own or
+    # send a terminal escape sequence is refused, and shown with '?' for its controls.
+    path, tensors = single_file
+    cfg = sneppx.LLMConfig(**GQA)
+    before = cfg.forward_mha(hidden)
+    prefix = "model.layers.0.self_attn."
+    named = dict(tensors)
+    named[prefix + "q_proj.bias\n\x1b[2Jx"] = named.pop(prefix + "q_proj.bias")
+    write_safetensors(path, named)
+    with pytest.raises(sneppx.FormatError) as refused:
+        cfg.load_safetensors(path)
+    assert f"tensor '{prefix}q_proj.bias??[2Jx': a name with a control character" in str(refused.value)
+    bad_dtype = dict(tensors)
+    bad_dtype[prefix + "q_proj.bias"] = ("F32", tensors[prefix + "q_proj.bias"][1])
+    write_safetensors(path, bad_dtype)
+    raw = path.read_bytes().replace(b'"dtype": "F32"', b'"dtype": "F\\u001b32"', 1)
+    path.write_bytes(raw)
+    with pytest.raises(sneppx.FormatError, match=r"unknown dtype 'F\?32'"):
+        cfg.load_safetensors(path)
+    index = tmp_path / "model.safetensors.index.json"
+    write_safetensors(path, tensors)
+    index.write_text(json.dumps({"weight_map": {**{name: path.name for name in tensors},
+                                                prefix + "o_proj.weight\r": path.name}}))
+    with pytest.raises(sneppx.FormatError) as refused:
+        cfg.load_safetensors(index)
+    assert f"weight_map['{prefix}o_proj.weight?']: a name with a control character" in str(refused.value)
+    np.testing.assert_array_equal(cfg.forward_mha(hidden), before)
