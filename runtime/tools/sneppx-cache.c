@@ -256,6 +256,11 @@ static int tune(int argc, char **argv)
 {
     struct sneppx_gemm_tune_shape shape = sneppx_gemm_tune_default_shape();
     for (int i = 0; i < argc; i += 2) {
+        if (i > 0 && strcmp(argv[i], "--threads") == 0) { /* not the last one silently */
+            fprintf(stderr, "sneppx-cache: tune: --threads given twice ('%s' and '%s'); give it once\n",
+                    sneppx_clip(argv[1]).text, i + 1 < argc ? sneppx_clip(argv[i + 1]).text : "");
+            return 2;
+        }
         char *end = NULL;
         long threads = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : -1;
         if (strcmp(argv[i], "--threads") != 0 || i + 1 >= argc || !end || *end || end == argv[i + 1] ||
