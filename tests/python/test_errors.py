@@ -198,6 +198,11 @@ def test_bad_position_ids(cfg, x):
         "extend_context() instead rescales theta for a longer context)")
     with pytest.raises(ValueError, match="does not fit in int64"):
         cfg.forward_mha(x, position_ids=np.full((1, 5), 2 ** 63, np.uint64))
+    # Without position_ids, the sequence's length made the positions: named as the cause
+    # (the message named position_ids, which the caller never gave).
+    with pytest.raises(ValueError, match=r"^seq_len: 4097 tokens at positions 0\.\.4096 \(position_ids NULL\) "
+                                         r"reach beyond max_position_embeddings 4096 \(HF runs on past it"):
+        cfg.forward_mha(np.zeros((1, 4097, cfg.hidden_size), np.float32))
     # A [1, seq] row of positions applies to every batch row; unsigned ints are fine.
     np.testing.assert_array_equal(cfg.forward_mha(x, position_ids=np.arange(5, dtype=np.uint8)[None]),
                                   cfg.forward_mha(x))
