@@ -20,3 +20,5 @@ void *sneppx_alloc_big(size_t bytes)
 #endif
     return memory;
 }
+
+void *sneppx_alloc_floats(size_t count) { return sneppx_alloc_big(count * sizeof(float)); }

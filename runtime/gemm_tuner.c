@@ -7,13 +7,14 @@
 #include <string.h>
 #include <time.h>
 
+#include "big_alloc.h"
 #include "error.h"
 #include "host.h"
 #include "kernel_args.h"
 #include "kernels.h"
+#include "sneppx/config.h"
 #include "sneppx/limits.h"
 #include "sneppx_abi.h"
-#include "threads.h"
 
 /* Weight rows per packing task, as runtime/weights.c packs them. */
 #define PACK_COLUMNS 64

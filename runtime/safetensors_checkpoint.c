@@ -17,7 +17,7 @@
 #include "json_text.h"
 #include "regular_file.h"
 #include "safetensors_internal.h"
-#include "shard.h"
+#include "shard_create.h"
 #include "sneppx/safetensors.h"
 #include "weights.h"
 

@@ -1,7 +1,8 @@
 /* Internal: a layer that is a shard of a bigger one (include/sneppx/shard.h).
  * shard_split.c derives a rank's heads, config and weight views (no
  * communication); shard_agree.c holds the collective steps: every rank's verdict
- * on a call, and the sums of the output; shard_create.c makes the layer. */
+ * on a call, and the sums of the output. Both sit below the layer, which calls
+ * them; shard_create.h makes the layer, above it. */
 #ifndef SNEPPX_RUNTIME_SHARD_H
 #define SNEPPX_RUNTIME_SHARD_H
 #include <stdint.h>
@@ -96,23 +97,5 @@ sneppx_status sneppx_shard_sum_wait(const struct sneppx_layer_shard *shard);
 void sneppx_shard_free(struct sneppx_layer_shard *shard);
 /* Releases a transport not (or no longer) held by a layer. */
 void sneppx_shard_release(const sneppx_shard *shard);
-
-/* ---- shard_create.c ------------------------------------------------------- */
-
-/* What a rank's weights are, which every rank must share. */
-enum sneppx_shard_weights { SNEPPX_SHARD_SYNTHETIC = 1, SNEPPX_SHARD_FLOAT32, SNEPPX_SHARD_TYPED, SNEPPX_SHARD_CHECKPOINT };
-
-/* Checks shard itself (local: the transport cannot be trusted before this):
- * SNEPPX_OK, or an error naming it, the transport released. */
-sneppx_status sneppx_shard_check_argument(const sneppx_shard *shard);
-
-/* The collective create after the public entry's own checks: local is this
- * rank's verdict so far (SNEPPX_OK: config is non-NULL and sources hold the whole
- * layer's tensors, not yet checked against it). Releases the transport unless it
- * returns a layer in *out (out may be NULL: refused). */
-sneppx_status sneppx_shard_create(const sneppx_config *config, sneppx_status local,
-                                  struct sneppx_weight_source sources[SNEPPX_WEIGHT_FIELDS],
-                                  enum sneppx_shard_weights weights, int64_t layer_index, const sneppx_shard *shard,
-                                  sneppx_layer **out);
 
 #endif

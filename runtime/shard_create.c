@@ -10,7 +10,7 @@
 #include "config_internal.h"
 #include "error.h"
 #include "layer_internal.h"
-#include "shard.h"
+#include "shard_create.h"
 #include "weights.h"
 
 /* What every rank's create must share. */

@@ -1,7 +1,6 @@
-/* Threading and float buffers: the runtime owns both (kernels are single-threaded tiles). */
+/* Threading: the runtime owns it (kernels are single-threaded tiles). */
 #include <omp.h>
 
-#include "big_alloc.h"
 #include "threads.h"
 
 int sneppx_thread_count(const sneppx_layer *layer)
@@ -9,5 +8,3 @@ int sneppx_thread_count(const sneppx_layer *layer)
     int threads = layer->config.num_threads > 0 ? layer->config.num_threads : omp_get_max_threads();
     return threads > 0 ? threads : 1;
 }
-
-void *sneppx_alloc_floats(size_t count) { return sneppx_alloc_big(count * sizeof(float)); }

@@ -2,6 +2,7 @@
  * own workspace; a released one is reused by the next call that fits in it. */
 #include <stdlib.h>
 
+#include "big_alloc.h"
 #include "error.h"
 #include "workspace.h"
 #include "threads.h"
