@@ -47,7 +47,7 @@ static void usage(FILE *to)
 {
     fprintf(to, "usage: sneppx-run [--arch NAME]... [--seq T] [--batch B] [--threads N] [--repeat R] [--sdpa] [--tp]\n"
                 "                  [--weight-dtype float32|bfloat16|float16|int8] [--compute-dtype float32|bfloat16]\n"
-                "       sneppx-run [--arch NAME]... --context C --decode N [--batch B] [--threads N] [--sdpa]\n"
+                "       sneppx-run [--arch NAME]... --context C --decode N [--batch B] [--threads N] [--sdpa] [--tp]\n"
                 "                  [--weight-dtype float32|bfloat16|float16|int8] [--kv-dtype float32|bfloat16|float16|int8]\n"
                 "                  [--compute-dtype float32|bfloat16]\n"
                 "  Runs one attention layer forward per preset (default: llama3-8B mistral-7B qwen2-7B\n"
@@ -64,7 +64,7 @@ static void usage(FILE *to)
                 "  (with --weight-dtype bfloat16, on AVX512_BF16 hosts) rounds their inputs to\n"
                 "  bfloat16 and runs ~2x the float32 rate.\n"
                 "  --tp, under mpirun -np N: the layer split by heads over the N ranks (tensor\n"
-                "  parallel); prints each rank's heads, weights, memory and times.\n");
+                "  parallel); prints each rank's heads, weights, KV cache, memory and times.\n");
 }
 
 static int run_arch(const char *arch, int64_t batch, int64_t seq_len, int threads, int repeat, int flash,
@@ -259,7 +259,7 @@ int main(int argc, char **argv)
         const struct run_options options = {.batch = batch, .seq_len = seq_len, .context = context,
                                             .decode = decode, .threads = (int)threads, .repeat = (int)repeat,
                                             .flash = flash, .weight_dtype = weight_dtype,
-                                            .compute_dtype = compute_dtype};
+                                            .kv_dtype = kv_dtype, .compute_dtype = compute_dtype};
         return run_tp(&argc, &argv, archs, arch_count, &options) ? 1 : 0;
 #else
         fprintf(stderr, "sneppx-run: --tp: this sneppx-run was built without MPI (CMake found none: install "

@@ -27,6 +27,10 @@ config.substitutions.append(("%sneppx-includes", "-I%s -I%s" % (os.path.join(con
 # -march=native, which -Werror would make our failure; the warning is the driver's.
 config.substitutions.append(("%clang-native", "clang-19 -march=native -Wno-invalid-feature-combination"))
 
+# REQUIRES: mpi — the build has libsneppx_mpi, so sneppx-run takes --tp.
+if config.sneppx_mpi:
+    config.available_features.add("mpi")
+
 # REQUIRES: avx512 — the host has AVX-512F.
 try:
     with open("/proc/cpuinfo") as cpuinfo:

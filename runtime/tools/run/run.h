@@ -37,7 +37,7 @@ int run_decode(const char *arch, int64_t batch, int64_t context, int64_t steps, 
 struct run_options {
     int64_t batch, seq_len, context, decode;
     int threads, repeat, flash;
-    sneppx_dtype weight_dtype, compute_dtype;
+    sneppx_dtype weight_dtype, kv_dtype, compute_dtype;
 };
 
 /* --tp, under mpirun (run/tp.c, built with MPI): each preset's layer split by

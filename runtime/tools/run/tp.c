@@ -41,7 +41,7 @@ static void fill_random(float *data, int64_t count, unsigned *state)
 /* What each rank reports to rank 0. */
 struct rank_report {
     double q_begin, q_heads, kv_begin, kv_heads;
-    double weight_mib, resident_mib, peak_mib, create_ms, median_ms, flops;
+    double weight_mib, kv_cache_mib, resident_mib, peak_mib, create_ms, median_ms, flops;
 };
 
 /* Timed forwards of batch x seq tokens: the median of `repeat` after a warm-up.
@@ -71,14 +71,16 @@ static int time_forwards(sneppx_layer *layer, int64_t batch, int64_t seq, int re
 }
 
 /* A prefill of `context` tokens per sequence, then `steps` timed decode steps
- * through the shard's own KV cache (its K/V heads only). */
-static int time_decode(sneppx_layer *layer, int64_t batch, int64_t context, int64_t steps, double *median)
+ * through the shard's own KV cache (its K/V heads only, elements of kv_dtype). */
+static int time_decode(sneppx_layer *layer, int64_t batch, int64_t context, int64_t steps, sneppx_dtype kv_dtype,
+                       double *median, double *cache_mib)
 {
     const sneppx_config *config = sneppx_layer_config(layer);
     sneppx_kv_cache_options options;
     sneppx_kv_cache_options_init(&options);
     const int64_t page = SNEPPX_KV_DEFAULT_PAGE_SIZE, hidden = config->hidden_size;
     options.capacity_tokens = batch * ((context + steps + 1 + page - 1) / page) * page;
+    options.dtype = kv_dtype;
     sneppx_kv_cache *cache = NULL;
     int64_t *ids = calloc((size_t)batch, sizeof(int64_t)), *q_lens = calloc((size_t)batch, sizeof(int64_t));
     float *x = malloc(sizeof(float) * (size_t)(batch * RUN_PREFILL_CHUNK * hidden));
@@ -86,6 +88,9 @@ static int time_decode(sneppx_layer *layer, int64_t batch, int64_t context, int6
     double *times = malloc(sizeof(double) * (size_t)(steps + 1));
     int failed = !ids || !q_lens || !x || !y || !times ||
                  sneppx_kv_cache_create(config, &options, &cache) != SNEPPX_OK;
+    sneppx_kv_cache_stats stats;
+    if (!failed && sneppx_kv_cache_stats_get(cache, &stats) == SNEPPX_OK)
+        *cache_mib = (double)stats.total_pages * (double)stats.page_bytes / (1 << 20);
     for (int64_t s = 0; s < batch && !failed; s++)
         failed = sneppx_kv_cache_add_sequence(cache, &ids[s]) != SNEPPX_OK;
     unsigned state = 12345;
@@ -128,10 +133,10 @@ static int run_tp_arch(const char *arch, const struct run_options *o, int rank, 
     config.compute_dtype = o->compute_dtype;
     if (rank == 0) {
         if (o->decode)
-            printf("== %s over %d ranks (tensor-parallel): decode, batch %lld, context %lld, %lld steps, %s "
-                   "weights\n",
+            printf("== %s over %d ranks (tensor-parallel): decode, batch %lld, context %lld, %lld steps, %s, %s "
+                   "weights, %s KV cache\n",
                    config.name, world, (long long)o->batch, (long long)o->context, (long long)o->decode,
-                   sneppx_dtype_name(o->weight_dtype));
+                   o->flash ? "flash" : "sdpa", sneppx_dtype_name(o->weight_dtype), sneppx_dtype_name(o->kv_dtype));
         else
             printf("== %s over %d ranks (tensor-parallel): batch %lld, seq %lld, %s, %s weights\n", config.name,
                    world, (long long)o->batch, (long long)o->seq_len, o->flash ? "flash" : "sdpa",
@@ -154,7 +159,8 @@ static int run_tp_arch(const char *arch, const struct run_options *o, int rank, 
     mine.q_begin = (double)info.q_head_begin, mine.q_heads = (double)info.q_heads;
     mine.kv_begin = (double)info.kv_head_begin, mine.kv_heads = (double)info.kv_heads;
     mine.weight_mib = sneppx_layer_weight_bytes(layer) / (1 << 20);
-    const int failed = o->decode ? time_decode(layer, o->batch, o->context, o->decode, &mine.median_ms)
+    const int failed = o->decode ? time_decode(layer, o->batch, o->context, o->decode, o->kv_dtype, &mine.median_ms,
+                                               &mine.kv_cache_mib)
                                  : time_forwards(layer, o->batch, o->seq_len, o->repeat, config.hidden_size,
                                                  &mine.median_ms);
     if (failed)
@@ -172,11 +178,12 @@ static int run_tp_arch(const char *arch, const struct run_options *o, int rank, 
         double slowest = 0, flops = 0, weights = 0;
         for (int r = 0; r < world; r++) {
             const struct rank_report *p = &all[r];
-            printf("   rank %d: query heads %.0f-%.0f, K/V heads %.0f-%.0f; packed weights %.1f MiB, resident "
-                   "%.0f MiB (peak %.0f); ready in %.0f ms; %s median %.3f ms\n",
-                   r, p->q_begin, p->q_begin + p->q_heads - 1, p->kv_begin, p->kv_begin + p->kv_heads - 1,
-                   p->weight_mib, p->resident_mib, p->peak_mib, p->create_ms, o->decode ? "step" : "forward",
-                   p->median_ms);
+            printf("   rank %d: query heads %.0f-%.0f, K/V heads %.0f-%.0f; packed weights %.1f MiB, ", r, p->q_begin,
+                   p->q_begin + p->q_heads - 1, p->kv_begin, p->kv_begin + p->kv_heads - 1, p->weight_mib);
+            if (o->decode)
+                printf("KV cache %.2f MiB, ", p->kv_cache_mib);
+            printf("resident %.0f MiB (peak %.0f); ready in %.0f ms; %s median %.3f ms\n", p->resident_mib,
+                   p->peak_mib, p->create_ms, o->decode ? "step" : "forward", p->median_ms);
             slowest = p->median_ms > slowest ? p->median_ms : slowest;
             flops += p->flops;
             weights += p->weight_mib;
