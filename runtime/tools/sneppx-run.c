@@ -158,6 +158,7 @@ int main(int argc, char **argv)
     sneppx_dtype weight_dtype = SNEPPX_DTYPE_FLOAT32, kv_dtype = SNEPPX_DTYPE_FLOAT32,
                  compute_dtype = SNEPPX_DTYPE_FLOAT32;
     long long seq_len = 128, batch = 1, threads = 0, repeat = 5, context = 0, decode = 0;
+    const char *forward_only = NULL; /* --seq or --repeat, which generation has no use for */
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         const int takes_value = !strcmp(arg, "--arch") || !strcmp(arg, "--seq") || !strcmp(arg, "--batch") ||
@@ -180,6 +181,7 @@ int main(int argc, char **argv)
         } else if (!strcmp(arg, "--seq")) {
             if (parse_count("--seq", value, 1, SNEPPX_MAX_SEQ_LEN, &seq_len) != 0)
                 return 2;
+            forward_only = arg;
         } else if (!strcmp(arg, "--batch")) {
             if (parse_count("--batch", value, 1, SNEPPX_MAX_SEQ_LEN, &batch) != 0)
                 return 2;
@@ -189,6 +191,7 @@ int main(int argc, char **argv)
         } else if (!strcmp(arg, "--repeat")) {
             if (parse_count("--repeat", value, 1, MAX_REPEAT, &repeat) != 0)
                 return 2;
+            forward_only = arg;
         } else if (!strcmp(arg, "--context")) {
             if (parse_count("--context", value, 0, SNEPPX_MAX_SEQ_LEN, &context) != 0)
                 return 2;
@@ -238,12 +241,24 @@ int main(int argc, char **argv)
         fprintf(stderr, "sneppx-run: --context needs --decode N (the decode steps after the prefill)\n");
         return 2;
     }
-    if (decode && batch * (context + decode + 1) > SNEPPX_KV_MAX_CAPACITY_TOKENS) {
-        fprintf(stderr, "sneppx-run: --batch %lld x (--context %lld + --decode %lld) tokens exceed a KV cache's "
-                        "%lld\n", batch, context, decode, (long long)SNEPPX_KV_MAX_CAPACITY_TOKENS);
+    if (decode && forward_only) {
+        fprintf(stderr, "sneppx-run: %s is not for --decode (generation takes --context and --decode)\n",
+                forward_only);
         return 2;
     }
-    if (seq_len * batch > SNEPPX_MAX_TOKENS) {
+    if (decode && run_kv_capacity_tokens(batch, context, decode) > SNEPPX_KV_MAX_CAPACITY_TOKENS) {
+        fprintf(stderr, "sneppx-run: --batch %lld x (--context %lld + --decode %lld) tokens, in whole pages of %d, "
+                        "exceed a KV cache's %lld\n", batch, context, decode, SNEPPX_KV_DEFAULT_PAGE_SIZE,
+                (long long)SNEPPX_KV_MAX_CAPACITY_TOKENS);
+        return 2;
+    }
+    if (decode && batch * run_forward_tokens(context) > SNEPPX_MAX_TOKENS) {
+        fprintf(stderr, "sneppx-run: --batch %lld x %lld prefill tokens = %lld per forward (--context goes in chunks "
+                        "of %d); at most %lld (2^26)\n", batch, (long long)run_forward_tokens(context),
+                batch * run_forward_tokens(context), RUN_PREFILL_CHUNK, (long long)SNEPPX_MAX_TOKENS);
+        return 2;
+    }
+    if (!decode && seq_len * batch > SNEPPX_MAX_TOKENS) {
         fprintf(stderr, "sneppx-run: --batch %lld x --seq %lld = %lld tokens; at most %lld (2^26) per forward\n",
                 batch, seq_len, batch * seq_len, (long long)SNEPPX_MAX_TOKENS);
         return 2;

@@ -27,7 +27,7 @@ struct decode_run {
     sneppx_kv_cache *cache;
     int64_t batch, context, steps;
     int64_t *seq_ids, *q_lens;
-    float *hidden, *out;   /* batch x RUN_PREFILL_CHUNK tokens */
+    float *hidden, *out;   /* batch x run_forward_tokens(context) tokens */
     double *step_ms;
 };
 
@@ -127,18 +127,17 @@ int run_decode(const char *arch, int64_t batch, int64_t context, int64_t steps, 
     int failed = 1;
     sneppx_kv_cache_options options;
     sneppx_kv_cache_options_init(&options);
-    const int64_t page = SNEPPX_KV_DEFAULT_PAGE_SIZE;
-    options.capacity_tokens = batch * ((context + steps + 1 + page - 1) / page) * page;
+    options.capacity_tokens = run_kv_capacity_tokens(batch, context, steps);
     options.dtype = kv_dtype;
-    const size_t chunk_floats = (size_t)(batch * RUN_PREFILL_CHUNK * config.hidden_size);
+    const size_t chunk_floats = (size_t)(batch * run_forward_tokens(context) * config.hidden_size);
     run.seq_ids = calloc((size_t)batch, sizeof(int64_t));
     run.q_lens = calloc((size_t)batch, sizeof(int64_t));
     run.hidden = malloc(sizeof(float) * chunk_floats);
     run.out = malloc(sizeof(float) * chunk_floats);
     run.step_ms = malloc(sizeof(double) * (size_t)steps);
     if (!run.seq_ids || !run.q_lens || !run.hidden || !run.out || !run.step_ms) {
-        fprintf(stderr, "sneppx-run: out of memory for %lld x %d tokens of input and output\n", (long long)batch,
-                RUN_PREFILL_CHUNK);
+        fprintf(stderr, "sneppx-run: out of memory for %lld x %lld tokens of input and output\n", (long long)batch,
+                (long long)run_forward_tokens(context));
         goto done;
     }
     if (sneppx_layer_create(&config, NULL, &run.layer) != SNEPPX_OK) {

@@ -5,9 +5,24 @@
 #include <time.h>
 
 #include "sneppx/config.h"
+#include "sneppx/kv_cache.h"
 
 /* Prefills go in chunks of this many tokens per sequence (run_decode, run_tp). */
 #define RUN_PREFILL_CHUNK 512
+
+/* The KV cache tokens of a run of `batch` sequences: `context` prefilled and `steps`
+ * timed decode steps after a warm-up step, each sequence in whole pages. */
+static inline int64_t run_kv_capacity_tokens(int64_t batch, int64_t context, int64_t steps)
+{
+    const int64_t page = SNEPPX_KV_DEFAULT_PAGE_SIZE;
+    return batch * ((context + steps + 1 + page - 1) / page) * page;
+}
+
+/* Tokens per sequence of a run's largest forward: a prefill chunk, or a decode step's one. */
+static inline int64_t run_forward_tokens(int64_t context)
+{
+    return context > RUN_PREFILL_CHUNK ? RUN_PREFILL_CHUNK : context > 1 ? context : 1;
+}
 
 /* Monotonic wall time, ms. */
 static inline double run_now_ms(void)

@@ -78,13 +78,13 @@ static int time_decode(sneppx_layer *layer, int64_t batch, int64_t context, int6
     const sneppx_config *config = sneppx_layer_config(layer);
     sneppx_kv_cache_options options;
     sneppx_kv_cache_options_init(&options);
-    const int64_t page = SNEPPX_KV_DEFAULT_PAGE_SIZE, hidden = config->hidden_size;
-    options.capacity_tokens = batch * ((context + steps + 1 + page - 1) / page) * page;
+    const int64_t hidden = config->hidden_size;
+    options.capacity_tokens = run_kv_capacity_tokens(batch, context, steps);
     options.dtype = kv_dtype;
     sneppx_kv_cache *cache = NULL;
     int64_t *ids = calloc((size_t)batch, sizeof(int64_t)), *q_lens = calloc((size_t)batch, sizeof(int64_t));
-    float *x = malloc(sizeof(float) * (size_t)(batch * RUN_PREFILL_CHUNK * hidden));
-    float *y = malloc(sizeof(float) * (size_t)(batch * RUN_PREFILL_CHUNK * hidden));
+    float *x = malloc(sizeof(float) * (size_t)(batch * run_forward_tokens(context) * hidden));
+    float *y = malloc(sizeof(float) * (size_t)(batch * run_forward_tokens(context) * hidden));
     double *times = malloc(sizeof(double) * (size_t)(steps + 1));
     int failed = !ids || !q_lens || !x || !y || !times ||
                  sneppx_kv_cache_create(config, &options, &cache) != SNEPPX_OK;
