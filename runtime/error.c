@@ -1,8 +1,8 @@
 #include "error.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,18 +78,35 @@ const char *sneppx_status_name(sneppx_status status)
     return "SNEPPX_ERR_UNKNOWN";
 }
 
+/* SNEPPX_VERBOSE: a level of digits only (above 2 is 2); anything else is one warning
+ * and level 0. A negative level would hide the warnings level 0 promises, and atoi
+ * read "1x" as 1, "x" as 0 and an overflow as anything. Printed here, not through
+ * sneppx_log, which would ask for the level being read. */
+static int verbosity_level;
+
+static void read_verbosity(void)
+{
+    const char *env = getenv("SNEPPX_VERBOSE");
+    if (!env || !env[0])
+        return;
+    if (strspn(env, "0123456789") != strlen(env)) {
+        fprintf(stderr, "sneppx: warning: SNEPPX_VERBOSE='%s' is not a level 0, 1 or 2; using 0\n",
+                sneppx_clip(env).text);
+        return;
+    }
+    const char *digits = env + strspn(env, "0");
+    verbosity_level = strlen(digits) > 1 ? 2 : digits[0] ? digits[0] - '0' : 0;
+    if (verbosity_level > 2)
+        verbosity_level = 2;
+}
+
 int sneppx_verbosity(void)
 {
-    /* Atomic: the first logs of a process may come from several threads at once (each
-     * failing call logs), and threads racing here all store the same value. */
-    static atomic_int level = -1;
-    int value = atomic_load_explicit(&level, memory_order_relaxed);
-    if (value < 0) {
-        const char *env = getenv("SNEPPX_VERBOSE");
-        value = env ? atoi(env) : 0;
-        atomic_store_explicit(&level, value, memory_order_relaxed);
-    }
-    return value;
+    /* Once: the first logs of a process may come from several threads at once (each
+     * failing call logs). */
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, read_verbosity);
+    return verbosity_level;
 }
 
 void sneppx_log(int level, const char *format, ...)

@@ -11,7 +11,7 @@ sneppx_status sneppx_fail(sneppx_status status, const char *format, ...)
 /* Clears this thread's last error (start of every public call). */
 void sneppx_clear_error(void);
 
-/* Verbosity from SNEPPX_VERBOSE (0 quiet, 1 compiles and warnings, 2 everything). */
+/* Verbosity from SNEPPX_VERBOSE (0 warnings only, 1 also compiles, 2 everything). */
 int sneppx_verbosity(void);
 
 /* Outside text (a name, an argument, an environment value, a string of a
