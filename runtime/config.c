@@ -62,30 +62,13 @@ sneppx_status sneppx_config_from_name(const char *family, const char *size, snep
     for (int i = 0; i < sneppx_presets_count && used < sizeof valid; i++)
         used += (size_t)snprintf(valid + used, sizeof valid - used, "%s%s", i ? ", " : "",
                                  sneppx_presets[i].name);
-    /* The name comes from the caller (often a user): echo at most
-     * NAME_ECHO_MAX bytes of it, so the list of valid names always fits. */
-    enum { NAME_ECHO_MAX = 64 };
-    char name[NAME_ECHO_MAX + 1];
-    int length = snprintf(name, sizeof name, "%s%s%s", family, size ? "-" : "", size ? size : "");
-    int cut = length < 0 || length > NAME_ECHO_MAX;
-    if (cut) {
-        /* End on a whole UTF-8 character: when the first byte left out
-         * continues a character, drop that character's bytes kept. */
-        size_t family_length = strlen(family);
-        unsigned char next = (unsigned char)(NAME_ECHO_MAX < family_length    ? family[NAME_ECHO_MAX]
-                                             : NAME_ECHO_MAX == family_length ? '-'
-                                                                              : size[NAME_ECHO_MAX - family_length - 1]);
-        size_t end = strlen(name);
-        if ((next & 0xC0) == 0x80) {
-            while (end > 0 && ((unsigned char)name[end - 1] & 0xC0) == 0x80)
-                end--;
-            if (end > 0 && ((unsigned char)name[end - 1] & 0xC0) == 0xC0)
-                end--;
-        }
-        name[end] = '\0';
-    }
-    return sneppx_fail(SNEPPX_ERR_UNKNOWN_PRESET, "name: unknown preset '%s%s'; valid names: %s", name,
-                       cut ? "..." : "", valid);
+    /* The name comes from the caller (often a user): echo it as sneppx_clip does, at
+     * most SNEPPX_CLIP_BYTES bytes, so the list of valid names always fits, and no
+     * control character. One byte past the clip tells it the name was cut. */
+    char name[SNEPPX_CLIP_BYTES + 2];
+    snprintf(name, sizeof name, "%s%s%s", family, size ? "-" : "", size ? size : "");
+    return sneppx_fail(SNEPPX_ERR_UNKNOWN_PRESET, "name: unknown preset '%s'; valid names: %s", sneppx_clip(name).text,
+                       valid);
 }
 
 int64_t sneppx_config_head_dim(const sneppx_config *config)

@@ -433,6 +433,10 @@ static void test_preset_names(test_tally *tally)
                "a name cut inside a UTF-8 character drops the partial character: %s", sneppx_last_error());
     /* A name that fits is echoed whole. */
     EXPECT_ERROR(tally, sneppx_config_from_name("llama3", "9B", &config), SNEPPX_ERR_UNKNOWN_PRESET, "'llama3-9B';");
+    /* Each control character shows as '?': a name must not start a line of its own
+     * or send a terminal escape sequence inside a message. */
+    EXPECT_ERROR(tally, sneppx_config_from_name("a\033[31mb\nc", "\t8B", &config), SNEPPX_ERR_UNKNOWN_PRESET,
+                 "'a?[31mb?c-?8B';");
     TEST_CHECK(tally, sneppx_preset_name(-1) == NULL && sneppx_preset_name(sneppx_preset_count()) == NULL,
                "preset names out of range are NULL");
 }
