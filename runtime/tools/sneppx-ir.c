@@ -22,6 +22,7 @@
 #include "gemm_tiles.h"
 #include "host.h"
 #include "jit.h"
+#include "error.h"
 #include "kernel_registry.h"
 #include "sneppx/status.h"
 #include "sneppx_abi.h"
@@ -69,7 +70,7 @@ static const struct sneppx_target *parse_target(const char *text)
     const struct sneppx_target *target = sneppx_target_named(text);
     if (target)
         return target;
-    fprintf(stderr, "sneppx-ir: --target %s: must be one of", text);
+    fprintf(stderr, "sneppx-ir: --target %s: must be one of", sneppx_clip(text).text);
     for (int i = 0; i < sneppx_target_count; i++)
         fprintf(stderr, " %s", sneppx_targets[i].name);
     fputc('\n', stderr);
@@ -87,7 +88,7 @@ static const struct sneppx_target *parse_vector_width(const char *text)
         for (int i = 0; i < sneppx_target_count; i++)
             if (sneppx_targets[i].vector_width == width)
                 return &sneppx_targets[i];
-    fprintf(stderr, "sneppx-ir: --vector-width %s: must be one of", text);
+    fprintf(stderr, "sneppx-ir: --vector-width %s: must be one of", sneppx_clip(text).text);
     for (int i = 0; i < sneppx_target_count; i++) {
         int first = 1;
         for (int j = 0; j < i; j++)
@@ -117,14 +118,15 @@ static int parse_value(const struct sneppx_kernel_family *family, const char *as
     const char *equals = strchr(assignment, '=');
     int field = equals ? field_index(family, assignment, (size_t)(equals - assignment)) : -1;
     if (field < 0) {
-        fprintf(stderr, "sneppx-ir: --value %s: expected FIELD=VALUE with FIELD one of", assignment);
+        fprintf(stderr, "sneppx-ir: --value %s: expected FIELD=VALUE with FIELD one of", sneppx_clip(assignment).text);
         for (int i = 0; i < family->field_count; i++)
             fprintf(stderr, " %s", family->field_names[i]);
         fputc('\n', stderr);
         return 0;
     }
     if (seen[field]) {
-        fprintf(stderr, "sneppx-ir: --value %s: %s is given twice\n", assignment, family->field_names[field]);
+        fprintf(stderr, "sneppx-ir: --value %s: %s is given twice\n", sneppx_clip(assignment).text,
+                family->field_names[field]);
         return 0;
     }
     const char *text = equals + 1;
@@ -137,7 +139,8 @@ static int parse_value(const struct sneppx_kernel_family *family, const char *as
         errno = 0;
         long long number = strtoll(text, &end, 10);
         if (!text[0] || *end != '\0' || errno == ERANGE) {
-            fprintf(stderr, "sneppx-ir: --value %s: '%s' is not an integer%s%s\n", assignment, text,
+            fprintf(stderr, "sneppx-ir: --value %s: '%s' is not an integer%s%s\n", sneppx_clip(assignment).text,
+                    sneppx_clip(text).text,
                     family->field_choices[field] ? " or a choice name" : "",
                     errno == ERANGE ? " that fits in int64" : "");
             return 0;
@@ -145,7 +148,7 @@ static int parse_value(const struct sneppx_kernel_family *family, const char *as
         value = number;
     }
     if (sneppx_kernel_check_value(family, field, value) != SNEPPX_OK) {
-        fprintf(stderr, "sneppx-ir: --value %s: %s\n", assignment, sneppx_last_error());
+        fprintf(stderr, "sneppx-ir: --value %s: %s\n", sneppx_clip(assignment).text, sneppx_last_error());
         return 0;
     }
     values[field] = value;
@@ -178,15 +181,21 @@ int main(int argc, char **argv)
             return 0;
         }
         if (i + 1 >= argc) {
-            fprintf(stderr, "sneppx-ir: %s needs an argument\n", option);
+            fprintf(stderr, "sneppx-ir: %s needs an argument\n", sneppx_clip(option).text);
             usage(stderr);
             return 2;
         }
         const char *argument = argv[++i];
         if (strcmp(option, "--family") == 0) {
             family_name = argument;
-        } else if (strcmp(option, "--value") == 0 &&
-                   assignment_count < (int)(sizeof assignments / sizeof assignments[0])) {
+        } else if (strcmp(option, "--value") == 0) {
+            /* No family has this many fields: some are unknown or given twice, which
+             * parse_value names once the family is known. */
+            if (assignment_count == (int)(sizeof assignments / sizeof assignments[0])) {
+                fprintf(stderr, "sneppx-ir: --value %s: more than %d --value options\n", sneppx_clip(argument).text,
+                        assignment_count);
+                return 2;
+            }
             assignments[assignment_count++] = argument;
         } else if (strcmp(option, "--target") == 0 || strcmp(option, "--vector-width") == 0) {
             if (target_option) {
@@ -204,7 +213,7 @@ int main(int argc, char **argv)
         } else if (strcmp(option, "--passes") == 0) {
             passes = argument;
         } else {
-            fprintf(stderr, "sneppx-ir: unexpected %s %s\n", option, argument);
+            fprintf(stderr, "sneppx-ir: unexpected %s %s\n", sneppx_clip(option).text, sneppx_clip(argument).text);
             usage(stderr);
             return 2;
         }
@@ -215,7 +224,7 @@ int main(int argc, char **argv)
     }
     const struct sneppx_kernel_family *family = sneppx_kernel_family_find(family_name);
     if (!family) {
-        fprintf(stderr, "sneppx-ir: '%s' is not a kernel family; one of:", family_name);
+        fprintf(stderr, "sneppx-ir: '%s' is not a kernel family; one of:", sneppx_clip(family_name).text);
         for (int i = 0; i < sneppx_kernel_family_count; i++)
             fprintf(stderr, " %s", sneppx_kernel_families[i].family);
         fputc('\n', stderr);
