@@ -30,6 +30,9 @@ config.substitutions.append(("%clang-native", "clang-19 -march=native -Wno-inval
 # REQUIRES: mpi — the build has libsneppx_mpi, so sneppx-run takes --tp.
 if config.sneppx_mpi:
     config.available_features.add("mpi")
+# %mpi-program: a command that starts MPI, with the MPI tests' ASAN_OPTIONS (Open MPI's
+# own allocations are unreachable at exit; tests/mpi/CMakeLists.txt).
+config.substitutions.append(("%mpi-program", "env ASAN_OPTIONS=%s" % config.mpi_asan_options))
 
 # REQUIRES: avx512 — the host has AVX-512F.
 try:
