@@ -372,7 +372,8 @@ static void op_truncate(struct state *s, struct reader *r)
         } else {
             const int64_t low = smallest(q) < length ? smallest(q) : length;
             const int64_t needed = s->window > 0 && low - s->window + 1 > 0 ? low - s->window + 1 : 0;
-            if (first_held(s, q) > needed)
+            /* Length 0 keeps no token, so none the window released is missed (kv_cache.h). */
+            if (length > 0 && first_held(s, q) > needed)
                 want = SNEPPX_ERR_INVALID_ARGUMENT;
         }
     }
@@ -381,6 +382,8 @@ static void op_truncate(struct state *s, struct reader *r)
         return;
     for (int l = 0; l < NUM_LAYERS; l++)
         q->length[l] = q->length[l] < length ? q->length[l] : length;
+    if (length == 0)
+        q->released = 0; /* the sequence starts over: its table counts from token 0 again */
     const int64_t keep = pages_for(s, length) - q->released;
     while (q->held > keep)
         s->refcount[q->pages[--q->held]]--;
