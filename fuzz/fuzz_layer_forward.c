@@ -1,6 +1,6 @@
 /* Fuzzes what a valid config does once it is a layer: bytes pick a small
- * config (standard or MLA, GQA, window, bias, RoPE layout and scaling, and
- * dimensions up to the bounds that size kernels and scratch: head_dim 256,
+ * config (standard or MLA, GQA, window, bias, RoPE layout and scaling, the
+ * projections' storage: float32, bfloat16, float16 or int8, and dimensions up to the bounds that size kernels and scratch: head_dim 256,
  * kv_lora_rank 2048, rope / nope / v 256), and every config that
  * sneppx_config_validate accepts is created with synthetic weights and run
  * forward on a few tokens, with flash and with SDPA.
@@ -78,6 +78,11 @@ static void decode(struct reader *r, sneppx_config *config, int64_t *seq_len)
         config->rope_scaling.original_max_position_embeddings = 64;
     }
     *seq_len = 1 + pick(r, 40);
+    /* Flag bit 7 stores the projections in bfloat16, float16 or int8 (a byte read
+     * last, so the inputs without it pick the configs they always did): flash and
+     * SDPA share the packed weights, so they must still agree. */
+    if (flags >> 7 & 1)
+        config->weight_dtype = (sneppx_dtype)(SNEPPX_DTYPE_BFLOAT16 + next(r) % 3);
 }
 
 static void forward(sneppx_layer *layer, int64_t seq_len, const float *hidden, float *out, const char *what)
