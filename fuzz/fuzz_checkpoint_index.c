@@ -3,8 +3,9 @@
  * valid shards ("model-00001-of-00002.safetensors": q/k/v_proj of layer 0,
  * "model-00002-of-00002.safetensors": o_proj), and sneppx_attn_weights_load()
  * reads layer 0 of a small GQA config from the directory. Promises: success
- * gives every tensor the config needs; failure leaves no weights and has a
- * message. (Shard names that leave the directory are refused by the loader;
+ * gives every tensor the config needs, each with the values its shard holds
+ * for it (every element of tensor t is t + 1); failure leaves no weights and
+ * has a message. (Shard names that leave the directory are refused by the loader;
  * the seeds hold such names for the fuzzer to mutate.) */
 #define _GNU_SOURCE
 #include <limits.h>
@@ -16,15 +17,25 @@
 
 static char dir[512], index_path[PATH_MAX];
 static sneppx_config config;
+static sneppx_attn_tensor layer_tensors[SNEPPX_ATTN_TENSORS_MAX]; /* the config's, in sneppx_attn_tensors' order */
 
-/* Writes a shard holding the tensors [first, last) of the config, zeros in BF16. */
+/* Each tensor's every element holds its index + 1: a loader that reads another
+ * tensor's bytes, another shard's or another offset's gives other values. */
+static float tensor_value(int t) { return (float)(t + 1); }
+
+static uint64_t element_count(const sneppx_attn_tensor *tensor)
+{
+    return (uint64_t)tensor->shape[0] * (uint64_t)(tensor->rank == 2 ? tensor->shape[1] : 1);
+}
+
+/* Writes a shard holding the tensors [first, last) of the config in BF16. */
 static int write_shard(const char *name, const sneppx_attn_tensor *tensors, int first, int last)
 {
     char header[2048] = "{\"__metadata__\":{\"format\":\"pt\"}";
     size_t used = strlen(header);
     uint64_t offset = 0;
     for (int t = first; t < last; t++) {
-        const uint64_t elements = (uint64_t)tensors[t].shape[0] * (uint64_t)(tensors[t].rank == 2 ? tensors[t].shape[1] : 1);
+        const uint64_t elements = element_count(&tensors[t]);
         used += (size_t)snprintf(header + used, sizeof header - used,
                                  ",\"model.layers.0.self_attn.%s\":{\"dtype\":\"BF16\",\"shape\":[%lld,%lld],"
                                  "\"data_offsets\":[%llu,%llu]}", tensors[t].name, (long long)tensors[t].shape[0],
@@ -42,8 +53,14 @@ static int write_shard(const char *name, const sneppx_attn_tensor *tensors, int 
     for (int i = 0; i < 8; i++)
         length[i] = (uint8_t)((uint64_t)used >> (8 * i));
     int ok = fwrite(length, 1, 8, stream) == 8 && fwrite(header, 1, used, stream) == used;
-    for (uint64_t i = 0; ok && i < offset; i++)
-        ok = fputc(0, stream) != EOF;
+    for (int t = first; t < last && ok; t++) {
+        const float value = tensor_value(t);
+        uint32_t bits;
+        memcpy(&bits, &value, sizeof bits); /* a small integer: its bfloat16 is exact */
+        const uint64_t elements = element_count(&tensors[t]);
+        for (uint64_t i = 0; ok && i < elements; i++)
+            ok = fputc((int)(bits >> 16 & 0xff), stream) != EOF && fputc((int)(bits >> 24), stream) != EOF;
+    }
     return fclose(stream) == 0 && ok ? 0 : -1;
 }
 
@@ -66,12 +83,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     sneppx_config_init(&config);
     config.hidden_size = 32, config.num_attention_heads = 2, config.num_key_value_heads = 1, config.head_dim = 16;
     config.qkv_bias = config.o_bias = 0;
-    sneppx_attn_tensor tensors[SNEPPX_ATTN_TENSORS_MAX];
     int count = 0;
-    if (sneppx_attn_tensors(&config, tensors, &count) != SNEPPX_OK || count != 4 ||
+    if (sneppx_attn_tensors(&config, layer_tensors, &count) != SNEPPX_OK || count != 4 ||
         fuzz_private_dir("sneppx-fuzz-checkpoint", dir, sizeof dir) != 0 ||
-        write_shard("model-00001-of-00002.safetensors", tensors, 0, 3) != 0 ||
-        write_shard("model-00002-of-00002.safetensors", tensors, 3, 4) != 0) {
+        write_shard("model-00001-of-00002.safetensors", layer_tensors, 0, 3) != 0 ||
+        write_shard("model-00002-of-00002.safetensors", layer_tensors, 3, 4) != 0) {
         fprintf(stderr, "fuzz_checkpoint_index: cannot prepare the shards in %s\n", dir);
         exit(1);
     }
@@ -91,6 +107,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const sneppx_weights *view = sneppx_attn_weights_view(weights);
         FUZZ_ASSERT(view && view->q_proj_weight && view->k_proj_weight && view->v_proj_weight && view->o_proj_weight,
                     "a loaded layer lacks a tensor the config needs");
+        for (int t = 0; t < 4; t++) {
+            const float *values;
+            memcpy(&values, (const char *)view + layer_tensors[t].weights_offset, sizeof values);
+            for (uint64_t i = 0; i < element_count(&layer_tensors[t]); i++)
+                FUZZ_ASSERT(values[i] == tensor_value(t), "%s[%llu] is %g, its shard holds %g", layer_tensors[t].name,
+                            (unsigned long long)i, values[i], tensor_value(t));
+        }
     } else {
         FUZZ_ASSERT(!weights && sneppx_last_error()[0] != '\0', "status %d without a message", (int)status);
     }
