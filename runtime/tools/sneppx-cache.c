@@ -312,6 +312,22 @@ static int tune(int argc, char **argv)
     return 0;
 }
 
+/* Removes every entry, lock file and temporary file of the cache directory. */
+static int clear(void)
+{
+    sneppx_status status = sneppx_cache_clear();
+    if (status != SNEPPX_OK)
+        return fail("clear", status);
+    printf("cleared %s\n", sneppx_cache_dir()[0] ? sneppx_cache_dir() : "nothing (memory-only)");
+    return 0;
+}
+
+/* The commands that take no arguments. */
+static const struct {
+    const char *name;
+    int (*run)(void);
+} plain_commands[] = {{"show", show}, {"list", list}, {"clear", clear}};
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -329,22 +345,16 @@ int main(int argc, char **argv)
         return tune(argc - 2, argv + 2);
     /* The command is named before its arguments are judged: "takes no arguments"
      * would otherwise call a mistyped command one. */
-    if (strcmp(command, "show") != 0 && strcmp(command, "list") != 0 && strcmp(command, "clear") != 0) {
-        fprintf(stderr, "sneppx-cache: unknown command '%s'\n", sneppx_clip(command).text);
-        usage(stderr);
-        return 2;
+    for (size_t i = 0; i < sizeof plain_commands / sizeof plain_commands[0]; i++) {
+        if (strcmp(command, plain_commands[i].name) != 0)
+            continue;
+        if (argc > 2) {
+            fprintf(stderr, "sneppx-cache: %s takes no arguments, not '%s'\n", command, sneppx_clip(argv[2]).text);
+            return 2;
+        }
+        return plain_commands[i].run();
     }
-    if (argc > 2) {
-        fprintf(stderr, "sneppx-cache: %s takes no arguments, not '%s'\n", command, sneppx_clip(argv[2]).text);
-        return 2;
-    }
-    if (strcmp(command, "show") == 0)
-        return show();
-    if (strcmp(command, "list") == 0)
-        return list();
-    sneppx_status status = sneppx_cache_clear();
-    if (status != SNEPPX_OK)
-        return fail("clear", status);
-    printf("cleared %s\n", sneppx_cache_dir()[0] ? sneppx_cache_dir() : "nothing (memory-only)");
-    return 0;
+    fprintf(stderr, "sneppx-cache: unknown command '%s'\n", sneppx_clip(command).text);
+    usage(stderr);
+    return 2;
 }
