@@ -4,7 +4,8 @@
  * flash or SDPA, and a cache of 2 layers (pages of 1 to 8 tokens, a pool of 2
  * to 12 pages, float32 / bfloat16 / float16 / int8, a page table sized for the
  * pool or for 4 tokens); the rest is a sequence of operations on that cache:
- * add, remove, fork, truncate, reset, a cached forward over a ragged set of
+ * add, remove, fork, truncate (one sequence, or up to 4 at once, all or
+ * none), reset, a cached forward over a ragged set of
  * sequences at layer 0 or 1 (and bad arguments: layer index 2 or -1, no
  * sequences, unknown or removed ids, duplicates, q_len 0, positions below 0
  * or past max_position_embeddings 64, more pages than the pool has), read,
@@ -356,30 +357,19 @@ static void op_fork(struct state *s, struct reader *r)
     s->seqs[s->live++] = child;
 }
 
-static void op_truncate(struct state *s, struct reader *r)
+/* What truncating q (NULL: no live sequence) to length must return (kv_cache.h). */
+static sneppx_status truncate_want(const struct state *s, const struct model_seq *q, int64_t length)
 {
-    const int64_t id = pick_id(s, next(r));
-    const int index = find(s, id);
-    const unsigned b = next(r);
-    int64_t length = b % 4 == 3 ? -(int64_t)(b >> 2) : b >> 2;
-    sneppx_status want = index >= 0 ? SNEPPX_OK : SNEPPX_ERR_INVALID_ARGUMENT;
-    struct model_seq *q = index >= 0 ? s->seqs[index] : NULL;
-    if (q) {
-        if (b % 4 < 2 && largest(q) > 0) /* mostly a length it has */
-            length = (b >> 2) % (largest(q) + 1);
-        if (length < 0 || length > largest(q)) {
-            want = SNEPPX_ERR_INVALID_ARGUMENT;
-        } else {
-            const int64_t low = smallest(q) < length ? smallest(q) : length;
-            const int64_t needed = s->window > 0 && low - s->window + 1 > 0 ? low - s->window + 1 : 0;
-            /* Length 0 keeps no token, so none the window released is missed (kv_cache.h). */
-            if (length > 0 && first_held(s, q) > needed)
-                want = SNEPPX_ERR_INVALID_ARGUMENT;
-        }
-    }
-    expect(sneppx_kv_cache_truncate(s->cache, id, length), want, "truncate");
-    if (want != SNEPPX_OK)
-        return;
+    if (!q || length < 0 || length > largest(q))
+        return SNEPPX_ERR_INVALID_ARGUMENT;
+    const int64_t low = smallest(q) < length ? smallest(q) : length;
+    const int64_t needed = s->window > 0 && low - s->window + 1 > 0 ? low - s->window + 1 : 0;
+    /* Length 0 keeps no token, so none the window released is missed. */
+    return length > 0 && first_held(s, q) > needed ? SNEPPX_ERR_INVALID_ARGUMENT : SNEPPX_OK;
+}
+
+static void truncate_model(struct state *s, struct model_seq *q, int64_t length)
+{
     for (int l = 0; l < NUM_LAYERS; l++)
         q->length[l] = q->length[l] < length ? q->length[l] : length;
     if (length == 0)
@@ -387,6 +377,60 @@ static void op_truncate(struct state *s, struct reader *r)
     const int64_t keep = pages_for(s, length) - q->released;
     while (q->held > keep)
         s->refcount[q->pages[--q->held]]--;
+}
+
+/* A length for q (NULL: none) from byte b: mostly one it has, else b >> 2, or its negative. */
+static int64_t pick_length(const struct model_seq *q, unsigned b)
+{
+    if (q && b % 4 < 2 && largest(q) > 0)
+        return (b >> 2) % (largest(q) + 1);
+    return b % 4 == 3 ? -(int64_t)(b >> 2) : b >> 2;
+}
+
+enum { MAX_TRUNCATED = 4 };
+
+/* sneppx_kv_cache_truncate_sequences over the first id and up to 3 more: all or none,
+ * refused when any entry is (unknown, twice in the call, or as a lone truncate). */
+static void op_truncate_sequences(struct state *s, struct reader *r, int64_t first_id, unsigned count)
+{
+    const int n = 1 + (int)(count % MAX_TRUNCATED);
+    int64_t ids[MAX_TRUNCATED], lengths[MAX_TRUNCATED];
+    struct model_seq *qs[MAX_TRUNCATED];
+    sneppx_status want = SNEPPX_OK;
+    for (int i = 0; i < n; i++) {
+        ids[i] = i == 0 ? first_id : pick_id(s, next(r));
+        const int index = find(s, ids[i]);
+        qs[i] = index >= 0 ? s->seqs[index] : NULL;
+        lengths[i] = pick_length(qs[i], next(r));
+        for (int j = 0; j < i; j++)
+            if (qs[i] && qs[j] == qs[i])
+                want = SNEPPX_ERR_INVALID_ARGUMENT;
+        if (truncate_want(s, qs[i], lengths[i]) != SNEPPX_OK)
+            want = SNEPPX_ERR_INVALID_ARGUMENT;
+    }
+    expect(sneppx_kv_cache_truncate_sequences(s->cache, n, ids, lengths), want, "truncate_sequences");
+    if (want == SNEPPX_OK)
+        for (int i = 0; i < n; i++)
+            truncate_model(s, qs[i], lengths[i]);
+}
+
+/* One sequence, or (b % 8 == 7, a negative length's byte before the batch form existed)
+ * a batch of them. */
+static void op_truncate(struct state *s, struct reader *r)
+{
+    const int64_t id = pick_id(s, next(r));
+    const unsigned b = next(r);
+    if (b % 8 == 7) {
+        op_truncate_sequences(s, r, id, b >> 3);
+        return;
+    }
+    const int index = find(s, id);
+    struct model_seq *q = index >= 0 ? s->seqs[index] : NULL;
+    const int64_t length = pick_length(q, b);
+    const sneppx_status want = truncate_want(s, q, length);
+    expect(sneppx_kv_cache_truncate(s->cache, id, length), want, "truncate");
+    if (want == SNEPPX_OK)
+        truncate_model(s, q, length);
 }
 
 static void op_reset(struct state *s)

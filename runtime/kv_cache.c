@@ -386,6 +386,41 @@ static int64_t pages_for(const sneppx_kv_cache *cache, int64_t length)
     return (length + cache->page_size - 1) >> cache->page_shift;
 }
 
+/* Why truncating seq to `length` is refused (the error set, naming length_name), or
+ * SNEPPX_OK; nothing changes. */
+static sneppx_status truncate_check(const sneppx_kv_cache *cache, const struct sneppx_kv_sequence *seq,
+                                    int64_t length, const char *length_name)
+{
+    const int64_t current = largest_length(cache, seq);
+    if (length < 0 || length > current)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s: %lld must be in [0, %lld] (the length of sequence %lld)",
+                           length_name, (long long)length, (long long)current, (long long)seq->id);
+    int64_t smallest = smallest_length(cache, seq);
+    smallest = smallest < length ? smallest : length;
+    const int64_t window = cache->shape.window, first_held = sneppx_kv_first_held(cache, seq);
+    const int64_t first_needed = window > 0 && smallest - window + 1 > 0 ? smallest - window + 1 : 0;
+    /* Length 0 keeps no token, so no released one is missed: the sequence starts over. */
+    if (length > 0 && first_held > first_needed)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "%s: %lld is too far back for sequence %lld: the sliding window (%lld) already released "
+                           "tokens 0..%lld, and the next query would see token %lld",
+                           length_name, (long long)length, (long long)seq->id, (long long)window,
+                           (long long)(first_held - 1), (long long)first_needed);
+    return SNEPPX_OK;
+}
+
+/* Truncates seq to a length truncate_check accepted; pages past it go back to the pool. */
+static void truncate_apply(sneppx_kv_cache *cache, struct sneppx_kv_sequence *seq, int64_t length)
+{
+    for (int64_t l = 0; l < cache->num_layers; l++)
+        seq->lengths[l] = seq->lengths[l] < length ? seq->lengths[l] : length;
+    if (length == 0)
+        seq->released = 0; /* every held page goes below: the table starts again at token 0 */
+    const int64_t keep = pages_for(cache, length) - seq->released;
+    while (seq->held > keep)
+        page_unref(cache, seq->pages[--seq->held]);
+}
+
 sneppx_status sneppx_kv_cache_truncate(sneppx_kv_cache *cache, int64_t seq_id, int64_t length)
 {
     sneppx_clear_error();
@@ -394,36 +429,61 @@ sneppx_status sneppx_kv_cache_truncate(sneppx_kv_cache *cache, int64_t seq_id, i
     pthread_mutex_lock(&cache->lock);
     sneppx_status status = SNEPPX_ERR_INVALID_ARGUMENT;
     struct sneppx_kv_sequence *seq = find_idle_sequence(cache, seq_id, "seq_id");
-    if (!seq)
-        goto done;
-    const int64_t current = largest_length(cache, seq);
-    if (length < 0 || length > current) {
-        sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "length: %lld must be in [0, %lld] (the length of sequence %lld)",
-                    (long long)length, (long long)current, (long long)seq_id);
-        goto done;
+    if (seq && (status = truncate_check(cache, seq, length, "length")) == SNEPPX_OK)
+        truncate_apply(cache, seq, length);
+    pthread_mutex_unlock(&cache->lock);
+    return status;
+}
+
+/* Every sequence is checked before any is cut, so a refusal leaves all of them as they
+ * were. A duplicate is found by marking each checked sequence's in_call with this call
+ * (the lock is held throughout, so no forward sees the mark), as sneppx_kv_call_begin does. */
+sneppx_status sneppx_kv_cache_truncate_sequences(sneppx_kv_cache *cache, int64_t n_seqs, const int64_t *seq_ids,
+                                                 const int64_t *lengths)
+{
+    sneppx_clear_error();
+    if (!cache)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "cache: must not be NULL");
+    if (n_seqs < 0)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "n_seqs: %lld must be at least 0", (long long)n_seqs);
+    if (n_seqs > 0 && !seq_ids)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "seq_ids: must not be NULL when n_seqs is %lld",
+                           (long long)n_seqs);
+    if (n_seqs > 0 && !lengths)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "lengths: must not be NULL when n_seqs is %lld",
+                           (long long)n_seqs);
+    pthread_mutex_lock(&cache->lock);
+    const char token = 0; /* its address marks this call's sequences */
+    const void *const call = &token;
+    sneppx_status status = SNEPPX_OK;
+    int64_t marked = 0;
+    for (; marked < n_seqs; marked++) {
+        char seq_name[48], length_name[48];
+        snprintf(seq_name, sizeof seq_name, "seq_ids[%lld]", (long long)marked);
+        snprintf(length_name, sizeof length_name, "lengths[%lld]", (long long)marked);
+        struct sneppx_kv_sequence *seq = find_sequence(cache, seq_ids[marked], seq_name);
+        if (!seq)
+            status = SNEPPX_ERR_INVALID_ARGUMENT;
+        else if (seq->in_call == call)
+            status = sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s: sequence %lld appears twice in the call",
+                                 seq_name, (long long)seq_ids[marked]);
+        else if (seq->in_call)
+            status = sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                                 "%s: sequence %lld is in use by a forward call at the same time", seq_name,
+                                 (long long)seq_ids[marked]);
+        else
+            status = truncate_check(cache, seq, lengths[marked], length_name);
+        if (status != SNEPPX_OK)
+            break;
+        seq->in_call = call;
     }
-    int64_t smallest = smallest_length(cache, seq);
-    smallest = smallest < length ? smallest : length;
-    const int64_t window = cache->shape.window, first_held = sneppx_kv_first_held(cache, seq);
-    const int64_t first_needed = window > 0 && smallest - window + 1 > 0 ? smallest - window + 1 : 0;
-    /* Length 0 keeps no token, so no released one is missed: the sequence starts over. */
-    if (length > 0 && first_held > first_needed) {
-        sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                    "length: %lld is too far back for sequence %lld: the sliding window (%lld) already released "
-                    "tokens 0..%lld, and the next query would see token %lld",
-                    (long long)length, (long long)seq_id, (long long)window, (long long)(first_held - 1),
-                    (long long)first_needed);
-        goto done;
+    /* The marked sequences are live and idle, so their ids find them again. */
+    for (int64_t i = 0; i < marked; i++) {
+        struct sneppx_kv_sequence *seq = find_sequence(cache, seq_ids[i], "seq_ids");
+        seq->in_call = NULL;
+        if (status == SNEPPX_OK)
+            truncate_apply(cache, seq, lengths[i]);
     }
-    for (int64_t l = 0; l < cache->num_layers; l++)
-        seq->lengths[l] = seq->lengths[l] < length ? seq->lengths[l] : length;
-    if (length == 0)
-        seq->released = 0; /* every held page goes below: the table starts again at token 0 */
-    const int64_t keep = pages_for(cache, length) - seq->released;
-    while (seq->held > keep)
-        page_unref(cache, seq->pages[--seq->held]);
-    status = SNEPPX_OK;
-done:
     pthread_mutex_unlock(&cache->lock);
     return status;
 }

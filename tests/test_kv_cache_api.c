@@ -6,7 +6,8 @@
  * rounded up to pages, struct_size of an older caller), sequence ids never
  * reused, pages back to the pool on remove / truncate / reset, forks sharing
  * pages, truncation under a window refused once what the next query sees
- * was released (to 0 never: the sequence starts over), a sequence in use by another call refused by everyone.
+ * was released (to 0 never: the sequence starts over), a batch's truncate all or none,
+ * a sequence in use by another call refused by everyone.
  * Cache types: every sneppx_dtype is accepted, its sizes in the stats; the
  * runtime's conversions give numpy's bits on edge cases (ties, NaN / inf,
  * overflow, subnormals, an all-zero int8 row); a forward stores each token's
@@ -755,6 +756,83 @@ done:
     sneppx_kv_cache_destroy(cache);
 }
 
+/* sneppx_kv_cache_truncate_sequences under a window of 8 (pages of 4): a refusal
+ * of any entry (the window, a length past the sequence, an unknown id, a
+ * duplicate, a sequence in use) cuts none, naming the entry; when every entry
+ * passes, each sequence is cut as sneppx_kv_cache_truncate cuts it. */
+static void test_truncate_sequences(void)
+{
+    const sneppx_config config = small_config(2, 8);
+    sneppx_layer *layer = NULL;
+    sneppx_kv_cache *cache = make_cache(&config, 64, 4, 1);
+    if (!EXPECT_OK(sneppx_layer_create(&config, NULL, &layer)) || !cache)
+        goto done;
+    int64_t ids[3] = {-1, -1, -1};
+    const int64_t tokens[3] = {6, 20, 10};
+    for (int i = 0; i < 3; i++) {
+        EXPECT_OK(sneppx_kv_cache_add_sequence(cache, &ids[i]));
+        append(layer, cache, 0, ids[i], tokens[i]);
+    }
+    const snapshot before = take(cache, ids, 3);
+    /* ids[1] holds 20 tokens with 0..11 released: 18 is too far back, after ids[0]'s 2 passed. */
+    const int64_t window_back[3] = {2, 18, 9};
+    EXPECT_ERROR(sneppx_kv_cache_truncate_sequences(cache, 3, ids, window_back), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "lengths[1]: 18 is too far back");
+    EXPECT_UNCHANGED(cache, ids, 3, before, "a batch truncate refused by the window");
+    const int64_t past_end[3] = {2, 20, 11};
+    EXPECT_ERROR(sneppx_kv_cache_truncate_sequences(cache, 3, ids, past_end), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "lengths[2]: 11 must be in [0, 10]");
+    const int64_t negative[2] = {2, -1};
+    EXPECT_ERROR(sneppx_kv_cache_truncate_sequences(cache, 2, ids, negative), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "lengths[1]: -1");
+    const int64_t twice[3] = {ids[0], ids[2], ids[0]}, unknown[2] = {ids[0], 12345};
+    const int64_t short_lengths[3] = {1, 1, 1};
+    EXPECT_ERROR(sneppx_kv_cache_truncate_sequences(cache, 3, twice, short_lengths), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "seq_ids[2]: sequence");
+    EXPECT_ERROR(sneppx_kv_cache_truncate_sequences(cache, 2, unknown, short_lengths), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "seq_ids[1]: 12345 is not a live sequence");
+    EXPECT_ERROR(sneppx_kv_cache_truncate_sequences(cache, -1, ids, short_lengths), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "n_seqs");
+    EXPECT_ERROR(sneppx_kv_cache_truncate_sequences(cache, 1, NULL, short_lengths), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "seq_ids");
+    EXPECT_ERROR(sneppx_kv_cache_truncate_sequences(cache, 1, ids, NULL), SNEPPX_ERR_INVALID_ARGUMENT, "lengths");
+    EXPECT_ERROR(sneppx_kv_cache_truncate_sequences(NULL, 1, ids, short_lengths), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "cache");
+    struct sneppx_kv_sequence *held[1];
+    const char other_call = 0;
+    if (EXPECT_OK(sneppx_kv_call_begin(cache, &other_call, 1, &ids[2], held))) {
+        const int64_t allowed[3] = {1, 19, 1};
+        EXPECT_ERROR(sneppx_kv_cache_truncate_sequences(cache, 3, ids, allowed), SNEPPX_ERR_INVALID_ARGUMENT,
+                     "seq_ids[2]: sequence");
+        const int64_t none = 0;
+        sneppx_kv_call_end(cache, 0, 1, held, &none, 0);
+    }
+    EXPECT_UNCHANGED(cache, ids, 3, before, "refused batch truncates");
+    EXPECT_OK(sneppx_kv_cache_truncate_sequences(cache, 0, NULL, NULL));
+    EXPECT_UNCHANGED(cache, ids, 3, before, "a batch truncate of no sequences");
+
+    /* Each sequence as a lone truncate leaves it: lengths and pages. */
+    const int64_t kept[3] = {2, 19, 0};
+    EXPECT_OK(sneppx_kv_cache_truncate_sequences(cache, 3, ids, kept));
+    const snapshot batched = take(cache, ids, 3);
+    sneppx_kv_cache *alone = make_cache(&config, 64, 4, 1);
+    int64_t alone_ids[3] = {-1, -1, -1};
+    for (int i = 0; alone && i < 3; i++) {
+        EXPECT_OK(sneppx_kv_cache_add_sequence(alone, &alone_ids[i]));
+        append(layer, alone, 0, alone_ids[i], tokens[i]);
+        EXPECT_OK(sneppx_kv_cache_truncate(alone, alone_ids[i], kept[i]));
+    }
+    if (alone)
+        EXPECT_UNCHANGED(alone, alone_ids, 3, batched, "lone truncates against the batch's");
+    TEST_CHECK(&tally, batched.lengths[0][0] == 2 && batched.lengths[1][0] == 19 && batched.lengths[2][0] == 0,
+               "batch truncate left lengths %lld %lld %lld, want 2 19 0", (long long)batched.lengths[0][0],
+               (long long)batched.lengths[1][0], (long long)batched.lengths[2][0]);
+    sneppx_kv_cache_destroy(alone);
+done:
+    sneppx_layer_destroy(layer);
+    sneppx_kv_cache_destroy(cache);
+}
+
 int main(void)
 {
     test_rng rng = test_rng_seeded(5);
@@ -779,5 +857,6 @@ int main(void)
     test_mla_naive();
     test_mla_shapes();
     test_window_errors();
+    test_truncate_sequences();
     return test_finish(&tally);
 }

@@ -117,6 +117,14 @@ SNEPPX_API sneppx_status sneppx_kv_cache_fork(sneppx_kv_cache *cache, int64_t se
  * starts over). Pages past the new length go back to the pool. */
 SNEPPX_API sneppx_status sneppx_kv_cache_truncate(sneppx_kv_cache *cache, int64_t seq_id, int64_t length);
 
+/* sneppx_kv_cache_truncate for n_seqs sequences at once, all or none: sequence
+ * seq_ids[i] keeps lengths[i] tokens. Every one is checked first (as truncate
+ * checks it; each sequence at most once), so a refusal, which names seq_ids[i]
+ * or lengths[i], cuts none of them: a batch's rollback (transformers' crop).
+ * n_seqs 0 does nothing; the arrays may then be NULL. */
+SNEPPX_API sneppx_status sneppx_kv_cache_truncate_sequences(sneppx_kv_cache *cache, int64_t n_seqs,
+                                                           const int64_t *seq_ids, const int64_t *lengths);
+
 /* The largest of the sequence's layer lengths (tokens appended so far,
  * released ones included). */
 SNEPPX_API sneppx_status sneppx_kv_cache_length(sneppx_kv_cache *cache, int64_t seq_id, int64_t *length);

@@ -126,11 +126,11 @@ class SneppxCache(Cache):
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drops the last -tokens_to_remove tokens of every row (transformers' convention:
-        0 or negative)."""
+        0 or negative); a refusal cuts no row."""
         if tokens_to_remove > 0:
             raise ValueError(f"tokens_to_remove: {tokens_to_remove}; crop takes 0 or a negative count")
-        for row, length in enumerate(self.kv.lengths):
-            self.kv.truncate(row, max(length + tokens_to_remove, 0))
+        lengths = self.kv.lengths
+        self.kv.truncate_rows(range(len(lengths)), [max(length + tokens_to_remove, 0) for length in lengths])
 
     def _refuse(self, what: str) -> None:
         raise NotImplementedError(f"SneppxCache: {what} is not supported (beam search and strategies that "

@@ -76,12 +76,23 @@ def layer_index(layer_idx: Any, num_layers: int) -> int:
     return index
 
 
+def per_row_list(name: str, value: Any) -> list:
+    """A per-row argument (forward_ragged's, truncate_rows') as a list, else a TypeError
+    naming the argument (list() alone says only "'int' object is not iterable")."""
+    try:
+        return list(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected one entry per row (a list or other iterable), got "
+                        f"{type(value).__name__}") from None
+
+
 class KVCache:
     """A paged KV cache of `batch` rows for one layer shape; see LLMConfig.kv_cache().
 
     len(cache): tokens cached in its longest row (HF's get_seq_length());
     cache.lengths: per row. fork(row) adds a row that continues from `row`
     (pages shared, copied on write); truncate(row, n) drops tokens n..;
+    truncate_rows(rows, lengths) does it for several rows, all or none;
     reset() empties every row. Rows are 0..len(cache.lengths)-1.
     Calls on one KVCache are serialized by a lock; a forward holds it."""
 
@@ -204,6 +215,26 @@ class KVCache:
         with self._lock:
             seq_id = self._rows[self._row(row)]
             check(lib.sneppx_kv_cache_truncate(self._handle, seq_id, _count("length", length, 0)))
+
+    def truncate_rows(self, rows: Any, lengths: Any) -> None:
+        """Keeps lengths[i] tokens of row rows[i], all or none: when one is refused (a
+        length past the row's, or too far back under a sliding window), no row is cut."""
+        rows, lengths = per_row_list("rows", rows), per_row_list("lengths", lengths)
+        if len(lengths) != len(rows):
+            raise ValueError(f"lengths: {len(lengths)} entries for {len(rows)} rows")
+        counts = [_count(f"lengths[{i}]", length, 0) for i, length in enumerate(lengths)]
+        with self._lock:
+            seq_ids = [self._rows[self._row(row, f"rows[{i}]")] for i, row in enumerate(rows)]
+            # Named here by rows[i]: the C call's check names its own seq_ids[i].
+            first: dict = {}
+            for i, seq_id in enumerate(seq_ids):
+                if seq_id in first:
+                    raise InvalidArgumentError(f"rows[{i}]: row {rows[i]} is also rows[{first[seq_id]}]: "
+                                               "each row at most once per call")
+                first[seq_id] = i
+            check(lib.sneppx_kv_cache_truncate_sequences(self._handle, len(seq_ids),
+                                                         (ctypes.c_int64 * len(seq_ids))(*seq_ids),
+                                                         (ctypes.c_int64 * len(counts))(*counts)))
 
     def reset(self) -> None:
         """Empties every row (the rows stay, with length 0)."""

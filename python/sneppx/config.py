@@ -13,7 +13,7 @@ from . import _hf
 from . import _structs as S
 from ._arrays import (attention_mask_array, cached_mask_planes, hidden_states_array, position_ids_array,
                       row_positions_array, token_rows_array)
-from ._kv_cache import KVCache, layer_index
+from ._kv_cache import KVCache, layer_index, per_row_list
 from ._layer import Layer
 from ._library import lib
 from ._tensors import output_like
@@ -644,8 +644,8 @@ class LLMConfig:
                 raise TypeError(f"cache: expected a sneppx KVCache (LLMConfig.kv_cache()), got "
                                 f"{type(cache).__name__}")
             layer_idx = layer_index(layer_idx, cache.num_layers)
-            rows = _per_row_list("rows", rows)
-            chunks = _per_row_list("hidden_states", hidden_states)
+            rows = per_row_list("rows", rows)
+            chunks = per_row_list("hidden_states", hidden_states)
             if len(chunks) != len(rows):
                 raise ValueError(f"hidden_states: {len(chunks)} arrays for {len(rows)} rows")
             hidden_size = self._config.hidden_size
@@ -655,7 +655,7 @@ class LLMConfig:
             q_lens = [chunk.shape[0] for chunk in packed]
             positions = None
             if position_ids is not None:
-                position_list = _per_row_list("position_ids", position_ids)
+                position_list = per_row_list("position_ids", position_ids)
                 if len(position_list) != len(rows):
                     raise ValueError(f"position_ids: {len(position_list)} arrays for {len(rows)} rows")
                 # np.empty for no rows: np.concatenate refuses an empty list.
@@ -677,16 +677,6 @@ class LLMConfig:
                     first[seq_id] = i
             self._current_layer().forward_cached(cache._handle, layer_idx, seq_ids, q_lens, x, positions, None, out)
         return [output_like(chunk, part) for chunk, part in zip(chunks, np.split(out, np.cumsum(q_lens)[:-1]))]
-
-
-def _per_row_list(name: str, value: Any) -> list:
-    """forward_ragged's per-row arguments as a list, else a TypeError naming the argument
-    (list() alone says only "'int' object is not iterable")."""
-    try:
-        return list(value)
-    except TypeError:
-        raise TypeError(f"{name}: expected one entry per row (a list or other iterable), got "
-                        f"{type(value).__name__}") from None
 
 
 def _field_property(field: Any) -> property:

@@ -330,6 +330,32 @@ def test_generate_continues_from_a_returned_cache():
     assert torch.equal(results[1], fresh)
 
 
+def test_crop_cuts_every_row_or_none():
+    """SneppxCache.crop (assisted decoding's rollback) keeps every row's first tokens, and
+    the model then continues from them as a cache-free forward of the whole prompt does.
+    Under mistral's window of 16 a row that the window has taken its first page from (64
+    tokens a page) cannot go back past it: crop then cuts no row, not even one that allows
+    it (row 0, emptied and given 10 new tokens at layer 0)."""
+    eager = build("mistral")
+    patched = sneppx.hf.patch(copy.deepcopy(eager))
+    ids, mask = prompts([100, 100], seed=3)
+    cache = sneppx.hf.make_cache(patched, 2, 128)
+    with torch.no_grad():
+        patched(ids, attention_mask=mask, cache=cache)
+        cache.crop(-5)
+        assert cache.kv.lengths == [95, 95]
+        continued = patched(ids[:, 95:], attention_mask=mask, cache=cache).logits
+        whole = eager(ids, attention_mask=mask, use_cache=False).logits[:, 95:]
+    assert normalized_error(continued, whole) <= 1e-4
+    cache.kv.truncate(0, 0)
+    patched.model.layers[0].self_attn.sneppx.forward_ragged(cache.kv, [0], [np.zeros((10, 64), np.float32)])
+    with pytest.raises(sneppx.InvalidArgumentError, match="too far back"):
+        cache.crop(-30)
+    assert cache.kv.lengths == [10, 100]
+    with pytest.raises(ValueError, match="tokens_to_remove: 1"):
+        cache.crop(1)
+
+
 def test_output_attentions_is_refused():
     """transformers collects attention weights by hooking its own attention classes; a
     sneppx layer computes none, so output_attentions (argument or config) is refused

@@ -197,6 +197,43 @@ def test_truncate_to_zero_under_a_window_starts_the_row_over(rng):
     _assert_close(cfg.forward_mha(y, past_key_value=cache), ref.mha_forward(hf_config, weights, y), "after truncate 0")
 
 
+def test_truncate_rows_cuts_all_or_none(rng):
+    """truncate_rows (SneppxCache.crop's call) checks every row before it cuts one: under
+    mistral's window of 16 (pages of 4), row 1 past its window cannot go back to 30 of its
+    40 tokens, and row 0 then keeps its 10 too. A batch that passes cuts each row as a
+    lone truncate does, and the rows then compute their new tokens as the float64
+    reference of what they hold."""
+    hf_config, cfg, weights = _layer("mistral", rng)
+    cache = cfg.kv_cache(batch=2, max_tokens=64, page_size=4)
+    x = rng.uniform(-1, 1, (2, 40, cfg.hidden_size)).astype(np.float32)
+    cfg.forward_ragged(cache, [0, 1], [x[0, :10], x[1]])
+    before = (cache.lengths, cache.stats())
+    with pytest.raises(sneppx.InvalidArgumentError, match=r"^lengths\[1\]: 30 is too far back"):
+        cache.truncate_rows([0, 1], [4, 30])
+    for call, error, message in [
+            (lambda: cache.truncate_rows([0, 0], [4, 4]), sneppx.InvalidArgumentError, r"rows\[1\]: row 0 is also"),
+            (lambda: cache.truncate_rows([0, 2], [4, 4]), IndexError, r"rows\[1\]: 2 is not a row"),
+            (lambda: cache.truncate_rows([0, 1], [4]), ValueError, "lengths: 1 entries for 2 rows"),
+            (lambda: cache.truncate_rows([0, 1], [4, -1]), ValueError, r"lengths\[1\]: -1 must be at least 0"),
+            (lambda: cache.truncate_rows([0, 1], [11, 39]), sneppx.InvalidArgumentError, r"lengths\[0\]: 11"),
+            (lambda: cache.truncate_rows(0, [4]), TypeError, "rows: expected one entry per row")]:
+        with pytest.raises(error, match=message):
+            call()
+    assert (cache.lengths, cache.stats()) == before
+    cache.truncate_rows([], [])
+    cache.truncate_rows([1, 0], [39, 4])
+    lone = cfg.kv_cache(batch=2, max_tokens=64, page_size=4)
+    cfg.forward_ragged(lone, [0, 1], [x[0, :10], x[1]])
+    lone.truncate(0, 4)
+    lone.truncate(1, 39)
+    assert cache.lengths == lone.lengths == [4, 39] and cache.stats() == lone.stats()
+    y = rng.uniform(-1, 1, (2, 1, cfg.hidden_size)).astype(np.float32)
+    got = cfg.forward_ragged(cache, [0, 1], [y[0], y[1]])
+    for row, kept in enumerate([4, 39]):
+        whole = np.concatenate([x[row:row + 1, :kept], y[row:row + 1]], axis=1)
+        _assert_close(got[row], ref.mha_forward(hf_config, weights, whole)[0, -1:], f"row {row} after truncate_rows")
+
+
 def test_errors_name_the_argument_and_leave_the_cache(rng):
     hf_config, cfg, _ = _layer("llama3", rng)
     cache = cfg.kv_cache(batch=2, max_tokens=8, page_size=4)
