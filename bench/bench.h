@@ -54,6 +54,8 @@ struct bench_plan bench_plan_for(const struct bench_context *ctx, int min_reps, 
 /* Stages. Each prints its section, records its rows and counts its failures in ctx. */
 void bench_stage_peak(struct bench_context *ctx);
 void bench_stage_gemm(struct bench_context *ctx);
+/* The gemm stage's last table: the one-token sweep per weight type, from L2 and from memory. */
+void bench_gemm_sweep_types(struct bench_context *ctx);
 void bench_stage_attention(struct bench_context *ctx);
 void bench_stage_layer(struct bench_context *ctx);
 void bench_stage_jit(struct bench_context *ctx);

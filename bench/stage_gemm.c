@@ -80,21 +80,6 @@ static int run_openblas(void *opaque)
     return 0;
 }
 
-static void pack_weights(const sneppx_kernel *kernel, const float *weights, int64_t k, int64_t n, float *panels)
-{
-    const int64_t columns_per_task = 64; /* a multiple of every NR */
-#pragma omp parallel for schedule(static)
-    for (int64_t c0 = 0; c0 < n; c0 += columns_per_task) {
-        struct sneppx_args args = bench_new_args();
-        args.col_begin = c0;
-        args.col_end = c0 + columns_per_task < n ? c0 + columns_per_task : n;
-        args.src = weights;
-        args.src_stride = k;
-        args.dst = panels;
-        kernel->entry[SNEPPX_ENTRY_PACK](&args);
-    }
-}
-
 /* `count` copies of one random weight matrix, in HF layout and packed. Returns -1 when out of memory
  * (what was allocated is in copies, for the caller to free). */
 static int make_copies(const struct bench_context *ctx, const sneppx_kernel *kernel, const struct gemm_case *shape,
@@ -110,7 +95,7 @@ static int make_copies(const struct bench_context *ctx, const sneppx_kernel *ker
             return -1;
         if (c == 0) {
             bench_fill_uniform(copies->weights[0], shape->n * shape->k, 11, 1.0f / 64.0f);
-            pack_weights(kernel, copies->weights[0], shape->k, shape->n, copies->panels[0]);
+            bench_gemm_pack(kernel, copies->weights[0], shape->k, shape->n, copies->panels[0]);
         } else {
             memcpy(copies->weights[c], copies->weights[0], weight_floats * sizeof(float));
             memcpy(copies->panels[c], copies->panels[0], panel_floats * sizeof(float));
@@ -275,4 +260,5 @@ void bench_stage_gemm(struct bench_context *ctx)
                                         : (int)(sizeof full_tokens / sizeof full_tokens[0]);
     for (int c = 0; c < 2; c++)
         bench_case(ctx, &cases[c], tokens, tokens_count);
+    bench_gemm_sweep_types(ctx);
 }
