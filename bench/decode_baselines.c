@@ -70,6 +70,8 @@ void decode_baseline_run(const char *script, const sneppx_config *config, const 
         }
         const char *version = strchr(child.output, '\n') ? child.output : "";
         snprintf(times->version, sizeof times->version, "%.*s", (int)strcspn(version, "\n"), version);
+        const char *other = bench_child_field(child.output, "nonattention_bytes");
+        times->other_bytes = other ? atof(other) : 0;
         for (const char *line = child.output; (line = strstr(line, "result ")) != NULL; line++) {
             long long context, batch;
             int thread_count, reps;
@@ -83,4 +85,13 @@ void decode_baseline_run(const char *script, const sneppx_config *config, const 
         }
         free(child.output);
     }
+}
+
+void decode_baseline_describe_other_bytes(const struct decode_baseline_times *times, char *text, size_t size)
+{
+    if (times->other_bytes > 0)
+        snprintf(text, size, " (its step also reads %.1f MB outside attention, not subtracted)",
+                 times->other_bytes / 1e6);
+    else if (size > 0)
+        text[0] = '\0';
 }

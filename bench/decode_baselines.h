@@ -4,6 +4,7 @@
 #ifndef SNEPPX_BENCH_DECODE_BASELINES_H
 #define SNEPPX_BENCH_DECODE_BASELINES_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "sneppx/sneppx.h"
@@ -18,8 +19,14 @@
 struct decode_baseline_times {
     struct bench_stats seconds[DECODE_BASELINE_MAX_CONTEXTS][DECODE_BASELINE_MAX_BATCHES];
     char version[96];
+    double other_bytes; /* what a step also reads outside the attention layer (llama.cpp's FFN,
+                           norms and output layer: the script's nonattention_bytes), 0 = none said */
     char skipped[256]; /* why nothing was measured, "" when something was */
 };
+
+/* " (its step also reads 5.8 MB outside attention, not subtracted)" into text when
+ * times says so, else "". */
+void decode_baseline_describe_other_bytes(const struct decode_baseline_times *times, char *text, size_t size);
 
 /* Runs bench/baselines/<script> for every (context, batch) of config's shape on
  * `threads` threads, `steps` timed steps each, with extra_args (NULL-terminated,

@@ -267,7 +267,9 @@ void bench_stage_generate(struct bench_context *ctx)
                         plan.max_reps, NULL, &llama);
     decode_baseline_run("decode_torch.py", &config, contexts, context_count, batches, MAX_BATCHES, threads,
                         plan.max_reps, NULL, &torch);
-    printf("  (llama.cpp: %s)\n  (PyTorch: %s)\n", llama.skipped[0] ? llama.skipped : llama.version,
+    char llama_other[96];
+    decode_baseline_describe_other_bytes(&llama, llama_other, sizeof llama_other);
+    printf("  (llama.cpp: %s%s)\n  (PyTorch: %s)\n", llama.skipped[0] ? llama.skipped : llama.version, llama_other,
            torch.skipped[0] ? torch.skipped : torch.version);
     bench_settle();
 

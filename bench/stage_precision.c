@@ -170,8 +170,10 @@ static void run_decode_baselines(const sneppx_config *config, int64_t context, i
         const char *llama_args[] = {"--weight-type", c->llama_weights, "--kv-type", c->llama_cache, NULL};
         decode_baseline_run("decode_llama_cpp.py", config, &context, 1, &batch, 1, threads, steps, llama_args,
                             &baselines->llama[i]);
-        printf("  (llama.cpp %s weights, %s KV: %s)\n", c->llama_weights, c->llama_cache,
-               baselines->llama[i].skipped[0] ? baselines->llama[i].skipped : baselines->llama[i].version);
+        char other[96];
+        decode_baseline_describe_other_bytes(&baselines->llama[i], other, sizeof other);
+        printf("  (llama.cpp %s weights, %s KV: %s%s)\n", c->llama_weights, c->llama_cache,
+               baselines->llama[i].skipped[0] ? baselines->llama[i].skipped : baselines->llama[i].version, other);
         if (c->torch_dtype) {
             const char *torch_args[] = {"--dtype", c->torch_dtype, NULL};
             decode_baseline_run("decode_torch.py", config, &context, 1, &batch, 1, threads, steps, torch_args,

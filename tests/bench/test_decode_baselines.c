@@ -1,0 +1,116 @@
+/* The decode baselines' runner (bench/decode_baselines.c) against a fake
+ * virtual environment whose bin/python is a shell script: it prints what
+ * decode_llama_cpp.py prints and records the arguments it was given. Checks
+ * that the result lines fill the times, that the bytes llama.cpp's step reads
+ * outside attention (nonattention_bytes) reach the bench, which says them, and
+ * that the baseline gets the config's shape. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "decode_baselines.h"
+
+static int failures;
+
+static void check(int ok, const char *what)
+{
+    if (!ok) {
+        fprintf(stderr, "FAIL: %s\n", what);
+        failures++;
+    }
+}
+
+/* A venv in a fresh directory whose python prints `output` and writes its arguments to args.txt. */
+static int make_venv(char *dir, size_t size, const char *output)
+{
+    char bin[512], python[600];
+    snprintf(dir, size, "/tmp/sneppx-decode-baselines-XXXXXX");
+    if (!mkdtemp(dir))
+        return -1;
+    snprintf(bin, sizeof bin, "%s/bin", dir);
+    snprintf(python, sizeof python, "%s/python", bin);
+    FILE *script = mkdir(bin, 0700) == 0 ? fopen(python, "w") : NULL;
+    if (!script)
+        return -1;
+    fprintf(script, "#!/bin/sh\necho \"$@\" > '%s/args.txt'\nprintf '%s'\n", dir, output);
+    fclose(script);
+    return chmod(python, 0700);
+}
+
+static void remove_venv(const char *dir)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/args.txt", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/bin/python", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/bin", dir);
+    rmdir(path);
+    rmdir(dir);
+}
+
+static sneppx_config llama3_shape(void)
+{
+    sneppx_config config;
+    memset(&config, 0, sizeof config);
+    config.hidden_size = 4096;
+    config.num_attention_heads = 32;
+    config.num_key_value_heads = 8;
+    config.rope_theta = 500000.0;
+    return config;
+}
+
+static void test_results_and_bytes_outside_attention(void)
+{
+    char dir[256];
+    check(make_venv(dir, sizeof dir,
+                    "llama.cpp llama-cpp-python 0.0.0\\nnonattention_bytes 5832704\\n"
+                    "result 512 1 2 0.004000 0.003000 0.005000 32\\n") == 0,
+          "fake venv made");
+    setenv("SNEPPX_BENCH_VENV", dir, 1);
+    const sneppx_config config = llama3_shape();
+    const int64_t context = 512, batch = 1;
+    struct decode_baseline_times times;
+    decode_baseline_run("decode_llama_cpp.py", &config, &context, 1, &batch, 1, 2, 32, NULL, &times);
+    check(times.skipped[0] == 0, "the baseline ran");
+    check(strcmp(times.version, "llama.cpp llama-cpp-python 0.0.0") == 0, "its version is the first line");
+    const struct bench_stats *s = &times.seconds[0][0];
+    check(s->reps == 32 && s->median == 0.004 && s->min == 0.003 && s->max == 0.005, "its result line");
+    check(times.other_bytes == 5832704.0, "the bytes its step reads outside attention");
+    char text[96];
+    decode_baseline_describe_other_bytes(&times, text, sizeof text);
+    check(strcmp(text, " (its step also reads 5.8 MB outside attention, not subtracted)") == 0,
+          "the bench says them");
+    remove_venv(dir);
+}
+
+static void test_no_bytes_said_prints_nothing(void)
+{
+    char dir[256];
+    check(make_venv(dir, sizeof dir, "torch 2.0 transformers 5.0\\nresult 512 1 2 0.01 0.01 0.01 3\\n") == 0,
+          "fake venv made");
+    setenv("SNEPPX_BENCH_VENV", dir, 1);
+    const sneppx_config config = llama3_shape();
+    const int64_t context = 512, batch = 1;
+    struct decode_baseline_times times;
+    decode_baseline_run("decode_torch.py", &config, &context, 1, &batch, 1, 2, 3, NULL, &times);
+    check(times.other_bytes == 0, "a baseline that says nothing reads nothing more");
+    char text[96] = "stale";
+    decode_baseline_describe_other_bytes(&times, text, sizeof text);
+    check(text[0] == 0, "and the bench says nothing");
+    remove_venv(dir);
+}
+
+int main(void)
+{
+    test_results_and_bytes_outside_attention();
+    test_no_bytes_said_prints_nothing();
+    if (failures) {
+        fprintf(stderr, "%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("decode baselines: all checks passed\n");
+    return 0;
+}
