@@ -26,7 +26,9 @@ void decode_baseline_run(const char *script, const sneppx_config *config, const 
     snprintf(hidden, sizeof hidden, "%lld", (long long)config->hidden_size);
     snprintf(heads, sizeof heads, "%lld", (long long)config->num_attention_heads);
     snprintf(kv_heads, sizeof kv_heads, "%lld", (long long)config->num_key_value_heads);
-    snprintf(head_dim, sizeof head_dim, "%lld", (long long)(config->hidden_size / config->num_attention_heads));
+    /* The config's head_dim when it has one (hidden_size / heads is only the default). */
+    snprintf(head_dim, sizeof head_dim, "%lld",
+             (long long)(config->head_dim ? config->head_dim : config->hidden_size / config->num_attention_heads));
     snprintf(theta, sizeof theta, "%.17g", config->rope_theta);
     snprintf(threads_arg, sizeof threads_arg, "%d", threads);
     snprintf(steps_arg, sizeof steps_arg, "%d", steps);

@@ -103,8 +103,41 @@ static void test_no_bytes_said_prints_nothing(void)
     remove_venv(dir);
 }
 
+/* The arguments the fake python was given. */
+static void read_args(const char *dir, char *args, size_t size)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/args.txt", dir);
+    FILE *file = fopen(path, "r");
+    args[0] = 0;
+    if (file) {
+        if (!fgets(args, (int)size, file))
+            args[0] = 0;
+        fclose(file);
+    }
+}
+
+static void test_the_config_head_dim_is_the_baselines(void)
+{
+    char dir[256];
+    check(make_venv(dir, sizeof dir, "torch 2.0 transformers 5.0\\n") == 0, "fake venv made");
+    setenv("SNEPPX_BENCH_VENV", dir, 1);
+    sneppx_config config = llama3_shape();
+    config.hidden_size = 2048; /* 64 per head by default, but the config says 128 (as Qwen3's do) */
+    config.head_dim = 128;
+    const int64_t context = 512, batch = 1;
+    struct decode_baseline_times times;
+    decode_baseline_run("decode_torch.py", &config, &context, 1, &batch, 1, 2, 3, NULL, &times);
+    char args[1024];
+    read_args(dir, args, sizeof args);
+    check(strstr(args, "--hidden 2048 --heads 32 --kv-heads 8 --head-dim 128 ") != NULL,
+          "the baseline runs the config's head_dim, not hidden_size / heads");
+    remove_venv(dir);
+}
+
 int main(void)
 {
+    test_the_config_head_dim_is_the_baselines();
     test_results_and_bytes_outside_attention();
     test_no_bytes_said_prints_nothing();
     if (failures) {
