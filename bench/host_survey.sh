@@ -9,8 +9,8 @@
 #                              1024), the attention stage in alternated processes
 # ISA is avx512 or avx2 for the host's own target; with --avx2-target an AVX-512 host
 # also measures its AVX2 kernels (SNEPPX_TARGET=v8, the baselines on their AVX2 code
-# too) as ISA avx2-target. About 45 minutes on a 2-core host (55 the first time: the
-# baselines' venv), twice that with --avx2-target.
+# too, all but llama.cpp, built for the host) as ISA avx2-target. About 45 minutes on
+# a 2-core host (55 the first time: the baselines' venv), twice that with --avx2-target.
 #   bench/host_survey.sh [--avx2-target] [--only full,tuning,long-blocks] [--rounds N]
 #                        [--out DIR] [--quick]
 # --quick runs every step at sneppx-bench --quick's sizes into a scratch directory

@@ -24,8 +24,9 @@
 /* The baselines' instruction sets, read when their libraries load. This machine
  * sets the OpenBLAS pair to force AVX2 kernels (1.7-3.9x slower on 2 threads); a
  * fair baseline runs without them, unless sneppx itself runs a narrower target
- * than the host's (SNEPPX_TARGET=v8 on an AVX-512 host): then every baseline runs
- * its AVX2 code too (OpenBLAS's Haswell kernels, PyTorch's and MKL's AVX2). */
+ * than the host's (SNEPPX_TARGET=v8 on an AVX-512 host): then the baselines that can
+ * be told run their AVX2 code too (OpenBLAS's Haswell kernels, PyTorch's and MKL's
+ * AVX2). llama.cpp cannot: scripts/venv.sh builds it for the host (-march=native). */
 static const struct {
     const char *name;
     const char *narrowed; /* its value when sneppx runs the narrower target; NULL: unset */
@@ -254,7 +255,8 @@ int main(int argc, char **argv)
            coretype ? coretype : "unset", sneppx_cache_dir()[0] ? sneppx_cache_dir() : "(memory only)");
     if (coretype)
         printf("SNEPPX_TARGET runs a narrower target than this host's: the baselines run their AVX2 code too "
-               "(OPENBLAS_CORETYPE=%s, ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS)\n", coretype);
+               "(OPENBLAS_CORETYPE=%s, ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS), but llama.cpp, built for "
+               "this host by scripts/venv.sh, runs its widest\n", coretype);
 
     const struct sneppx_gemm_tiles tile = bench_gemm_tile(ctx.target, 2048, 6144, cores);
     printf("GEMM tasks %lldx%lld (rows x columns, qkv at T = 2048 on %d threads), attention tasks up to %d query rows x 1 K/V head, "
