@@ -12,15 +12,16 @@
 # too, all but llama.cpp, built for the host) as ISA avx2-target. About 45 minutes on
 # a 2-core host (55 the first time: the baselines' venv), twice that with --avx2-target.
 #   bench/host_survey.sh [--avx2-target] [--only full,tuning,long-blocks] [--rounds N]
-#                        [--out DIR] [--quick]
+#                        [--out DIR] [--quick] [--print-host]
 # --quick runs every step at sneppx-bench --quick's sizes into a scratch directory
-# (no timing meaning: it checks the steps). Nothing here reads the results back but
-# ab_compare.py; the docs' tables are written from the files by hand.
+# (no timing meaning: it checks the steps). --print-host prints the host line every
+# file starts with (its first word names the files) and stops. Nothing here reads the
+# results back but ab_compare.py; the docs' tables are written from the files by hand.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${SNEPPX_BUILD_DIR:-$root/build-bench}"
-usage="usage: bench/host_survey.sh [--avx2-target] [--only full,tuning,long-blocks] [--rounds N] [--out DIR] [--quick]"
-steps="full,tuning,long-blocks" rounds=3 out="" quick=() avx2_target=0
+usage="usage: bench/host_survey.sh [--avx2-target] [--only full,tuning,long-blocks] [--rounds N] [--out DIR] [--quick] [--print-host]"
+steps="full,tuning,long-blocks" rounds=3 out="" quick=() avx2_target=0 print_host=0
 while (($#)); do
     case "$1" in
         --avx2-target) avx2_target=1 ;;
@@ -28,6 +29,7 @@ while (($#)); do
         --rounds) rounds="${2:?$usage}"; shift ;;
         --out) out="${2:?$usage}"; shift ;;
         --quick) quick=(--quick) ;;
+        --print-host) print_host=1 ;;
         -h|--help) echo "$usage"; exit 0 ;;
         *) echo "host_survey: unknown argument '$1'" >&2; echo "$usage" >&2; exit 2 ;;
     esac
@@ -45,18 +47,29 @@ if ! [[ "$rounds" =~ ^[1-9][0-9]?$ ]]; then
 fi
 has_step() { [[ ",$steps," == *",$1,"* ]]; }
 
-# The host's kind, from /proc/cpuinfo's first processor.
-cpu_field() { awk -F': *' -v f="$1" '$1 ~ "^"f"[ \t]*$" {print $2; exit}' /proc/cpuinfo; }
+# The host's kind, from /proc/cpuinfo's first processor ($SNEPPX_CPUINFO: another
+# file in its format, for the tests).
+cpuinfo="${SNEPPX_CPUINFO:-/proc/cpuinfo}"
+cpu_field() { awk -F': *' -v f="$1" '$1 ~ "^"f"[ \t]*$" {print $2; exit}' "$cpuinfo"; }
 vendor="$(cpu_field vendor_id)" family="$(cpu_field "cpu family")" model="$(cpu_field model)"
 case "$vendor:$family" in
     AuthenticAMD:25)  # Zen 3 and Zen 4 share family 19h; their models do not overlap
         if ((model < 0x10 || (model >= 0x20 && model < 0x60))); then host=zen3; else host=zen4; fi ;;
     AuthenticAMD:26) host=zen5 ;;
-    GenuineIntel:*) host=xeon ;;
-    *) host="$(echo "$vendor-$family-$model" | tr -c 'A-Za-z0-9-\n' '-')" ;;
+    *) host="" ;;
 esac
+# Intel's family 6 holds its client cores as well as its Xeons: only a Xeon is "xeon".
+if [[ -z "$host" && "$vendor" == GenuineIntel && "$(cpu_field "model name")" == *Xeon* ]]; then host=xeon; fi
+[[ -n "$host" ]] || host="$(echo "$vendor-$family-$model" | tr -c 'A-Za-z0-9-\n' '-')"
 host_isa=avx2
-grep -qw avx512f /proc/cpuinfo && host_isa=avx512
+grep -qw avx512f "$cpuinfo" && host_isa=avx512
+# Per core (or per instance), as the docs quote them: "L1d 32K, L2 1M, L3 32M".
+caches="$(lscpu -C=NAME,ONE-SIZE 2>/dev/null | awk 'NR > 1 && $1 != "L1i" {printf "%s%s %s", sep, $1, $2; sep = ", "}')"
+host_line="$host ($vendor family $family model $model, $host_isa), $(nproc) cores, caches ${caches:-unknown}"
+if ((print_host)); then
+    echo "$host_line"
+    exit 0
+fi
 if ((avx2_target)) && [[ "$host_isa" != avx512 ]]; then
     echo "host_survey: --avx2-target: this host's own target is AVX2 already" >&2
     exit 2
@@ -70,9 +83,6 @@ else
     out="${out:-$root/bench/results}"
 fi
 mkdir -p "$out"
-# Per core (or per instance), as the docs quote them: "L1d 32K, L2 1M, L3 32M".
-caches="$(lscpu -C=NAME,ONE-SIZE 2>/dev/null | awk 'NR > 1 && $1 != "L1i" {printf "%s%s %s", sep, $1, $2; sep = ", "}')"
-host_line="$host ($vendor family $family model $model, $host_isa), $(nproc) cores, caches ${caches:-unknown}"
 echo "host_survey: $host_line; results in $out"
 
 # One target's steps: SNEPPX_TARGET is "" (the host's) or v8.
@@ -81,7 +91,11 @@ survey_target() {
     local name="$host-$isa"
     if has_step full; then
         echo "host_survey: full run -> $out/full-$name.txt"
-        SNEPPX_TARGET="$target" "$root/bench/run.sh" "${quick[@]}" 2>&1 | tee "$out/full-$name.txt"
+        {
+            # The bench prints only the CPU's model name ("AMD EPYC" on these VMs): say which host.
+            echo "# bench/run.sh, the $isa kernels, on $host_line"
+            SNEPPX_TARGET="$target" "$root/bench/run.sh" "${quick[@]}"
+        } 2>&1 | tee "$out/full-$name.txt"
     fi
     if has_step tuning; then
         # A record is fingerprinted by the build that tuned it: the bench build's tool tunes.

@@ -3,9 +3,12 @@
 - bench/ab_compare.py pairs two builds' sneppx-bench CSVs round by round: its
   speedups are per-round ratios (median, min, max), and CSVs that do not pair
   are refused, naming what is wrong;
-- bench/host_survey.sh refuses bad arguments before it builds or runs anything.
+- bench/host_survey.sh refuses bad arguments before it builds or runs anything, and
+  names the host its files are of from /proc/cpuinfo: a Xeon "xeon", another Intel
+  core by its vendor, family and model.
 """
 import csv
+import os
 import re
 import subprocess
 import sys
@@ -83,4 +86,30 @@ def test_host_survey_refuses_bad_arguments(args, message, tmp_path):
                             timeout=60)
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr
+    assert not out.exists()
+
+
+def cpuinfo(vendor, family, model, name, flags="fpu sse avx2"):
+    return (f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+            f"model name\t: {name}\nflags\t\t: {flags}\n\n")
+
+
+@pytest.mark.parametrize("info, host", [
+    (cpuinfo("AuthenticAMD", 25, 17, "AMD EPYC", "avx2 avx512f"), "zen4 (AuthenticAMD family 25 model 17, avx512)"),
+    (cpuinfo("AuthenticAMD", 25, 1, "AMD EPYC 7763 64-Core Processor"), "zen3 (AuthenticAMD family 25 model 1, avx2)"),
+    (cpuinfo("AuthenticAMD", 26, 2, "AMD EPYC", "avx512f"), "zen5 (AuthenticAMD family 26 model 2, avx512)"),
+    (cpuinfo("GenuineIntel", 6, 143, "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz", "avx512f"),
+     "xeon (GenuineIntel family 6 model 143, avx512)"),
+    # A client core is no Xeon: named by vendor, family and model, not filed with the Xeon's results.
+    (cpuinfo("GenuineIntel", 6, 183, "13th Gen Intel(R) Core(TM) i9-13900K"),
+     "GenuineIntel-6-183 (GenuineIntel family 6 model 183, avx2)"),
+], ids=["zen4", "zen3", "zen5", "xeon", "intel-client"])
+def test_host_survey_names_the_host(info, host, tmp_path):
+    path = tmp_path / "cpuinfo"
+    path.write_text(info)
+    out = tmp_path / "results"
+    result = subprocess.run(["bash", str(HOST_SURVEY), "--out", str(out), "--print-host"], capture_output=True,
+                            text=True, timeout=60, env={**os.environ, "SNEPPX_CPUINFO": str(path)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith(host + ", "), result.stdout
     assert not out.exists()
