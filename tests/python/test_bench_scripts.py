@@ -3,11 +3,14 @@
 - bench/ab_compare.py pairs two builds' sneppx-bench CSVs round by round: its
   speedups are per-round ratios (median, min, max), and CSVs that do not pair
   are refused, naming what is wrong;
+- bench/plot.py draws each implementation once: the flash rows the attention stage
+  records again as the baseline of its mask rows are no line of their own;
 - bench/host_survey.sh refuses bad arguments before it builds or runs anything, and
   names the host its files are of from /proc/cpuinfo: a Xeon "xeon", another Intel
   core by its vendor, family and model.
 """
 import csv
+import importlib.util
 import os
 import re
 import subprocess
@@ -18,6 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 AB_COMPARE = REPO / "bench" / "ab_compare.py"
+PLOT = REPO / "bench" / "plot.py"
 HOST_SURVEY = REPO / "bench" / "host_survey.sh"
 FIELDS = ["stage", "case", "impl", "tokens", "threads", "median_ms", "min_ms", "max_ms", "reps", "unit", "value",
           "value_min", "value_max", "peak", "fraction_of_peak", "baseline", "speedup"]
@@ -113,3 +117,19 @@ def test_host_survey_names_the_host(info, host, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith(host + ", "), result.stdout
     assert not out.exists()
+
+
+def test_plot_draws_no_line_for_a_baseline_copy(tmp_path):
+    spec = importlib.util.spec_from_file_location("plot", PLOT)
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    rows = []
+    for impl, case, baseline in [("flash", "causal d128 g4", "sdpa"), ("sdpa", "causal d128 g4", ""),
+                                 ("flash", "explicit d128 g4", "causal"), ("causal", "causal d128 g4", ""),
+                                 ("flash", "causal d128 g4 w4096", "no-win"), ("no-win", "causal d128 g4", "")]:
+        rows.append({"stage": "attention", "case": case, "impl": impl, "tokens": "2048", "threads": "2",
+                     "unit": "GFLOP/s", "value": "100", "value_min": "90", "value_max": "110",
+                     "baseline": baseline})
+    panels = plot.panels_of(rows)
+    lines = {title: sorted(labels) for (_, title), labels in panels.items()}
+    assert lines == {"attention causal d128 g4": ["flash 2t", "sdpa 2t"], "attention explicit d128 g4": ["flash 2t"]}
