@@ -92,6 +92,17 @@ int bench_measure(bench_body body, void *state, const struct bench_plan *plan, s
     return 0;
 }
 
+/* The side whose turn `turn` of round `round` is. Each round starts one side further
+ * on, and every other round runs the sides in the reverse order, so that no side
+ * always follows the same one (or always a settle): a rotation alone keeps each side
+ * after its one neighbour in all but the rounds it starts (A B C, B C A, C A B: B
+ * always after A). With two sides, A B, B A, A B, ...; with three, A B C, B A C,
+ * C A B, A C B, B C A, C B A. */
+static int turn_side(int round, int turn, int count)
+{
+    return round % 2 == 0 ? (round + turn) % count : ((round - turn) % count + count) % count;
+}
+
 int bench_measure_sides(const struct bench_side *sides, int count, const struct bench_plan *plan,
                         struct bench_stats *stats, struct bench_rounds *rounds)
 {
@@ -117,10 +128,8 @@ int bench_measure_sides(const struct bench_side *sides, int count, const struct 
         rounds->rounds = round_count;
     }
     for (int round = 0; round < round_count; round++)
-        /* Each round starts one side further on, so that no side always follows the same
-         * one (or always a settle): with two sides, A B, B A, A B, ... */
         for (int turn = 0; turn < count; turn++) {
-            const int s = (round + turn) % count;
+            const int s = turn_side(round, turn, count);
             const struct bench_side *side = &sides[s];
             if (warm_seconds[s] < WARM_TURN_SECONDS) {
                 const double until = bench_now() + WARM_TURN_SECONDS;

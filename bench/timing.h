@@ -55,7 +55,8 @@ struct bench_rounds {
 /* Times `count` (at most BENCH_MAX_SIDES) bodies side by side: after each
  * side's warm-up (at least one run, which sizes its repeats as bench_measure
  * does), rounds in which every side in turn runs its share of the repeats, each
- * round starting one side further on; a side whose runs are short first runs
+ * round starting one side further on and every other round in reverse order, so
+ * that no side always follows the same one; a side whose runs are short first runs
  * untimed for 50 ms (the other sides had the caches and cores). This host has
  * slow phases of seconds to minutes: one lands on every side of a round, so a
  * ratio of two sides within a round holds where a ratio of two sides timed one

@@ -1,6 +1,7 @@
 /* The bench's side-by-side timing (bench/timing.c) on a fake clock: bodies whose
  * runs take known times, and a slow phase. Checks that the sides take turns in
- * rounds (each round starting one side further on), that each gets the repeats
+ * rounds (each round starting one side further on, every other one reversed, so
+ * that with three sides no side always follows the same one), that each gets the repeats
  * its plan asks for, and that the median of the ratios within rounds holds
  * through a slow phase. */
 #include <math.h>
@@ -120,12 +121,42 @@ static void test_one_round_for_a_single_repeat(void)
           "more sides than BENCH_MAX_SIDES are refused");
 }
 
+/* Three sides: a rotation alone would put B after A in every round B does not start. */
+static void test_three_sides_follow_different_sides(void)
+{
+    struct fake_body bodies[3] = {{0, 0.1}, {1, 0.1}, {2, 0.1}}; /* 100 ms: no untimed runs */
+    const struct bench_side sides[3] = {{run_fake, &bodies[0], NULL}, {run_fake, &bodies[1], NULL},
+                                        {run_fake, &bodies[2], NULL}};
+    const struct bench_plan plan = {.warmup = 1, .min_reps = 6, .max_reps = 6, .budget_seconds = 10};
+    struct bench_stats stats[3];
+    struct bench_rounds rounds;
+    calls = 0;
+    check(bench_measure_sides(sides, 3, &plan, stats, &rounds) == 0, "measure_sides returns 0 (three sides)");
+    check(rounds.rounds == 6 && calls == 3 + 18, "three warm-ups, then 6 rounds of one run per side");
+    /* After the warm-ups each call is one turn: round r is calls 3 + 3r .. 3 + 3r + 2. */
+    int preceded[3][3] = {{0}}, first[3] = {0};
+    for (int r = 0; r < 6; r++) {
+        const int *turns = &call_log[3 + 3 * r];
+        first[turns[0]]++;
+        for (int t = 1; t < 3; t++)
+            preceded[turns[t]][turns[t - 1]]++;
+    }
+    for (int s = 0; s < 3; s++) {
+        int neighbours = 0;
+        for (int o = 0; o < 3; o++)
+            neighbours += preceded[s][o] > 0;
+        check(neighbours == 2, "within rounds, each side follows both others");
+        check(first[s] == 2, "each side starts as many rounds");
+    }
+}
+
 int main(void)
 {
     bench_set_clock(fake_clock);
     test_round_ratio_is_a_median_over_rounds();
     test_rounds_hold_the_ratio_through_a_slow_phase();
     test_one_round_for_a_single_repeat();
+    test_three_sides_follow_different_sides();
     bench_set_clock(NULL);
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);
