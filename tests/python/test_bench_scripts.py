@@ -5,6 +5,8 @@
   are refused, naming what is wrong;
 - bench/plot.py draws each implementation once: the flash rows the attention stage
   records again as the baseline of its mask rows are no line of their own;
+- bench/tp.sh alternates its two sides (A B, B A, ...) and gives their ratio as the
+  median [min-max] of the per-round ratios;
 - bench/host_survey.sh refuses bad arguments before it builds or runs anything, and
   names the host its files are of from /proc/cpuinfo: a Xeon "xeon", another Intel
   core by its vendor, family and model.
@@ -23,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 AB_COMPARE = REPO / "bench" / "ab_compare.py"
 PLOT = REPO / "bench" / "plot.py"
 HOST_SURVEY = REPO / "bench" / "host_survey.sh"
+TP = REPO / "bench" / "tp.sh"
 FIELDS = ["stage", "case", "impl", "tokens", "threads", "median_ms", "min_ms", "max_ms", "reps", "unit", "value",
           "value_min", "value_max", "peak", "fraction_of_peak", "baseline", "speedup"]
 
@@ -133,3 +136,49 @@ def test_plot_draws_no_line_for_a_baseline_copy(tmp_path):
     panels = plot.panels_of(rows)
     lines = {title: sorted(labels) for (_, title), labels in panels.items()}
     assert lines == {"attention causal d128 g4": ["flash 2t", "sdpa 2t"], "attention explicit d128 g4": ["flash 2t"]}
+
+
+FAKE_RUN = """#!/bin/bash
+# sneppx-run for tp.sh's test: the next time of its side's list, and the side in the log.
+side=single; [[ " $* " == *" --tp "* ]] && side=ranks
+count_file="$FAKE_DIR/$side.count"
+n=$(( $(cat "$count_file" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$count_file"
+read -ra times <<< "$( [[ $side == single ]] && echo "$FAKE_SINGLE" || echo "$FAKE_RANKS" )"
+ms="${times[$(( (n - 1) % ${#times[@]} ))]}"
+echo "$side" >> "$FAKE_DIR/order"
+decode=0; [[ " $* " == *" --decode "* ]] && decode=1
+if [[ $side == single ]]; then
+    if ((decode)); then echo "   decode: median $ms ms per step (min 1, max 2) over 64 steps"
+    else echo "   forward: first 1.00 ms, median $ms ms (min 1, max 2) over 5 runs = 1.0 GFLOP/s"; fi
+else
+    if ((decode)); then echo "   decode: $ms ms per step (the slowest rank's median) = 1.0 tokens/s"
+    else echo "   forward: $ms ms (the slowest rank's median over 5 runs) = 1.0 GFLOP/s"; fi
+fi
+"""
+
+FAKE_MPIRUN = """#!/bin/bash
+# mpirun for tp.sh's test: runs the program once, with its arguments.
+while (($#)) && [[ "$1" != */sneppx-run ]]; do shift; done
+exec "$@"
+"""
+
+
+def test_tp_alternates_and_takes_the_median_of_per_round_ratios(tmp_path):
+    run = tmp_path / "build" / "runtime" / "sneppx-run"
+    run.parent.mkdir(parents=True)
+    run.write_text(FAKE_RUN)
+    mpirun = tmp_path / "bin" / "mpirun"
+    mpirun.parent.mkdir()
+    mpirun.write_text(FAKE_MPIRUN)
+    run.chmod(0o755)
+    mpirun.chmod(0o755)
+    # Per round 10/5, 20/40, 30/15: ratios 2, 0.5, 2, median 2 [0.5-2]; the ratio of the
+    # medians (20 / 15 = 1.33) is not what a round measured.
+    env = {**os.environ, "SNEPPX_BUILD_DIR": str(tmp_path / "build"), "FAKE_DIR": str(tmp_path),
+           "PATH": f"{mpirun.parent}:{os.environ['PATH']}", "FAKE_SINGLE": "10 20 30", "FAKE_RANKS": "5 40 15"}
+    result = subprocess.run(["bash", str(TP), "--rounds", "3"], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("prefill T=512"))
+    assert row.split()[2:7] == ["20.00", "15.00", "2.00x", "[0.50-2.00]", "8388608"], row
+    order = (tmp_path / "order").read_text().split()
+    assert order[:6] == ["single", "ranks", "ranks", "single", "single", "ranks"], order
