@@ -71,16 +71,17 @@ def llm_config(hf_config: Any, **overrides: Any) -> LLMConfig:
     return LLMConfig(**kwargs)
 
 
-def _weight_arrays(module: Any) -> Dict[str, Any]:
-    """The module's tensors by HF name, as load_state_dict takes them: read through
+def _weight_arrays(tensors: Dict[str, Any]) -> Dict[str, Any]:
+    """A module's tensors by HF name, as load_state_dict takes them: read through
     .detach() (no autograd), on the CPU; bfloat16 and float16 tensors as they are (they
     reach the layer as their bits, so a bfloat16 model packed as weight_dtype "bfloat16"
     keeps every bit), any other type as float32."""
     out = {}
-    for name, tensor in module.state_dict().items():
-        tensor = tensor.detach().to(device="cpu")
-        if tensor.dtype not in (torch.bfloat16, torch.float16):
-            tensor = tensor.to(dtype=torch.float32)
+    for name, tensor in tensors.items():
+        if isinstance(tensor, torch.Tensor):    # load_state_dict's other array-likes go as they are
+            tensor = tensor.detach().to(device="cpu")
+            if tensor.dtype not in (torch.bfloat16, torch.float16):
+                tensor = tensor.to(dtype=torch.float32)
         out[name] = tensor
     return out
 
@@ -171,6 +172,30 @@ class SneppxAttention(torch.nn.Module):
         # The replaced module's tensors were packed and dropped: a state_dict without them
         # would save a checkpoint whose attention transformers re-initializes at random.
         raise _no_tensors(self.layer_name, "state_dict")
+
+    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, local_metadata: Any, strict: bool,
+                              missing_keys: List[str], unexpected_keys: List[str], error_msgs: List[str]) -> None:
+        # model.load_state_dict() reaches the replaced module's tensors here. Nothing else would
+        # take them: the model would run the new weights around the old attention. They are
+        # packed into the sneppx layer, all of a layer's at once (its packed copy cannot take
+        # one tensor alone); keys are reported missing or unexpected as the replaced module would.
+        expected = self.sneppx.tensor_shapes()
+        ours = {key[len(prefix):]: value for key, value in state_dict.items() if key.startswith(prefix)}
+        given = {name: value for name, value in ours.items() if name in expected}
+        missing = [prefix + name for name in expected if name not in given]
+        if strict:
+            missing_keys.extend(missing)
+            unexpected_keys.extend(prefix + name for name in ours if name not in expected)
+        if not given:
+            return
+        if missing:
+            error_msgs.append(f"{self.layer_name}: load_state_dict: a patched attention module takes all of its "
+                              f"tensors at once; given {sorted(given)}, missing {sorted(missing)}")
+            return
+        try:
+            self.sneppx.load_state_dict(_weight_arrays(given))
+        except (Error, ValueError, TypeError) as error:
+            error_msgs.append(f"{self.layer_name}: load_state_dict: {error}")
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 position_ids: Optional[torch.Tensor] = None, cache: Any = None, past_key_values: Any = None,
@@ -299,7 +324,7 @@ def patch(model: Any, *, weight_dtype: str, num_threads: int, use_flash_attn: bo
     for name, module in modules:
         layer = copy.copy(base)
         try:
-            layer.load_state_dict(_weight_arrays(module))
+            layer.load_state_dict(_weight_arrays(module.state_dict()))
         except (Error, ValueError, TypeError) as error:
             raise type(error)(f"sneppx.hf.patch: {name}: {error}; nothing was changed") from None
         dtype = next((t.dtype for t in module.state_dict().values() if t.is_floating_point()), torch.float32)

@@ -31,7 +31,8 @@ def patch(model: Any, *, weight_dtype: str = "float32", num_threads: int = 0, us
         .detach(), bfloat16 and float16 ones as their 16 bits and others as float32, and
         packed once (each layer keeps its own packed copy; the replaced modules, and their
         tensors, are dropped, so the patched model's state_dict() and save_pretrained()
-        raise RuntimeError naming the layer rather than leave its attention out).
+        raise RuntimeError naming the layer rather than leave its attention out; its
+        load_state_dict() packs each layer's attention tensors again, all of a layer's at once).
     num_threads: the sneppx layers' threads (0 = OpenMP's default); torch's are its own.
     use_flash_attn: flash attention (default) or the materialized SDPA path.
 

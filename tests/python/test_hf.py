@@ -398,6 +398,28 @@ def test_state_dict_of_a_patched_model_is_refused(tmp_path):
     assert any((tmp_path / "eager").glob("*.safetensors"))
 
 
+def test_load_state_dict_of_a_patched_model_reaches_its_sneppx_layers():
+    """model.load_state_dict() after patch() packs each layer's attention tensors into its
+    sneppx layer (they went nowhere: the model ran the new weights around the old attention,
+    silently with strict=False); missing and unexpected keys are those the unpatched model
+    reports, and a layer given only some of its tensors is refused, naming it."""
+    new = build("llama", seed=1)
+    ids, mask = prompts([19, 6], seed=2)
+    for strict in (True, False):
+        patched = sneppx.hf.patch(build("llama", seed=0))
+        result = patched.load_state_dict(new.state_dict(), strict=strict)
+        assert not result.missing_keys and not result.unexpected_keys
+        assert logits_error(patched, new, ids, mask) <= TOLERANCE
+        assert torch.equal(greedy(patched, ids, mask), greedy(new, ids, mask))
+    without_attention = {k: v for k, v in new.state_dict().items() if ".self_attn." not in k}
+    expected = build("llama").load_state_dict(without_attention, strict=False)
+    assert patched.load_state_dict(without_attention, strict=False) == expected and expected.missing_keys
+    without_k = {k: v for k, v in new.state_dict().items() if "k_proj" not in k}
+    with pytest.raises(RuntimeError, match=r"model\.layers\.0\.self_attn: load_state_dict: a patched attention "
+                                           r"module takes all of its tensors at once"):
+        patched.load_state_dict(without_k, strict=False)
+
+
 def test_checkpoint_saved_again_unsharded_loads_its_new_file(tmp_path):
     """A sharded checkpoint saved again without shards into its directory keeps its old
     model.safetensors.index.json (save_pretrained deletes the old shards, not the index);
