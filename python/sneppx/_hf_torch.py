@@ -353,6 +353,25 @@ def _hook_save(model: Any, layer_name: str) -> None:
     model.save_pretrained = save_pretrained
 
 
+def _check_room(cache: SneppxCache, rows: int, max_cache_length: int, window: Optional[int]) -> None:
+    """A given cache (the user's, or one a previous generate() returned) must have a row for each
+    of the call's and room for its max_length in each: its pool cannot grow, and running out
+    of pages part-way would raise after the prompt and the first tokens were appended to it.
+    Under a sliding window the cache gives back the pages the window left: not checked."""
+    if cache.kv.batch != rows:
+        raise ValueError(f"cache: {cache.kv.batch} rows for a batch of {rows} (batch_size x num_return_sequences); "
+                         f"pass sneppx.hf.make_cache(model, {rows}, max_tokens)")
+    if window:
+        return
+    stats = cache.kv.stats()
+    pages = rows * -(-max_cache_length // stats["page_size"])
+    if pages > stats["total_pages"]:
+        raise ValueError(f"cache: its pool holds {stats['total_pages']} pages of {stats['page_size']} tokens, and this "
+                         f"generate() may need {max_cache_length} tokens (max_length - 1) in each of its {rows} rows, "
+                         f"{pages} pages; a sneppx cache cannot grow: make it for the whole conversation with "
+                         f"sneppx.hf.make_cache(model, {rows}, max_tokens >= {max_cache_length})")
+
+
 def _hook_generate(model: Any) -> None:
     """generate() makes its cache in _prepare_cache_for_generation, given the batch and the
     call's max_length: the one place that knows the size a sneppx cache needs. The model's
@@ -372,6 +391,8 @@ def _hook_generate(model: Any) -> None:
             if not isinstance(given, SneppxCache):
                 raise ValueError(f"cache: a {type(given).__name__} cannot hold a sneppx layer's keys and values; "
                                  "pass sneppx.hf.make_cache(model, batch_size, max_tokens), or no cache")
+            rows = max(generation_config.num_return_sequences or 1, 1) * batch_size
+            _check_room(given, rows, max_cache_length, self._sneppx_hf.config.sliding_window)
             # The class's own method (not a bound one kept from patch time: a deep copy of the
             # model must not call back into the original).
             return type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode,

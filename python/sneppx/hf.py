@@ -44,7 +44,10 @@ def patch(model: Any, *, weight_dtype: str = "float32", num_threads: int = 0, us
     module's dtype (that of the replaced module's weights, which follows model.to(dtype)).
 
     generate() then makes a SneppxCache sized for the call (batch x max_length) unless
-    given one (``cache=sneppx.hf.make_cache(model, batch_size, max_tokens)``); beam search
+    given one (``cache=sneppx.hf.make_cache(model, batch_size, max_tokens)``, or the cache a
+    previous call returned, to continue from). A SneppxCache cannot grow: a given one without
+    a row for each of the call's or room for its max_length is refused (ValueError) before it
+    is used, so make the cache for a whole conversation that continues; beam search
     and other strategies that reorder or copy cache rows are refused (before a given cache
     is touched; beam search with use_cache=False, which keeps no cache, runs). A plain forward
     (model(input_ids)) runs without a cache, even when transformers makes a DynamicCache for
@@ -64,7 +67,8 @@ def patch(model: Any, *, weight_dtype: str = "float32", num_threads: int = 0, us
 def make_cache(model: Any, batch_size: int, max_tokens: int) -> Any:
     """A SneppxCache for a patched model: `batch_size` rows of up to `max_tokens` tokens each
     (prompt, padding included, plus generated tokens), for generate(cache=...) or a forward's
-    cache=. One sneppx KVCache (LLMConfig.kv_cache) holds every layer."""
+    cache=. One sneppx KVCache (LLMConfig.kv_cache) holds every layer; its pool cannot grow,
+    so size it for every generate() that continues from it."""
     from . import _hf_torch
     return _hf_torch.SneppxCache(model, batch_size, max_tokens)
 

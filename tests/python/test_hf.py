@@ -356,6 +356,28 @@ def test_crop_cuts_every_row_or_none():
         cache.crop(1)
 
 
+def test_a_given_cache_without_room_for_the_call_is_refused_before_it_is_touched():
+    """generate() makes its cache for the call's max_length; a continuation from it (or a
+    make_cache cache) that may need more than its pool holds is refused naming the cache,
+    before the prompt is appended (running out of pages part-way raised OutOfMemoryError
+    with the cache holding half a continuation); so is a cache with another number of rows."""
+    patched = sneppx.hf.patch(build("llama"))
+    ids, mask = prompts([19, 6], seed=2)
+    with torch.no_grad():
+        first = patched.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False,
+                                 return_dict_in_generate=True)
+        turn = torch.cat([first.sequences, torch.full((2, 1), 7)], dim=1)
+        turn_mask = torch.cat([mask, torch.ones(2, turn.shape[1] - mask.shape[1], dtype=mask.dtype)], dim=1)
+        lengths = first.cache.kv.lengths
+        with pytest.raises(ValueError, match=r"^cache: its pool holds 4 pages of 64 tokens, and this generate\(\) may "
+                                             r"need 324 tokens .*"
+                                             r"sneppx\.hf\.make_cache\(model, 2, max_tokens >= 324\)"):
+            patched.generate(turn, attention_mask=turn_mask, cache=first.cache, max_new_tokens=300, do_sample=False)
+        assert first.cache.kv.lengths == lengths
+        with pytest.raises(ValueError, match=r"^cache: 1 rows for a batch of 2"):
+            patched.generate(ids, attention_mask=mask, max_new_tokens=2, cache=sneppx.hf.make_cache(patched, 1, 32))
+
+
 def test_output_attentions_is_refused():
     """transformers collects attention weights by hooking its own attention classes; a
     sneppx layer computes none, so output_attentions (argument or config) is refused
