@@ -353,23 +353,36 @@ def _hook_save(model: Any, layer_name: str) -> None:
     model.save_pretrained = save_pretrained
 
 
-def _check_room(cache: SneppxCache, rows: int, max_cache_length: int, window: Optional[int]) -> None:
-    """A given cache (the user's, or one a previous generate() returned) must have a row for each
-    of the call's and room for its max_length in each: its pool cannot grow, and running out
-    of pages part-way would raise after the prompt and the first tokens were appended to it.
-    Under a sliding window the cache gives back the pages the window left: not checked."""
+def _check_rows(cache: SneppxCache, rows: int) -> None:
+    """A given cache has a row for each of the call's (the first layer's forward would refuse
+    it too, but naming its hidden_states)."""
     if cache.kv.batch != rows:
         raise ValueError(f"cache: {cache.kv.batch} rows for a batch of {rows} (batch_size x num_return_sequences); "
                          f"pass sneppx.hf.make_cache(model, {rows}, max_tokens)")
+
+
+def _lacks_room(cache: SneppxCache, max_cache_length: int, window: Optional[int]) -> Optional[str]:
+    """Why a given cache (the user's, or one a previous generate() returned) has no room for
+    the call's max_length in each row, or None: its pool cannot grow, and running out of
+    pages part-way would raise after the prompt and the first tokens were appended to it.
+    Under a sliding window the cache gives back the pages the window left: not checked."""
     if window:
-        return
+        return None
     stats = cache.kv.stats()
+    rows = cache.kv.batch
     pages = rows * -(-max_cache_length // stats["page_size"])
-    if pages > stats["total_pages"]:
-        raise ValueError(f"cache: its pool holds {stats['total_pages']} pages of {stats['page_size']} tokens, and this "
-                         f"generate() may need {max_cache_length} tokens (max_length - 1) in each of its {rows} rows, "
-                         f"{pages} pages; a sneppx cache cannot grow: make it for the whole conversation with "
-                         f"sneppx.hf.make_cache(model, {rows}, max_tokens >= {max_cache_length})")
+    if pages <= stats["total_pages"]:
+        return None
+    return (f"cache: its pool holds {stats['total_pages']} pages of {stats['page_size']} tokens, and this generate() "
+            f"may need {max_cache_length} tokens (max_length - 1) in each of its {rows} rows, {pages} pages; a sneppx "
+            f"cache cannot grow: make it for the whole conversation with sneppx.hf.make_cache(model, {rows}, "
+            f"max_tokens >= {max_cache_length})")
+
+
+def _start_over(cache: SneppxCache, state: _PatchState, max_tokens: int) -> None:
+    """An empty pool of max_tokens a row in place of the cache's: generate() then feeds the
+    whole sequence, which it slices by the cache's length."""
+    cache.kv = state.config.kv_cache(cache.kv.batch, max_tokens=max_tokens, num_layers=state.num_layers)
 
 
 def _hook_generate(model: Any) -> None:
@@ -391,8 +404,15 @@ def _hook_generate(model: Any) -> None:
             if not isinstance(given, SneppxCache):
                 raise ValueError(f"cache: a {type(given).__name__} cannot hold a sneppx layer's keys and values; "
                                  "pass sneppx.hf.make_cache(model, batch_size, max_tokens), or no cache")
-            rows = max(generation_config.num_return_sequences or 1, 1) * batch_size
-            _check_room(given, rows, max_cache_length, self._sneppx_hf.config.sliding_window)
+            _check_rows(given, max(generation_config.num_return_sequences or 1, 1) * batch_size)
+            lacking = _lacks_room(given, max_cache_length, self._sneppx_hf.config.sliding_window)
+            if lacking and getattr(generation_config, "is_assistant", False):
+                # The assistant of assisted generation: transformers hands it back the cache its
+                # first round made, sized for that round, with the whole sequence so far every
+                # round. It starts over in a pool twice as large (a prefill of the sequence).
+                _start_over(given, self._sneppx_hf, max(max_cache_length, 2 * given.kv.max_tokens))
+            elif lacking:
+                raise ValueError(lacking)
             # The class's own method (not a bound one kept from patch time: a deep copy of the
             # model must not call back into the original).
             return type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode,

@@ -47,7 +47,9 @@ def patch(model: Any, *, weight_dtype: str = "float32", num_threads: int = 0, us
     given one (``cache=sneppx.hf.make_cache(model, batch_size, max_tokens)``, or the cache a
     previous call returned, to continue from). A SneppxCache cannot grow: a given one without
     a row for each of the call's or room for its max_length is refused (ValueError) before it
-    is used, so make the cache for a whole conversation that continues; beam search
+    is used, so make the cache for a whole conversation that continues (but a patched model
+    that is generate()'s assistant_model, which transformers gives the whole sequence every
+    round, starts over in a pool twice as large when it runs out); beam search
     and other strategies that reorder or copy cache rows are refused (before a given cache
     is touched; beam search with use_cache=False, which keeps no cache, runs). A plain forward
     (model(input_ids)) runs without a cache, even when transformers makes a DynamicCache for

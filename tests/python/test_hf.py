@@ -378,6 +378,19 @@ def test_a_given_cache_without_room_for_the_call_is_refused_before_it_is_touched
             patched.generate(ids, attention_mask=mask, max_new_tokens=2, cache=sneppx.hf.make_cache(patched, 1, 32))
 
 
+def test_a_patched_assistant_model_outlives_its_first_cache():
+    """Assisted generation hands the assistant back the cache its first round made, sized for
+    that round, with the whole sequence so far: a patched assistant starts over in a larger
+    pool when it runs out (it raised once the first pool was full), and greedy assisted
+    generation gives the main model's own tokens."""
+    main = build("llama")
+    assistant = sneppx.hf.patch(build("llama", seed=5, num_hidden_layers=1))
+    ids, mask = prompts([11], seed=2)
+    steps = dict(attention_mask=mask, max_new_tokens=150, do_sample=False)
+    with torch.no_grad():
+        assert torch.equal(main.generate(ids, assistant_model=assistant, **steps), main.generate(ids, **steps))
+
+
 def test_output_attentions_is_refused():
     """transformers collects attention weights by hooking its own attention classes; a
     sneppx layer computes none, so output_attentions (argument or config) is refused
