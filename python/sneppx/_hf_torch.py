@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 from transformers.cache_utils import Cache
+from transformers.generation import GenerationMode
 # Private, and the one place that says whether this forward records attention weights
 # (transformers 5.24, pinned by scripts/venv.sh).
 from transformers.utils.output_capturing import _active_collector
@@ -101,6 +102,7 @@ class SneppxCache(Cache):
             raise ValueError("model: not patched; call sneppx.hf.patch(model) first")
         super().__init__(layers=[])
         self.kv = state.config.kv_cache(batch_size, max_tokens=max_tokens, num_layers=state.num_layers)
+        self._window = state.config.sliding_window
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.kv.get_seq_length(layer_idx)
@@ -121,6 +123,13 @@ class SneppxCache(Cache):
         # Cache's own answer reads its (here empty) layers, and all([]) made generate() take
         # this for a Mamba-like cache: a continuation re-fed the tokens already cached.
         return [False] * self.kv.num_layers
+
+    @property
+    def is_croppable(self) -> bool:
+        # Cache's own answer, all([]) over its (empty) layers, said every rollback works. Under a
+        # sliding window the sneppx cache gives back the pages of tokens the window left, which
+        # crop() past them would need (transformers' sliding layers keep them while recording).
+        return not self._window
 
     def reset(self) -> None:
         self.kv.reset()
@@ -353,6 +362,18 @@ def _hook_save(model: Any, layer_name: str) -> None:
     model.save_pretrained = save_pretrained
 
 
+def _refuse_rollback_under_window(model: Any, generation_config: Any, generation_mode: Any) -> None:
+    """Assisted generation (an assistant_model, prompt lookup) crops the rejected draft tokens from
+    both models' caches: under a sliding window a sneppx cache has already given back tokens such
+    a rollback needs (SneppxCache.is_croppable), and crop() would fail part-way through generate()."""
+    window = model._sneppx_hf.config.sliding_window
+    if window and (generation_mode == GenerationMode.ASSISTED_GENERATION
+                   or getattr(generation_config, "is_assistant", False)):
+        raise NotImplementedError(f"assisted generation: a sneppx-patched model with a sliding window ({window}) "
+                                  "cannot roll its cache back past the tokens the window released; generate "
+                                  "without assistant_model / prompt_lookup_num_tokens, or leave this model unpatched")
+
+
 def _check_rows(cache: SneppxCache, rows: int) -> None:
     """A given cache has a row for each of the call's (the first layer's forward would refuse
     it too, but naming its hidden_states)."""
@@ -400,6 +421,7 @@ def _hook_generate(model: Any) -> None:
             raise NotImplementedError("num_beams > 1: beam search reorders cache rows, which SneppxCache does "
                                       "not do; use greedy or sampling decoding (or no cache: use_cache=False "
                                       "and no cache=)")
+        _refuse_rollback_under_window(self, generation_config, generation_mode)
         if given is not None:
             if not isinstance(given, SneppxCache):
                 raise ValueError(f"cache: a {type(given).__name__} cannot hold a sneppx layer's keys and values; "

@@ -51,9 +51,12 @@ def patch(model: Any, *, weight_dtype: str = "float32", num_threads: int = 0, us
     that is generate()'s assistant_model, which transformers gives the whole sequence every
     round, starts over in a pool twice as large when it runs out); beam search
     and other strategies that reorder or copy cache rows are refused (before a given cache
-    is touched; beam search with use_cache=False, which keeps no cache, runs). A plain forward
-    (model(input_ids)) runs without a cache, even when transformers makes a DynamicCache for
-    it; continuing from such a cache raises ValueError (it holds nothing).
+    is touched; beam search with use_cache=False, which keeps no cache, runs). So is assisted
+    generation (assistant_model, prompt_lookup_num_tokens) with a patched model that has a
+    sliding window, as the main model or the assistant: it crops rejected draft tokens, and the
+    sneppx cache has given back the tokens the window left (SneppxCache.is_croppable is False).
+    A plain forward (model(input_ids)) runs without a cache, even when transformers makes a
+    DynamicCache for it; continuing from such a cache raises ValueError (it holds nothing).
 
     Nothing is changed when a module cannot be patched: an unsupported model_type, an
     attention option sneppx lacks (per-layer sliding windows, a non-causal config, a RoPE

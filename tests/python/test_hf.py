@@ -391,6 +391,29 @@ def test_a_patched_assistant_model_outlives_its_first_cache():
         assert torch.equal(main.generate(ids, assistant_model=assistant, **steps), main.generate(ids, **steps))
 
 
+def test_assisted_generation_under_a_sliding_window_is_refused_before_it_starts():
+    """Assisted generation crops rejected draft tokens from the caches; a sneppx cache under a
+    sliding window has given back tokens that rollback needs (it failed part-way, once the
+    sequence passed the window and a page: "length: 78 is too far back"). A patched Mistral
+    as the main model (assistant or prompt lookup) or as the assistant is refused before a
+    token is cached, and its cache says it cannot be cropped."""
+    main = sneppx.hf.patch(build("mistral"))
+    ids, mask = prompts([11], seed=2)
+    refused = r"^assisted generation: a sneppx-patched model with a sliding window \(16\)"
+    cache = sneppx.hf.make_cache(main, 1, 128)
+    steps = dict(attention_mask=mask, max_new_tokens=100, do_sample=False)
+    with torch.no_grad():
+        for kwargs in (dict(assistant_model=build("mistral", seed=5, num_hidden_layers=1), cache=cache),
+                       dict(prompt_lookup_num_tokens=3)):
+            with pytest.raises(NotImplementedError, match=refused):
+                main.generate(ids, **steps, **kwargs)
+        assert cache.kv.lengths == [0] and not cache.is_croppable
+        assert sneppx.hf.make_cache(sneppx.hf.patch(build("llama")), 1, 8).is_croppable
+        with pytest.raises(NotImplementedError, match=refused):
+            build("mistral").generate(ids, assistant_model=sneppx.hf.patch(build("mistral", num_hidden_layers=1)),
+                                      **steps)
+
+
 def test_output_attentions_is_refused():
     """transformers collects attention weights by hooking its own attention classes; a
     sneppx layer computes none, so output_attentions (argument or config) is refused
