@@ -257,13 +257,19 @@ def _attentions_recorded() -> bool:
 
 def _mask_array(mask: Any) -> Optional[np.ndarray]:
     """HF's 4-D mask as forward_mha reads it: bool stays bool (True = attend); an additive
-    mask in the model's dtype (bfloat16's finfo.min included) becomes float32."""
+    mask in the model's dtype becomes float32, HF's fill for masked places (finfo(dtype).min)
+    -inf. float16's fill, -65504, is far above the -1e30 sneppx takes for masked: a sliding
+    window's released tokens would look visible (and be refused), a padding row not empty."""
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"attention_mask: expected a tensor or None, got {type(mask).__name__}")
     mask = mask.detach()
-    return mask.numpy() if mask.dtype == torch.bool else mask.to(torch.float32).numpy()
+    if mask.dtype == torch.bool:
+        return mask.numpy()
+    masked = mask == torch.finfo(mask.dtype).min if mask.is_floating_point() else None
+    mask = mask.to(torch.float32)
+    return (mask if masked is None else mask.masked_fill(masked, float("-inf"))).numpy()
 
 
 # ------------------------------------------------------------------ patch

@@ -40,8 +40,8 @@ def patch(model: Any, *, weight_dtype: str = "float32", num_threads: int = 0, us
     require grad; gradients stop there) and run no dropout; a patched module in training
     mode raises RuntimeError. output_attentions (argument or config) raises ValueError:
     sneppx computes no attention weights, and transformers would silently return none.
-    Hidden states may be float32 or bfloat16: sneppx computes in float32 and returns the
-    module's dtype (that of the replaced module's weights, which follows model.to(dtype)).
+    Hidden states may be float32, bfloat16 or float16: sneppx computes in float32 and returns
+    the module's dtype (that of the replaced module's weights, which follows model.to(dtype)).
 
     generate() then makes a SneppxCache sized for the call (batch x max_length) unless
     given one (``cache=sneppx.hf.make_cache(model, batch_size, max_tokens)``, or the cache a

@@ -260,6 +260,18 @@ def test_sdpa_masks(family):
         assert torch.equal(greedy(patched, ids, mask), greedy(eager, ids, mask))
 
 
+def test_float16_masks_fill_counts_as_masked():
+    """Eager attention fills a float16 model's masked places with finfo(float16).min, -65504,
+    far above the -1e30 sneppx counts as masked: once Mistral's window had released tokens
+    the mask seemed to show them, and generate() failed ("lets the query see token 0, which
+    the sliding window already released"). The fill is read as masked: the same tokens as
+    under sdpa's bool masks."""
+    models = [sneppx.hf.patch(build("mistral").to(torch.float16)) for _ in range(2)]
+    models[1].set_attn_implementation("sdpa")
+    ids, mask = prompts([24, 7], seed=2)     # 88 tokens: the window has released the first page
+    assert torch.equal(greedy(models[0], ids, mask), greedy(models[1], ids, mask))
+
+
 def test_bfloat16_hidden_states_return_bfloat16():
     eager = build("llama")
     patched = sneppx.hf.patch(copy.deepcopy(eager), weight_dtype="bfloat16").to(torch.bfloat16)
