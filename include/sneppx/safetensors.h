@@ -68,7 +68,11 @@ SNEPPX_API int64_t sneppx_safetensors_find(const sneppx_safetensors *file, const
 
 /* Converts the index-th tensor to float32 into out, which holds out_count
  * floats and must match the tensor's element count. Dtypes F32, F16, BF16
- * and F64 convert (F64 rounds to nearest); any other dtype is an error.
+ * and F64 convert: F32 as stored, bit for bit; F16 and BF16 widen exactly
+ * (every value is a float32 value; a NaN keeps its sign and payload, at the
+ * top of the float32's fraction); F64 rounds to nearest, ties to even (past
+ * the float32 range to inf; a NaN stays a NaN, its payload not kept). Any
+ * other dtype is an error.
  * Arguments are checked before anything is written; a read that fails
  * part-way (the file cut short or unreadable since it was opened) leaves out
  * partly written: the data streams into out, with no copy of the tensor. */
