@@ -186,6 +186,17 @@ static void compare_layers(struct run *run, sneppx_layer *whole, sneppx_layer *s
     check(run, ws == SNEPPX_OK && gs == SNEPPX_OK && error <= MAX_ERROR, "forward of one token: %s / %s (%s), error %.3g",
           sneppx_status_name(ws), sneppx_status_name(gs), sneppx_last_error(), error);
 
+    /* 200 tokens: the O projection's sums in several chunks (forward.c's SUM_CHUNK_MIN_ROWS). */
+    const int64_t long_n = 200 * hidden;
+    float *long_x = uniform(long_n, 11, 1.0f), *long_want = filled(long_n, 0), *long_got = filled(long_n, 0);
+    ws = sneppx_layer_forward(whole, 1, 200, long_x, NULL, NULL, NULL, long_want);
+    gs = sneppx_layer_forward(shard, 1, 200, long_x, NULL, NULL, NULL, long_got);
+    error = normalized_error(long_got, long_want, long_n);
+    check(run, ws == SNEPPX_OK && gs == SNEPPX_OK && error <= MAX_ERROR,
+          "forward of 200 tokens: %s / %s (%s), error %.3g (at most %.3g)", sneppx_status_name(ws),
+          sneppx_status_name(gs), sneppx_last_error(), error, MAX_ERROR);
+    free(long_x), free(long_want), free(long_got);
+
     if (masked) {
         /* Causal with every third key hidden too; positions from 5. */
         float *mask = filled(batch * seq * seq, 0);
