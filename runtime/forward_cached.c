@@ -541,7 +541,9 @@ static sneppx_status forward_cached(sneppx_layer *layer, sneppx_kv_cache *cache,
     if (status == SNEPPX_OK)
         status = sneppx_kv_call_reserve(cache, layer_index, n_seqs, plan.seqs, q_lens);
     if (agreed) {
-        uint64_t mask_hash = masks ? SNEPPX_SHARD_HASH_START : 0;
+        uint64_t mask_hash = masks ? SNEPPX_SHARD_HASH_START : 0, lengths_hash = SNEPPX_SHARD_HASH_START;
+        for (int64_t i = 0; i < n_seqs; i++)
+            lengths_hash = sneppx_shard_hash_step(lengths_hash, (uint64_t)plan.sequences[i].past);
         for (int64_t i = 0; status == SNEPPX_OK && masks && i < n_seqs; i++) {
             /* A row without a plane (causal) hashes as 0, not as a plane of zeros. */
             const struct cached_sequence *s = &plan.sequences[i];
@@ -551,7 +553,7 @@ static sneppx_status forward_cached(sneppx_layer *layer, sneppx_kv_cache *cache,
         const struct sneppx_shard_call call = {
             .cached = 1, .tokens = tokens, .batch = n_seqs, .layer_index = layer_index, .has_mask = masks != NULL,
             .positions = sneppx_shard_hash(plan.positions, tokens), .q_lens = sneppx_shard_hash(q_lens, n_seqs),
-            .seq_ids = sneppx_shard_hash(seq_ids, n_seqs), .kv_dtype = cache->dtype,
+            .seq_ids = sneppx_shard_hash(seq_ids, n_seqs), .kv_dtype = cache->dtype, .lengths = lengths_hash,
             .inputs = status == SNEPPX_OK
                           ? sneppx_shard_hash_floats(hidden_states, tokens * layer->config.hidden_size)
                           : 0,

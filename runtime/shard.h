@@ -63,6 +63,8 @@ struct sneppx_shard_call {
     uint64_t seq_ids;     /* cached: a hash of seq_ids (the same rows in another order); else 0 */
     int64_t kv_dtype;     /* cached: the cache's sneppx_dtype (a rank rounding its K/V otherwise is another
                            * layer); else 0 */
+    uint64_t lengths;     /* cached: a hash of the sequences' cached lengths at layer_index (explicit
+                           * positions hide a rank whose cache holds other tokens); else 0 */
     uint64_t inputs;      /* a hash of hidden_states */
     uint64_t mask;        /* a hash of the mask's entries as given, each row's plane hashed alone; 0
                            * without. By value: entries that mask alike but differ (-inf and float's

@@ -204,6 +204,12 @@ static sneppx_status compare_calls(const unsigned char *records, size_t stride, 
                                "layer_index: rank %d of %d passes %lld, rank 0 %lld: every rank of a sharded layer "
                                "makes the same call",
                                r, world, (long long)c->layer_index, (long long)first.layer_index);
+        if (c->lengths != first.lengths)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "cache: rank %d of %d's sequences hold other lengths than rank 0's (%lld sequences "
+                               "at layer_index %lld): every rank of a sharded layer appends the same tokens to its "
+                               "cache",
+                               r, world, (long long)c->batch, (long long)c->layer_index);
         if (c->has_mask != first.has_mask)
             return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                                "%s: rank %d of %d passes %s, rank 0 %s: every rank of a sharded layer makes the same "
@@ -212,10 +218,9 @@ static sneppx_status compare_calls(const unsigned char *records, size_t stride, 
                                first.has_mask ? "one" : "none");
         if (c->positions != first.positions)
             return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                               "position_ids: rank %d of %d's positions differ from rank 0's%s: every rank of a "
+                               "position_ids: rank %d of %d's positions differ from rank 0's: every rank of a "
                                "sharded layer makes the same call",
-                               r, world,
-                               c->cached ? " (or its cache holds other lengths for these sequences)" : "");
+                               r, world);
         if (c->inputs != first.inputs)
             return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                                "hidden_states: rank %d of %d's differ from rank 0's: every rank of a sharded layer "

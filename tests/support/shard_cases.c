@@ -521,10 +521,16 @@ static void forward_failures(struct run *run, const sneppx_config *config)
         for (int64_t i = 0; i < hidden; i++)
             cout[i] = SENTINEL;
         status = sneppx_layer_forward_cached(shard, cache, 0, 1, &fork, &q_len, cx, NULL, NULL, cout);
-        snprintf(want_text, sizeof want_text,
-                 "position_ids: rank %d of %d's positions differ from rank 0's (or its cache holds other lengths",
+        snprintf(want_text, sizeof want_text, "cache: rank %d of %d's sequences hold other lengths than rank 0's",
                  last, world);
         check_all(run, "forward_cached", status, want_text);
+        check(run, untouched(cout, hidden), "out written");
+        check(run, free_pages(cache) == shared_free, "free pages %lld after the refusal, %lld before",
+              (long long)free_pages(cache), (long long)shared_free);
+        /* The same positions given on every rank: the lengths still differ. */
+        const int64_t position = 10;
+        status = sneppx_layer_forward_cached(shard, cache, 0, 1, &fork, &q_len, cx, &position, NULL, cout);
+        check_all(run, "forward_cached with positions", status, want_text);
         check(run, untouched(cout, hidden), "out written");
         check(run, free_pages(cache) == shared_free, "free pages %lld after the refusal, %lld before",
               (long long)free_pages(cache), (long long)shared_free);
