@@ -19,9 +19,9 @@
  * order, with the same arguments (hidden states included): create (two
  * all-gathers), sneppx_layer_forward and sneppx_layer_forward_cached (one small
  * all-gather, then the sums). The all-gather compares what can differ silently:
- * the shape, the mask's presence, a hash of the positions and, cached, the layer
- * index, hashes of seq_ids and q_lens and of the lengths the cache holds for them
- * (not the hidden states or mask values).
+ * the shape, the mask's presence, hashes of the hidden states, of the mask's
+ * entries and of the positions and, cached, the layer index, the cache's dtype,
+ * hashes of seq_ids and q_lens and of the lengths the cache holds for them.
  * A call one rank refuses (a bad argument, a full KV
  * cache, another config, a call that differs) fails on every rank, before anything is written: the
  * refusing rank with its own message, the others with "rank R of W: <its
