@@ -623,10 +623,12 @@ class LLMConfig:
                                      x.reshape(batch * seq_len, -1), positions, masks,
                                      out.reshape(batch * seq_len, -1))
             except InvalidArgumentError as error:
-                # The C call's masks[b] is the plane of attention_mask's batch row b.
-                if not str(error).startswith("masks["):
+                # The C call's masks[b] is the plane of attention_mask's batch row b; a sharded
+                # layer's ranks name masks too, after "rank R of W: " when another rank refused.
+                renamed = _C_MASKS.sub(r"\1attention_mask", str(error), count=1)
+                if renamed == str(error):
                     raise
-                raise InvalidArgumentError("attention_mask" + str(error)[len("masks"):]) from None
+                raise InvalidArgumentError(renamed) from None
         return out
 
     def forward_ragged(self, cache: KVCache, rows: Any, hidden_states: Any, position_ids: Any = None,
@@ -677,6 +679,10 @@ class LLMConfig:
                     first[seq_id] = i
             self._current_layer().forward_cached(cache._handle, layer_idx, seq_ids, q_lens, x, positions, None, out)
         return [output_like(chunk, part) for chunk, part in zip(chunks, np.split(out, np.cumsum(q_lens)[:-1]))]
+
+
+#: The C cached forward's name for forward_mha's attention_mask, as its messages begin.
+_C_MASKS = re.compile(r"^((?:rank \d+ of \d+: )?)masks(?=[\[:])")
 
 
 def _field_property(field: Any) -> property:

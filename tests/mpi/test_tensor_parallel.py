@@ -400,9 +400,25 @@ def test_a_mask_that_differs_on_one_rank():
     plane = causal_plane(2, 1, past=6)
     if last:
         plane[0, 0, 0, 2] = -np.inf
+    # Named as forward_mha's argument, not as the C call's masks.
     with pytest.raises(sneppx.InvalidArgumentError,
-                       match=f"masks: rank {WORLD - 1} of {WORLD}'s entries differ from rank 0's: "):
+                       match=f"^attention_mask: rank {WORLD - 1} of {WORLD}'s entries differ from rank 0's: "):
         cfg.forward_mha(step, attention_mask=plane, past_key_value=cache)
+    assert cache.lengths == [6, 6]
+    with pytest.raises(sneppx.InvalidArgumentError,
+                       match=f"^attention_mask: rank {WORLD - 1} of {WORLD} passes one, rank 0 none: "):
+        cfg.forward_mha(step, attention_mask=plane if last else None, past_key_value=cache)
+    # A plane one rank's C call refuses (it shows a token the window released): the others
+    # name it as forward_mha's argument too.
+    windowed = small(sliding_window=4)
+    windowed.tensor_parallel(COMM)
+    cache = windowed.kv_cache(2, max_tokens=16, page_size=2)
+    windowed.forward_mha(x, past_key_value=cache)   # 6 tokens: the first page goes
+    window = np.where(np.arange(7) >= 3, 0.0, -np.inf).astype(np.float32)
+    plane = np.broadcast_to(np.zeros(7, np.float32) if last else window, (2, 1, 1, 7))
+    want = "" if last else f"rank {WORLD - 1} of {WORLD}: "
+    with pytest.raises(sneppx.InvalidArgumentError, match=f"^{want}attention_mask\\[0\\]: row 0 lets the query"):
+        windowed.forward_mha(step, attention_mask=plane, past_key_value=cache)
     assert cache.lengths == [6, 6]
 
 
