@@ -10,7 +10,7 @@ the same arguments.
 """
 import contextlib
 import ctypes
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, Callable, Iterator, Optional, Tuple, TypeVar
 
 from . import _structs as S
 from ._layer import Layer
@@ -195,11 +195,14 @@ def _exception_class(name: str) -> type:
     return known if isinstance(known, type) and issubclass(known, Exception) else ValueError
 
 
-def agreed(cfg: Any, prepare: Callable[[], T]) -> T:
+def agreed(cfg: Any, prepare: Callable[[], T], same: Optional[Tuple[str, Any]] = None) -> T:
     """prepare(): the local checks of a step that ends in a collective create (a load, a
     setter that rebuilds the layer). On a tensor-parallel config the ranks then exchange
     verdicts (one mpi4py allgather), so a check that fails on one rank raises on every
-    rank, the others with "rank R of W: ...", before any of them starts the create."""
+    rank, the others with "rank R of W: ...", before any of them starts the create.
+    same: (name, value) of an argument every rank must pass alike that the create cannot
+    compare (a state dict's layer: each rank would pack its rows of another layer);
+    InvalidArgumentError on every rank, naming it, where one differs."""
     if not is_sharded(cfg):
         return prepare()
     failure: Optional[Exception] = None
@@ -207,10 +210,16 @@ def agreed(cfg: Any, prepare: Callable[[], T]) -> T:
         result = prepare()
     except (TypeError, ValueError, OSError) as error:
         failure = error
-    verdicts = cfg._weights.comm.allgather(None if failure is None else (type(failure).__name__, str(failure)))
+    # The value only once prepare() has checked it (it may not pickle otherwise).
+    verdicts = cfg._weights.comm.allgather((None if failure is None else (type(failure).__name__, str(failure)),
+                                            None if same is None or failure is not None else same[1]))
     if failure is not None:
         raise failure
-    for rank, verdict in enumerate(verdicts):
+    for rank, (verdict, _) in enumerate(verdicts):
         if verdict is not None:
             raise _exception_class(verdict[0])(f"rank {rank} of {len(verdicts)}: {verdict[1]}")
+    for rank, (_, value) in enumerate(verdicts):
+        if value != verdicts[0][1]:
+            raise InvalidArgumentError(f"{same[0]}: rank {rank} of {len(verdicts)} passes {value!r}, rank 0 "
+                                       f"{verdicts[0][1]!r}: every rank of a sharded layer makes the same call")
     return result

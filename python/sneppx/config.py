@@ -466,7 +466,7 @@ class LLMConfig:
         the names of sneppx_dtype), which becomes the config's weight_dtype; None keeps the
         config's. Missing, extra or mis-shaped tensors raise ValueError, a non-float dtype
         TypeError, each naming the tensor."""
-        self._load(lambda: StateDictWeights(self._config, state_dict, layer), dtype)
+        self._load(lambda: StateDictWeights(self._config, state_dict, layer), dtype, layer)
 
     def load_safetensors(self, path: "os.PathLike[str] | str", layer: int = 0, dtype: Optional[str] = None) -> None:
         """Loads layer `layer`'s self_attn tensors from a HF checkpoint: a directory, a
@@ -482,11 +482,13 @@ class LLMConfig:
         the file."""
         self._load(lambda: CheckpointWeights(path, layer), dtype)
 
-    def _load(self, make_source: Any, dtype: Optional[str]) -> None:
+    def _load(self, make_source: Any, dtype: Optional[str], layer: Optional[int] = None) -> None:
         """Creates the layer from make_source() (stored as dtype, if given), then commits both.
-        Tensor-parallel: every rank's source and dtype are checked before any rank creates."""
+        Tensor-parallel: every rank's source and dtype are checked before any rank creates,
+        and a state dict's layer compared (a checkpoint's the create compares)."""
         source, weight_dtype = agreed(self, lambda: (make_source(),
-                                                     None if dtype is None else _dtype("dtype", dtype)))
+                                                     None if dtype is None else _dtype("dtype", dtype)),
+                                      ("layer", layer))
         source = keep_sharding(self._weights, source)
         with self._lock:
             config = S.Config.from_buffer_copy(self._config)

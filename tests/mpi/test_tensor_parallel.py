@@ -205,6 +205,23 @@ def test_a_bad_load_or_setting_on_one_rank():
     assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
 
 
+@pytest.mark.skipif(WORLD == 1, reason="needs another rank")
+def test_another_layer_of_a_state_dict_on_one_rank():
+    """A whole model's state dict with layer=N: a rank taking another layer would pack its
+    rows of other weights (it ran, each rank's share of another layer summed). Refused on
+    every rank naming layer, as a checkpoint's layer_index is; the config keeps its weights."""
+    whole, cfg, weights = sharded_with_weights(24)
+    model = {f"model.layers.{layer}.self_attn.{name}": value * (layer + 1)
+             for layer in (0, 1) for name, value in weights.items()}
+    with pytest.raises(sneppx.InvalidArgumentError,
+                       match=f"^layer: rank {WORLD - 1} of {WORLD} passes 1, rank 0 0: "):
+        cfg.load_state_dict(model, layer=1 if RANK == WORLD - 1 else 0)
+    x = inputs(25, 1, 5, 128)
+    assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
+    cfg.load_state_dict(model, layer=0)
+    assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
+
+
 def test_not_a_communicator():
     with pytest.raises(TypeError, match="comm: expected an mpi4py communicator"):
         small().tensor_parallel("MPI_COMM_WORLD")
