@@ -593,11 +593,14 @@ sneppx_status sneppx_layer_forward_cached(sneppx_layer *layer, sneppx_kv_cache *
     /* A shard: every rank's verdict before the first write (in forward_cached(), or
      * here when it refused before its own agreement), then the sums. */
     int agreed = 0;
-    const sneppx_status status = forward_cached(layer, cache, layer_index, n_seqs, seq_ids, q_lens, hidden_states,
-                                                position_ids, masks, out, &agreed);
-    if (agreed)
-        return status;
-    const struct sneppx_shard_call call = {.cached = 1, .batch = n_seqs, .layer_index = layer_index,
-                                           .has_mask = masks != NULL};
-    return sneppx_shard_agree_call(layer->shard, status, &call);
+    pthread_mutex_lock(&layer->shard->calls);
+    sneppx_status status = forward_cached(layer, cache, layer_index, n_seqs, seq_ids, q_lens, hidden_states,
+                                          position_ids, masks, out, &agreed);
+    if (!agreed) {
+        const struct sneppx_shard_call call = {.cached = 1, .batch = n_seqs, .layer_index = layer_index,
+                                               .has_mask = masks != NULL};
+        status = sneppx_shard_agree_call(layer->shard, status, &call);
+    }
+    pthread_mutex_unlock(&layer->shard->calls);
+    return status;
 }

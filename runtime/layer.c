@@ -590,11 +590,14 @@ sneppx_status sneppx_layer_forward(sneppx_layer *layer, int64_t batch, int64_t s
      * forward(), or here when it refused before its own agreement), then the sums
      * of the O projection. */
     int agreed = 0;
-    const sneppx_status status =
+    pthread_mutex_lock(&layer->shard->calls);
+    sneppx_status status =
         forward(layer, batch, seq_len, hidden_states, attention_mask, mask_shape, position_ids, out, &agreed);
-    if (agreed)
-        return status;
-    const struct sneppx_shard_call call = {.cached = 0, .batch = batch, .seq_len = seq_len,
-                                           .has_mask = attention_mask != NULL};
-    return sneppx_shard_agree_call(layer->shard, status, &call);
+    if (!agreed) {
+        const struct sneppx_shard_call call = {.cached = 0, .batch = batch, .seq_len = seq_len,
+                                               .has_mask = attention_mask != NULL};
+        status = sneppx_shard_agree_call(layer->shard, status, &call);
+    }
+    pthread_mutex_unlock(&layer->shard->calls);
+    return status;
 }

@@ -5,6 +5,7 @@
  * them; shard_create.h makes the layer, above it. */
 #ifndef SNEPPX_RUNTIME_SHARD_H
 #define SNEPPX_RUNTIME_SHARD_H
+#include <pthread.h>
 #include <stdint.h>
 
 #include "sneppx/shard.h"
@@ -15,6 +16,11 @@ struct sneppx_layer_shard {
     sneppx_shard shard;     /* rank, world, the transport (the layer releases it) */
     sneppx_shard_info info; /* its heads */
     void *call_records;     /* sneppx_shard_agree's buffer for a forward's call records */
+    /* Held through each collective call (forward, cached forward, refusal): the records
+     * buffer, the transport's pending sums and the order of its collectives are the
+     * shard's, so two threads' calls must not interleave (each pairs whole with the
+     * other ranks' calls, in the order this rank makes them). */
+    pthread_mutex_t calls;
 };
 
 /* ---- shard_split.c -------------------------------------------------------- */

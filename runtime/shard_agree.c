@@ -272,6 +272,7 @@ void sneppx_shard_free(struct sneppx_layer_shard *shard)
     if (!shard)
         return;
     sneppx_shard_release(&shard->shard);
+    pthread_mutex_destroy(&shard->calls);
     free(shard->call_records);
     free(shard);
 }

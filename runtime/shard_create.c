@@ -127,8 +127,10 @@ sneppx_status sneppx_shard_create(const sneppx_config *config, sneppx_status loc
         status = sneppx_layer_create_from_sources(&split.config, views, &layer);
     if (status == SNEPPX_OK) {
         held = calloc(1, sizeof *held);
-        if (held)
+        if (held) {
+            pthread_mutex_init(&held->calls, NULL);
             held->call_records = calloc(1, sneppx_shard_agree_bytes(shard->world, sizeof(struct sneppx_shard_call)));
+        }
         if (!held || !held->call_records)
             status = sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "shard: out of memory");
     }
@@ -137,8 +139,10 @@ sneppx_status sneppx_shard_create(const sneppx_config *config, sneppx_status loc
         status = sneppx_shard_agree(shard, status, NULL, 0, NULL, NULL, NULL);
     if (status != SNEPPX_OK) {
         sneppx_layer_destroy(layer);
-        if (held)
+        if (held) {
+            pthread_mutex_destroy(&held->calls);
             free(held->call_records);
+        }
         free(held);
         sneppx_shard_release(shard);
         return status;

@@ -26,5 +26,11 @@ sneppx_status sneppx_layer_shard_refuse(sneppx_layer *layer, sneppx_status statu
      * would wait for this rank forever. The record is never compared: a refusal
      * ends the agreement first. */
     const struct sneppx_shard_call call = {0};
-    return sneppx_shard_agree_call(layer->shard, refusal(status, message), &call);
+    const sneppx_status verdict = refusal(status, message);
+    if (!layer->shard)
+        return verdict;
+    pthread_mutex_lock(&layer->shard->calls);
+    const sneppx_status refused = sneppx_shard_agree_call(layer->shard, verdict, &call);
+    pthread_mutex_unlock(&layer->shard->calls);
+    return refused;
 }

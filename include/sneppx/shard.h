@@ -26,7 +26,9 @@
  * cache, another config, a call that differs) fails on every rank, before anything is written: the
  * refusing rank with its own message, the others with "rank R of W: <its
  * message>". A transport that fails is SNEPPX_ERR_COMM. Other calls on a shard
- * (set_flash, keys, flops, weight_bytes, destroy) are local.
+ * (set_flash, keys, flops, weight_bytes, destroy) are local. Collective calls made
+ * on one shard from several threads run one at a time, each paired whole with one
+ * call of every other rank in the order each rank makes them.
  *
  * A shard's sneppx_layer_config() is the shard's config: the full config with the
  * rank's num_attention_heads and num_key_value_heads (head_dim made explicit, o_bias

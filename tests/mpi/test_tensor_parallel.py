@@ -222,6 +222,39 @@ def test_another_layer_of_a_state_dict_on_one_rank():
     assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
 
 
+def test_two_threads_on_one_sharded_config():
+    """One LLMConfig may be used from several threads: on a shard, each call pairs whole with
+    one of the other ranks' (they used to interleave their records and sums: wrong outputs,
+    MPI errors). A call paired with the other thread's on another rank is refused there,
+    naming hidden_states (the shapes differ); every other returns the whole layer's output."""
+    import threading
+    cfg, whole = small(), small()
+    cfg.tensor_parallel(COMM)
+    xs = [inputs(26, 1, 40, 128), inputs(27, 1, 200, 128)]   # 200 tokens: sums in several chunks
+    wants = [whole.forward_mha(x) for x in xs]
+    failures = []
+
+    def calls(i):
+        for _ in range(100):
+            try:
+                got = cfg.forward_mha(xs[i])
+                if error(got, wants[i]) > 1e-6:
+                    failures.append(f"thread {i}: error {error(got, wants[i]):.3g}")
+            except sneppx.InvalidArgumentError as refused:
+                if not str(refused).startswith("hidden_states: rank "):
+                    failures.append(f"thread {i}: {refused}")
+            except Exception as other:   # an MPI error, a CommError: reported below
+                failures.append(f"thread {i}: {type(other).__name__}: {other}")
+
+    threads = [threading.Thread(target=calls, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert error(cfg.forward_mha(xs[1]), wants[1]) <= 1e-6
+
+
 def test_not_a_communicator():
     with pytest.raises(TypeError, match="comm: expected an mpi4py communicator"):
         small().tensor_parallel("MPI_COMM_WORLD")
