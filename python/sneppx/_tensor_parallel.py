@@ -205,13 +205,17 @@ def agreed(cfg: Any, prepare: Callable[[], T], same: Optional[Tuple[str, Any]] =
     InvalidArgumentError on every rank, naming it, where one differs."""
     if not is_sharded(cfg):
         return prepare()
+    comm = cfg._weights.comm
+    if not comm:   # mpi4py's Free() nulls it; MPI itself would only say MPI_ERR_COMM
+        raise CommError("comm: the communicator given to tensor_parallel() was freed; loads and settings that "
+                        "rebuild the layer use it (forwards use the layer's own duplicate)")
     failure: Optional[Exception] = None
     try:
         result = prepare()
     except (TypeError, ValueError, OSError) as error:
         failure = error
     # The value only once prepare() has checked it (it may not pickle otherwise).
-    verdicts = cfg._weights.comm.allgather((None if failure is None else (type(failure).__name__, str(failure)),
+    verdicts = comm.allgather((None if failure is None else (type(failure).__name__, str(failure)),
                                             None if same is None or failure is not None else same[1]))
     if failure is not None:
         raise failure

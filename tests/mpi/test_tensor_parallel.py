@@ -299,6 +299,13 @@ def test_the_callers_communicator_may_be_freed():
     assert "tensor_parallel" in repr(cfg)
     x = inputs(4, 1, 5, 128)
     assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
+    # A load needs comm: refused naming it (it was mpi4py's bare MPI_ERR_COMM), nothing changed.
+    with pytest.raises(sneppx.CommError, match="^comm: the communicator given to tensor_parallel\\(\\) was freed"):
+        cfg.load_state_dict(random_state_dict(cfg, 3))
+    with pytest.raises(sneppx.CommError, match="^comm: "):
+        cfg.num_threads = 1
+    assert "synthetic" in cfg.weights_source
+    assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
 
 
 @pytest.mark.skipif(WORLD == 1, reason="needs another rank")
