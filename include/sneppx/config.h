@@ -87,7 +87,8 @@ typedef struct sneppx_config {
     sneppx_dtype compute_dtype;     /* what the projections multiply in: float32 (default), or
                                        bfloat16, opt-in, with bfloat16 weights on AVX512_BF16
                                        hosts: activations rounded to bfloat16 (nearest even),
-                                       products summed in float32 (vdpbf16ps), ~2x the rate */
+                                       products summed in float32 (vdpbf16ps, which
+                                       reads and makes subnormals as 0), ~2x the rate */
 } sneppx_config;
 
 /* A hand config with sneppx's defaults: bias on, flash on, default RoPE

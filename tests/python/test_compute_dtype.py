@@ -265,6 +265,25 @@ def test_cached_forward_equals_cache_free(family, rng):
 
 
 @needs_bf16
+def test_subnormal_weights_count_as_zero():
+    """What config.h and docs/API.md say of bfloat16 compute: vdpbf16ps reads bfloat16
+    subnormals (v_proj's weights near 1e-39 here) as zero, whatever MXCSR, so the layer's
+    values and output are zero, where float32 compute over the same bfloat16 weights keeps
+    them (o_proj's 1e38 brings them back to the reference's size)."""
+    hf_config = dict(hidden_size=64, num_attention_heads=1, num_key_value_heads=1, head_dim=16, bias=False)
+    weights = ref.random_state_dict(hf_config, np.random.default_rng(5), qkv_bias=False, o_bias=False)
+    weights["v_proj.weight"] *= np.float32(1e-39)
+    weights["o_proj.weight"] *= np.float32(1e38)
+    x = np.random.default_rng(6).standard_normal((1, 3, 64)).astype(np.float32)
+    want = ref.mha_forward(hf_config, ref.round_weights(weights, "bfloat16"), x)
+    for compute, zero in (("float32", False), ("bfloat16", True)):
+        config = sneppx.LLMConfig(**hf_config, weight_dtype="bfloat16", compute_dtype=compute)
+        config.load_state_dict(weights)
+        got = config.forward_mha(x)
+        assert np.all(got == 0) if zero else ref.normalized_error(got, want)[0] < 1e-2, (compute, got[0, 0, :4])
+
+
+@needs_bf16
 @pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
 @pytest.mark.parametrize("target", ["v8", "v16"])
 @pytest.mark.parametrize("family", ["qwen2", "deepseek-v2"])
