@@ -1,7 +1,8 @@
 /* The one-token weight sweep (a decode step's projections) per weight type on
  * one thread: float32, bfloat16, float16 and int8 panels of k = 4096, once
- * small enough to stay in L2 (about 256 KiB, read over and over) and once
- * from memory (copies in turn, 8x a 32 MiB L3). From L2 the rate is the
+ * small enough to stay in L2 (whole panels of about 256 KiB: one float32
+ * panel at v16 is 512 KiB, which a 1 MiB L2 holds; read over and over) and
+ * once from memory (copies in turn, 256 MiB per type: 8x a 32 MiB L3). From L2 the rate is the
  * loop's own: its widening loads, conversions and FMAs per byte, which a
  * model such as llvm-mca prices per cycle. So the L2 rows say the cycles per
  * 64 weights at the core's clock, measured beside them by a chain of dependent
@@ -14,13 +15,14 @@
 
 #include "bench.h"
 #include "gemm_tiles.h"
+#include "kernel_args.h"
 #include "kernels.h"
 #include "report.h"
 #include "tiles.h"
 
 #define SWEEP_K 4096
 #define L2_BUDGET_BYTES (256 << 10)
-#define MEMORY_BYTES ((double)(256 << 20)) /* the copies' total: 8x a 32 MiB L3 */
+#define MEMORY_BYTES ((double)(256 << 20)) /* one type's copies in all: 8x a 32 MiB L3 */
 #define MEMORY_N 2048
 #define MAX_COPIES 32
 /* Calls per timed run of the L2 side: one call reads 256 KiB, a few microseconds. */
@@ -45,18 +47,30 @@ struct sweep_run {
     int64_t k, n;
     int calls;              /* kernel calls per timed run */
     void *copies[MAX_COPIES];
-    int count, uses;        /* copies made; runs so far (the next takes uses % count) */
+    int count, calls_made;  /* copies made; kernel calls so far (the next reads copy calls_made % count) */
     double bytes;           /* packed bytes one call reads */
     const float *src;
     float *dst;
 };
 
+/* One kernel call over every column, on the calling thread: the loop alone. Through
+ * bench_gemm_tiles' OpenMP region and tasks, a call over 144 KiB of int8 panels cost
+ * about 1 us more (Zen 4), a sixth of its time in L2. */
 static int run_sweep(void *opaque)
 {
     struct sweep_run *run = opaque;
+    struct sneppx_args args = bench_new_args();
+    args.row_begin = 0;
+    args.row_end = 1;
+    args.col_begin = 0;
+    args.col_end = run->n;
+    args.src = run->src;
+    args.src_stride = run->k;
+    args.dst = run->dst;
+    args.dst_stride = run->n;
     for (int c = 0; c < run->calls; c++) {
-        const float *panels = run->copies[run->uses++ % run->count];
-        bench_gemm_tiles(run->kernel, run->target, 1, 1, run->n, run->src, run->k, panels, NULL, run->dst, run->n);
+        args.weight = run->copies[run->calls_made++ % run->count];
+        run->kernel->entry[SNEPPX_ENTRY_RUN](&args);
     }
     return 0;
 }

@@ -231,12 +231,12 @@ static sneppx_status validate_compute_dtype(const sneppx_config *config)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                            "config.compute_dtype: bfloat16 needs weight_dtype bfloat16, not %s",
                            sneppx_dtype_name((int)config->weight_dtype));
-    /* The features are those of the target this process runs: an AVX-512 host under
-     * SNEPPX_TARGET=v8 has its wider ones taken away, so the message names the target. */
+    /* The features are the process's: an AVX-512 host under SNEPPX_TARGET=v8 has its
+     * wider ones taken away, so the message names the target too. */
     if (!sneppx_host_has_feature("+avx512bf16"))
         return sneppx_fail(SNEPPX_ERR_UNSUPPORTED,
-                           "config.compute_dtype: bfloat16 needs a host with avx512_bf16 (vdpbf16ps), which the "
-                           "target this process runs (%s) lacks", sneppx_host_target()->name);
+                           "config.compute_dtype: bfloat16 needs a host with avx512_bf16 (vdpbf16ps), which this "
+                           "process's CPU features (target %s) lack", sneppx_host_target()->name);
     return SNEPPX_OK;
 }
 

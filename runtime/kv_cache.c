@@ -435,6 +435,15 @@ sneppx_status sneppx_kv_cache_truncate(sneppx_kv_cache *cache, int64_t seq_id, i
     return status;
 }
 
+/* The first i < count with ids[i] == ids[count] (a duplicate's first place). */
+static int64_t first_index(const int64_t *ids, int64_t count)
+{
+    int64_t i = 0;
+    while (i < count && ids[i] != ids[count])
+        i++;
+    return i;
+}
+
 /* Every sequence is checked before any is cut, so a refusal leaves all of them as they
  * were. A duplicate is found by marking each checked sequence's in_call with this call
  * (the lock is held throughout, so no forward sees the mark), as sneppx_kv_call_begin does. */
@@ -465,8 +474,9 @@ sneppx_status sneppx_kv_cache_truncate_sequences(sneppx_kv_cache *cache, int64_t
         if (!seq)
             status = SNEPPX_ERR_INVALID_ARGUMENT;
         else if (seq->in_call == call)
-            status = sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s: sequence %lld appears twice in the call",
-                                 seq_name, (long long)seq_ids[marked]);
+            status = sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                                 "%s: sequence %lld is also seq_ids[%lld]: each sequence at most once per call",
+                                 seq_name, (long long)seq_ids[marked], (long long)first_index(seq_ids, marked));
         else if (seq->in_call)
             status = sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                                  "%s: sequence %lld is in use by a forward call at the same time", seq_name,

@@ -788,7 +788,7 @@ static void test_truncate_sequences(void)
     const int64_t twice[3] = {ids[0], ids[2], ids[0]}, unknown[2] = {ids[0], 12345};
     const int64_t short_lengths[3] = {1, 1, 1};
     EXPECT_ERROR(sneppx_kv_cache_truncate_sequences(cache, 3, twice, short_lengths), SNEPPX_ERR_INVALID_ARGUMENT,
-                 "seq_ids[2]: sequence");
+                 "seq_ids[2]: sequence 0 is also seq_ids[0]: each sequence at most once");
     EXPECT_ERROR(sneppx_kv_cache_truncate_sequences(cache, 2, unknown, short_lengths), SNEPPX_ERR_INVALID_ARGUMENT,
                  "seq_ids[1]: 12345 is not a live sequence");
     EXPECT_ERROR(sneppx_kv_cache_truncate_sequences(cache, -1, ids, short_lengths), SNEPPX_ERR_INVALID_ARGUMENT,
@@ -802,8 +802,9 @@ static void test_truncate_sequences(void)
     const char other_call = 0;
     if (EXPECT_OK(sneppx_kv_call_begin(cache, &other_call, 1, &ids[2], held))) {
         const int64_t allowed[3] = {1, 19, 1};
-        EXPECT_ERROR(sneppx_kv_cache_truncate_sequences(cache, 3, ids, allowed), SNEPPX_ERR_INVALID_ARGUMENT,
-                     "seq_ids[2]: sequence");
+        char in_use[96];
+        snprintf(in_use, sizeof in_use, "seq_ids[2]: sequence %lld is in use by a forward call", (long long)ids[2]);
+        EXPECT_ERROR(sneppx_kv_cache_truncate_sequences(cache, 3, ids, allowed), SNEPPX_ERR_INVALID_ARGUMENT, in_use);
         const int64_t none = 0;
         sneppx_kv_call_end(cache, 0, 1, held, &none, 0);
     }

@@ -5,9 +5,11 @@
  * (CMake: sneppx::sneppx_mpi).
  *
  * MPI must be initialized, at least MPI_THREAD_FUNNELED (the layer's OpenMP
- * threads never call MPI: the layer calls MPI from the thread that calls it, so
- * call a shard from the thread that initialized MPI, or initialize
- * MPI_THREAD_SERIALIZED / MULTIPLE). Each shard talks over its own duplicate of
+ * threads never call MPI: the layer calls MPI from the thread that calls it).
+ * Which level: calls from the thread that initialized MPI only, FUNNELED; from
+ * several threads, one call at a time in the whole process, SERIALIZED; several
+ * shards (layers) called from several threads at once, MULTIPLE (calls on one
+ * shard take turns by themselves, shard.h). Each shard talks over its own duplicate of
  * the communicator (MPI_Comm_dup at create, freed by sneppx_layer_destroy), with
  * MPI_ERRORS_RETURN, so its traffic never mixes with the caller's and an MPI
  * error it sees is SNEPPX_ERR_COMM rather than an abort. A rank that dies is

@@ -117,6 +117,17 @@ def token_rows_array(name: str, value: Any, hidden_size: int) -> np.ndarray:
     return float32_array(name, rows)
 
 
+def _additive_mask_float32(name: str, array: np.ndarray) -> np.ndarray:
+    """An additive float mask as float32. HF fills masked places with finfo(dtype).min:
+    float16's, -65504, is far above the -1e30 the layer takes for masked (a row of it would
+    average its keys, not output zeros; a sliding window's released tokens would look
+    visible), so it becomes -inf. A wider type's finfo.min becomes -inf in float32 anyway,
+    without numpy's overflow warning; a large positive entry would become +inf (its row NaN)."""
+    if array.dtype == np.float16:
+        array = np.where(array == np.finfo(np.float16).min, np.float16(-np.inf), array)
+    return float32_array(name, array, to_minus_inf_ok=True)
+
+
 def attention_mask_array(value: Any, batch: int, seq_len: int) -> Optional[np.ndarray]:
     """None, or the additive float32 mask [batch or 1, 1, seq_len, seq_len] (bool: True -> 0, False -> -inf)."""
     if value is None:
@@ -133,9 +144,7 @@ def attention_mask_array(value: Any, batch: int, seq_len: int) -> Optional[np.nd
     if array.dtype.kind != "f":
         raise TypeError(f"{name}: expected an additive float mask or a bool mask (True = attend), "
                         f"got dtype {array.dtype}")
-    # A float64 mask's finfo.min (HF's) becomes -inf: masked all the same. A large positive
-    # entry would become +inf, and its row NaN.
-    return float32_array(name, array, to_minus_inf_ok=True)
+    return _additive_mask_float32(name, array)
 
 
 def _integer_array(name: str, value: Any) -> np.ndarray:
@@ -216,7 +225,7 @@ def cached_mask_planes(value: Any, batch: int, seq_len: int, cached: int, window
     if array.dtype.kind == "b":
         planes = np.where(array, np.float32(0.0), np.float32(-np.inf))
     elif array.dtype.kind == "f":
-        planes = float32_array(name, array, to_minus_inf_ok=True)
+        planes = _additive_mask_float32(name, array)
     else:
         raise TypeError(f"{name}: expected an additive float mask or a bool mask (True = attend), "
                         f"got dtype {array.dtype}")

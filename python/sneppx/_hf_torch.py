@@ -257,19 +257,17 @@ def _attentions_recorded() -> bool:
 
 def _mask_array(mask: Any) -> Optional[np.ndarray]:
     """HF's 4-D mask as forward_mha reads it: bool stays bool (True = attend); an additive
-    mask in the model's dtype becomes float32, HF's fill for masked places (finfo(dtype).min)
-    -inf. float16's fill, -65504, is far above the -1e30 sneppx takes for masked: a sliding
-    window's released tokens would look visible (and be refused), a padding row not empty."""
+    mask as an array of its own type where numpy has one (forward_mha reads HF's fill for
+    masked places, finfo(dtype).min, as masked, float16's -65504 too), else (bfloat16,
+    whose fill is below -1e30 already) float32."""
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"attention_mask: expected a tensor or None, got {type(mask).__name__}")
     mask = mask.detach()
-    if mask.dtype == torch.bool:
-        return mask.numpy()
-    masked = mask == torch.finfo(mask.dtype).min if mask.is_floating_point() else None
-    mask = mask.to(torch.float32)
-    return (mask if masked is None else mask.masked_fill(masked, float("-inf"))).numpy()
+    if mask.dtype not in (torch.bool, torch.float16, torch.float32, torch.float64):
+        mask = mask.to(torch.float32)
+    return mask.numpy()
 
 
 # ------------------------------------------------------------------ patch

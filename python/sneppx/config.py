@@ -509,9 +509,9 @@ class LLMConfig:
         Collective: call it, forward_mha, forward_ragged and the loads on every rank of
         comm in the same order with the same arguments (the same hidden states too). The
         weights loaded before or after stay this config's: each rank reads only its rows
-        and columns of a checkpoint. Forwards run over the layer's own duplicate of comm;
-        loads and settings that rebuild the layer need comm itself (CommError once freed). A cache from kv_cache() then holds this rank's K/V
-        heads. Raises InvalidArgumentError on every rank for a number of ranks that cannot
+        and columns of a checkpoint. A cache from kv_cache() then holds this rank's K/V
+        heads. Forwards run over the layer's own duplicate of comm; loads and settings that
+        rebuild the layer need comm itself (CommError once freed). Raises InvalidArgumentError on every rank for a number of ranks that cannot
         split the heads (listing those that can) or a rank with another config or other
         weights, naming the first difference; CommError when MPI fails."""
         tensor_parallel(self, comm)

@@ -32,7 +32,8 @@ def patch(model: Any, *, weight_dtype: str = "float32", num_threads: int = 0, us
         packed once (each layer keeps its own packed copy; the replaced modules, and their
         tensors, are dropped, so the patched model's state_dict() and save_pretrained()
         raise RuntimeError naming the layer rather than leave its attention out; its
-        load_state_dict() packs each layer's attention tensors again, all of a layer's at once).
+        load_state_dict() packs each layer's attention tensors again, all of a layer's at once:
+        a layer given only some is one of the errors torch raises after loading the rest).
     num_threads: the sneppx layers' threads (0 = OpenMP's default); torch's are its own.
     use_flash_attn: flash attention (default) or the materialized SDPA path.
 
@@ -47,7 +48,9 @@ def patch(model: Any, *, weight_dtype: str = "float32", num_threads: int = 0, us
     given one (``cache=sneppx.hf.make_cache(model, batch_size, max_tokens)``, or the cache a
     previous call returned, to continue from). A SneppxCache cannot grow: a given one without
     a row for each of the call's or room for its max_length is refused (ValueError) before it
-    is used, so make the cache for a whole conversation that continues (but a patched model
+    is used (room is not checked under a sliding window, where the pages a row holds depend on
+    the chunks fed, not on max_length), so make the cache for a whole conversation that
+    continues (but a patched model
     that is generate()'s assistant_model, which transformers gives the whole sequence every
     round, starts over in a pool twice as large when it runs out); beam search
     and other strategies that reorder or copy cache rows are refused (before a given cache

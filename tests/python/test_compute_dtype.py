@@ -360,7 +360,7 @@ def test_config_refused_without_avx512_bf16():
                             env={**os.environ, "SNEPPX_TARGET": "v8"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ("config.compute_dtype: bfloat16 needs a host with avx512_bf16 (vdpbf16ps), "
-                                     "which the target this process runs (v8) lacks")
+                                     "which this process's CPU features (target v8) lack")
 
 
 def test_sneppx_gen_refusals(tmp_path):

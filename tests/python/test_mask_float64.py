@@ -61,6 +61,25 @@ def test_finfo_min_masks_without_a_warning(rng, layer, dtype):
     assert_close(got, ref.mha_forward(cfg, state, x, attention_mask=hf_mask(visible, np.float64)))
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_float16_finfo_min_is_masked_in_a_fully_masked_row(rng, layer, cached):
+    """float16's finfo.min, -65504, is far above -1e30; it counts as masked all the same:
+    a row whose keys are all masked outputs what the bool mask gives (zeros from attention),
+    not the average of its keys, with and without a KV cache."""
+    cfg, _ = layer
+    x = rng.standard_normal((2, SEQ, SMALL["hidden_size"])).astype(np.float32)
+    visible = padded_visible(2, SEQ, SEQ)
+    visible[1, :, 3, :] = False
+    outputs = []
+    for mask in (hf_mask(visible, np.float16), visible):
+        if cached:
+            cache = cfg.kv_cache(batch=2, max_tokens=SEQ)
+            outputs.append(cfg.forward_mha(x, attention_mask=mask, past_key_value=cache))
+        else:
+            outputs.append(cfg.forward_mha(x, attention_mask=mask))
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
 def test_beyond_float32_but_not_finfo_min_masks_too(rng, layer):
     cfg, _ = layer
     x = rng.standard_normal((2, SEQ, SMALL["hidden_size"])).astype(np.float32)
