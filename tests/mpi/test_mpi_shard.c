@@ -6,7 +6,9 @@
  * split refused on every rank; the failure cases; a checkpoint read shard by
  * shard; llama3-8B's and qwen2-0.5B's shapes at 3 tokens), then the
  * sneppx_mpi_layer_create calls themselves on MPI_COMM_WORLD and on halves of it
- * (MPI_Comm_split: two shard groups at once), and their errors without MPI. */
+ * (MPI_Comm_split: two shard groups at once), and their errors without MPI.
+ * --mixed-targets first checks that rank 0 runs v8 and the others the host's
+ * target (mpi_shard_mixed_targets). */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +76,46 @@ static int create_over(MPI_Comm comm, const char *what)
     return failed;
 }
 
+/* 1 if /proc/cpuinfo lists avx512f (the host runs v16 unless told otherwise). */
+static int host_has_avx512f(void)
+{
+    FILE *cpuinfo = fopen("/proc/cpuinfo", "r");
+    char line[4096];
+    int found = 0;
+    while (cpuinfo && !found && fgets(line, sizeof line, cpuinfo))
+        found = strncmp(line, "flags", 5) == 0 && strstr(line, " avx512f") != NULL;
+    if (cpuinfo)
+        fclose(cpuinfo);
+    return found;
+}
+
+/* --mixed-targets (mpi_shard_mixed_targets): rank 0 must run v8 and, on an AVX-512
+ * host, the others v16; otherwise the environment did not reach one rank only and the
+ * test would repeat mpi_shard_np2 without a word. Returns failures. */
+static int check_mixed_targets(int rank)
+{
+    sneppx_config config;
+    sneppx_config_init(&config);
+    config.hidden_size = 64;
+    config.num_attention_heads = config.num_key_value_heads = 4;
+    config.num_threads = 1;
+    sneppx_layer *layer = NULL;
+    if (sneppx_layer_create(&config, NULL, &layer) != SNEPPX_OK) {
+        fprintf(stderr, "rank %d: FAIL --mixed-targets: create: %s\n", rank, sneppx_last_error());
+        return 1;
+    }
+    const int runs_v8 = strstr(sneppx_layer_keys(layer), "-v8") != NULL;
+    sneppx_layer_destroy(layer);
+    const int wants_v8 = rank == 0 || !host_has_avx512f();
+    if (runs_v8 != wants_v8) {
+        fprintf(stderr, "rank %d: FAIL --mixed-targets: runs %s, want %s (SNEPPX_TARGET %s)\n", rank,
+                runs_v8 ? "v8" : "another target", wants_v8 ? "v8" : "the host's", getenv("SNEPPX_TARGET")
+                ? getenv("SNEPPX_TARGET") : "unset");
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int provided = 0;
@@ -85,7 +127,8 @@ int main(int argc, char **argv)
     const char *scratch = getenv("SNEPPX_BINARY_DIR");
     const shard_env env = {.rank = rank, .world = world, .make_shard = make_shard, .barrier = barrier,
                            .context = &comm, .scratch_dir = scratch ? scratch : ".", .own_process = 1};
-    int failures = shard_cases_run(&env, SHARD_CASES_SMALL | SHARD_CASES_FAILURES | SHARD_CASES_CHECKPOINT |
+    int failures = argc > 1 && strcmp(argv[1], "--mixed-targets") == 0 ? check_mixed_targets(rank) : 0;
+    failures += shard_cases_run(&env, SHARD_CASES_SMALL | SHARD_CASES_FAILURES | SHARD_CASES_CHECKPOINT |
                                              SHARD_CASES_PRESETS);
 
     failures += create_over(MPI_COMM_WORLD, "sneppx_mpi_layer_create on MPI_COMM_WORLD");
