@@ -167,6 +167,18 @@ class KVCache:
             raise IndexError(f"{name}: {index} is not a row of this cache (0..{len(self._rows) - 1})")
         return index
 
+    def _distinct_seq_ids(self, rows: list) -> List[int]:
+        """The C sequences of rows, each row at most once; errors name rows[i] (the C calls'
+        own checks would name their seq_ids[i]). Called with the lock held."""
+        seq_ids = [self._rows[self._row(row, f"rows[{i}]")] for i, row in enumerate(rows)]
+        first: dict = {}
+        for i, seq_id in enumerate(seq_ids):
+            if seq_id in first:
+                raise InvalidArgumentError(f"rows[{i}]: row {rows[i]} is also rows[{first[seq_id]}]: "
+                                           "each row at most once per call")
+            first[seq_id] = i
+        return seq_ids
+
     @property
     def batch(self) -> int:
         return len(self._rows)
@@ -224,14 +236,7 @@ class KVCache:
             raise ValueError(f"lengths: {len(lengths)} entries for {len(rows)} rows")
         counts = [_count(f"lengths[{i}]", length, 0) for i, length in enumerate(lengths)]
         with self._lock:
-            seq_ids = [self._rows[self._row(row, f"rows[{i}]")] for i, row in enumerate(rows)]
-            # Named here by rows[i]: the C call's check names its own seq_ids[i].
-            first: dict = {}
-            for i, seq_id in enumerate(seq_ids):
-                if seq_id in first:
-                    raise InvalidArgumentError(f"rows[{i}]: row {rows[i]} is also rows[{first[seq_id]}]: "
-                                               "each row at most once per call")
-                first[seq_id] = i
+            seq_ids = self._distinct_seq_ids(rows)
             check(lib.sneppx_kv_cache_truncate_sequences(self._handle, len(seq_ids),
                                                          (ctypes.c_int64 * len(seq_ids))(*seq_ids),
                                                          (ctypes.c_int64 * len(counts))(*counts)))

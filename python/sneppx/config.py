@@ -511,9 +511,10 @@ class LLMConfig:
         weights loaded before or after stay this config's: each rank reads only its rows
         and columns of a checkpoint. A cache from kv_cache() then holds this rank's K/V
         heads. Forwards run over the layer's own duplicate of comm; loads and settings that
-        rebuild the layer need comm itself (CommError once freed). Raises InvalidArgumentError on every rank for a number of ranks that cannot
-        split the heads (listing those that can) or a rank with another config or other
-        weights, naming the first difference; CommError when MPI fails."""
+        rebuild the layer need comm itself (CommError once freed). Raises
+        InvalidArgumentError on every rank for a number of ranks that cannot split the heads
+        (listing those that can) or a rank with another config or other weights, naming the
+        first difference; CommError when MPI fails."""
         tensor_parallel(self, comm)
 
     @property
@@ -672,14 +673,7 @@ class LLMConfig:
         out = np.empty_like(x)
         with cache._lock:
             with refused_on_every_rank(self):
-                seq_ids = [cache._rows[cache._row(row, f"rows[{i}]")] for i, row in enumerate(rows)]
-                # Named here by rows[i]: the C call's check names its own seq_ids[i].
-                first = {}
-                for i, seq_id in enumerate(seq_ids):
-                    if seq_id in first:
-                        raise InvalidArgumentError(f"rows[{i}]: row {rows[i]} is also rows[{first[seq_id]}]: "
-                                                   f"each row at most once per call")
-                    first[seq_id] = i
+                seq_ids = cache._distinct_seq_ids(rows)
             self._current_layer().forward_cached(cache._handle, layer_idx, seq_ids, q_lens, x, positions, None, out)
         return [output_like(chunk, part) for chunk, part in zip(chunks, np.split(out, np.cumsum(q_lens)[:-1]))]
 

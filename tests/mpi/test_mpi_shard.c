@@ -76,6 +76,17 @@ static int create_over(MPI_Comm comm, const char *what)
     return failed;
 }
 
+/* A layer of 4 heads of 16, each its own K/V head, on one thread: quick to make anywhere. */
+static sneppx_config tiny_config(void)
+{
+    sneppx_config config;
+    sneppx_config_init(&config);
+    config.hidden_size = 64;
+    config.num_attention_heads = config.num_key_value_heads = 4;
+    config.num_threads = 1;
+    return config;
+}
+
 /* 1 if /proc/cpuinfo lists avx512f (the host runs v16 unless told otherwise). */
 static int host_has_avx512f(void)
 {
@@ -94,11 +105,7 @@ static int host_has_avx512f(void)
  * test would repeat mpi_shard_np2 without a word. Returns failures. */
 static int check_mixed_targets(int rank)
 {
-    sneppx_config config;
-    sneppx_config_init(&config);
-    config.hidden_size = 64;
-    config.num_attention_heads = config.num_key_value_heads = 4;
-    config.num_threads = 1;
+    const sneppx_config config = tiny_config();
     sneppx_layer *layer = NULL;
     if (sneppx_layer_create(&config, NULL, &layer) != SNEPPX_OK) {
         fprintf(stderr, "rank %d: FAIL --mixed-targets: create: %s\n", rank, sneppx_last_error());
@@ -141,11 +148,7 @@ int main(int argc, char **argv)
          * (its all-gathers read the other half's records, its in-place sums fail). */
         MPI_Comm inter;
         MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, rank % 2 ? 0 : 1, 7, &inter);
-        sneppx_config config;
-        sneppx_config_init(&config);
-        config.hidden_size = 64;
-        config.num_attention_heads = config.num_key_value_heads = 4;
-        config.num_threads = 1;
+        const sneppx_config config = tiny_config();
         sneppx_layer *layer = NULL;
         const sneppx_status status = sneppx_mpi_layer_create(&config, NULL, inter, &layer);
         if (status != SNEPPX_ERR_COMM || layer || !strstr(sneppx_last_error(), "comm: an intercommunicator")) {
