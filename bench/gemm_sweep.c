@@ -9,11 +9,13 @@
  * integer adds (one cycle each on every x86 core). From memory, the rate
  * against the read bandwidth probed beside it: whether the loop or the memory
  * bounds a step. */
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
+#include "gemm_pack.h"
 #include "gemm_tiles.h"
 #include "kernel_args.h"
 #include "kernels.h"
@@ -102,7 +104,7 @@ static int sweep_make(const struct bench_context *ctx, sneppx_dtype type, int64_
         run->count += made;
         if (made && c == 0) {
             bench_fill_uniform(weights, k * n, 21, 1.0f / 64.0f);
-            bench_gemm_pack(run->kernel, weights, k, n, run->copies[0]);
+            sneppx_gemm_pack_matrix(run->kernel, weights, k, n, run->copies[0], omp_get_max_threads());
         } else if (made) {
             memcpy(run->copies[c], run->copies[0], (size_t)run->bytes);
         }

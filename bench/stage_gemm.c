@@ -11,6 +11,7 @@
 #include <cblas.h>
 
 #include "bench.h"
+#include "gemm_pack.h"
 #include "gemm_tiles.h"
 #include "kernels.h"
 #include "report.h"
@@ -95,7 +96,8 @@ static int make_copies(const struct bench_context *ctx, const sneppx_kernel *ker
             return -1;
         if (c == 0) {
             bench_fill_uniform(copies->weights[0], shape->n * shape->k, 11, 1.0f / 64.0f);
-            bench_gemm_pack(kernel, copies->weights[0], shape->k, shape->n, copies->panels[0]);
+            sneppx_gemm_pack_matrix(kernel, copies->weights[0], shape->k, shape->n, copies->panels[0],
+                                    omp_get_max_threads());
         } else {
             memcpy(copies->weights[c], copies->weights[0], weight_floats * sizeof(float));
             memcpy(copies->panels[c], copies->panels[0], panel_floats * sizeof(float));

@@ -26,21 +26,6 @@ struct sneppx_gemm_tiles bench_gemm_tile(const struct sneppx_target *target, int
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-void bench_gemm_pack(const sneppx_kernel *kernel, const float *weights, int64_t k, int64_t n, void *panels)
-{
-    const int64_t columns_per_task = 64; /* a multiple of every NR */
-#pragma omp parallel for schedule(static)
-    for (int64_t c0 = 0; c0 < n; c0 += columns_per_task) {
-        struct sneppx_args args = bench_new_args();
-        args.col_begin = c0;
-        args.col_end = c0 + columns_per_task < n ? c0 + columns_per_task : n;
-        args.src = weights;
-        args.src_stride = k;
-        args.dst = (float *)panels; /* the ABI's pointer type; the pack entry writes the key's type */
-        kernel->entry[SNEPPX_ENTRY_PACK](&args);
-    }
-}
-
 void bench_gemm_tiles(const sneppx_kernel *kernel, const struct sneppx_target *target, int threads, int64_t rows,
                       int64_t n, const float *src, int64_t src_stride, const float *panels, const float *bias,
                       float *dst, int64_t dst_stride)

@@ -19,10 +19,6 @@ void bench_set_gemm_tile(int64_t rows, int64_t cols);
  * a kernel of `target` (whose gemm_mr the runtime's tasks are multiples of). */
 struct sneppx_gemm_tiles bench_gemm_tile(const struct sneppx_target *target, int64_t rows, int64_t n, int threads);
 
-/* Packs weights [n, k] (HF layout, float32) into panels for kernel, rounding or
- * quantizing them to its key's weight type, as the layer packs them. */
-void bench_gemm_pack(const sneppx_kernel *kernel, const float *weights, int64_t k, int64_t n, void *panels);
-
 /* dst[r, c] = src[r, :] . W[c, :] (+ bias) for r < rows, c < n, over `threads`
  * OpenMP threads: row tiles x column tiles, statically scheduled; kernel is
  * one of target's. */

@@ -9,15 +9,13 @@
 
 #include "big_alloc.h"
 #include "error.h"
+#include "gemm_pack.h"
 #include "host.h"
 #include "kernel_args.h"
 #include "kernels.h"
 #include "sneppx/config.h"
 #include "sneppx/limits.h"
 #include "sneppx_abi.h"
-
-/* Weight rows per packing task, as runtime/weights.c packs them. */
-#define PACK_COLUMNS 64
 
 struct sneppx_gemm_tune_shape sneppx_gemm_tune_default_shape(void)
 {
@@ -199,16 +197,7 @@ sneppx_status sneppx_gemm_tune(const struct sneppx_target *target, const struct 
     for (int64_t i = 0; i < n * k; i++)
         weights[i] = (float)((state = state * 1664525u + 1013904223u) >> 8) / 8388608.0f - 1.0f;
     /* Every candidate reads the same panels: kc and mc change no layout. */
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t c0 = 0; c0 < n; c0 += PACK_COLUMNS) {
-        struct sneppx_args args = sneppx_kernel_args();
-        args.col_begin = c0;
-        args.col_end = c0 + PACK_COLUMNS < n ? c0 + PACK_COLUMNS : n;
-        args.src = weights;
-        args.src_stride = k;
-        args.dst = panels;
-        kernels[0]->entry[SNEPPX_ENTRY_PACK](&args);
-    }
+    sneppx_gemm_pack_matrix(kernels[0], weights, k, n, panels, threads);
     free(weights);
 
     const struct operands ops = {shape, threads, target->gemm_mr, src, panels, dst};

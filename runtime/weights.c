@@ -10,7 +10,7 @@
 
 #include "big_alloc.h"
 #include "error.h"
-#include "kernel_args.h"
+#include "gemm_pack.h"
 #include "weights.h"
 #include "threads.h"
 #include "sneppx/safetensors.h"
@@ -34,9 +34,6 @@ sneppx_status sneppx_pack_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *g
     }
     return SNEPPX_OK;
 }
-
-/* Output columns per pack task: a multiple of every target's NR. */
-#define PACK_COLUMNS 64
 
 /* The first failure of a pack loop's tasks: status and message, recorded on
  * the worker thread that met it (last errors are per thread) and raised again
@@ -87,17 +84,18 @@ static sneppx_status gather_rows(const struct sneppx_weight_source *const parts[
 sneppx_status sneppx_pack_gemm_sources(struct sneppx_packed_gemm *gemm, int64_t instance,
                                        const struct sneppx_weight_source *const parts[], int part_count)
 {
-    const int64_t k = gemm->k, tasks = (gemm->n + PACK_COLUMNS - 1) / PACK_COLUMNS;
+    const int64_t k = gemm->k, tasks = (gemm->n + SNEPPX_PACK_COLUMNS - 1) / SNEPPX_PACK_COLUMNS;
     float *dst = (float *)((char *)gemm->panels + instance * gemm->panel_bytes);
     struct pack_failure failure = {.status = SNEPPX_OK};
 #pragma omp parallel num_threads(gemm->threads)
     {
-        float *scratch = NULL; /* this thread's PACK_COLUMNS rows of float32, made on first need */
+        float *scratch = NULL; /* this thread's SNEPPX_PACK_COLUMNS rows of float32, made on first need */
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < tasks; task++) {
             if (atomic_load(&failure.failed))
                 continue;
-            const int64_t c0 = task * PACK_COLUMNS, c1 = c0 + PACK_COLUMNS < gemm->n ? c0 + PACK_COLUMNS : gemm->n;
+            const int64_t c0 = task * SNEPPX_PACK_COLUMNS;
+            const int64_t c1 = c0 + SNEPPX_PACK_COLUMNS < gemm->n ? c0 + SNEPPX_PACK_COLUMNS : gemm->n;
             int64_t part_begin = 0;
             int p = 0;
             while (p + 1 < part_count && c0 >= part_begin + parts[p]->rows)
@@ -109,10 +107,10 @@ sneppx_status sneppx_pack_gemm_sources(struct sneppx_packed_gemm *gemm, int64_t 
                 /* float32 rows in memory: packed in place (a shard's from its first row) */
                 src = rebased((const float *)part->data + part->row0 * k, part_begin, k);
             } else {
-                if (!scratch && !(scratch = malloc(sizeof(float) * (size_t)(PACK_COLUMNS * k)))) {
+                if (!scratch && !(scratch = malloc(sizeof(float) * (size_t)(SNEPPX_PACK_COLUMNS * k)))) {
                     record_failure(&failure, sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY,
                                                          "weights: no memory for a %lld-float pack buffer (%s)",
-                                                         (long long)(PACK_COLUMNS * k), gemm->kernel->key));
+                                                         (long long)(SNEPPX_PACK_COLUMNS * k), gemm->kernel->key));
                     continue;
                 }
                 sneppx_status status = gather_rows(parts, part_count, c0, c1, k, scratch);
@@ -122,14 +120,7 @@ sneppx_status sneppx_pack_gemm_sources(struct sneppx_packed_gemm *gemm, int64_t 
                 }
                 src = rebased(scratch, c0, k);
             }
-            struct sneppx_args args = sneppx_kernel_args();
-            args.col_begin = c0;
-            args.col_end = c1;
-            args.src = src;
-            args.src_stride = k;
-            args.dst = dst;
-            /* The _pack entry rounds (or quantizes) the float32 rows to the key's weight type. */
-            gemm->kernel->entry[SNEPPX_ENTRY_PACK](&args);
+            sneppx_gemm_pack_columns(gemm->kernel, src, k, c0, c1, dst);
         }
         free(scratch);
     }

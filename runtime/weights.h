@@ -8,7 +8,7 @@
 sneppx_status sneppx_pack_gemm(sneppx_layer *layer, struct sneppx_packed_gemm *gemm, int64_t instances,
                                int has_bias);
 /* Packs instance `instance` from parts stacked row after row (their rows sum
- * to gemm->n, each has gemm->k columns), PACK_COLUMNS rows per task: float32
+ * to gemm->n, each has gemm->k columns), SNEPPX_PACK_COLUMNS rows per task: float32
  * rows in memory in place, any other rows through a float32 scratch per thread. */
 sneppx_status sneppx_pack_gemm_sources(struct sneppx_packed_gemm *gemm, int64_t instance,
                                        const struct sneppx_weight_source *const parts[], int part_count);
