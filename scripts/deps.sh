@@ -7,6 +7,7 @@ SNEPPX_PACKAGES=(
   libcjson-dev nettle-dev libopenblas-dev
   python3 python3-jinja2 python3-numpy python3-pytest python3-venv
   libopenmpi-dev openmpi-bin python3-mpi4py iproute2
+  qemu-user # tests/emulated: an AVX2-only CPU for the tests of the AVX2 target
 )
 missing=()
 for package in "${SNEPPX_PACKAGES[@]}"; do
