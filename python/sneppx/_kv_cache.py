@@ -5,7 +5,9 @@ sequence of the C cache; fork() adds one. The C cache is made for one layer
 shape and `num_layers` layers of it, so one KVCache serves a whole model whose
 layers each run through their own LLMConfig (forward_mha(..., layer_idx=i)).
 """
+import contextlib
 import ctypes
+import re
 import threading
 from typing import Any, List, Optional, Tuple
 
@@ -14,7 +16,7 @@ import numpy as np
 from . import _structs as S
 from ._hf import INT64_MAX, c_count
 from ._library import lib
-from .errors import InvalidArgumentError, check
+from .errors import Error, InvalidArgumentError, check
 
 # Mirrors of the public structs (tests/python/test_config_fields.py pins them to the
 # header's layout). Options carry struct_size = sizeof the mirror, so fields the C
@@ -55,6 +57,11 @@ def kv_dtype(value: Any) -> int:
     if name not in S.DTYPES:
         raise ValueError(f"dtype: {value!r} is not a KV cache type ({', '.join(S.DTYPES)})")
     return S.DTYPES.index(name)
+
+
+#: How the C cache's messages name a sequence (by its id) and its calls' per-sequence arguments.
+_C_SEQUENCE = re.compile(r"\bsequence (\d+)")
+_C_SEQ_IDS = re.compile(r"\bseq_ids(?=\[)")
 
 
 def _count(name: str, value: Any, low: int) -> int:
@@ -179,6 +186,22 @@ class KVCache:
             first[seq_id] = i
         return seq_ids
 
+    @contextlib.contextmanager
+    def in_rows(self, seq_ids_name: str = "rows") -> Any:
+        """C errors raised inside, in this object's terms: a C sequence id becomes its row (ids
+        are not row indices: reset() and forks make new ones, with generation bits), and the C
+        calls' seq_ids[i] becomes the Python caller's seq_ids_name[i]. Called with the lock held."""
+        try:
+            yield
+        except Error as error:
+            rows = {seq_id: row for row, seq_id in enumerate(self._rows)}
+            text = _C_SEQUENCE.sub(lambda m: f"row {rows[int(m.group(1))]}" if int(m.group(1)) in rows
+                                   else m.group(0), str(error))
+            text = _C_SEQ_IDS.sub(seq_ids_name, text)
+            if text == str(error):
+                raise
+            raise type(error)(text) from None
+
     @property
     def batch(self) -> int:
         return len(self._rows)
@@ -218,7 +241,8 @@ class KVCache:
         """A new row continuing from `row` as it is now; returns its index."""
         with self._lock:
             child = ctypes.c_int64()
-            check(lib.sneppx_kv_cache_fork(self._handle, self._rows[self._row(row)], ctypes.byref(child)))
+            with self.in_rows():
+                check(lib.sneppx_kv_cache_fork(self._handle, self._rows[self._row(row)], ctypes.byref(child)))
             self._rows.append(child.value)
             return len(self._rows) - 1
 
@@ -226,7 +250,8 @@ class KVCache:
         """Keeps the first `length` tokens of `row` (speculative decoding's rollback)."""
         with self._lock:
             seq_id = self._rows[self._row(row)]
-            check(lib.sneppx_kv_cache_truncate(self._handle, seq_id, _count("length", length, 0)))
+            with self.in_rows():
+                check(lib.sneppx_kv_cache_truncate(self._handle, seq_id, _count("length", length, 0)))
 
     def truncate_rows(self, rows: Any, lengths: Any) -> None:
         """Keeps lengths[i] tokens of row rows[i], all or none: when one is refused (a
@@ -237,9 +262,10 @@ class KVCache:
         counts = [_count(f"lengths[{i}]", length, 0) for i, length in enumerate(lengths)]
         with self._lock:
             seq_ids = self._distinct_seq_ids(rows)
-            check(lib.sneppx_kv_cache_truncate_sequences(self._handle, len(seq_ids),
-                                                         (ctypes.c_int64 * len(seq_ids))(*seq_ids),
-                                                         (ctypes.c_int64 * len(counts))(*counts)))
+            with self.in_rows():
+                check(lib.sneppx_kv_cache_truncate_sequences(self._handle, len(seq_ids),
+                                                             (ctypes.c_int64 * len(seq_ids))(*seq_ids),
+                                                             (ctypes.c_int64 * len(counts))(*counts)))
 
     def reset(self) -> None:
         """Empties every row (the rows stay, with length 0)."""
@@ -273,8 +299,10 @@ class KVCache:
                 k = np.empty((tokens, heads, elements // (2 * heads)), np.float32)
                 v = np.empty_like(k)
             as_float = ctypes.POINTER(ctypes.c_float)
-            check(lib.sneppx_kv_cache_read(self._handle, seq_id, layer_idx, begin, end, k.ctypes.data_as(as_float),
-                                           None if v is None else v.ctypes.data_as(as_float)))
+            with self.in_rows():
+                check(lib.sneppx_kv_cache_read(self._handle, seq_id, layer_idx, begin, end,
+                                               k.ctypes.data_as(as_float),
+                                               None if v is None else v.ctypes.data_as(as_float)))
             return k, v
 
     def stats(self) -> dict:

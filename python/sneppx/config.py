@@ -623,9 +623,10 @@ class LLMConfig:
             out = np.empty_like(x)
             layer = self._current_layer()
             try:
-                layer.forward_cached(cache._handle, layer_idx, cache._rows, [seq_len] * batch,
-                                     x.reshape(batch * seq_len, -1), positions, masks,
-                                     out.reshape(batch * seq_len, -1))
+                with cache.in_rows("hidden_states"):   # seq_ids[b] is the batch row b
+                    layer.forward_cached(cache._handle, layer_idx, cache._rows, [seq_len] * batch,
+                                         x.reshape(batch * seq_len, -1), positions, masks,
+                                         out.reshape(batch * seq_len, -1))
             except InvalidArgumentError as error:
                 # The C call's masks[b] is the plane of attention_mask's batch row b; a sharded
                 # layer's ranks name masks too, after "rank R of W: " when another rank refused.
@@ -674,7 +675,9 @@ class LLMConfig:
         with cache._lock:
             with refused_on_every_rank(self):
                 seq_ids = cache._distinct_seq_ids(rows)
-            self._current_layer().forward_cached(cache._handle, layer_idx, seq_ids, q_lens, x, positions, None, out)
+            with cache.in_rows():
+                self._current_layer().forward_cached(cache._handle, layer_idx, seq_ids, q_lens, x, positions, None,
+                                                     out)
         return [output_like(chunk, part) for chunk, part in zip(chunks, np.split(out, np.cumsum(q_lens)[:-1]))]
 
 

@@ -4,6 +4,7 @@ cache-free forward. A cached forward computes the same rows as the whole sequenc
 the thresholds are test_numerics.py's (reference.FP32_*)."""
 import copy
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -319,6 +320,29 @@ def test_ragged_arguments_must_be_per_row(rng):
     assert cfg.forward_ragged(cache, [], []) == []
     assert cfg.forward_ragged(cache, [], [], position_ids=[]) == []
     assert cache.lengths == [0]
+
+
+def test_errors_name_rows_not_the_c_sequences(rng):
+    """The C cache names its sequences by id, which after reset() (new ids, with generation
+    bits: row 0 is sequence 4294967296 after one) is no row index, and its calls' seq_ids[i]: a Python
+    caller gave rows, so every message names the row and the caller's argument."""
+    _, cfg, _ = _layer("llama3", rng)
+    cache = cfg.kv_cache(batch=2, max_tokens=8, page_size=4)
+    cache.reset()
+    cfg.forward_mha(np.zeros((2, 5, cfg.hidden_size), np.float32), past_key_value=cache)
+    before = (cache.lengths, cache.stats())
+    big = np.zeros((40, cfg.hidden_size), np.float32)
+    for call, pattern in [
+            (lambda: cache.truncate(1, 9), r"^length: 9 must be in \[0, 5\] \(the length of row 1\)$"),
+            (lambda: cache.truncate_rows([1, 0], [2, 9]), r"^lengths\[1\]: 9 .*\(the length of row 0\)$"),
+            (lambda: cache.read(1, begin=3, end=9), r"^begin, end: \[3, 9\) is not within the tokens row 1 holds"),
+            (lambda: cfg.forward_ragged(cache, [1], [big]), r"pool full: row 1 \(rows\[0\]\) needs"),
+            (lambda: cfg.forward_mha(big[None].repeat(2, 0), past_key_value=cache),
+             r"pool full: row 0 \(hidden_states\[0\]\) needs")]:
+        with pytest.raises(sneppx.Error, match=pattern) as caught:
+            call()
+        assert not re.search(r"sequence \d|seq_ids", str(caught.value))
+    assert (cache.lengths, cache.stats()) == before
 
 
 def test_numpy_bools_are_not_integers(rng):
