@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _structs as S
 from ._library import lib
-from .errors import OutOfMemoryError, check
+from .errors import OutOfMemoryError, UnsupportedError, check
 
 
 class Layer:
@@ -68,6 +68,14 @@ class Layer:
             check(lib.sneppx_layer_forward_cached(
                 self._handle, cache_handle, layer_index, count, ids, lens, hidden_states.ctypes.data,
                 position_ids.ctypes.data if position_ids is not None else None, planes, out.ctypes.data))
+        except UnsupportedError as error:
+            # The C message names its layer and how to create it; from Python the layer is
+            # the LLMConfig's, and the fix its mla_naive attribute.
+            text = str(error).replace("layer: made with mla_naive;", "mla_naive: True;").replace(
+                "(create the layer with mla_naive 0)", "(set the LLMConfig's mla_naive = False)")
+            if text == str(error):
+                raise
+            raise UnsupportedError(text) from None
         except OutOfMemoryError as error:
             # The C advice names the pool's size in tokens; from Python, kv_cache()'s batch and
             # max_tokens make it, and forks draw on the same pool.

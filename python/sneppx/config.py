@@ -328,7 +328,9 @@ class LLMConfig:
 
     @property
     def mla_naive(self) -> bool:
-        """MLA only: expand kv_b_proj to per-head K/V (the verification path) instead of absorbing it."""
+        """MLA only: expand kv_b_proj to per-head K/V (the verification path) instead of absorbing it.
+        A KV cache holds the absorbed form's latent rows: cached forwards refuse a naive layer
+        (UnsupportedError naming mla_naive)."""
         return bool(self._config.mla_naive)
 
     @mla_naive.setter

@@ -322,6 +322,23 @@ def test_ragged_arguments_must_be_per_row(rng):
     assert cache.lengths == [0]
 
 
+def test_mla_naive_layer_is_refused_naming_mla_naive(rng):
+    """A cache holds the absorbed form's latent rows: a cached forward of an mla_naive layer
+    is refused, named by the LLMConfig's attribute (the C message names its layer and
+    advises creating it again), and the cache is left as it was."""
+    hf_config, cfg, weights = _layer("deepseek-v2", rng)
+    cache = cfg.kv_cache(batch=1, max_tokens=8)
+    x = rng.uniform(-1, 1, (1, 3, cfg.hidden_size)).astype(np.float32)
+    cfg.mla_naive = True
+    for call in (lambda: cfg.forward_mha(x, past_key_value=cache), lambda: cfg.forward_ragged(cache, [0], [x[0]])):
+        with pytest.raises(sneppx.UnsupportedError, match=r"^mla_naive: True; .*\(set the LLMConfig's mla_naive = "
+                                                          r"False\)$"):
+            call()
+    assert cache.lengths == [0]
+    cfg.mla_naive = False
+    _assert_close(cfg.forward_mha(x, past_key_value=cache), ref.mha_forward(hf_config, weights, x), "absorbed again")
+
+
 def test_errors_name_rows_not_the_c_sequences(rng):
     """The C cache names its sequences by id, which after reset() (new ids, with generation
     bits: row 0 is sequence 4294967296 after one) is no row index, and its calls' seq_ids[i]: a Python
