@@ -30,6 +30,7 @@
 #define DEFAULT_LOCK_TIMEOUT 30.0       /* seconds a build waits for another process's lock */
 #define MAX_LOCK_TIMEOUT 1e9            /* about 30 years: "wait for ever" */
 #define PROBE_ATTEMPTS 16               /* probe names tried before a directory counts as not writable */
+#define TEMP_ATTEMPTS 16                /* temporary file names tried before a store fails */
 #define MAX_PAYLOAD_BYTES (256u << 20)  /* far above any kernel; bounds a hostile size field */
 #define ORPHAN_AGE_SECONDS (10 * 60)    /* a temp file dated this far from now is a dead writer's (evict) */
 #define LOW_WATER_PERCENT 90            /* eviction leaves the directory at most this full, so the next
@@ -865,8 +866,16 @@ sneppx_status sneppx_disk_cache_store(const char *key, const uint8_t fingerprint
 
     char name[SNEPPX_KEY_MAX + 16], temp[SNEPPX_KEY_MAX + 64];
     entry_name(key, ENTRY_SUFFIX, name, sizeof name);
-    snprintf(temp, sizeof temp, ".%s" TEMP_MARK "%ld-%d", name, (long)getpid(), atomic_fetch_add(&temp_counter, 1));
-    int fd = openat(dir, temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    /* A name taken is not ours to remove: a writer that died with this pid
+     * (a container's processes get the same pids run after run), or one of the
+     * same pid in another pid namespace. The next name is tried. */
+    int fd = -1;
+    for (int attempt = 0; attempt < TEMP_ATTEMPTS && (attempt == 0 || errno == EEXIST); attempt++) {
+        snprintf(temp, sizeof temp, ".%s" TEMP_MARK "%ld-%d", name, (long)getpid(),
+                 atomic_fetch_add(&temp_counter, 1));
+        if ((fd = openat(dir, temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600)) >= 0)
+            break;
+    }
     if (fd < 0)
         return sneppx_fail(SNEPPX_ERR_IO, "cannot create %s/%s: %s", cache.path, temp, strerror(errno));
     int failed = write_fully(fd, &header, sizeof header) != 0 || write_fully(fd, object, object_size) != 0 ||

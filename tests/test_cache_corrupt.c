@@ -7,7 +7,8 @@
  * (never loaded), the kernel is rebuilt, and the entry is replaced by a valid
  * one that the next process loads. A lock file that is not one (a directory,
  * FIFO or symbolic link at its name) is refused and left; the kernel is built
- * without it and stored. */
+ * without it and stored. A store whose first temporary file names are taken
+ * (files of a writer that died with the same pid) takes the next free one. */
 #include "test_cache_common.h"
 
 #include <errno.h>
@@ -238,10 +239,44 @@ static int child_jit_forbidden_unlinkable(void)
     return refused && status == SNEPPX_OK ? 0 : 1;
 }
 
+#define TAKEN_TEMP_NAMES 3
+/* Child, the entry cleared: the names of its first stores' temporary files are
+ * taken (files left by a writer that died with this pid, as a container's
+ * processes get the same pids run after run). The store takes the next free
+ * name, and leaves the others' files alone. Exit 0 when it did. */
+static int child_taken_temp_names(void)
+{
+    char taken[TAKEN_TEMP_NAMES][CACHE_TEST_PATH_MAX];
+    for (int i = 0; i < TAKEN_TEMP_NAMES; i++) {
+        snprintf(taken[i], sizeof taken[i], "%s/.%s.o.tmp-%ld-%d", dir, entry_key, (long)getpid(), i);
+        if (write_file(taken[i], (const unsigned char *)"sneppxK\n", 8) != 0)
+            return 2;
+    }
+    sneppx_kernel_source source;
+    const sneppx_kernel *kernel = resolve_norm(&source);
+    sneppx_jit_stats stats;
+    sneppx_jit_stats_get(&stats);
+    fprintf(stderr, "source %d, %llu writes: '%s'\n", source, (unsigned long long)stats.disk_writes,
+            sneppx_last_error());
+    struct stat info;
+    int kept = 1;
+    for (int i = 0; i < TAKEN_TEMP_NAMES; i++)
+        kept &= lstat(taken[i], &info) == 0 && unlink(taken[i]) == 0;
+    return kernel && stats.disk_writes == 1 && lstat(entry, &info) == 0 && S_ISREG(info.st_mode) && kept ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "jit-forbidden-unlinkable") == 0)
         return child_jit_forbidden_unlinkable();
+    if (argc == 2 && strcmp(argv[1], "taken-temp-names") == 0) {
+        /* The parent's directory and key (SNEPPX_CACHE_DIR is set for the child). */
+        snprintf(dir, sizeof dir, "%s", getenv("SNEPPX_CACHE_DIR"));
+        const int64_t values[] = {NORM_N};
+        sneppx_kernel_key("rmsnorm", values, sneppx_host_target(), entry_key, sizeof entry_key);
+        cache_test_entry_path(dir, entry_key, entry, sizeof entry);
+        return child_taken_temp_names();
+    }
     test_tally tally = {0};
     if (cache_test_make_dir(dir, sizeof dir, "corrupt") != 0 || setenv("SNEPPX_CACHE_DIR", dir, 1) != 0) {
         perror("cache directory");
@@ -343,6 +378,14 @@ int main(int argc, char **argv)
     unlink(lock);
     rmdir(lock);
     unlink(target);
+
+    /* The names of a store's temporary files are taken: it takes the next one. */
+    clear_entry();
+    char *taken_stderr = NULL;
+    const int taken_code = cache_test_run_child("taken-temp-names", NULL, &taken_stderr);
+    TEST_CHECK(&tally, taken_code == 0, "the first %d temporary file names taken: exit %d: %s", TAKEN_TEMP_NAMES,
+               taken_code, taken_stderr ? taken_stderr : "");
+    free(taken_stderr);
 
     /* A directory squats the entry: refused, and the kernel still runs from memory. */
     clear_entry();
