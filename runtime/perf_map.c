@@ -22,6 +22,7 @@ static int enabled;
 static pthread_mutex_t map_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *map; /* opened on the first kernel; NULL after a failure */
 static int map_failed;
+static pid_t map_pid; /* the process map and map_failed are about */
 
 static void read_enabled(void)
 {
@@ -52,6 +53,18 @@ static const char *unsafe_map(int fd)
  * CPython's perf trampoline) may append to the same map. */
 static FILE *open_map(void)
 {
+    /* A child forked after the first kernel inherits the parent's map: its
+     * kernels lie in its own address space and belong in its own map, which
+     * perf reads for its pid (the parent's would name them at addresses that
+     * are the parent's). The inherited stream holds nothing unwritten (each
+     * add flushes), so closing it writes nothing. */
+    if (map_pid != getpid()) {
+        if (map)
+            fclose(map);
+        map = NULL;
+        map_failed = 0;
+        map_pid = getpid();
+    }
     if (map || map_failed)
         return map;
     char path[64];

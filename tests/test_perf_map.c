@@ -2,7 +2,8 @@
  * from the disk cache) names its functions in /tmp/perf-<pid>.map, at the
  * addresses the kernel's entries were linked to. What another user may have
  * planted at that path in /tmp (a symlink, a hard link, a file of theirs) is
- * not written through: the file it leads to stays as it was, with one warning. */
+ * not written through: the file it leads to stays as it was, with one warning.
+ * A child forked after the map was opened writes its kernels to its own map. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,6 +161,29 @@ int main(void)
         TEST_CHECK(&tally, mapped_size(path, (uintptr_t)again->entry[SNEPPX_ENTRY_RUN], name) > 0,
                    "%s: '%s' at %p after a reload", path, name, (void *)(uintptr_t)again->entry[SNEPPX_ENTRY_RUN]);
     }
+
+    /* A child forked after the map was opened writes the kernels it links to its own
+     * map, not to the parent's (whose addresses are another process's). */
+    fflush(NULL);
+    const pid_t child = fork();
+    if (child == 0) {
+        const int64_t child_values[] = {32, 96, 0, 0, 512, 56};
+        const sneppx_kernel *kernel;
+        _exit(sneppx_kernel_resolve("gemm", child_values, target, &kernel) == SNEPPX_OK ? 0 : 1);
+    }
+    int status = -1;
+    waitpid(child, &status, 0);
+    char child_path[64], text[1 << 16], child_name[256];
+    snprintf(child_path, sizeof child_path, "/tmp/perf-%ld.map", (long)child);
+    snprintf(child_name, sizeof child_name, "sneppx_gemm_k32_n96_bias0_float32_kc512_mc56_%s ", target->name);
+    read_text(child_path, text, sizeof text);
+    TEST_CHECK(&tally, WIFEXITED(status) && WEXITSTATUS(status) == 0 && strstr(text, child_name),
+               "a forked child (status %d) names its kernel '%s' in its own map %s: '%.300s'", status, child_name,
+               child_path, text);
+    read_text(path, text, sizeof text);
+    TEST_CHECK(&tally, !strstr(text, child_name), "the parent's map %s does not name the child's kernel '%s'", path,
+               child_name);
+    unlink(child_path);
     unlink(path);
     return test_finish(&tally);
 }
