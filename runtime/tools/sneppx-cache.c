@@ -126,8 +126,8 @@ static int show(void)
                temp_count, temp_count == 1 ? "" : "s", (double)temp_bytes / (1 << 20));
         printf("size        %.2f MiB (entries and temporary files, as the bound counts them)\n",
                (double)(bytes + temp_bytes) / (1 << 20));
-        if (bound >= 1 << 20)
-            printf("bound       %.0f MiB (SNEPPX_CACHE_MAX_MB), least recently used evicted\n",
+        if (bound >= 1 << 20) /* %g: a bound of 2.5 MiB is not "2 MiB" */
+            printf("bound       %.6g MiB (SNEPPX_CACHE_MAX_MB), least recently used evicted\n",
                    (double)bound / (1 << 20));
         else if (bound)
             printf("bound       %llu bytes (SNEPPX_CACHE_MAX_MB), least recently used evicted\n",
