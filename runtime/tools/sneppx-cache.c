@@ -220,31 +220,41 @@ static int warmup_one(const char *name, int from_file)
     return 0;
 }
 
+/* The arguments are all checked (pass 0) before anything compiles (pass 1): a
+ * mistake at the end of the line must not come after minutes of work. */
 static int warmup(int argc, char **argv)
 {
     int names = 0, failures = 0;
-    for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--all") == 0) {
-            for (int p = 0; p < sneppx_preset_count(); p++, names++)
-                failures += warmup_one(sneppx_preset_name(p), 0);
-        } else if (strcmp(argv[i], "--arch") == 0 && i + 1 < argc) {
-            failures += warmup_one(argv[++i], 0);
-            names++;
-        } else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
-            failures += warmup_one(argv[++i], 1);
-            names++;
-        } else {
-            fprintf(stderr, "sneppx-cache: warmup: unexpected '%s'\n", sneppx_clip(argv[i]).text);
-            usage(stderr);
+    for (int run = 0; run < 2; run++) {
+        names = 0;
+        for (int i = 0; i < argc; i++) {
+            if (strcmp(argv[i], "--all") == 0) {
+                for (int p = 0; p < sneppx_preset_count(); p++, names++)
+                    failures += run ? warmup_one(sneppx_preset_name(p), 0) : 0;
+            } else if ((strcmp(argv[i], "--arch") == 0 || strcmp(argv[i], "--config") == 0) && i + 1 < argc) {
+                const int from_file = argv[i][2] == 'c';
+                i++;
+                failures += run ? warmup_one(argv[i], from_file) : 0;
+                names++;
+            } else if (strcmp(argv[i], "--arch") == 0 || strcmp(argv[i], "--config") == 0) {
+                /* the last argument: "unexpected '--arch'" would call the option unknown */
+                fprintf(stderr, "sneppx-cache: warmup: %s needs a %s after it\n", argv[i],
+                        argv[i][2] == 'a' ? "preset NAME" : "PATH");
+                usage(stderr);
+                return 2;
+            } else {
+                fprintf(stderr, "sneppx-cache: warmup: unexpected '%s'\n", sneppx_clip(argv[i]).text);
+                usage(stderr);
+                return 2;
+            }
+        }
+        if (names == 0) {
+            fprintf(stderr, "sneppx-cache: warmup needs --arch NAME, --config PATH or --all; presets:");
+            for (int p = 0; p < sneppx_preset_count(); p++)
+                fprintf(stderr, " %s", sneppx_preset_name(p));
+            fputc('\n', stderr);
             return 2;
         }
-    }
-    if (names == 0) {
-        fprintf(stderr, "sneppx-cache: warmup needs --arch NAME, --config PATH or --all; presets:");
-        for (int p = 0; p < sneppx_preset_count(); p++)
-            fprintf(stderr, " %s", sneppx_preset_name(p));
-        fputc('\n', stderr);
-        return 2;
     }
     if (!sneppx_cache_dir()[0])
         fprintf(stderr, "sneppx-cache: warning: no disk cache, nothing was kept\n");
