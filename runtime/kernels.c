@@ -123,12 +123,13 @@ static void warn_store_failure(const char *key)
                sneppx_last_error());
 }
 
-/* Loads the verified entry of key; a refused one is logged and counted once. */
+/* Loads the verified entry of key; a refused one is logged and counted once,
+ * and why it was refused is left in reason. */
 static sneppx_disk_load load_entry(const char *key, const uint8_t fingerprint[SNEPPX_SHA256_SIZE],
-                                   void **object, size_t *object_size, struct disk_events *events)
+                                   void **object, size_t *object_size, struct disk_events *events, char *reason,
+                                   size_t reason_size)
 {
-    char reason[160];
-    sneppx_disk_load result = sneppx_disk_cache_load(key, fingerprint, object, object_size, reason, sizeof reason);
+    sneppx_disk_load result = sneppx_disk_cache_load(key, fingerprint, object, object_size, reason, reason_size);
     if (result == SNEPPX_DISK_REJECTED) {
         if (events->rejects == 0)
             sneppx_log(1, "disk cache entry of '%s' refused (%s); rebuilding it", key, reason);
@@ -153,16 +154,24 @@ static sneppx_status obtain_object(const struct sneppx_kernel_family *family, co
     if (status != SNEPPX_OK)
         return status;
     timing->source = SNEPPX_KERNEL_SOURCE_DISK;
-    if (!skip_disk && load_entry(key, fingerprint, object, object_size, events) == SNEPPX_DISK_HIT)
+    char reason[160];
+    const sneppx_disk_load loaded =
+        skip_disk ? SNEPPX_DISK_MISS : load_entry(key, fingerprint, object, object_size, events, reason, sizeof reason);
+    if (loaded == SNEPPX_DISK_HIT)
         return SNEPPX_OK;
     if (!sneppx_jit_allowed()) {
+        /* A deployed cache whose entries another build or CPU wrote is refused entry by
+         * entry: the error says so, not only that no entry is valid. */
         const char *dir = sneppx_disk_cache_path();
         timing->source = SNEPPX_KERNEL_SOURCE_NONE;
         return sneppx_fail(SNEPPX_ERR_JIT, "SNEPPX_JIT=0 forbids compiling kernel '%s', and the disk cache (%s) "
-                           "holds no valid entry for it", key, dir ? dir : "memory-only");
+                           "holds no valid entry for it%s%s%s", key, dir ? dir : "memory-only",
+                           loaded == SNEPPX_DISK_REJECTED ? " (its entry is refused: " : "",
+                           loaded == SNEPPX_DISK_REJECTED ? reason : "", loaded == SNEPPX_DISK_REJECTED ? ")" : "");
     }
     int lock = sneppx_disk_cache_lock(key);
-    if (lock >= 0 && !skip_disk && load_entry(key, fingerprint, object, object_size, events) == SNEPPX_DISK_HIT) {
+    if (lock >= 0 && !skip_disk &&
+        load_entry(key, fingerprint, object, object_size, events, reason, sizeof reason) == SNEPPX_DISK_HIT) {
         sneppx_disk_cache_unlock(lock);
         return SNEPPX_OK;
     }

@@ -5,7 +5,8 @@
  * others, not owned by us, a directory, another key's object bundle under this
  * key's fingerprint (it links no entry of this key). Each is refused
  * (never loaded), the kernel is rebuilt, and the entry is replaced by a valid
- * one that the next process loads. A lock file that is not one (a directory,
+ * one that the next process loads (under SNEPPX_JIT=0, the error says why the
+ * entry is refused). A lock file that is not one (a directory,
  * FIFO or symbolic link at its name) is refused and left; the kernel is built
  * without it and stored. A store whose first temporary file names are taken
  * (files of a writer that died with the same pid) takes the next free one. */
@@ -239,6 +240,21 @@ static int child_jit_forbidden_unlinkable(void)
     return refused && status == SNEPPX_OK ? 0 : 1;
 }
 
+/* Child, under SNEPPX_JIT=0 with an entry of another build's fingerprint planted: the
+ * resolve fails naming the key and why its entry was refused. Exit 0 when it does. */
+static int child_jit_forbidden_stale(void)
+{
+    const int64_t values[] = {NORM_N};
+    const sneppx_kernel *kernel = NULL;
+    sneppx_status status = sneppx_kernel_resolve("rmsnorm", values, sneppx_host_target(), &kernel);
+    fprintf(stderr, "%s '%s'\n", sneppx_status_name(status), sneppx_last_error());
+    return status == SNEPPX_ERR_JIT && !kernel && strstr(sneppx_last_error(), "SNEPPX_JIT=0 forbids") &&
+                   strstr(sneppx_last_error(), "rmsnorm-n128-") &&
+                   strstr(sneppx_last_error(), "its entry is refused: fingerprint differs")
+               ? 0
+               : 1;
+}
+
 #define TAKEN_TEMP_NAMES 3
 /* Child, the entry cleared: the names of its first stores' temporary files are
  * taken (files left by a writer that died with this pid, as a container's
@@ -269,6 +285,8 @@ int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "jit-forbidden-unlinkable") == 0)
         return child_jit_forbidden_unlinkable();
+    if (argc == 2 && strcmp(argv[1], "jit-forbidden-stale") == 0)
+        return child_jit_forbidden_stale();
     if (argc == 2 && strcmp(argv[1], "taken-temp-names") == 0) {
         /* The parent's directory and key (SNEPPX_CACHE_DIR is set for the child). */
         snprintf(dir, sizeof dir, "%s", getenv("SNEPPX_CACHE_DIR"));
@@ -316,6 +334,15 @@ int main(int argc, char **argv)
                                SNEPPX_DISK_REJECTED &&
                            strstr(reason, "fingerprint differs"),
                "an entry of this key with a stale fingerprint: refused because '%s'", reason);
+    /* Where nothing may be compiled, the error says why the entry there is refused. */
+    {
+        const char *forbid[] = {"SNEPPX_JIT=0", NULL};
+        char *child_stderr = NULL;
+        const int code = cache_test_run_child("jit-forbidden-stale", forbid, &child_stderr);
+        TEST_CHECK(&tally, code == 0, "SNEPPX_JIT=0 and an entry of another fingerprint: exit %d: %s", code,
+                   child_stderr ? child_stderr : "");
+        free(child_stderr);
+    }
     check_rebuilt(&tally, "this key's entry with a stale fingerprint", plant_stale_fingerprint);
     check_rebuilt(&tally, "symbolic link to a valid entry", plant_symlink);
     check_rebuilt(&tally, "a verified entry that does not link", plant_unlinkable);
