@@ -269,6 +269,15 @@ int main(int argc, char **argv)
         archs[arch_count++] = "qwen2-7B";
         archs[arch_count++] = "deepseek-v2-lite";
     }
+    /* Every name is checked before the first preset runs, as the other options are: a
+     * misspelled last --arch must not cost the runs of the ones before it. */
+    for (int a = 0; a < arch_count; a++) {
+        sneppx_config config;
+        if (sneppx_config_from_name(archs[a], NULL, &config) != SNEPPX_OK) {
+            fprintf(stderr, "sneppx-run: --arch: %s\n", sneppx_last_error());
+            return 2;
+        }
+    }
     if (tensor_parallel) {
 #ifdef SNEPPX_RUN_MPI
         const struct run_options options = {.batch = batch, .seq_len = seq_len, .context = context,
