@@ -361,6 +361,14 @@ static sneppx_status scan_index(struct loader *loader, const char *index_path)
         }
         if (!layer_suffix(loader, entry->string))
             continue;
+        /* The shard's path names it in every later message about its tensors, and the
+         * index comes from a download: a control character there is refused, as in a
+         * tensor's name above. */
+        if (cJSON_IsString(entry) && sneppx_has_control(entry->valuestring)) {
+            status = sneppx_fail(SNEPPX_ERR_FORMAT, "%s: weight_map['%s']: a shard name with a control character",
+                                 index_path, entry->string);
+            break;
+        }
         if (!cJSON_IsString(entry) || !safe_shard_name(entry->valuestring)) {
             status = sneppx_fail(SNEPPX_ERR_FORMAT, "%s: weight_map['%s'] is not a file name inside %s",
                                  index_path, entry->string, dir);

@@ -427,6 +427,12 @@ static void test_single_file_and_errors(void)
         CHECK_ERROR(sneppx_attn_weights_load(path_in("single/escape.index.json"), 2, &config, &weights),
                     SNEPPX_ERR_FORMAT, "v_proj.bias'] is not a file name inside");
     }
+    /* A shard name with a control character (JSON's \u001b) would reach every later
+     * message about the shard: refused, not echoed. */
+    shards[5] = "red\\u001b[31m\\n.safetensors";
+    write_index(path_in("single/control.index.json"), tensors, shards, count);
+    CHECK_ERROR(sneppx_attn_weights_load(path_in("single/control.index.json"), 2, &config, &weights),
+                SNEPPX_ERR_FORMAT, "v_proj.bias']: a shard name with a control character");
     CHECK(weights == NULL);
     /* A subdirectory without "..", and a name that only starts with "..", stay inside. */
     mkdir(path_in("single/sub"), 0700);
