@@ -71,7 +71,7 @@ def _layer_keys(state_dict: Mapping[str, Any], layer: int) -> Dict[str, str]:
                 name = key[match.end():]
                 other = next((k for k, n in selected.items() if n == name), None)
                 if other is not None:
-                    raise ValueError(f"state_dict: tensors '{other}' and '{key}' both match layer {layer}'s "
+                    raise ValueError(f"state_dict: tensors {other!r} and {key!r} both match layer {layer}'s "
                                      f"self_attn.{name}")
                 selected[key] = name
                 break
@@ -97,11 +97,11 @@ def _stored_tensor(full_name: str, value: Any, shape: Tuple[int, ...]) -> Tuple[
     """value as the layer reads it: (a C-contiguous copy, its sneppx_dtype). bfloat16 (torch,
     ml_dtypes) and float16 keep their 16 bits (no float32 copy); float32 stays float32;
     other floats (float64) become float32."""
-    array, is_bfloat16 = array_or_bfloat16_bits(f"state_dict: tensor '{full_name}'", value)
+    array, is_bfloat16 = array_or_bfloat16_bits(f"state_dict: tensor {full_name!r}", value)
     if not is_bfloat16 and array.dtype.kind != "f":
-        raise TypeError(f"state_dict: tensor '{full_name}' has dtype {array.dtype}; expected floating point")
+        raise TypeError(f"state_dict: tensor {full_name!r} has dtype {array.dtype}; expected floating point")
     if array.shape != shape:
-        raise ValueError(f"state_dict: tensor '{full_name}' has shape {list(array.shape)}, "
+        raise ValueError(f"state_dict: tensor {full_name!r} has shape {list(array.shape)}, "
                          f"expected {list(shape)}")
     # A copy even when the caller's array is already what the layer reads: it is kept to repack
     # the weights (extend_context, mla_naive), and a caller reusing the array for the next
@@ -113,7 +113,7 @@ def _stored_tensor(full_name: str, value: Any, shape: Tuple[int, ...]) -> Tuple[
     if array.dtype == np.float32:
         return np.array(array, order="C", copy=True), _DTYPE_CODES["float32"]
     # float64: a finite value beyond float32's range is refused, naming the tensor, not made inf.
-    return float32_array(f"state_dict: tensor '{full_name}'", array), _DTYPE_CODES["float32"]
+    return float32_array(f"state_dict: tensor {full_name!r}", array), _DTYPE_CODES["float32"]
 
 
 class StateDictWeights:
@@ -143,7 +143,7 @@ class StateDictWeights:
             if lib.sneppx_attn_tensor_is_ignored(name.encode()):
                 continue
             if name not in expected:
-                raise ValueError(f"state_dict: unexpected tensor '{key}'; config '{config_name}' takes "
+                raise ValueError(f"state_dict: unexpected tensor {key!r}; config '{config_name}' takes "
                                  f"{', '.join(expected)}")
             shape, field = expected[name]
             self.arrays[field] = _stored_tensor(key, state_dict[key], shape)

@@ -259,6 +259,12 @@ def test_bad_state_dicts(cfg, rng, x):
     with pytest.raises(ValueError, match=r"^state_dict: tensor 'o_proj.weight': 1e\+39 at index \[3, 5\] is beyond "
                                          r"the float32 range"):
         cfg.load_state_dict(dict(good, **{"o_proj.weight": huge}))
+    # A key is outside text (a downloaded checkpoint's): a message shows its control
+    # characters escaped, never raw (an escape sequence, a line of its own; SECURITY.md).
+    with pytest.raises(ValueError) as raised:
+        cfg.load_state_dict(dict(good, **{"q_norm.weight\x1b[31m\n": np.ones(16, np.float32)}))
+    assert "unexpected tensor 'q_norm.weight\\x1b[31m\\n'" in str(raised.value)
+    assert not any(ord(c) < 0x20 or ord(c) == 0x7f for c in str(raised.value)), repr(str(raised.value))
     mixed = dict(good)
     mixed["model.layers.1.self_attn.q_proj.weight"] = mixed.pop("q_proj.weight")
     with pytest.raises(ValueError, match="different prefixes"):
