@@ -211,6 +211,13 @@ int main(int argc, char **argv)
         } else if (strcmp(option, "--stage") == 0 && strcmp(argument, "optimized") == 0) {
             stage = SNEPPX_JIT_STAGE_OPTIMIZED;
         } else if (strcmp(option, "--passes") == 0) {
+            /* LLVM's error for a pipeline it cannot parse quotes the pipeline, past our
+             * clipping: a control character there would reach the terminal raw. */
+            if (sneppx_has_control(argument)) {
+                fprintf(stderr, "sneppx-ir: --passes %s: a control character is no part of a pipeline\n",
+                        sneppx_clip(argument).text);
+                return 2;
+            }
             passes = argument;
         } else {
             fprintf(stderr, "sneppx-ir: unexpected %s %s\n", sneppx_clip(option).text, sneppx_clip(argument).text);
