@@ -6,7 +6,9 @@ and library these tests use. Its C blocks are examples/quickstart.c and
 examples/generate.c verbatim, in that order; the ctests example_quickstart and
 example_generate build and run those files against libsneppx, and the README's
 own `cc` command line compiles quickstart.c against the source tree and the
-build's rendered headers.
+build's rendered headers. docs/API.md's checkpoint example runs on a small
+checkpoint at its path's name, and every `gen/sneppx-gen` line of both pages
+runs and writes the files its comment names.
 """
 import os
 import re
@@ -16,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
+import numpy as np
 import pytest
 
 import sneppx
@@ -48,15 +51,20 @@ def test_readme_has_two_python_examples():
     assert len(python_blocks()) == 2, "README.md should hold two ```python blocks: the forward and generation"
 
 
+def run_python(script: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """script under this interpreter, with the package and library these tests use."""
+    env = dict(os.environ, SNEPPX_LIBRARY=str(sneppx.library_path().resolve()))
+    package_parent = str(Path(sneppx.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([package_parent] + [p for p in [env.get("PYTHONPATH")] if p])
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=600)
+
+
 @pytest.mark.parametrize("index, expected", [(0, "gemm-k4096-n6144-bias0-float32-kc"), (1, "cached tokens [14, 22]")])
 def test_readme_python_example_runs(tmp_path, index, expected):
     script = tmp_path / "readme_example.py"
     script.write_text(python_blocks()[index])
-    env = dict(os.environ, SNEPPX_LIBRARY=str(sneppx.library_path().resolve()))
-    package_parent = str(Path(sneppx.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join([package_parent] + [p for p in [env.get("PYTHONPATH")] if p])
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path,
-                            env=env, timeout=600)
+    result = run_python(script, tmp_path)
     assert result.returncode == 0, f"README.md's Python example failed:\n{result.stdout}\n{result.stderr}"
     # The first prints the layer's kernel keys (llama3-8B's fused QKV projection is one of
     # them), the second the rows' cached lengths.
@@ -135,3 +143,91 @@ def test_markdown_tables_are_well_formed():
     errors = [error for path in documents
               for error in table_shape_errors(path.read_text(), str(path.relative_to(ROOT)))]
     assert errors == [], "\n".join(errors)
+
+
+# ---- docs/API.md's examples and the sneppx-gen command lines of both pages ------------
+
+API = ROOT / "docs" / "API.md"
+CHECKPOINT = "/models/Meta-Llama-3-8B"
+
+
+def api_checkpoint_example() -> str:
+    """docs/API.md's example of loading one layer of a checkpoint (an untagged block)."""
+    for block in code_blocks(API.read_text()).get("", []):
+        if block.startswith("cfg = ") and "load_safetensors(" in block:
+            return block
+    raise AssertionError("docs/API.md has no block that starts `cfg = ` and calls load_safetensors")
+
+
+def test_api_checkpoint_example_runs(tmp_path):
+    """The example as written, on a checkpoint of its path's shape but small: a llama
+    config.json and layer 0's attention tensors (and another layer's) in one file."""
+    from test_safetensors import write_safetensors  # the tests' own safetensors writer
+    block = api_checkpoint_example()
+    assert CHECKPOINT in block, f"docs/API.md's checkpoint example no longer reads {CHECKPOINT}"
+    checkpoint = tmp_path / Path(CHECKPOINT).name
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text('{"model_type": "llama", "hidden_size": 128, "num_attention_heads": 4, '
+                                            '"num_key_value_heads": 2, "rope_theta": 500000.0}')
+    shapes = sneppx.LLMConfig.from_config_json(str(checkpoint)).tensor_shapes()
+    rng = np.random.default_rng(0)
+    write_safetensors(checkpoint / "model.safetensors",
+                      {f"model.layers.{layer}.self_attn.{name}": ("BF16", rng.standard_normal(shape) / 16)
+                       for layer in (0, 1) for name, shape in shapes.items()})
+    script = tmp_path / "api_example.py"
+    script.write_text("import numpy as np\nimport sneppx\n" + block.replace(CHECKPOINT, str(checkpoint)) +
+                      "assert cfg.weights_source.startswith('safetensors(') and cfg.weights_source.endswith('layer=0)')\n"
+                      "assert out.shape == out_sdpa.shape == (1, 16, cfg.hidden_size) and out.dtype == np.float32\n"
+                      "assert np.allclose(out, out_sdpa, atol=1e-5)\nprint('api example ran')\n")
+    result = run_python(script, tmp_path)
+    assert result.returncode == 0, f"docs/API.md's checkpoint example failed:\n{result.stdout}\n{result.stderr}"
+    assert "api example ran" in result.stdout
+
+
+def gen_command_lines(path: Path) -> List[str]:
+    """The `gen/sneppx-gen ...` lines of a page's sh blocks, each with its comment."""
+    return [line for block in code_blocks(path.read_text()).get("sh", []) for line in block.splitlines()
+            if line.startswith("gen/sneppx-gen ")]
+
+
+def named_outputs(comment: str) -> List[str]:
+    """The files a comment names: "out/sneppx_x.{c,h}, manifest.json" -> out/sneppx_x.c,
+    out/sneppx_x.h, out/manifest.json."""
+    files, directory = [], ""
+    for word in re.findall(r"[\w./{},-]+\.(?:\{[\w,]+\}|\w+)", comment):
+        directory = word.rsplit("/", 1)[0] + "/" if "/" in word else directory
+        name = word if "/" in word else directory + word
+        stem, braces = re.fullmatch(r"(.*?)(?:\{([\w,]+)\})?", name).groups()
+        files += [stem + ext for ext in braces.split(",")] if braces else [stem]
+    return files
+
+
+def test_named_outputs_expands_braces():
+    assert named_outputs(" out/sneppx_a_1.{c,h}, manifest.json, manifest.txt") == \
+        ["out/sneppx_a_1.c", "out/sneppx_a_1.h", "out/manifest.json", "out/manifest.txt"]
+    assert named_outputs(" a checkpoint directory: out/sneppx_q.{c,h}") == ["out/sneppx_q.c", "out/sneppx_q.h"]
+    assert named_outputs(" the presets") == []
+
+
+@pytest.mark.parametrize("page", [README, API], ids=["README", "API"])
+def test_gen_command_lines_run(tmp_path, page):
+    """Each `gen/sneppx-gen` line of the page's sh blocks runs as written, alone in a
+    directory holding the config.json and checkpoint directory it names, and writes the
+    files its comment names."""
+    lines = gen_command_lines(page)
+    assert len(lines) >= 3, f"{page.name} should show sneppx-gen's --list, --arch and --config"
+    qwen2 = '{"model_type": "qwen2", "hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4}'
+    for i, line in enumerate(lines):
+        command, _, comment = line.partition("#")
+        work = tmp_path / str(i)
+        (work / "ckpt" / "Qwen2-7B").mkdir(parents=True)
+        (work / "ckpt" / "Qwen2-7B" / "config.json").write_text(qwen2)
+        (work / "config.json").write_text(qwen2)
+        arguments = shlex.split(command)[1:]
+        result = subprocess.run([sys.executable, str(ROOT / "gen" / "sneppx-gen"), *arguments], capture_output=True,
+                                text=True, cwd=work, timeout=600)
+        assert result.returncode == 0, f"{page.name}: `{line}` failed:\n{result.stderr}"
+        missing = [name for name in named_outputs(comment) if not (work / name).is_file()]
+        assert not missing, f"{page.name}: `{line}` wrote no {missing}"
+        if "--list" in arguments:
+            assert "mistral-7B" in result.stdout and "deepseek-v2-lite" in result.stdout, result.stdout
