@@ -8,7 +8,8 @@ example_generate build and run those files against libsneppx, and the README's
 own `cc` command line compiles quickstart.c against the source tree and the
 build's rendered headers. docs/API.md's checkpoint example runs on a small
 checkpoint at its path's name, and every `gen/sneppx-gen` line of both pages
-runs and writes the files its comment names.
+runs and writes the files its comment names; MODELS.md's preset table
+is the runtime's presets, value for value.
 """
 import os
 import re
@@ -231,3 +232,45 @@ def test_gen_command_lines_run(tmp_path, page):
         assert not missing, f"{page.name}: `{line}` wrote no {missing}"
         if "--list" in arguments:
             assert "mistral-7B" in result.stdout and "deepseek-v2-lite" in result.stdout, result.stdout
+
+
+# ---- docs/MODELS.md's preset table against the presets ---------------------------------
+
+MODELS = ROOT / "docs" / "MODELS.md"
+
+
+def models_preset_rows() -> Dict[str, List[str]]:
+    """Section 1's table: {preset name: [its cells after the name]}; "(alias X)" is dropped
+    from the name and kept as a last cell."""
+    section = MODELS.read_text().split("## 1.", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not line.startswith("| ") or cells[0] == "preset" or len(cells) != 10:
+            continue
+        name, alias = re.fullmatch(r"(\S+)(?: \(alias (\S+)\))?", cells[0]).groups()
+        rows[name] = cells[1:] + [alias or ""]
+    return rows
+
+
+def preset_cells(name: str) -> List[str]:
+    """What MODELS.md's row of a preset says, from the runtime's own preset."""
+    cfg = sneppx.LLMConfig.from_name(name)
+    biases = [side for side, on in (("q, k, v", cfg.qkv_bias), ("o", cfg.o_bias)) if on]
+    return [str(cfg.hidden_size), str(cfg.num_attention_heads),
+            "MLA" if cfg.is_mla else str(cfg.num_key_value_heads),
+            f"{cfg.head_dim} = {cfg.qk_nope_head_dim} + {cfg.qk_rope_head_dim}, v {cfg.v_head_dim}" if cfg.is_mla
+            else str(cfg.head_dim),
+            str(cfg.max_position_embeddings), f"{cfg.rope_theta:.0f}",
+            cfg.rope_scaling["rope_type"] if cfg.rope_scaling else "–",
+            str(cfg.sliding_window) if cfg.sliding_window else "–",
+            ", ".join(biases) if biases else "none"]
+
+
+def test_models_preset_table_is_the_presets():
+    rows = models_preset_rows()
+    assert sorted(rows) == sorted(sneppx.LLMConfig.names()), "docs/MODELS.md section 1 lists other presets"
+    for name, cells in rows.items():
+        assert cells[:-1] == preset_cells(name), f"docs/MODELS.md's row of {name}"
+        if cells[-1]:
+            assert sneppx.LLMConfig.from_name(cells[-1]).name == name, f"docs/MODELS.md: alias {cells[-1]}"
