@@ -291,15 +291,20 @@ def _layer_names(p: Plan) -> Tuple[Set[str], Set[str]]:
 def name_clash(p: Plan) -> Optional[str]:
     """Why the plan's name cannot be a layer's, or None. Its own names must not be another
     name the file holds (a layer named "gemm" would define sneppx_gemm_packed_floats beside
-    the ABI's), and a layer named <base>_<head> must not define a name of a layer named
-    <base> (sneppx_x_cached_scratch_floats is layer x's cached_scratch_floats and layer
-    x_cached's scratch_floats), so a name may not end in such a head."""
+    the ABI's) or a macro of the runtime's headers (a layer named "max" would define
+    limits.h's SNEPPX_MAX_HEAD_DIM), and a layer named <base>_<head> must not define a name
+    of a layer named <base> (sneppx_x_cached_scratch_floats is layer x's
+    cached_scratch_floats and layer x_cached's scratch_floats), so a name may not end in
+    such a head."""
     own, others = _layer_names(p)
     name = p.arch.sanitized_name
+    runtime = runtime_names.macros()
     for suffix in sorted(own):
         for taken in (f"sneppx_{name}_{suffix}", f"SNEPPX_{name.upper()}_{suffix.upper()}"):
             if taken in others:
                 return f"the layer would define {taken}, which its file already has"
+            if taken in runtime:  # a program includes the layer's header beside sneppx.h
+                return f"the layer would define {taken}, which the runtime's headers define too"
     for suffix in sorted(own):
         for at in [i for i, c in enumerate(suffix) if c == "_"]:
             head, tail = suffix[:at], suffix[at + 1:]
