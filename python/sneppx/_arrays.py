@@ -69,15 +69,22 @@ def _shape_text(shape: tuple) -> str:
     return "[" + ", ".join(str(extent) for extent in shape) + "]"
 
 
+def c_array(array: np.ndarray, dtype) -> np.ndarray:
+    """array as C-contiguous and aligned elements of dtype, copied only when it is not: C
+    reads it through typed pointers, and a view at an odd byte offset (np.frombuffer with
+    an offset) is contiguous without being aligned."""
+    return np.require(array, dtype=dtype, requirements=("C", "A", "E"))
+
+
 def float32_array(name: str, array: np.ndarray, to_minus_inf_ok: bool = False) -> np.ndarray:
-    """array as C-contiguous float32 (the same object when it already is). A finite value
+    """array as C-contiguous, aligned float32 (the same object when it already is). A finite value
     beyond float32's range would become +-inf: a ValueError naming the argument, except
     towards -inf when to_minus_inf_ok. NaN / inf inputs stay as they are (they propagate
     to the output, as in HF)."""
     if array.dtype.kind != "f" or array.dtype.itemsize <= 4:
-        return np.ascontiguousarray(array, dtype=np.float32)    # integers and float16 always fit
+        return c_array(array, np.float32)    # integers and float16 always fit
     with np.errstate(over="ignore"):
-        converted = np.ascontiguousarray(array, dtype=np.float32)
+        converted = c_array(array, np.float32)
     if converted.size and not np.isfinite(converted).all():
         overflowed = np.isinf(converted) & np.isfinite(array)
         if to_minus_inf_ok:
@@ -169,7 +176,7 @@ def position_ids_array(value: Any, batch: int, seq_len: int) -> Optional[np.ndar
         either = f" (or [1, {seq_len}])" if batch != 1 else ""
         raise ValueError(f"{name}: expected shape [{batch}, {seq_len}]{either}, got {_shape_text(array.shape)}")
     _refuse_negative(name, array)
-    return np.ascontiguousarray(np.broadcast_to(array, (batch, seq_len)), dtype=np.int64)
+    return c_array(np.broadcast_to(array, (batch, seq_len)), np.int64)
 
 
 def _refuse_negative(name: str, array: np.ndarray) -> None:
@@ -186,7 +193,7 @@ def row_positions_array(name: str, value: Any, q_len: int) -> np.ndarray:
     if array.shape not in ((q_len,), (1, q_len)):
         raise ValueError(f"{name}: expected shape [{q_len}] (or [1, {q_len}]), got {_shape_text(array.shape)}")
     _refuse_negative(name, array)
-    return np.ascontiguousarray(array.reshape(q_len), dtype=np.int64)
+    return c_array(array.reshape(q_len), np.int64)
 
 
 def cached_mask_planes(value: Any, batch: int, seq_len: int, cached: int, window: int) -> Optional[list]:
@@ -215,7 +222,7 @@ def cached_mask_planes(value: Any, batch: int, seq_len: int, cached: int, window
         if window > 0:
             visible &= query - key < window
         padding = np.asarray(array != 0)
-        return [np.ascontiguousarray(np.where(visible & padding[b][None, :], np.float32(0.0), np.float32(-np.inf)))
+        return [c_array(np.where(visible & padding[b][None, :], np.float32(0.0), np.float32(-np.inf)), np.float32)
                 for b in range(batch)]
     expected = f"[{batch}, 1, {seq_len}, {keys}]"
     if array.ndim != 4 or array.shape[0] not in (batch, 1) or array.shape[1:] != (1, seq_len, keys):
@@ -229,4 +236,4 @@ def cached_mask_planes(value: Any, batch: int, seq_len: int, cached: int, window
     else:
         raise TypeError(f"{name}: expected an additive float mask or a bool mask (True = attend), "
                         f"got dtype {array.dtype}")
-    return [np.ascontiguousarray(planes[b if planes.shape[0] == batch else 0, 0]) for b in range(batch)]
+    return [c_array(planes[b if planes.shape[0] == batch else 0, 0], np.float32) for b in range(batch)]

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import families
 import reference as ref
 import sneppx
 from sneppx import _library
@@ -351,3 +352,30 @@ def test_package_calls_only_the_public_api():
     # the library against it); a C function outside it is internal and hidden.
     exports = (Path(__file__).resolve().parents[2] / "runtime" / "exports.txt").read_text().split()
     assert sorted(set(_library._PROTOTYPES) - set(exports)) == []
+
+
+def _unaligned(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of array at an odd byte address (as np.frombuffer with an offset gives)."""
+    raw = np.zeros(array.nbytes + 1, np.uint8)
+    view = raw[1:].view(array.dtype).reshape(array.shape)
+    view[...] = array
+    assert view.flags.c_contiguous and not view.flags.aligned
+    return view
+
+
+def test_unaligned_inputs_reach_c_aligned(rng):
+    """C reads the arrays through typed pointers: a contiguous view at an odd address is
+    copied to an aligned one, not passed as is, and the answer is the aligned input's."""
+    from sneppx import _arrays
+
+    cfg = sneppx.LLMConfig(**families.FAMILIES["llama3"])
+    batch, seq_len = 2, 5
+    x = rng.standard_normal((batch, seq_len, 256)).astype(np.float32)
+    mask = ref.causal_additive_mask(batch, seq_len).astype(np.float32)
+    positions = np.tile(np.arange(3, 3 + seq_len, dtype=np.int64), (batch, 1))
+    assert _arrays.float32_array("hidden_states", _unaligned(x)).flags.aligned
+    assert _arrays.position_ids_array(_unaligned(positions), batch, seq_len).flags.aligned
+    assert _arrays.row_positions_array("position_ids[0]", _unaligned(positions[0]), seq_len).flags.aligned
+    expected = cfg.forward_mha(x, mask, positions)
+    got = cfg.forward_mha(_unaligned(x), _unaligned(mask), _unaligned(positions))
+    assert np.array_equal(got, expected)
