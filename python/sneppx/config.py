@@ -365,12 +365,12 @@ class LLMConfig:
             if is_sharded(self) or _hf.c_count("num_threads", value, "int") != self._config.num_threads:
                 self._rebuild(change)
 
-    def extend_context(self, max_position_embeddings: int) -> None:
+    def extend_context(self, new_max_positions: int) -> None:
         """NTK-aware context extension: rope_theta *= (n / old)^(d / (d - 2)) with d the
-        rotary dim, and max_position_embeddings becomes n (n must exceed it and be at most
-        2^40)."""
+        rotary dim, and max_position_embeddings becomes n = new_max_positions (n must
+        exceed it and be at most 2^40). The argument has C's name, which the errors use."""
         def change(config: S.Config) -> None:
-            n = _size("max_position_embeddings", max_position_embeddings)
+            n = _hf.c_count("new_max_positions", new_max_positions)
             check(lib.sneppx_config_extend_context(ctypes.byref(config), n))
 
         with self._lock:

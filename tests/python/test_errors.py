@@ -232,8 +232,12 @@ def test_bad_setters_and_extend_context(cfg, x):
         cfg.mla_naive = True
     with pytest.raises(ValueError, match="new_max_positions: 100 must exceed max_position_embeddings 4096"):
         cfg.extend_context(100)
-    with pytest.raises(TypeError, match="max_position_embeddings: expected an integer"):
+    with pytest.raises(TypeError, match="new_max_positions: expected an integer"):
         cfg.extend_context(8192.0)
+    with pytest.raises(TypeError, match="new_max_positions: expected an integer, got None"):
+        cfg.extend_context(None)
+    with pytest.raises(ValueError, match="new_max_positions: -1 must be >= 0"):
+        cfg.extend_context(-1)
     assert cfg.max_position_embeddings == 4096 and cfg.use_flash_attn is True
     assert cfg.forward_mha(x).shape == x.shape
 
@@ -356,7 +360,7 @@ def test_integral_float_original_max_position_embeddings_is_kept():
 
 
 def test_out_of_range_extend_context_and_layer(cfg, x, tmp_path):
-    with pytest.raises(ValueError, match="max_position_embeddings: 18446744073709559808 does not fit in int64"):
+    with pytest.raises(ValueError, match="new_max_positions: 18446744073709559808 does not fit in int64"):
         cfg.extend_context(2 ** 64 + 8192)
     assert cfg.max_position_embeddings == 4096
     with pytest.raises(ValueError, match="layer: 18446744073709551616 does not fit in int64"):
