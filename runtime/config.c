@@ -87,14 +87,13 @@ int64_t sneppx_config_rotary_dim(const sneppx_config *config)
 }
 
 /* The ranges of limits.py (config_ranges.h), in their order; the MLA-only
- * ones when kv_lora_rank > 0. */
+ * ones when kv_lora_rank > 0, and 0 otherwise: a layer without MLA would
+ * ignore them, so a value there is a config mistaken for another. */
 static sneppx_status check_ranges(const sneppx_config *config)
 {
     const int mla = config->kv_lora_rank > 0;
     for (int i = 0; i < sneppx_config_range_count; i++) {
         const struct sneppx_config_range *range = &sneppx_config_ranges[i];
-        if (range->mla_only && !mla)
-            continue;
         const char *member = (const char *)config + range->offset;
         int64_t value;
         if (range->size == sizeof(int)) {
@@ -103,6 +102,13 @@ static sneppx_status check_ranges(const sneppx_config *config)
             value = narrow;
         } else {
             memcpy(&value, member, sizeof value);
+        }
+        if (range->mla_only && !mla) {
+            if (value != 0)
+                return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                                   "config.%s: %lld applies to MLA configs (kv_lora_rank > 0) only; 0 without MLA",
+                                   range->field, (long long)value);
+            continue;
         }
         if (value < range->low || value > range->high)
             return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.%s: %lld is outside [%lld, %lld]", range->field,

@@ -152,6 +152,17 @@ static void test_standard(void)
     config.num_threads = (int)SNEPPX_MAX_THREADS;
     TEST_CHECK(&tally, sneppx_config_validate(&config) == SNEPPX_OK, "num_threads 1024 refused: %s",
                sneppx_last_error());
+
+    /* MLA's fields without MLA: the layer would run on head_dim and ignore them. */
+    config = standard(64, 2, 2, 32);
+    config.v_head_dim = 64;
+    refused("v_head_dim 64 without kv_lora_rank", &config, "config.v_head_dim: 64 applies to MLA configs");
+    config = standard(64, 2, 2, 32);
+    config.q_lora_rank = 48;
+    refused("q_lora_rank 48 without kv_lora_rank", &config, "config.q_lora_rank: 48 applies to MLA configs");
+    config = standard(64, 2, 2, 32);
+    config.kv_lora_rank = -16;
+    refused("kv_lora_rank -16", &config, "config.kv_lora_rank: -16 applies to MLA configs");
 }
 
 int main(void)

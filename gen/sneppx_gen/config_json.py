@@ -611,9 +611,17 @@ def _check_ranges(c: CConfig, ranges) -> None:
 
 
 def _check_limits(c: CConfig) -> None:
-    """The ranges of limits.CONFIG_RANGES, as runtime/config.c walks its rendered table."""
+    """The ranges of limits.CONFIG_RANGES, as runtime/config.c walks its rendered table:
+    the MLA-only ones must be 0 without MLA."""
     mla = c.kv_lora_rank > 0
-    _check_ranges(c, tuple((r.field, r.low, r.high) for r in limits.CONFIG_RANGES if mla or not r.mla_only))
+    for r in limits.CONFIG_RANGES:
+        value = getattr(c, r.field)
+        if r.mla_only and not mla:
+            if value:
+                raise ConfigError(f"config.{r.field}: {value} applies to MLA configs (kv_lora_rank > 0) only; "
+                                  "0 without MLA")
+        elif not r.low <= value <= r.high:
+            raise ConfigError(f"config.{r.field}: {value} is outside [{r.low}, {r.high}]")
 
 
 def validate(c: CConfig) -> None:

@@ -68,7 +68,8 @@ typedef struct sneppx_config {
     int64_t sliding_window;         /* 0 = none; else W keys including the query itself */
     int qkv_bias;                   /* 1 = q/k/v projections carry a bias (flags: 0 or 1) */
     int o_bias;                     /* o projection carries a bias */
-    /* DeepSeek V2 multi-head latent attention; kv_lora_rank > 0 turns it on. */
+    /* DeepSeek V2 multi-head latent attention; kv_lora_rank > 0 turns it on, and
+     * without it these five fields must be 0 (a layer without MLA ignores them). */
     int64_t q_lora_rank;            /* 0 = plain q_proj */
     int64_t kv_lora_rank;
     int64_t qk_nope_head_dim;

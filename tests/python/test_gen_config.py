@@ -481,6 +481,12 @@ def test_hand_form_is_read_with_the_same_rules(tmp_path):
         config_json.read_file(str(path))
     with pytest.raises(sneppx.InvalidArgumentError, match=r"config\.mla_naive: applies to MLA configs"):
         sneppx.LLMConfig(hidden_size=64, num_attention_heads=4, mla_naive=True)
+    # MLA's fields without kv_lora_rank: a layer without MLA would ignore them.
+    path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "v_head_dim": 32}))
+    with pytest.raises(config_json.ConfigError, match=r"config\.v_head_dim: 32 applies to MLA configs"):
+        config_json.read_file(str(path))
+    with pytest.raises(sneppx.InvalidArgumentError, match=r"config\.v_head_dim: 32 applies to MLA configs"):
+        sneppx.LLMConfig(hidden_size=64, num_attention_heads=4, v_head_dim=32)
     path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "num_threads": 2048}))
     with pytest.raises(config_json.ConfigError, match=r"config\.num_threads: 2048 is outside \[0, 1024\]"):
         config_json.read_file(str(path))
