@@ -198,7 +198,7 @@ def test_a_bad_load_or_setting_on_one_rank():
         cfg.num_threads = "two" if last else 1
     with pytest.raises(ValueError, match=f"{want}mla_naive: applies to MLA configs"):
         cfg.mla_naive = last
-    with pytest.raises(ValueError, match=f"{want}max_position_embeddings"):
+    with pytest.raises(ValueError, match=f"{want}new_max_positions"):
         cfg.extend_context(-1 if last else 512)
     cfg.num_threads = 1 + RANK % 2     # each rank its own count: still one collective rebuild
     x = inputs(9, 1, 5, 128)
