@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import struct
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -207,8 +208,13 @@ def _rope_initializer(arch: Arch, rotary_dim: int) -> str:
 
 
 def _float_literal(value: float) -> str:
-    """The float nearest to value, as a C literal that round-trips (9 significant digits)."""
-    return f"{value:.9g}" if any(c in f"{value:.9g}" for c in ".e") else f"{value:.9g}.0"
+    """(float)value, the runtime's rounding of the double, as a C literal that round-trips
+    (9 significant digits). Rounded to float32 first: 9 digits of the double itself can
+    cross a float32 midpoint, and the compiler's float nearest that decimal is then the
+    other neighbour (1 / sqrt(24) = 0.2041241452...: 0.204124145f is the float below
+    (float)(1 / sqrt(24.0)), so 1 head dim in 80 or so scaled scores 1 ulp off the runtime's)."""
+    text = f"{struct.unpack('f', struct.pack('f', value))[0]:.9g}"
+    return text if any(c in text for c in ".e") else text + ".0"
 
 
 _HEADER_ID_UNSET = "0x00000000"

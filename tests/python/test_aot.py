@@ -229,12 +229,27 @@ def test_family(family, tmp_path, rng):
     _check(layer, hf_config, jit, weights, cases, rng, family)
 
 
-@pytest.mark.parametrize("family", ["deepseek-v2", "deepseek-v2-mscale-pair", "deepseek-v2-lite-like", "qwen2"])
+# MLA layers whose softmax scale, printed to 9 digits as a double, reads back as the float
+# next to the runtime's (float) of it: the literal must be the float's digits.
+# 1 / sqrt(256 + 128): d 384 without scaling; 1 / sqrt(176 + 16) x mscale(40, 0.5)^2.
+_MLA = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=16,
+            v_head_dim=32, rope_interleaved=True, attention_bias=False)
+SCALE_ROUNDING = {
+    "mla-d384": dict(_MLA, qk_nope_head_dim=256, qk_rope_head_dim=128),
+    "mla-d192-yarn": dict(_MLA, qk_nope_head_dim=176, max_position_embeddings=1280,
+                          rope_scaling={"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 32,
+                                        "mscale": 1.0, "mscale_all_dim": 0.5}),
+}
+
+
+@pytest.mark.parametrize("family", ["deepseek-v2", "deepseek-v2-mscale-pair", "deepseek-v2-lite-like", "qwen2",
+                                    *SCALE_ROUNDING])
 def test_softmax_scale_is_the_runtimes(family, tmp_path):
     """The vendored file's softmax scale literal is the runtime's float
     (sneppx_config_softmax_scale), also where YaRN's mscale and mscale_all_dim
-    differ (the scale takes mscale_all_dim alone)."""
-    hf_config = FAMILIES[family]
+    differ (the scale takes mscale_all_dim alone), and where the double's own 9
+    digits would round to the other float."""
+    hf_config = FAMILIES.get(family) or SCALE_ROUNDING[family]
     config_file = tmp_path / f"{family}.json"
     config_file.write_text(json.dumps(dict(hf_config, name=family)))
     _generate(["--config", str(config_file)], tmp_path / "out")
