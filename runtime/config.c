@@ -156,11 +156,13 @@ static sneppx_status validate_rope_numbers(const sneppx_config *config, int64_t 
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                            "config.rope_scaling: these parameters give the cos/sin attention factor %g",
                            attention_factor);
+    /* The kernels scale by the float (layer.c, and the vendored file's literal): a double
+     * past FLT_MAX would be an inf scale (NaN outputs) and a literal no compiler takes. */
     const double scale = sneppx_config_softmax_scale(config);
-    if (!isfinite(scale) || !(scale > 0))
+    if (!isfinite((float)scale) || !((float)scale > 0))
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
-                           "config.rope_scaling.mscale_all_dim: %g gives the softmax scale %g", s->mscale_all_dim,
-                           scale);
+                           "config.rope_scaling.mscale_all_dim: %g gives the softmax scale %g, not a finite float > 0",
+                           s->mscale_all_dim, scale);
     return SNEPPX_OK;
 }
 

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import re
-import struct
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -211,9 +210,9 @@ def _float_literal(value: float) -> str:
     """(float)value, the runtime's rounding of the double, as a C literal that round-trips
     (9 significant digits). Rounded to float32 first: 9 digits of the double itself can
     cross a float32 midpoint, and the compiler's float nearest that decimal is then the
-    other neighbour (1 / sqrt(24) = 0.2041241452...: 0.204124145f is the float below
-    (float)(1 / sqrt(24.0)), so 1 head dim in 80 or so scaled scores 1 ulp off the runtime's)."""
-    text = f"{struct.unpack('f', struct.pack('f', value))[0]:.9g}"
+    other neighbour (MLA's 1 / sqrt(256 + 128) = 0.05103103630...: 0.0510310363f is the
+    float below (float)(1 / sqrt(384.0)): a scale 1 ulp off the runtime's)."""
+    text = f"{config_json.float32(value):.9g}"
     return text if any(c in text for c in ".e") else text + ".0"
 
 

@@ -26,6 +26,7 @@ import math
 import os
 import re
 import stat
+import struct
 import sys
 from dataclasses import make_dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -185,6 +186,15 @@ def parse(data: bytes) -> JsonObject:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, float)
+
+
+def float32(value: float) -> float:
+    """C's (float)value: the nearest float32, inf past its range (struct refuses those on
+    some Pythons)."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
 
 
 def _g(value: float) -> str:
@@ -690,9 +700,9 @@ def _validate_rope(c: CConfig, rotary_dim: int) -> None:
         raise ConfigError(f"config.rope_scaling: these parameters give the cos/sin attention factor "
                           f"{_g(attention_factor)}")
     scale = softmax_scale(c)
-    if not math.isfinite(scale) or not (scale > 0):
+    if not 0 < float32(scale) < math.inf:  # the float the kernels scale by (NaN: refused)
         raise ConfigError(f"config.rope_scaling.mscale_all_dim: {_g(s.mscale_all_dim)} gives the softmax scale "
-                          f"{_g(scale)}")
+                          f"{_g(scale)}, not a finite float > 0")
 
 
 # ---- C double arithmetic (IEEE results where Python would raise) ----------------------------

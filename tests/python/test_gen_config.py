@@ -51,6 +51,14 @@ REFUSED_BY_CLI = {
     "duplicate-key": (_text()[:-1] + ', "num_attention_heads": 8}', "num_attention_heads: appears 2 times"),
     "unknown-rope-key": (_text(rope_scaling={"rope_type": "linear", "factor": 2.0, "scale": 2.0}),
                          "rope_scaling.scale: unknown key"),
+    # A finite double scale past float's range: the kernels' float scale would be inf (NaN out),
+    # the vendored file's literal an overflow.
+    "softmax-scale-past-float": (json.dumps({"model_type": "deepseek_v2", "hidden_size": 64, "num_attention_heads": 4,
+                                             "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+                                             "v_head_dim": 16, "rope_scaling": {"type": "yarn", "factor": 40.0,
+                                                                                "mscale_all_dim": 1e30}}),
+                                 "config.rope_scaling.mscale_all_dim: 1e+30 gives the softmax scale 2.40555e+58, "
+                                 "not a finite float > 0"),
     "nested-100000": ('{"model_type": "llama", "x": ' + "[" * 100000 + "]" * 100000 + "}", "not valid JSON"),
 }
 
