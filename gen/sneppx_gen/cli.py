@@ -140,8 +140,12 @@ def main(argv: List[str]) -> int:
     if args.compute_dtype is not None:
         arch = dataclasses.replace(arch, compute_dtype=config_fields.DTYPES.index(args.compute_dtype))
     if config_fields.DTYPES[arch.compute_dtype] == "bfloat16" and config_fields.DTYPES[arch.weight_dtype] != "bfloat16":
-        print(f"sneppx-gen: --compute-dtype bfloat16 needs bfloat16 weights (--weight-dtype bfloat16), not "
-              f"{config_fields.DTYPES[arch.weight_dtype]}", file=sys.stderr)
+        # Either side may be the config's (its reader refuses the pair only within the file):
+        # name the option or the file each came from.
+        weights = config_fields.DTYPES[arch.weight_dtype]
+        compute = "--compute-dtype bfloat16" if args.compute_dtype else f"{args.config}: compute_dtype bfloat16"
+        given = f"--weight-dtype {weights}" if args.weight_dtype else weights
+        print(f"sneppx-gen: {compute} needs bfloat16 weights (--weight-dtype bfloat16), not {given}", file=sys.stderr)
         return EXIT_USAGE
     if args.target:
         target = target_named(args.target)

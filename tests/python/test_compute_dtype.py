@@ -380,6 +380,14 @@ def test_sneppx_gen_refusals(tmp_path):
     result = subprocess.run([sys.executable, str(SNEPPX_GEN), "--config", str(config_file), "-o",
                              str(tmp_path / "hand")], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+    # The config's bfloat16 compute under --weight-dtype float32: the file's compute_dtype and
+    # the option are named, not a --compute-dtype nobody gave.
+    result = subprocess.run([sys.executable, str(SNEPPX_GEN), "--config", str(config_file), "--weight-dtype",
+                             "float32", "-o", str(tmp_path / "refused")], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr == (
+        f"sneppx-gen: {config_file}: compute_dtype bfloat16 needs bfloat16 weights (--weight-dtype bfloat16), "
+        "not --weight-dtype float32\n"), result.stderr
+    assert not (tmp_path / "refused").exists()
     manifest = json.loads((tmp_path / "hand" / "manifest.json").read_text())
     assert manifest["compute_dtype"] == "bfloat16"
     gemm_keys = [key for key in manifest["keys"] if key.startswith("gemm")]
