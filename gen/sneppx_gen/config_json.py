@@ -198,7 +198,10 @@ def float32(value: float) -> float:
 
 
 def _g(value: float) -> str:
-    """printf's %g."""
+    """printf's %g, which (unlike format) writes a NaN's sign: the x86 NaN of an invalid
+    operation (inf - inf) is negative, and glibc prints it "-nan"."""
+    if math.isnan(value) and math.copysign(1.0, value) < 0:
+        return "-nan"
     return f"{value:g}"
 
 

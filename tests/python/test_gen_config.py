@@ -326,6 +326,9 @@ CORPUS = {
     "yarn-truncate-null": _text(rope_scaling={"rope_type": "yarn", "factor": 4.0, "truncate": None}),
     "yarn-truncate-true": _text(rope_scaling={"rope_type": "yarn", "factor": 4.0, "truncate": True}),
     "yarn-factor-huge": _text(rope_scaling={"rope_type": "yarn", "factor": 1e308}),
+    # beta_fast 1e-308: YaRN's correction range divides by its log, inf - inf: a negative
+    # NaN, which the runtime's message prints "-nan".
+    "yarn-beta-fast-tiny": json.dumps(dict(DEEPSEEK, rope_scaling=dict(DEEPSEEK["rope_scaling"], beta_fast=1e-308))),
     "yarn-attention-factor": _text(rope_scaling={"rope_type": "yarn", "factor": 4.0, "attention_factor": 0.5}),
     "yarn-mscale-zero-ratio": _text(rope_scaling={"rope_type": "yarn", "factor": 4.0, "mscale": 1.0,
                                                   "mscale_all_dim": -7.213475204444817}),
