@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -342,12 +343,18 @@ def _check_manifest_is_ours(path: str, prefix: str) -> None:
     """A directory holds one layer's manifest: another layer's there would be replaced
     without a word (its key list lost), so that is refused; this layer's is rewritten."""
     try:
-        with open(path, encoding="utf-8") as stream:
-            other = json.load(stream).get("prefix")
+        mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
         return
-    except (ValueError, AttributeError):
-        other = None
+    other = None
+    # Not a regular file (a FIFO, whose open would block forever; a device): not a manifest.
+    # A directory there is named by open's error, as for the layer's other files.
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        try:
+            with open(path, encoding="utf-8") as stream:
+                other = json.load(stream).get("prefix")
+        except (ValueError, AttributeError):
+            pass
     if other != prefix:
         described = f"layer {other}'s" if isinstance(other, str) else "not a manifest sneppx-gen wrote"
         raise ValueError(f"{path} is {described}: generate {prefix} into a directory of its own (-o)")

@@ -1,6 +1,7 @@
 """Writing generated files: atomically, and only when the text changed, so a
 rebuild that renders the same text leaves timestamps (and make) alone."""
 import os
+import stat
 import tempfile
 
 
@@ -10,14 +11,25 @@ def _umask() -> int:
     return mask
 
 
+def _regular_of_size(path: str, size: int) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == size
+
+
 def write_if_changed(path: str, text: str) -> bool:
     """Writes text to path unless it already holds exactly that; returns True if written.
     Raises OSError whose filename is path."""
     data = text.encode()
     try:
-        with open(path, "rb") as f:
-            if f.read() == data:
-                return False
+        # Only a regular file of the same size is read: opening a FIFO there would block
+        # forever, and a link to /dev/zero would read forever; anything else is replaced.
+        if _regular_of_size(path, len(data)):
+            with open(path, "rb") as f:
+                if f.read(len(data) + 1) == data:
+                    return False
     except OSError:
         pass
     directory = os.path.dirname(os.path.abspath(path))

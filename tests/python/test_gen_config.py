@@ -101,6 +101,24 @@ def test_cli_refuses_a_fifo(tmp_path):
     assert result.stderr == f"sneppx-gen: {fifo}: not a regular file\n"
 
 
+def test_cli_does_not_open_fifos_in_the_output(tmp_path):
+    """A FIFO where an output file goes: opening it to compare or to read a manifest blocked
+    forever (the timeout fired). A FIFO manifest is not sneppx-gen's; a FIFO source is replaced."""
+    config = tmp_path / "tiny.json"
+    config.write_text(_text())
+    (tmp_path / "manifest").mkdir()
+    os.mkfifo(tmp_path / "manifest" / "manifest.json")
+    result = _run_gen(config, tmp_path / "manifest")
+    assert result.returncode == 1
+    assert result.stderr == (f"sneppx-gen: tiny: {tmp_path}/manifest/manifest.json is not a manifest sneppx-gen "
+                             "wrote: generate sneppx_tiny into a directory of its own (-o)\n")
+    (tmp_path / "source").mkdir()
+    os.mkfifo(tmp_path / "source" / "sneppx_tiny.h")
+    result = _run_gen(config, tmp_path / "source")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "source" / "sneppx_tiny.h").is_file()
+
+
 def test_cli_accepts_the_base_config(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(_text())
