@@ -116,8 +116,13 @@ def main(argv: List[str]) -> int:
     args = parser.parse_args(argv)
     if args.list:
         return _list_presets()
-    if not args.output:
+    if args.output is None:
         parser.error("-o DIR is required with --arch and --config")
+    if not args.output:
+        parser.error("-o: an empty path; give a directory")   # said -o was required, though given
+    if args.config == "":
+        # Path("") is ".": an unset variable would read whatever config.json the working directory holds.
+        parser.error("--config: an empty path; give a config.json or its checkpoint directory")
     try:
         if args.arch:
             presets = archs.load_presets()

@@ -202,6 +202,21 @@ def test_cli_refuses_a_repeated_option(options, option, tmp_path):
     assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
 
 
+def test_cli_names_an_empty_path(tmp_path):
+    result = subprocess.run([sys.executable, str(SNEPPX_GEN), "--arch", "llama3-8B", "-o", ""], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.endswith("sneppx-gen: error: -o: an empty path; give a directory\n"), result.stderr
+    # An empty --config read the working directory's config.json.
+    (tmp_path / "config.json").write_text(_text())
+    result = subprocess.run([sys.executable, str(SNEPPX_GEN), "--config", "", "-o", str(tmp_path / "out")],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.endswith("sneppx-gen: error: --config: an empty path; give a config.json or its checkpoint "
+                                  "directory\n"), result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def _output_in_a_file(tmp_path: Path) -> Path:
     (tmp_path / "file").write_text("")
     return tmp_path / "file"
