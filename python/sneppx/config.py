@@ -230,7 +230,13 @@ class LLMConfig:
         characters other than A-Z a-z 0-9 . _ - made '_' (a name holds only those)."""
         if not isinstance(path, (str, bytes, os.PathLike)):
             raise TypeError(f"path: expected a file or directory path (str, bytes or os.PathLike), got {path!r}")
-        path = Path(os.fsdecode(path))
+        text = os.fsdecode(path)
+        if not text:
+            # Path("") is ".": an unset variable would read the working directory's config.json.
+            raise ValueError("path: an empty path; give a config.json or the directory holding it")
+        if "\0" in text:
+            raise ValueError(f"path: {text!r} contains a NUL character")
+        path = Path(text)
         if path.is_dir():
             path = path / "config.json"
         config = S.Config()

@@ -93,7 +93,7 @@ def test_bad_configs(kwargs, error, pattern):
         sneppx.LLMConfig(**kwargs)
 
 
-def test_bad_config_json(tmp_path):
+def test_bad_config_json(tmp_path, monkeypatch):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "gemma", "hidden_size": 64, "num_attention_heads": 4}))
     # The C reader's statuses: a valid file of another model is unsupported, a malformed one a FormatError.
@@ -118,6 +118,12 @@ def test_bad_config_json(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: not valid JSON"):
         sneppx.LLMConfig.from_config_json(path)
+    # An empty path is not the working directory (Path("") is "."), whose config.json this one is.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="^path: an empty path"):
+        sneppx.LLMConfig.from_config_json("")
+    with pytest.raises(ValueError, match="^" + re.escape("path: 'a\\x00b' contains a NUL character")):
+        sneppx.LLMConfig.from_config_json("a\0b")
     # The C runtime reads the file (sneppx_config_from_json_file), as it reads a checkpoint.
     absent = tmp_path / "absent.json"
     with pytest.raises(sneppx.FileError, match=f"^{re.escape(str(absent))}: cannot open: No such file"):
