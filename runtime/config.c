@@ -193,6 +193,19 @@ static sneppx_status validate_rope(const sneppx_config *config, int64_t rotary_d
                                "config.rope_scaling.original_max_position_embeddings: %lld must be >= 0",
                                (long long)scaling->original_max_position_embeddings);
     }
+    /* YaRN reads 0 as "the default" (betas) or "derive it" (attention_factor), and so
+     * read any value below 0 too, silently: transformers fails on a negative beta (the
+     * log of a negative number) and scales cos/sin by a negative attention_factor. */
+    if (scaling->type == SNEPPX_ROPE_YARN) {
+        const struct { const char *name; double value; const char *zero; } unset[] = {
+            {"beta_fast", scaling->beta_fast, "YaRN's 32"},
+            {"beta_slow", scaling->beta_slow, "YaRN's 1"},
+            {"attention_factor", scaling->attention_factor, "derived from factor and mscale"}};
+        for (size_t i = 0; i < sizeof unset / sizeof unset[0]; i++)
+            if (unset[i].value < 0)
+                return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.rope_scaling.%s: %g must be >= 0 (0: %s)",
+                                   unset[i].name, unset[i].value, unset[i].zero);
+    }
     return validate_rope_numbers(config, rotary_dim);
 }
 

@@ -294,6 +294,23 @@ static void test_hand_configs(test_tally *tally)
     config.rope_scaling.mscale = -INFINITY;
     expect_config_refused(tally, "yarn mscale -inf", &config, SNEPPX_ERR_INVALID_ARGUMENT,
                           "config.rope_scaling.mscale: -inf is not finite");
+    /* 0 means YaRN's default (betas) or the derived factor; below 0 is refused, not read as 0
+     * (transformers fails on a negative beta, and scales cos/sin by a negative factor). */
+    config.rope_scaling.mscale = 0.0;
+    config.rope_scaling.beta_fast = -5.0;
+    expect_config_refused(tally, "yarn beta_fast -5", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.rope_scaling.beta_fast: -5 must be >= 0 (0: YaRN's 32)");
+    config.rope_scaling.beta_fast = 0.0;
+    config.rope_scaling.beta_slow = -1.0;
+    expect_config_refused(tally, "yarn beta_slow -1", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.rope_scaling.beta_slow: -1 must be >= 0 (0: YaRN's 1)");
+    config.rope_scaling.beta_slow = 0.0;
+    config.rope_scaling.attention_factor = -2.0;
+    expect_config_refused(tally, "yarn attention_factor -2", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.rope_scaling.attention_factor: -2 must be >= 0 (0: derived from factor and mscale)");
+    config.rope_scaling.attention_factor = 0.0;
+    TEST_CHECK(tally, sneppx_config_validate(&config) == SNEPPX_OK, "yarn with every 0 refused: %s",
+               sneppx_last_error());
     /* Flags are 0 or 1; mla_naive only on an MLA config. */
     small_config(&config);
     config.use_flash_attn = 7;

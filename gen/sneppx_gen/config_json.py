@@ -690,6 +690,11 @@ def _validate_rope(c: CConfig, rotary_dim: int) -> None:
     if s.type in (ROPE_TYPES["llama3"], ROPE_TYPES["yarn"]) and s.original_max_position_embeddings < 0:
         raise ConfigError(f"config.rope_scaling.original_max_position_embeddings: "
                           f"{s.original_max_position_embeddings} must be >= 0")
+    if s.type == ROPE_TYPES["yarn"]:   # 0 reads as the default / derived; below 0 is refused
+        for name, zero in (("beta_fast", "YaRN's 32"), ("beta_slow", "YaRN's 1"),
+                           ("attention_factor", "derived from factor and mscale")):
+            if getattr(s, name) < 0:
+                raise ConfigError(f"config.rope_scaling.{name}: {_g(getattr(s, name))} must be >= 0 (0: {zero})")
     # validate_rope_numbers: the tables and the softmax scale the runtime will compute must be finite.
     for f in config_fields.ROPE_FINITE:
         if not math.isfinite(getattr(s, f.name)):

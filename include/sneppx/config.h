@@ -45,10 +45,10 @@ typedef struct sneppx_rope_scaling {
     double low_freq_factor;                 /* llama3 */
     double high_freq_factor;                /* llama3 */
     int64_t original_max_position_embeddings; /* llama3, yarn (0 = max_position_embeddings) */
-    double beta_fast, beta_slow;            /* yarn (defaults 32, 1) */
+    double beta_fast, beta_slow;            /* yarn (0: YaRN's 32, 1; below 0 refused) */
     double mscale;                          /* yarn (0 = unset) */
     double mscale_all_dim;                  /* yarn; MLA's softmax scale beside any scaled type (0 = unset) */
-    double attention_factor;                /* yarn: explicit cos/sin factor (0 = derive) */
+    double attention_factor;                /* yarn: explicit cos/sin factor (0 = derive; below 0 refused) */
 } sneppx_rope_scaling;
 
 typedef struct sneppx_config {

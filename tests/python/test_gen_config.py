@@ -479,6 +479,45 @@ def test_reader_agrees_with_the_runtime(name, tmp_path):
     assert config_json.describe_config(got) == _fields(want)
 
 
+# Configs set field by field in the library's struct and in gen's ("rope_scaling.<key>": a
+# field of rope_scaling): both validators refuse them with one message.
+YARN = {"rope_scaling.type": 4, "rope_scaling.factor": 4.0}
+BUILT_BY_HAND = {
+    # YaRN's 0 is the default (or derived); below it transformers fails (a beta's log) or
+    # scales cos/sin by a negative number, where sneppx took the default silently.
+    "yarn-beta-fast-negative": (dict(YARN, **{"rope_scaling.beta_fast": -5.0}),
+                                "config.rope_scaling.beta_fast: -5 must be >= 0 (0: YaRN's 32)"),
+    "yarn-beta-slow-negative": (dict(YARN, **{"rope_scaling.beta_slow": -0.5}),
+                                "config.rope_scaling.beta_slow: -0.5 must be >= 0 (0: YaRN's 1)"),
+    "yarn-attention-factor-negative": (dict(YARN, **{"rope_scaling.attention_factor": -2.0}),
+                                       "config.rope_scaling.attention_factor: -2 must be >= 0 "
+                                       "(0: derived from factor and mscale)"),
+}
+
+
+@pytest.mark.parametrize("name", list(BUILT_BY_HAND))
+def test_validators_agree_on_configs_built_by_hand(name):
+    from sneppx._library import lib
+    fields, message = BUILT_BY_HAND[name]
+    library = S.Config()
+    lib.sneppx_config_init(ctypes.byref(library))
+    gen = config_json.CConfig()
+    rope = {}
+    for key, value in dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, **fields).items():
+        if key.startswith("rope_scaling."):
+            rope[key[len("rope_scaling."):]] = value
+            setattr(library.rope_scaling, key[len("rope_scaling."):], value)
+        else:
+            setattr(library, key, value)
+            setattr(gen, key, value)
+    gen.rope_scaling = dataclasses.replace(gen.rope_scaling, **rope)   # a frozen dataclass
+    assert lib.sneppx_config_validate(ctypes.byref(library)) != 0
+    assert lib.sneppx_last_error().decode() == message
+    with pytest.raises(config_json.ConfigError) as error:
+        config_json.validate(gen)
+    assert str(error.value) == message
+
+
 def test_hand_form_is_read_with_the_same_rules(tmp_path):
     """A file without model_type is sneppx's hand form (LLMConfig's keywords): same checks."""
     path = tmp_path / "hand.json"
