@@ -303,6 +303,14 @@ sneppx_status sneppx_config_validate(const sneppx_config *config)
                                (long long)config->v_head_dim, M);
         if (config->sliding_window != 0)
             return sneppx_fail(SNEPPX_ERR_UNSUPPORTED, "config.sliding_window: MLA has no sliding window");
+        /* MLA rotates qk_rope_head_dim dims (sneppx_config_rotary_dim; the presets say so in
+         * rotary_dim too): another rotary_dim would be dropped without a word (LLMConfig
+         * refuses partial_rotary_factor so too). */
+        if (config->rotary_dim != 0 && config->rotary_dim != config->qk_rope_head_dim)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "config.rotary_dim: %lld, but MLA rotates the qk_rope_head_dim (%lld) dims of each "
+                               "head: leave it 0", (long long)config->rotary_dim,
+                               (long long)config->qk_rope_head_dim);
         return validate_rope(config, config->qk_rope_head_dim);
     }
 

@@ -335,6 +335,17 @@ static void test_hand_configs(test_tally *tally)
     config.mla_naive = 1;
     expect_config_refused(tally, "mla_naive on a non-MLA config", &config, SNEPPX_ERR_INVALID_ARGUMENT,
                           "config.mla_naive: applies to MLA configs (kv_lora_rank > 0) only");
+    /* MLA rotates qk_rope_head_dim dims: a rotary_dim beside it was dropped without a word. */
+    small_config(&config);
+    config.kv_lora_rank = 32, config.qk_nope_head_dim = 16, config.qk_rope_head_dim = 16, config.v_head_dim = 16;
+    config.rope_interleaved = 1;
+    TEST_CHECK(tally, sneppx_config_validate(&config) == SNEPPX_OK, "MLA config refused: %s", sneppx_last_error());
+    config.rotary_dim = 16; /* the dims it rotates, as the presets say */
+    TEST_CHECK(tally, sneppx_config_validate(&config) == SNEPPX_OK, "MLA rotary_dim 16 refused: %s",
+               sneppx_last_error());
+    config.rotary_dim = 8;
+    expect_config_refused(tally, "rotary_dim on an MLA config", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.rotary_dim: 8, but MLA rotates the qk_rope_head_dim (16) dims of each head");
 }
 
 /* The name reaches logs and generated code: only A-Z a-z 0-9 . _ -, NUL-terminated

@@ -654,6 +654,9 @@ def validate(c: CConfig) -> None:
             raise ConfigError(f"config.v_head_dim: {c.v_head_dim} must be a multiple of {m}")
         if c.sliding_window:
             raise ConfigError("config.sliding_window: MLA has no sliding window")
+        if c.rotary_dim not in (0, c.qk_rope_head_dim):
+            raise ConfigError(f"config.rotary_dim: {c.rotary_dim}, but MLA rotates the qk_rope_head_dim "
+                              f"({c.qk_rope_head_dim}) dims of each head: leave it 0")
         _validate_rope(c, c.qk_rope_head_dim)
         return
     if c.mla_naive:

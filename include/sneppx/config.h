@@ -58,7 +58,8 @@ typedef struct sneppx_config {
     int64_t num_attention_heads;
     int64_t num_key_value_heads;
     int64_t head_dim;               /* 0 = hidden_size / num_attention_heads */
-    int64_t rotary_dim;             /* 0 = whole head (partial rotary if smaller) */
+    int64_t rotary_dim;             /* 0 = whole head (partial rotary if smaller); MLA: 0 or
+                                       qk_rope_head_dim, the dims it rotates */
     int rope_interleaved;           /* 0 = HF rotate_half pairs (i, i+d/2); 1 = (2i, 2i+1): DeepSeek's
                                        weights need 1 (sneppx_config_from_json and the MLA presets
                                        set it; a hand-filled MLA config must too) */

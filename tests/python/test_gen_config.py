@@ -483,6 +483,10 @@ def test_reader_agrees_with_the_runtime(name, tmp_path):
 # field of rope_scaling): both validators refuse them with one message.
 YARN = {"rope_scaling.type": 4, "rope_scaling.factor": 4.0}
 BUILT_BY_HAND = {
+    # MLA rotates qk_rope_head_dim dims: a rotary_dim was dropped without a word.
+    "mla-rotary-dim": (dict(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
+                            rope_interleaved=1, rotary_dim=8),
+                       "config.rotary_dim: 8, but MLA rotates the qk_rope_head_dim (16) dims of each head: leave it 0"),
     # YaRN's 0 is the default (or derived); below it transformers fails (a beta's log) or
     # scales cos/sin by a negative number, where sneppx took the default silently.
     "yarn-beta-fast-negative": (dict(YARN, **{"rope_scaling.beta_fast": -5.0}),
