@@ -105,6 +105,13 @@ static sneppx_status read_size(const struct scope *scope, const char *key, int64
     return SNEPPX_OK;
 }
 
+/* 1 when the scope has no member key at all (a null member is there: transformers' config
+ * classes take it as None, which is not always their default). */
+static int absent(const struct scope *scope, const char *key)
+{
+    return cJSON_GetObjectItemCaseSensitive(scope->object, key) == NULL;
+}
+
 /* A size that must be present. */
 static sneppx_status read_required_size(const struct scope *scope, const char *key, int64_t *out)
 {
@@ -430,7 +437,9 @@ static sneppx_status read_family_fields(const struct scope *top, const struct sn
     if (status != SNEPPX_OK)
         return status;
     if (type->window == SNEPPX_MODEL_WINDOW_SLIDING_WINDOW) {
-        status = read_size(top, "sliding_window", 0, &config->sliding_window);
+        /* Absent: the class's default (Mistral's 4096); null: no window. */
+        status = read_size(top, "sliding_window", absent(top, "sliding_window") ? type->default_window : 0,
+                           &config->sliding_window);
     } else if (type->window == SNEPPX_MODEL_WINDOW_USE_SLIDING_WINDOW) {
         int windowed = 0, slides = 0;
         if ((status = read_flag(top, "use_sliding_window", 0, &windowed)) == SNEPPX_OK && windowed &&
@@ -473,7 +482,11 @@ static sneppx_status read_config(const cJSON *root, sneppx_config *config)
     if ((status = read_model_type(&top, &type)) != SNEPPX_OK ||
         (status = read_required_size(&top, "hidden_size", &config->hidden_size)) != SNEPPX_OK ||
         (status = read_required_size(&top, "num_attention_heads", &config->num_attention_heads)) != SNEPPX_OK ||
-        (status = read_size(&top, "num_key_value_heads", config->num_attention_heads,
+        /* Absent: the class's default (Mistral's 8, Qwen2's 32), else, as null, num_attention_heads. */
+        (status = read_size(&top, "num_key_value_heads",
+                            type->default_kv_heads > 0 && absent(&top, "num_key_value_heads")
+                                ? type->default_kv_heads
+                                : config->num_attention_heads,
                             &config->num_key_value_heads)) != SNEPPX_OK ||
         (status = read_rope(&top, config, &partial)) != SNEPPX_OK ||
         (status = read_size(&top, "max_position_embeddings", type->default_max_positions,

@@ -26,6 +26,11 @@ struct sneppx_model_type {
     enum sneppx_model_bias bias;
     enum sneppx_model_window window;
     int mla;                       /* DeepSeek's MLA fields (required) and interleaved RoPE pairs */
+    /* The class's defaults when the file leaves the key out (a null is not that):
+     * num_key_value_heads (0: num_attention_heads, as a null gives) and, for
+     * SNEPPX_MODEL_WINDOW_SLIDING_WINDOW, sliding_window (a null: none). */
+    int64_t default_kv_heads;
+    int64_t default_window;
 };
 
 extern const struct sneppx_model_type sneppx_model_types[];

@@ -284,7 +284,8 @@ static void test_semantics(test_tally *tally)
         for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++) {
             char partial[256];
             snprintf(partial, sizeof partial,
-                     "{\"model_type\": \"%s\", \"hidden_size\": 512, \"num_attention_heads\": 4, \"head_dim\": 128, "
+                     "{\"model_type\": \"%s\", \"hidden_size\": 512, \"num_attention_heads\": 4, "
+                     "\"num_key_value_heads\": 4, \"head_dim\": 128, "
                      "\"partial_rotary_factor\": %s}", families[f], factors[i]);
             status = sneppx_config_from_json(partial, strlen(partial), &config);
             TEST_CHECK(tally, status == SNEPPX_OK && config.rotary_dim == 0 && config.head_dim == 128,
@@ -329,8 +330,32 @@ static void test_semantics(test_tally *tally)
                    "%s: theta %g type %d factor %g (%s)", ropes[i].what, config.rope_theta,
                    (int)config.rope_scaling.type, config.rope_scaling.factor, sneppx_last_error());
     }
+    /* Keys left out take the config class's defaults: MistralConfig's 8 K/V heads and window
+     * of 4096 (a file without them runs so in transformers), Qwen2Config's 32 K/V heads; a
+     * null is None there: num_attention_heads K/V heads, no window. */
+    const struct {
+        const char *what, *text;
+        int64_t kv_heads, window;
+    } defaults[] = {
+        {"mistral, keys left out", "{\"model_type\": \"mistral\", \"hidden_size\": 512, \"num_attention_heads\": 32}",
+         8, 4096},
+        {"mistral, nulls", "{\"model_type\": \"mistral\", \"hidden_size\": 512, \"num_attention_heads\": 32, "
+                           "\"num_key_value_heads\": null, \"sliding_window\": null}", 32, 0},
+        {"qwen2, keys left out", "{\"model_type\": \"qwen2\", \"hidden_size\": 1024, \"num_attention_heads\": 64}",
+         32, 0},
+        {"llama, keys left out", "{\"model_type\": \"llama\", \"hidden_size\": 1024, \"num_attention_heads\": 64, "
+                                 "\"sliding_window\": 16}", 64, 0},
+    };
+    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
+        status = sneppx_config_from_json(defaults[i].text, strlen(defaults[i].text), &config);
+        TEST_CHECK(tally, status == SNEPPX_OK && config.num_key_value_heads == defaults[i].kv_heads &&
+                              config.sliding_window == defaults[i].window,
+                   "%s: K/V heads %lld (want %lld), window %lld (want %lld) (%s)", defaults[i].what,
+                   (long long)config.num_key_value_heads, (long long)defaults[i].kv_heads,
+                   (long long)config.sliding_window, (long long)defaults[i].window, sneppx_last_error());
+    }
     const char *mistral = "{\"model_type\": \"mistral\", \"hidden_size\": 256, \"num_attention_heads\": 4, "
-                          "\"attention_bias\": true}";
+                          "\"num_key_value_heads\": 4, \"sliding_window\": null, \"attention_bias\": true}";
     status = sneppx_config_from_json(mistral, strlen(mistral), &config);
     TEST_CHECK(tally, status == SNEPPX_OK && config.qkv_bias == 0 && config.o_bias == 0 &&
                           config.max_position_embeddings == 131072 && config.sliding_window == 0,

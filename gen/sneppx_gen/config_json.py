@@ -472,7 +472,11 @@ def read_hf(root: JsonObject) -> CConfig:
     c = CConfig(name=name)
     c.hidden_size = top.required_size("hidden_size")
     c.num_attention_heads = top.required_size("num_attention_heads")
-    c.num_key_value_heads = top.size("num_key_value_heads", c.num_attention_heads)
+    # Absent (not null): the config class's default (Mistral's 8, Qwen2's 32), else num_attention_heads.
+    absent = {key: not top.obj.first(key)[0] for key in ("num_key_value_heads", "sliding_window")}
+    c.num_key_value_heads = top.size("num_key_value_heads", kind.default_kv_heads
+                                     if kind.default_kv_heads and absent["num_key_value_heads"]
+                                     else c.num_attention_heads)
     partial = read_rope(top, c)
     c.max_position_embeddings = top.size("max_position_embeddings", kind.default_max_positions)
     if not kind.mla:  # DeepSeek's head dims are the MLA fields
@@ -485,7 +489,7 @@ def read_hf(root: JsonObject) -> CConfig:
     else:
         c.qkv_bias, c.o_bias = 1, 0
     if kind.window == "sliding_window":
-        c.sliding_window = top.size("sliding_window", 0)
+        c.sliding_window = top.size("sliding_window", kind.default_window if absent["sliding_window"] else 0)
     elif kind.window == "use_sliding_window" and top.flag("use_sliding_window", 0) and _qwen2_slides(top):
         raise ConfigError("use_sliding_window: true (Qwen2 per-layer windows) is not supported")
     if kind.mla:

@@ -19,6 +19,11 @@ class ModelType:
     window: str                  # "sliding_window" (read), "use_sliding_window" (true refused when
                                  # a layer slides by Qwen2Config's rule), "none"
     mla: bool = False            # DeepSeek's MLA fields (required) and interleaved RoPE pairs
+    # The config class's defaults of two fields a file may leave out (absent, not null):
+    # num_key_value_heads (0: num_attention_heads, as a null gives) and, for the
+    # "sliding_window" rule, sliding_window (a null is no window).
+    default_kv_heads: int = 0
+    default_window: int = 0
 
     @property
     def c_bias(self) -> str:
@@ -31,8 +36,8 @@ class ModelType:
 
 MODEL_TYPES: Tuple[ModelType, ...] = (
     ModelType("llama", 2048, "attention_bias", "none"),
-    ModelType("mistral", 131072, "none", "sliding_window"),
-    ModelType("qwen2", 32768, "qkv", "use_sliding_window"),
+    ModelType("mistral", 131072, "none", "sliding_window", default_kv_heads=8, default_window=4096),
+    ModelType("qwen2", 32768, "qkv", "use_sliding_window", default_kv_heads=32),
     ModelType("deepseek_v2", 2048, "attention_bias", "none", mla=True),
 )
 

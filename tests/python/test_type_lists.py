@@ -151,7 +151,8 @@ WINDOWS = {"sliding_window": 8, "use_sliding_window": 0, "none": 0}
 
 @pytest.mark.parametrize("kind", model_types.MODEL_TYPES, ids=lambda t: t.name)
 def test_model_type_is_read_by_its_rules_in_both_readers(kind, tmp_path):
-    fields = {"model_type": kind.name, "hidden_size": HIDDEN, "num_attention_heads": HEADS, "attention_bias": True,
+    # 64 heads of 16: num_key_value_heads is left out, and the class's default (32 for Qwen2) must divide them.
+    fields = {"model_type": kind.name, "hidden_size": 1024, "num_attention_heads": 64, "attention_bias": True,
               "sliding_window": 8}
     if kind.mla:
         fields.update(kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32, sliding_window=0)
@@ -160,11 +161,18 @@ def test_model_type_is_read_by_its_rules_in_both_readers(kind, tmp_path):
     _, gen = config_json.read_file(str(path))
     assert config_json.describe_config(gen) == _flat(library)
     assert library.max_position_embeddings == kind.default_max_positions
+    assert library.num_key_value_heads == (kind.default_kv_heads or 64)
     assert (library.qkv_bias, library.o_bias) == BIASES[kind.bias]
     assert library.sliding_window == (0 if kind.mla else WINDOWS[kind.window])
     assert (library.kv_lora_rank > 0, library.rope_interleaved) == (kind.mla, int(kind.mla))
     if kind.window == "use_sliding_window":
         assert "use_sliding_window: true" in _refusal_of_both(_write(tmp_path, dict(fields, use_sliding_window=True)))
+    # Without the window key: the class's default (Mistral's 4096), in both readers.
+    path = _write(tmp_path, {key: value for key, value in fields.items() if key != "sliding_window"})
+    library = _library_config(path)
+    _, gen = config_json.read_file(str(path))
+    assert config_json.describe_config(gen) == _flat(library)
+    assert library.sliding_window == kind.default_window
 
 
 def test_hand_kept_texts_name_every_type():
