@@ -450,7 +450,9 @@ static sneppx_status read_family_fields(const struct scope *top, const struct sn
     if (status != SNEPPX_OK || !type->mla)
         return status;
     /* MLA: without kv_lora_rank the file would silently become a plain layer. */
-    if ((status = read_size(top, "q_lora_rank", 0, &config->q_lora_rank)) != SNEPPX_OK ||
+    /* Absent: DeepseekV2Config's 1536 (q_a_proj, q_b_proj); null: 0, the plain q_proj. */
+    if ((status = read_size(top, "q_lora_rank", absent(top, "q_lora_rank") ? type->default_q_lora_rank : 0,
+                            &config->q_lora_rank)) != SNEPPX_OK ||
         (status = read_required_size(top, "kv_lora_rank", &config->kv_lora_rank)) != SNEPPX_OK ||
         (status = read_required_size(top, "qk_nope_head_dim", &config->qk_nope_head_dim)) != SNEPPX_OK ||
         (status = read_required_size(top, "qk_rope_head_dim", &config->qk_rope_head_dim)) != SNEPPX_OK ||

@@ -31,6 +31,7 @@ struct sneppx_model_type {
      * SNEPPX_MODEL_WINDOW_SLIDING_WINDOW, sliding_window (a null: none). */
     int64_t default_kv_heads;
     int64_t default_window;
+    int64_t default_q_lora_rank; /* MLA: when the file leaves it out (a null: 0, plain q_proj) */
 };
 
 extern const struct sneppx_model_type sneppx_model_types[];

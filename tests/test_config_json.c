@@ -354,6 +354,18 @@ static void test_semantics(test_tally *tally)
                    (long long)config.num_key_value_heads, (long long)defaults[i].kv_heads,
                    (long long)config.sliding_window, (long long)defaults[i].window, sneppx_last_error());
     }
+    /* DeepseekV2Config's q_lora_rank is 1536 (q_a_proj, q_b_proj) when left out, None (q_proj) when null. */
+    for (int null_rank = 0; null_rank < 2; null_rank++) {
+        char deepseek[512];
+        snprintf(deepseek, sizeof deepseek,
+                 "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 256, \"num_attention_heads\": 4, "
+                 "\"kv_lora_rank\": 32, \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 16, \"v_head_dim\": 16%s}",
+                 null_rank ? ", \"q_lora_rank\": null" : "");
+        status = sneppx_config_from_json(deepseek, strlen(deepseek), &config);
+        TEST_CHECK(tally, status == SNEPPX_OK && config.q_lora_rank == (null_rank ? 0 : 1536),
+                   "deepseek_v2, q_lora_rank %s: %lld (%s)", null_rank ? "null" : "left out",
+                   (long long)config.q_lora_rank, sneppx_last_error());
+    }
     const char *mistral = "{\"model_type\": \"mistral\", \"hidden_size\": 256, \"num_attention_heads\": 4, "
                           "\"num_key_value_heads\": 4, \"sliding_window\": null, \"attention_bias\": true}";
     status = sneppx_config_from_json(mistral, strlen(mistral), &config);

@@ -493,7 +493,8 @@ def read_hf(root: JsonObject) -> CConfig:
     elif kind.window == "use_sliding_window" and top.flag("use_sliding_window", 0) and _qwen2_slides(top):
         raise ConfigError("use_sliding_window: true (Qwen2 per-layer windows) is not supported")
     if kind.mla:
-        c.q_lora_rank = top.size("q_lora_rank", 0)
+        # Absent: DeepseekV2Config's 1536; null: 0, the plain q_proj.
+        c.q_lora_rank = top.size("q_lora_rank", kind.default_q_lora_rank if not top.obj.first("q_lora_rank")[0] else 0)
         for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             setattr(c, key, top.required_size(key))
         c.rope_interleaved = 1  # the published weights rotate (x_2i, x_2i+1) pairs

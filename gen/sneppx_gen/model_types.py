@@ -24,6 +24,8 @@ class ModelType:
     # "sliding_window" rule, sliding_window (a null is no window).
     default_kv_heads: int = 0
     default_window: int = 0
+    # MLA: q_lora_rank when the file leaves it out (a null is 0, the plain q_proj).
+    default_q_lora_rank: int = 0
 
     @property
     def c_bias(self) -> str:
@@ -38,7 +40,7 @@ MODEL_TYPES: Tuple[ModelType, ...] = (
     ModelType("llama", 2048, "attention_bias", "none"),
     ModelType("mistral", 131072, "none", "sliding_window", default_kv_heads=8, default_window=4096),
     ModelType("qwen2", 32768, "qkv", "use_sliding_window", default_kv_heads=32),
-    ModelType("deepseek_v2", 2048, "attention_bias", "none", mla=True),
+    ModelType("deepseek_v2", 2048, "attention_bias", "none", mla=True, default_q_lora_rank=1536),
 )
 
 # "llama, mistral, ...": the supported list both readers' messages give.

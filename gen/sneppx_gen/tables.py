@@ -182,7 +182,8 @@ def model_types_c() -> str:
            "const struct sneppx_model_type sneppx_model_types[] = {\n"]
     for t in model_types.MODEL_TYPES:
         out.append(f"    {{{c_string(t.name)}, {c_int64(t.default_max_positions)}, {t.c_bias}, {t.c_window}, "
-                   f"{1 if t.mla else 0}, {c_int64(t.default_kv_heads)}, {c_int64(t.default_window)}}},\n")
+                   f"{1 if t.mla else 0}, {c_int64(t.default_kv_heads)}, {c_int64(t.default_window)}, "
+                   f"{c_int64(t.default_q_lora_rank)}}},\n")
     out.append("};\n")
     out.append(f"const int sneppx_model_type_count = {len(model_types.MODEL_TYPES)};\n")
     out.append(f"const char sneppx_model_type_list[] = {c_string(model_types.MODEL_TYPE_LIST)};\n")

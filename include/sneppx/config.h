@@ -116,7 +116,8 @@ SNEPPX_API sneppx_status sneppx_config_from_name(const char *family, const char 
  * rope_scaling, which transformers cannot run (docs/MODELS.md). A JSON null
  * counts as absent, but where the config class's default is not None's meaning:
  * Mistral's sliding_window (absent 4096, null none) and Mistral's and Qwen2's
- * num_key_value_heads (absent 8 and 32, null num_attention_heads). name becomes
+ * num_key_value_heads (absent 8 and 32, null num_attention_heads), DeepSeek's
+ * q_lora_rank (absent 1536, null 0). name becomes
  * the model_type; execution fields keep
  * sneppx_config_init()'s values.
  * The result is validated. Errors name the field: SNEPPX_ERR_FORMAT for text

@@ -162,6 +162,7 @@ def test_model_type_is_read_by_its_rules_in_both_readers(kind, tmp_path):
     assert config_json.describe_config(gen) == _flat(library)
     assert library.max_position_embeddings == kind.default_max_positions
     assert library.num_key_value_heads == (kind.default_kv_heads or 64)
+    assert library.q_lora_rank == kind.default_q_lora_rank   # left out of the file
     assert (library.qkv_bias, library.o_bias) == BIASES[kind.bias]
     assert library.sliding_window == (0 if kind.mla else WINDOWS[kind.window])
     assert (library.kv_lora_rank > 0, library.rope_interleaved) == (kind.mla, int(kind.mla))
