@@ -181,6 +181,12 @@ static sneppx_status validate_rope(const sneppx_config *config, int64_t rotary_d
     if (scaling->type != SNEPPX_ROPE_DEFAULT && (!(scaling->factor > 0) || !isfinite(scaling->factor)))
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config.rope_scaling.factor: %g must be > 0",
                            scaling->factor);
+    /* Dynamic NTK grows the base by a power d / (d - 2): transformers divides by zero on
+     * d = 2 (at init, whatever the length), and the runtime's pow(x, inf) only hid it. */
+    if (scaling->type == SNEPPX_ROPE_DYNAMIC && rotary_dim == 2)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                           "config.rope_scaling.type: dynamic scales the base by a power d / (d - 2) of the rotary "
+                           "dim d, which 2 makes infinite");
     if (scaling->type == SNEPPX_ROPE_LLAMA3) {
         if (!(scaling->high_freq_factor > scaling->low_freq_factor) || !(scaling->low_freq_factor > 0))
             return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,

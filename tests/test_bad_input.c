@@ -272,6 +272,16 @@ static void test_hand_configs(test_tally *tally)
     config.rope_scaling.type = SNEPPX_ROPE_LINEAR;
     config.rope_scaling.factor = INFINITY;
     expect_config_refused(tally, "rope factor inf", &config, SNEPPX_ERR_INVALID_ARGUMENT, "config.rope_scaling.factor");
+    /* Dynamic NTK's power d / (d - 2) over 2 rotated dims (transformers divides by zero). */
+    small_config(&config);
+    config.rope_scaling.type = SNEPPX_ROPE_DYNAMIC;
+    config.rope_scaling.factor = 2.0;
+    config.rotary_dim = 4;
+    TEST_CHECK(tally, sneppx_config_validate(&config) == SNEPPX_OK, "dynamic over 4 dims refused: %s",
+               sneppx_last_error());
+    config.rotary_dim = 2;
+    expect_config_refused(tally, "dynamic over 2 rotated dims", &config, SNEPPX_ERR_INVALID_ARGUMENT,
+                          "config.rope_scaling.type: dynamic scales the base by a power d / (d - 2)");
     /* A type no sneppx_rope_type names, below or above the enum. */
     static const int bad_types[] = {-1, SNEPPX_ROPE_TYPE_COUNT, 99};
     for (size_t i = 0; i < sizeof bad_types / sizeof bad_types[0]; i++) {

@@ -691,6 +691,9 @@ def _validate_rope(c: CConfig, rotary_dim: int) -> None:
         raise ConfigError(f"config.rotary_dim: {rotary_dim} must be even and > 0")
     if s.type != ROPE_TYPES["default"] and (not (s.factor > 0) or not math.isfinite(s.factor)):
         raise ConfigError(f"config.rope_scaling.factor: {_g(s.factor)} must be > 0")
+    if s.type == ROPE_TYPES["dynamic"] and rotary_dim == 2:
+        raise ConfigError("config.rope_scaling.type: dynamic scales the base by a power d / (d - 2) of the rotary "
+                          "dim d, which 2 makes infinite")
     if s.type == ROPE_TYPES["llama3"]:
         if not (s.high_freq_factor > s.low_freq_factor) or not (s.low_freq_factor > 0):
             raise ConfigError(f"config.rope_scaling: llama3 needs 0 < low_freq_factor ({_g(s.low_freq_factor)}) "

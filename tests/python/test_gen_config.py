@@ -493,6 +493,10 @@ BUILT_BY_HAND = {
                                 "config.rope_scaling.beta_fast: -5 must be >= 0 (0: YaRN's 32)"),
     "yarn-beta-slow-negative": (dict(YARN, **{"rope_scaling.beta_slow": -0.5}),
                                 "config.rope_scaling.beta_slow: -0.5 must be >= 0 (0: YaRN's 1)"),
+    # transformers divides by zero (d / (d - 2)) for dynamic RoPE over 2 rotated dims.
+    "dynamic-rotary-dim-2": ({"rope_scaling.type": 2, "rope_scaling.factor": 2.0, "rotary_dim": 2},
+                             "config.rope_scaling.type: dynamic scales the base by a power d / (d - 2) of the "
+                             "rotary dim d, which 2 makes infinite"),
     "yarn-attention-factor-negative": (dict(YARN, **{"rope_scaling.attention_factor": -2.0}),
                                        "config.rope_scaling.attention_factor: -2 must be >= 0 "
                                        "(0: derived from factor and mscale)"),
