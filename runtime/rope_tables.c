@@ -9,6 +9,7 @@
 #include "config_internal.h"
 #include "error.h"
 #include "rope_tables.h"
+#include "sneppx/limits.h"
 #include "threads.h"
 
 static void fill_rows(const double *inv_freq, int64_t half, double factor, int64_t first, int64_t last,
@@ -68,10 +69,9 @@ sneppx_status sneppx_rope_tables(sneppx_layer *layer, int64_t tokens, int64_t se
     const int64_t half = layer->rotary_dim / 2;
     const sneppx_config *config = &layer->config;
     if (config->rope_scaling.type == SNEPPX_ROPE_DYNAMIC && max_position + 1 > config->max_position_embeddings) {
-        /* Dynamic NTK: the frequencies depend on this call's longest position (HF semantics). */
-        double *inv_freq = malloc(sizeof(double) * (size_t)half);
-        if (!inv_freq)
-            return sneppx_fail(SNEPPX_ERR_OUT_OF_MEMORY, "position_ids: no memory for RoPE tables");
+        /* Dynamic NTK: the frequencies depend on this call's longest position (HF semantics).
+         * On the stack (1 KiB at most), so that a warm forward allocates nothing here either. */
+        double inv_freq[SNEPPX_MAX_HEAD_DIM / 2];
         struct sneppx_rope_params params;
         double factor;
         sneppx_config_rope_params(config, &params);
@@ -81,7 +81,6 @@ sneppx_status sneppx_rope_tables(sneppx_layer *layer, int64_t tokens, int64_t se
             const int64_t position = positions ? positions[token] : token % seq_len;
             fill_rows(inv_freq, half, factor, position, position + 1, cos_out + token * half, sin_out + token * half);
         }
-        free(inv_freq);
         return SNEPPX_OK;
     }
     pthread_mutex_lock(&layer->lock);
