@@ -126,9 +126,17 @@ static int show(void)
                temp_count, temp_count == 1 ? "" : "s", (double)temp_bytes / (1 << 20));
         printf("size        %.2f MiB (entries and temporary files, as the bound counts them)\n",
                (double)(bytes + temp_bytes) / (1 << 20));
-        if (bound >= 1 << 20) /* %g: a bound of 2.5 MiB is not "2 MiB" */
-            printf("bound       %.6g MiB (SNEPPX_CACHE_MAX_MB), least recently used evicted\n",
-                   (double)bound / (1 << 20));
+        if (bound >= 1 << 20) {
+            /* As set: a bound of 2.5 MiB is not "2 MiB", nor 10^6 MiB "1e+06 MiB". */
+            char mib[64];
+            snprintf(mib, sizeof mib, "%.6f", (double)bound / (1 << 20));
+            char *end = mib + strlen(mib);
+            while (end[-1] == '0')
+                *--end = '\0';
+            if (end[-1] == '.')
+                end[-1] = '\0';
+            printf("bound       %s MiB (SNEPPX_CACHE_MAX_MB), least recently used evicted\n", mib);
+        }
         else if (bound)
             printf("bound       %llu bytes (SNEPPX_CACHE_MAX_MB), least recently used evicted\n",
                    (unsigned long long)bound);
@@ -234,6 +242,12 @@ static int warmup(int argc, char **argv)
             } else if ((strcmp(argv[i], "--arch") == 0 || strcmp(argv[i], "--config") == 0) && i + 1 < argc) {
                 const int from_file = argv[i][2] == 'c';
                 i++;
+                sneppx_config config;
+                sneppx_status status;
+                if (!run && !from_file && (status = sneppx_config_from_name(argv[i], NULL, &config)) != SNEPPX_OK) {
+                    fail(argv[i], status); /* as warmup_one says it, but before anything compiles */
+                    return 2;
+                }
                 failures += run ? warmup_one(argv[i], from_file) : 0;
                 names++;
             } else if (strcmp(argv[i], "--arch") == 0 || strcmp(argv[i], "--config") == 0) {
