@@ -570,3 +570,28 @@ def test_import_sneppx_does_not_import_torch():
     code = "import sys, sneppx; sneppx.hf.patch; print('torch' in sys.modules, 'transformers' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "False"]
+
+
+# A config.json of each model type with only what sneppx requires: the keys sneppx then
+# defaults (num_key_value_heads, sliding_window, q_lora_rank) left out.
+_REQUIRED_ONLY = {
+    "llama": dict(hidden_size=256, num_attention_heads=8),
+    "mistral": dict(hidden_size=512, num_attention_heads=16),  # MistralConfig: 8 K/V heads, not 16
+    "qwen2": dict(hidden_size=1024, num_attention_heads=32),   # Qwen2Config's 32 K/V heads need as many
+    "deepseek_v2": dict(hidden_size=256, num_attention_heads=8, kv_lora_rank=64, qk_nope_head_dim=32,
+                        qk_rope_head_dim=32, v_head_dim=32),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(_REQUIRED_ONLY))
+def test_keys_left_out_of_config_json_take_the_config_classes_defaults(model_type, tmp_path):
+    """from_config_json fills a left-out key as transformers' config class does (the
+    model_types table holds sneppx's copy of those defaults: this compares it with them)."""
+    (tmp_path / "config.json").write_text(json.dumps(dict(_REQUIRED_ONLY[model_type], model_type=model_type)))
+    hf = transformers.AutoConfig.from_pretrained(tmp_path)
+    ours = sneppx.LLMConfig.from_config_json(tmp_path)
+    if model_type != "deepseek_v2":      # MLA shares one latent among all heads: no K/V head count
+        assert ours.num_key_value_heads == hf.num_key_value_heads
+    used_window = getattr(hf, "sliding_window", None) if getattr(hf, "use_sliding_window", True) else None
+    assert (ours.sliding_window or None) == used_window
+    assert ours.q_lora_rank == getattr(hf, "q_lora_rank", None)     # None: no MLA
