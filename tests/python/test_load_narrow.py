@@ -11,6 +11,7 @@ torch's numpy() does); test_torch_in_the_venv runs the same checks with real
 torch in scripts/venv.sh's environment when it exists."""
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -196,7 +197,9 @@ def test_mla_bfloat16_checkpoint(tmp_path, rng):
 
 # ---- peak memory ------------------------------------------------------------------
 
-PACK_COLUMNS = 64   # output rows per pack task (runtime/weights.c)
+# Output rows per pack task, as runtime/gemm_pack.h defines them.
+PACK_COLUMNS = int(re.search(r"#define SNEPPX_PACK_COLUMNS (\d+)",
+                             (Path(__file__).resolve().parents[2] / "runtime" / "gemm_pack.h").read_text()).group(1))
 
 _MEASURE = textwrap.dedent("""
     import json, sys
