@@ -473,7 +473,7 @@ def read_hf(root: JsonObject) -> CConfig:
     c.hidden_size = top.required_size("hidden_size")
     c.num_attention_heads = top.required_size("num_attention_heads")
     # Absent (not null): the config class's default (Mistral's 8, Qwen2's 32), else num_attention_heads.
-    absent = {key: not top.obj.first(key)[0] for key in ("num_key_value_heads", "sliding_window")}
+    absent = {key: not top.obj.first(key)[0] for key in ("num_key_value_heads", "sliding_window", "q_lora_rank")}
     c.num_key_value_heads = top.size("num_key_value_heads", kind.default_kv_heads
                                      if kind.default_kv_heads and absent["num_key_value_heads"]
                                      else c.num_attention_heads)
@@ -494,7 +494,7 @@ def read_hf(root: JsonObject) -> CConfig:
         raise ConfigError("use_sliding_window: true (Qwen2 per-layer windows) is not supported")
     if kind.mla:
         # Absent: DeepseekV2Config's 1536; null: 0, the plain q_proj.
-        c.q_lora_rank = top.size("q_lora_rank", kind.default_q_lora_rank if not top.obj.first("q_lora_rank")[0] else 0)
+        c.q_lora_rank = top.size("q_lora_rank", kind.default_q_lora_rank if absent["q_lora_rank"] else 0)
         for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             setattr(c, key, top.required_size(key))
         c.rope_interleaved = 1  # the published weights rotate (x_2i, x_2i+1) pairs
