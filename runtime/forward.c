@@ -7,7 +7,6 @@
 
 #include "forward.h"
 #include "kernel_args.h"
-#include "kernel_registry.h"
 #include "shard.h"
 #include "threads.h"
 #include "sneppx_abi.h"
@@ -53,26 +52,6 @@ static void run_gemm(const sneppx_layer *layer, const struct sneppx_packed_gemm 
 #define SUM_CHUNKS 4
 #define SUM_CHUNK_MIN_ROWS 64
 
-/* The rows of a chunk but the last are a multiple of this: the least common multiple
- * of every target's register tile height, not the layer's own. Each chunk is then
- * whole tiles on any target, and every rank starts the same sums whatever target
- * its host runs (a transport pairs each rank's n-th sum with the others' n-th: MPI
- * needs their counts equal; ranks on AVX-512 and AVX2 hosts cut 14- and 6-row tiles). */
-static int64_t sum_chunk_row_multiple(void)
-{
-    int64_t multiple = 1;
-    for (int t = 0; t < sneppx_target_count; t++) {
-        int64_t a = multiple, b = sneppx_targets[t].gemm_mr;
-        while (b) {
-            const int64_t rest = a % b;
-            a = b;
-            b = rest;
-        }
-        multiple = multiple / a * sneppx_targets[t].gemm_mr;
-    }
-    return multiple;
-}
-
 /* out[r, :] = src[r, :] @ W_o (+ bias) for the call's tokens; a shard then sums
  * out over the ranks in place. Fails only for a shard whose transport fails. */
 static sneppx_status run_output_projection(const sneppx_layer *layer, const float *src, int64_t src_stride,
@@ -85,9 +64,10 @@ static sneppx_status run_output_projection(const sneppx_layer *layer, const floa
     }
     int64_t chunks = tokens / SUM_CHUNK_MIN_ROWS;
     chunks = chunks < 1 ? 1 : chunks > SUM_CHUNKS ? SUM_CHUNKS : chunks;
-    /* Whole GEMM register tiles per chunk but the last, the same chunks on every rank. */
-    const int64_t multiple = sum_chunk_row_multiple();
-    const int64_t chunk_rows = ceil_div(ceil_div(tokens, chunks), multiple) * multiple;
+    /* Whole GEMM register tiles per chunk but the last, on every target: a transport pairs
+     * each rank's n-th sum with the others' n-th, and MPI needs their counts equal, while
+     * ranks on AVX-512 and AVX2 hosts cut 14- and 6-row tiles. */
+    const int64_t chunk_rows = ceil_div(ceil_div(tokens, chunks), SNEPPX_GEMM_ROW_ALIGN) * SNEPPX_GEMM_ROW_ALIGN;
     sneppx_status status = SNEPPX_OK;
     for (int64_t row = 0; row < tokens && status == SNEPPX_OK; row += chunk_rows) {
         const int64_t rows = tokens - row < chunk_rows ? tokens - row : chunk_rows;

@@ -8,6 +8,7 @@ text, and the `c_comment` filter every text from outside the templates passes
 through on its way into a comment.
 """
 import json
+import math
 from typing import Dict, Optional, Union
 
 import jinja2
@@ -123,7 +124,8 @@ def render_template(name: str, **context) -> str:
 
 def render_abi() -> str:
     return render_template("abi.h.j2", targets=TARGETS, dtypes=config_fields.DTYPES,
-                           dtype_bytes=config_fields.DTYPE_BYTES)
+                           dtype_bytes=config_fields.DTYPE_BYTES,
+                           gemm_mr_lcm=math.lcm(*(t.gemm_mr for t in TARGETS)))
 
 
 def render_kernel(family: str, target: Target, mode: str,
