@@ -63,8 +63,11 @@ if [[ -z "$host" && "$vendor" == GenuineIntel && "$(cpu_field "model name")" == 
 [[ -n "$host" ]] || host="$(echo "$vendor-$family-$model" | tr -c 'A-Za-z0-9-\n' '-')"
 host_isa=avx2
 grep -qw avx512f "$cpuinfo" && host_isa=avx512
-# Per core (or per instance), as the docs quote them: "L1d 32K, L2 1M, L3 32M".
-caches="$(lscpu -C=NAME,ONE-SIZE 2>/dev/null | awk 'NR > 1 && $1 != "L1i" {printf "%s%s %s", sep, $1, $2; sep = ", "}')"
+# Per core (or per instance), as the docs quote them: "L1d 32K, L2 1M, L3 32M". An lscpu
+# without -C (older util-linux) or none at all leaves "unknown": under pipefail its
+# failure would otherwise end the script here, silently.
+caches="$( (lscpu -C=NAME,ONE-SIZE 2>/dev/null || true) |
+    awk 'NR > 1 && $1 != "L1i" {printf "%s%s %s", sep, $1, $2; sep = ", "}')"
 host_line="$host ($vendor family $family model $model, $host_isa), $(nproc) cores, caches ${caches:-unknown}"
 if ((print_host)); then
     echo "$host_line"

@@ -9,12 +9,14 @@
   median [min-max] of the per-round ratios;
 - bench/host_survey.sh refuses bad arguments before it builds or runs anything, and
   names the host its files are of from /proc/cpuinfo: a Xeon "xeon", another Intel
-  core by its vendor, family and model.
+  core by its vendor, family and model; without an lscpu that lists caches it says
+  so and goes on.
 """
 import csv
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -120,6 +122,31 @@ def test_host_survey_names_the_host(info, host, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith(host + ", "), result.stdout
     assert not out.exists()
+
+
+@pytest.mark.parametrize("lscpu", ["#!/bin/sh\necho 'lscpu: invalid option -- C' >&2\nexit 1\n", None],
+                         ids=["lscpu-without-C", "no-lscpu"])
+def test_host_survey_runs_without_lscpu_caches(lscpu, tmp_path):
+    # An older lscpu (no -C) or none: the caches are "unknown", and the survey goes on.
+    path = tmp_path / "cpuinfo"
+    path.write_text(cpuinfo("AuthenticAMD", 25, 33, "AMD Ryzen 9 5950X 16-Core Processor"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "lscpu"
+    # A failing lscpu ahead of the real one, or a PATH without lscpu (the commands the script needs, linked).
+    if lscpu:
+        fake.write_text(lscpu)
+        fake.chmod(0o755)
+        search = f"{bin_dir}:{os.environ['PATH']}"
+    else:
+        for tool in ("awk", "grep", "tr", "nproc", "dirname"):
+            (bin_dir / tool).symlink_to(shutil.which(tool))
+        search = str(bin_dir)
+    result = subprocess.run([shutil.which("bash"), str(HOST_SURVEY), "--print-host"], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "SNEPPX_CPUINFO": str(path), "PATH": search})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("zen3 (AuthenticAMD family 25 model 33, avx2), "), result.stdout
+    assert result.stdout.rstrip().endswith("caches unknown"), result.stdout
 
 
 def test_plot_draws_no_line_for_a_baseline_copy(tmp_path):
