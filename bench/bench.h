@@ -54,8 +54,11 @@ struct bench_plan bench_plan_for(const struct bench_context *ctx, int min_reps, 
 /* Stages. Each prints its section, records its rows and counts its failures in ctx. */
 void bench_stage_peak(struct bench_context *ctx);
 void bench_stage_gemm(struct bench_context *ctx);
-/* The gemm stage's last table: the one-token sweep per weight type, from L2 and from memory. */
+/* The gemm stage's last table: the one-token sweep per weight type, from L2 and from memory.
+ * Its rows are gemm rows of one token on one thread, but no projection of a layer: their
+ * cases start with BENCH_SWEEP_CASE_PREFIX, which the targets leave out. */
 void bench_gemm_sweep_types(struct bench_context *ctx);
+#define BENCH_SWEEP_CASE_PREFIX "sweep "
 void bench_stage_attention(struct bench_context *ctx);
 void bench_stage_layer(struct bench_context *ctx);
 void bench_stage_jit(struct bench_context *ctx);

@@ -156,12 +156,13 @@ static void report(const struct sweep_run runs[][PLACES], const struct bench_sta
         struct bench_result in_l2 = {.stage = "gemm", .impl = "sneppx", .tokens = 1, .threads = 1,
                                      .seconds = seconds[l2_side], .work = l2->bytes * l2->calls,
                                      .unit = BENCH_UNIT_BYTES};
-        snprintf(in_l2.case_name, sizeof in_l2.case_name, "sweep %s L2 %.0fK", sweep_types[t].label,
+        snprintf(in_l2.case_name, sizeof in_l2.case_name, BENCH_SWEEP_CASE_PREFIX "%s L2 %.0fK", sweep_types[t].label,
                  l2->bytes / 1024.0);
         struct bench_result from_memory = {.stage = "gemm", .impl = "sneppx", .tokens = 1, .threads = 1,
                                            .seconds = seconds[memory_side], .work = memory->bytes * memory->calls,
                                            .unit = BENCH_UNIT_BYTES, .peak_rate = bandwidth};
-        snprintf(from_memory.case_name, sizeof from_memory.case_name, "sweep %s memory", sweep_types[t].label);
+        snprintf(from_memory.case_name, sizeof from_memory.case_name, BENCH_SWEEP_CASE_PREFIX "%s memory",
+                 sweep_types[t].label);
         /* The rate ratio per round: the time ratio times the ratio of the bytes each run reads. */
         struct bench_stats ratio;
         bench_round_ratio(rounds, memory_side, l2_side, &ratio);

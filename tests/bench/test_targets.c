@@ -1,0 +1,135 @@
+/* The bench's performance targets (bench/targets.c) on rows recorded by hand: which
+ * row decides each verdict, and when a target is n/a rather than MISS. Nothing is
+ * timed. Checks that on a one-core host the one-token projections are judged by the
+ * projections' rows (not by the weight sweep's, recorded as gemm rows of one token on
+ * one thread too) and that the all-core scaling is not measured (a row against itself
+ * is no scaling); and that on two threads the scaling and projection targets still
+ * read met or MISS from the rows' numbers. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "report.h"
+
+static int failures;
+
+/* A row of `seconds` per run whose rate is `rate` (GFLOP/s or GB/s) at `peak` (0: none). */
+static struct bench_result row(const char *stage, const char *case_name, const char *impl, long long tokens,
+                               int threads, enum bench_unit unit, double seconds, double rate, double peak,
+                               double scaling)
+{
+    struct bench_result r = {.tokens = tokens, .threads = threads, .unit = unit, .peak_rate = peak,
+                             .scaling = scaling};
+    snprintf(r.stage, sizeof r.stage, "%s", stage);
+    snprintf(r.case_name, sizeof r.case_name, "%s", case_name);
+    snprintf(r.impl, sizeof r.impl, "%s", impl);
+    r.seconds = (struct bench_stats){seconds, seconds, seconds, 3};
+    r.work = rate * 1e9 * seconds;
+    return r;
+}
+
+/* A projection row of sneppx and its OpenBLAS baseline (speedup = their times' ratio). */
+static void projection(const char *case_name, long long tokens, int threads, double fraction, double speedup,
+                       double scaling)
+{
+    const int decode = tokens == 1;
+    const enum bench_unit unit = decode ? BENCH_UNIT_BYTES : BENCH_UNIT_FLOPS;
+    const double peak = 100 * threads, seconds = 0.01;
+    struct bench_result ours = row("gemm", case_name, "sneppx", tokens, threads, unit, seconds, fraction * peak,
+                                   peak, scaling);
+    struct bench_result theirs = ours;
+    snprintf(theirs.impl, sizeof theirs.impl, decode ? "sgemv" : "sgemm");
+    theirs.seconds.median = theirs.seconds.min = theirs.seconds.max = seconds * speedup;
+    theirs.scaling = 0;
+    bench_report_pair(&ours, &theirs, NULL);
+}
+
+/* The weight sweep's two rows of one type: L2 (no peak) and from memory (half the bandwidth). */
+static void sweep(void)
+{
+    struct bench_result in_l2 =
+        row("gemm", BENCH_SWEEP_CASE_PREFIX "f32 L2 512K", "sneppx", 1, 1, BENCH_UNIT_BYTES, 0.001, 150, 0, 0);
+    struct bench_result from_memory =
+        row("gemm", BENCH_SWEEP_CASE_PREFIX "f32 memory", "sneppx", 1, 1, BENCH_UNIT_BYTES, 0.001, 50, 100, 0);
+    bench_report_pair(&in_l2, NULL, NULL);
+    bench_report_pair(&from_memory, NULL, NULL);
+}
+
+/* The targets' lines for ctx, read back from stdout. */
+static char *targets_text(const struct bench_context *ctx)
+{
+    char path[] = "/tmp/sneppx-test-targets-XXXXXX";
+    const int fd = mkstemp(path);
+    if (fd < 0) {
+        perror("mkstemp");
+        exit(1);
+    }
+    fflush(stdout);
+    const int saved = dup(STDOUT_FILENO);
+    dup2(fd, STDOUT_FILENO);
+    bench_report_targets(ctx);
+    fflush(stdout);
+    dup2(saved, STDOUT_FILENO);
+    close(saved);
+    const off_t size = lseek(fd, 0, SEEK_END);
+    char *text = calloc(1, (size_t)size + 1);
+    if (!text || pread(fd, text, (size_t)size, 0) != size) {
+        perror("read");
+        exit(1);
+    }
+    close(fd);
+    unlink(path);
+    return text;
+}
+
+/* The line of text naming target, which must start with verdict ("met ", "MISS", "n/a "). */
+static void expect(const char *text, const char *target, const char *verdict)
+{
+    const char *at = strstr(text, target);
+    const char *line = at;
+    while (line && line > text && line[-1] != '\n')
+        line--;
+    char want[16];
+    snprintf(want, sizeof want, "  [%s]", verdict);
+    if (!at || strncmp(line, want, strlen(want)) != 0) {
+        fprintf(stderr, "FAIL: '%s' wants [%s], got: %.*s\n", target, verdict,
+                at ? (int)strcspn(line, "\n") : 9, at ? line : "no line");
+        failures++;
+    }
+}
+
+int main(void)
+{
+    /* One core: every row is a one-thread row, and the sweep's are gemm rows of one token. */
+    struct bench_context one = {.thread_counts = {1}, .thread_count_n = 1};
+    projection("qkv 4096x6144", 1, 1, 0.95, 1.10, 0);
+    projection("qkv 4096x6144", 2048, 1, 0.90, 1.05, 0);
+    sweep();
+    char *text = targets_text(&one);
+    expect(text, "projections T = 1: >= 90% of read bandwidth, >= 1.0x sgemv", "met ");
+    expect(text, "projections T >= 512: >= 1.0x OpenBLAS; T = 2048: >= 85% of peak", "met ");
+    expect(text, "1 threads >= 1.85x 1 thread", "n/a ");
+    free(text);
+
+    /* Two threads: the all-core rows decide, their per-round scaling against one thread. */
+    struct bench_context two = {.thread_counts = {1, 2}, .thread_count_n = 2};
+    projection("o 4096x4096", 512, 1, 0.90, 1.02, 0);
+    projection("o 4096x4096", 512, 2, 0.90, 1.02, 1.95);
+    projection("qkv 4096x6144", 1, 2, 0.92, 1.01, 0);
+    text = targets_text(&two);
+    expect(text, "2 threads >= 1.85x 1 thread", "met ");
+    expect(text, "projections T = 1: >= 90% of read bandwidth, >= 1.0x sgemv", "met ");
+    free(text);
+    projection("qkv 4096x6144", 2048, 2, 0.88, 0.98, 1.70);
+    text = targets_text(&two);
+    expect(text, "2 threads >= 1.85x 1 thread", "MISS");
+    expect(text, "projections T >= 512: >= 1.0x OpenBLAS; T = 2048: >= 85% of peak", "MISS");
+    free(text);
+
+    if (failures)
+        return 1;
+    printf("bench targets: ok\n");
+    return 0;
+}
