@@ -1,6 +1,6 @@
 /* Decode attention (attn_decode) over a paged K/V cache: one query token per
  * sequence against its whole context, rated in GB/s of K/V streamed against
- * the read bandwidth the peak stage measured. llama3-8B's shape (8 K/V heads,
+ * the read bandwidth probed just before and after the case. llama3-8B's shape (8 K/V heads,
  * group 4, d 128) and deepseek-v2-lite's absorbed MLA (one 576-float latent
  * row per token shared by K and V, 16 query heads, v 512), batch 1 and 16,
  * contexts 512 / 4096 / 32768, pages of the KV cache's default size

@@ -3,12 +3,13 @@
  * Decode steps at each context, batch 1 and a ragged batch, rated against the
  * decode roofline: a step must read the packed weights once and every cached
  * K/V row its queries see, so (weight bytes + cache bytes) / the read
- * bandwidth measured by the peak stage bounds it from below. Beside it, the
+ * bandwidth probed just before and after the case bounds it from below. Beside it, the
  * same attention in llama.cpp (a one-block GGUF, flash attention, f32 weights
  * and KV) and in HF transformers' LlamaAttention with a DynamicCache (torch
  * SDPA), from the virtual environment scripts/venv.sh makes ($SNEPPX_BENCH_VENV;
  * bench/run.sh sets it). Then chunked prefill (512-token chunks through the
- * cache) against the one-shot cache-free forward of the same tokens. */
+ * cache) against the one-shot cache-free forward of the same tokens, the two
+ * side by side in rounds. */
 #include <malloc.h>
 #include <omp.h>
 #include <stdio.h>
@@ -233,11 +234,20 @@ static void report_chunked(struct bench_context *ctx, struct generation *g, int6
         ours.peak_rate = bench_fma_peak(ctx, threads);
         struct bench_result theirs = ours;
         snprintf(theirs.impl, sizeof theirs.impl, "one-shot");
-        if (bench_measure(run_chunked, &chunks, plan, &ours.seconds) != 0 ||
-            bench_measure(run_one_shot, &shot, plan, &theirs.seconds) != 0)
+        /* Side by side in rounds, as every comparison within one process: the ratio of two
+         * medians timed one after the other would carry the host's phase between them. */
+        enum { SIDE_CHUNKED, SIDE_ONE_SHOT, SIDES };
+        const struct bench_side sides[SIDES] = {{run_chunked, &chunks, NULL}, {run_one_shot, &shot, NULL}};
+        struct bench_stats seconds[SIDES], speedup;
+        struct bench_rounds rounds;
+        if (bench_measure_sides(sides, SIDES, plan, seconds, &rounds) != 0) {
             ctx->failures++;
-        else
-            bench_report_pair(&ours, &theirs, "(baseline: sneppx_layer_forward of all tokens at once)");
+        } else {
+            ours.seconds = seconds[SIDE_CHUNKED];
+            theirs.seconds = seconds[SIDE_ONE_SHOT];
+            bench_round_ratio(&rounds, SIDE_ONE_SHOT, SIDE_CHUNKED, &speedup);
+            bench_report_rounds(&ours, &theirs, &speedup, "(baseline: sneppx_layer_forward of all tokens at once)");
+        }
     }
     free(hidden);
     free(out);
