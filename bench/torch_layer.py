@@ -9,8 +9,9 @@ path, repeat_kv, matmul + additive causal mask + float32 softmax + matmul.
 
 The bench runs it as a subprocess, one per thread count, with
 OPENBLAS_NUM_THREADS/OMP_NUM_THREADS set (Debian's PyTorch's GEMMs are OpenBLAS,
-which torch.set_num_threads does not reach; the venv's are MKL's), OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE
-unset, and GLIBC_TUNABLES keeping freed memory mapped (without it every
+which torch.set_num_threads does not reach; the venv's are MKL's), the bench's own
+OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE (unset, or OpenBLAS's Haswell core when sneppx runs
+a narrower target than the host's), and GLIBC_TUNABLES keeping freed memory mapped (without it every
 forward pays fresh page faults: 6.8 s instead of 0.99 s at T = 2048).
 
 Prints, for the bench to parse:

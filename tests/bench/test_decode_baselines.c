@@ -2,8 +2,8 @@
  * virtual environment whose bin/python is a shell script: it prints what
  * decode_llama_cpp.py prints and records the arguments it was given. Checks
  * that the result lines fill the times, that the bytes llama.cpp's step reads
- * outside attention (nonattention_bytes) reach the bench, which says them, and
- * that the baseline gets the config's shape. */
+ * outside attention (nonattention_bytes) reach the bench, which says them, that
+ * the baseline gets the config's shape, and the bench's OpenBLAS core. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +34,9 @@ static int make_venv(char *dir, size_t size, const char *output)
     FILE *script = mkdir(bin, 0700) == 0 ? fopen(python, "w") : NULL;
     if (!script)
         return -1;
-    fprintf(script, "#!/bin/sh\necho \"$@\" > '%s/args.txt'\nprintf '%s'\n", dir, output);
+    fprintf(script, "#!/bin/sh\necho \"$@\" > '%s/args.txt'\necho \"${OPENBLAS_CORETYPE-unset}\" > '%s/env.txt'\n"
+                    "printf '%s'\n",
+            dir, dir, output);
     fclose(script);
     return chmod(python, 0700);
 }
@@ -43,6 +45,8 @@ static void remove_venv(const char *dir)
 {
     char path[600];
     snprintf(path, sizeof path, "%s/args.txt", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/env.txt", dir);
     unlink(path);
     snprintf(path, sizeof path, "%s/bin/python", dir);
     unlink(path);
@@ -103,11 +107,12 @@ static void test_no_bytes_said_prints_nothing(void)
     remove_venv(dir);
 }
 
-/* The arguments the fake python was given. */
-static void read_args(const char *dir, char *args, size_t size)
+/* The first line of what the fake python wrote to dir/name: its arguments (args.txt) or
+ * its OPENBLAS_CORETYPE (env.txt). */
+static void read_line(const char *dir, const char *name, char *args, size_t size)
 {
     char path[600];
-    snprintf(path, sizeof path, "%s/args.txt", dir);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *file = fopen(path, "r");
     args[0] = 0;
     if (file) {
@@ -129,14 +134,35 @@ static void test_the_config_head_dim_is_the_baselines(void)
     struct decode_baseline_times times;
     decode_baseline_run("decode_torch.py", &config, &context, 1, &batch, 1, 2, 3, NULL, &times);
     char args[1024];
-    read_args(dir, args, sizeof args);
+    read_line(dir, "args.txt", args, sizeof args);
     check(strstr(args, "--hidden 2048 --heads 32 --kv-heads 8 --head-dim 128 ") != NULL,
           "the baseline runs the config's head_dim, not hidden_size / heads");
     remove_venv(dir);
 }
 
+/* Under SNEPPX_TARGET=v8 on an AVX-512 host the bench re-executes itself with OpenBLAS's
+ * Haswell core (main.c), so that the baselines' BLAS runs AVX2 code as sneppx does: a
+ * baseline inherits it (Debian's torch does its GEMMs on OpenBLAS). */
+static void test_the_baseline_keeps_the_benchs_openblas_core(void)
+{
+    char dir[256];
+    check(make_venv(dir, sizeof dir, "torch 2.0 transformers 5.0\\n") == 0, "fake venv made");
+    setenv("SNEPPX_BENCH_VENV", dir, 1);
+    setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+    const sneppx_config config = llama3_shape();
+    const int64_t context = 512, batch = 1;
+    struct decode_baseline_times times;
+    decode_baseline_run("decode_torch.py", &config, &context, 1, &batch, 1, 2, 3, NULL, &times);
+    unsetenv("OPENBLAS_CORETYPE");
+    char core[64];
+    read_line(dir, "env.txt", core, sizeof core);
+    check(strcmp(core, "Haswell\n") == 0, "the baseline runs the bench's OpenBLAS core");
+    remove_venv(dir);
+}
+
 int main(void)
 {
+    test_the_baseline_keeps_the_benchs_openblas_core();
     test_the_config_head_dim_is_the_baselines();
     test_results_and_bytes_outside_attention();
     test_no_bytes_said_prints_nothing();
