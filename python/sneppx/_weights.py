@@ -56,11 +56,18 @@ def _split_prefix(key: Any) -> Tuple[str, str]:
 _LAYER_KEY = re.compile(r"(?:^|(?<=\.))layers\.(\d+)\.self_attn\.")
 
 
-def _layer_keys(state_dict: Mapping[str, Any], layer: int) -> Dict[str, str]:
+def _layer_keys(state_dict: Mapping[str, Any], layer: int, needed: List[str]) -> Dict[str, str]:
     """The keys of layer `layer`'s self_attn tensors in a whole model's state dict, as
     {key: name inside self_attn}; the other layers' tensors, embeddings, MLPs and norms are
-    left alone (not even read). ValueError naming layer when it has none."""
-    selected: Dict[str, str] = {}
+    left alone (not even read). ValueError naming layer when it has none.
+
+    needed: the names the config takes. As the checkpoint loader's choose_prefix: a
+    multimodal model's state dict holds its language model's layer ("language_model.model.
+    layers.0.self_attn.") beside a vision tower's ("vision_tower.vision_model.encoder.layers.
+    0.self_attn."); the prefix holding every needed name is the layer's, two such are
+    ambiguous, and with none the one holding the most names the missing tensors. Other
+    prefixes' tensors are passed over."""
+    by_prefix: Dict[str, Dict[str, str]] = {}   # in the state dict's order, as the C loader's candidates
     layers = set()
     for key in state_dict:
         if not isinstance(key, str):
@@ -69,17 +76,21 @@ def _layer_keys(state_dict: Mapping[str, Any], layer: int) -> Dict[str, str]:
             layers.add(int(match.group(1)))
             if match.group(1) == str(layer):   # as the C loader's pattern: "layers.01." is not layer 1
                 name = key[match.end():]
-                other = next((k for k, n in selected.items() if n == name), None)
-                if other is not None:
-                    raise ValueError(f"state_dict: tensors {other!r} and {key!r} both match layer {layer}'s "
-                                     f"self_attn.{name}")
-                selected[key] = name
+                if not lib.sneppx_attn_tensor_is_ignored(name.encode()):
+                    by_prefix.setdefault(key[:match.start()], {})[key] = name
                 break
-    if not selected:
+    if not by_prefix:
         held = f"it holds layers {_ranges(sorted(layers))}" if layers else \
             "no key contains 'layers.<n>.self_attn.' (pass one layer's tensors without layer=)"
         raise ValueError(f"layer: state_dict has no tensor of layer {layer}'s self_attn; {held}")
-    return selected
+    held = {prefix: set(keys.values()) & set(needed) for prefix, keys in by_prefix.items()}
+    complete = [prefix for prefix in by_prefix if len(held[prefix]) == len(set(needed))]
+    if len(complete) > 1:
+        first, second = (next(k for k, n in by_prefix[p].items() if n == needed[0]) for p in complete[:2])
+        raise ValueError(f"state_dict: tensors {first!r} and {second!r} both match layer {layer}'s "
+                         f"self_attn.{needed[0]}")
+    chosen = complete[0] if complete else max(by_prefix, key=lambda prefix: len(held[prefix]))
+    return by_prefix[chosen]
 
 
 def _ranges(numbers: List[int]) -> str:
@@ -133,7 +144,7 @@ class StateDictWeights:
             prefix = prefixes.pop() if prefixes else ""
         else:
             layer = _hf.c_count("layer", layer)
-            names = _layer_keys(state_dict, layer)
+            names = _layer_keys(state_dict, layer, [name for name, _, _ in expected_tensors(config)])
             key, name = next(iter(names.items()))
             prefix = key[:len(key) - len(name)]
         expected = {name: (shape, field) for name, shape, field in expected_tensors(config)}

@@ -460,9 +460,11 @@ class LLMConfig:
         layer: take layer `layer`'s tensors of a whole model's state dict (e.g.
         LlamaForCausalLM.state_dict()), as load_safetensors(path, layer=N) takes them from a
         file: the keys "<prefix>layers.<layer>.self_attn.<name>" ("model.layers.3.self_attn.
-        q_proj.weight", "layers.3.self_attn.q_proj.weight"); every other tensor is ignored and
-        not read. A layer with no such key raises ValueError naming layer (and the layers the
-        state dict holds); a negative layer ValueError, a non-integer (bool too) TypeError.
+        q_proj.weight", "layers.3.self_attn.q_proj.weight") of the one prefix holding every
+        tensor the config takes (a multimodal model's vision tower is passed over; two
+        complete prefixes raise ValueError); every other tensor is ignored and not read. A
+        layer with no such key raises ValueError naming layer (and the layers the state dict
+        holds); a negative layer ValueError, a non-integer (bool too) TypeError.
 
         Values are any float array-likes of exactly the expected shape: numpy arrays, torch
         tensors (bfloat16 ones too, read through their bits; Parameters through .detach(); on

@@ -182,10 +182,41 @@ def test_problems_within_the_layer_name_the_full_key(rng):
     with pytest.raises(ValueError, match=r"state_dict: unexpected tensor 'model\.layers\.1\.self_attn\.q_norm"
                                          r"\.weight'"):
         cfg.load_state_dict(extra, layer=1)
-    twice = dict(model, **{"layers.1.self_attn.k_proj.weight": model["model.layers.1.self_attn.k_proj.weight"]})
-    with pytest.raises(ValueError, match=r"state_dict: tensors 'model\.layers\.1\.self_attn\.k_proj\.weight' and "
-                                         r"'layers\.1\.self_attn\.k_proj\.weight' both match layer 1's "
-                                         r"self_attn\.k_proj\.weight"):
+    twice = dict(model, **{f"layers.1.self_attn.{name}": model[f"model.layers.1.self_attn.{name}"]
+                           for name in cfg.tensor_shapes()})
+    with pytest.raises(ValueError, match=r"state_dict: tensors 'model\.layers\.1\.self_attn\.q_proj\.weight' and "
+                                         r"'layers\.1\.self_attn\.q_proj\.weight' both match layer 1's "
+                                         r"self_attn\.q_proj\.weight"):
         cfg.load_state_dict(twice, layer=1)
     # The RoPE buffer older Llama checkpoints saved is ignored, as the checkpoint loader ignores it.
     cfg.load_state_dict(dict(model, **{"model.layers.1.self_attn.rotary_emb.inv_freq": np.ones(16)}), layer=1)
+
+
+def test_multimodal_state_dict_takes_the_complete_prefix(tmp_path, rng, x):
+    """A vision tower's encoder layers beside the language model's: the prefix holding every
+    tensor the config takes is the layer's, as load_safetensors picks it from the same names."""
+    cfg = sneppx.LLMConfig(**GQA)
+    model, per_layer = whole_model(cfg, rng, prefix="language_model.model.")
+    vision = {f"vision_tower.vision_model.encoder.layers.{layer}.self_attn.{proj}.{kind}":
+              rng.standard_normal((64, 64) if kind == "weight" else (64,)).astype(np.float32)
+              for layer in range(LAYERS) for proj in ("q_proj", "k_proj", "v_proj", "out_proj")
+              for kind in ("weight", "bias")}
+    model = dict(vision, **model)   # the tower first, as the C test has it
+    write_safetensors(tmp_path / "model.safetensors", {name: ("F32", value) for name, value in model.items()})
+    from_file = sneppx.LLMConfig(**GQA)
+    for layer in range(LAYERS):
+        recording = Recording(model)
+        cfg.load_state_dict(recording, layer=layer)
+        assert recording.read == {f"language_model.model.layers.{layer}.self_attn.{name}"
+                                  for name in per_layer[layer]}
+        got = cfg.forward_mha(x)
+        assert_close(got, ref.mha_forward(cfg, per_layer[layer], x))
+        from_file.load_safetensors(tmp_path / "model.safetensors", layer=layer)
+        np.testing.assert_array_equal(got, from_file.forward_mha(x))
+    # No complete prefix: the fuller one names what it lacks, as the checkpoint loader does.
+    gone = ("language_model.model.layers.0.self_attn.o_proj.weight",
+            "vision_tower.vision_model.encoder.layers.0.self_attn.k_proj.bias")   # 6 of 7 names against 5
+    partial = {k: v for k, v in model.items() if k not in gone}
+    with pytest.raises(ValueError, match=r"missing tensor\(s\) 'language_model\.model\.layers\.0\.self_attn\."
+                                         r"o_proj\.weight'"):
+        cfg.load_state_dict(partial, layer=0)
