@@ -275,28 +275,9 @@ static int warmup(int argc, char **argv)
     return failures ? 1 : 0;
 }
 
-/* Times the host target's GEMM candidates, prints each and the winner, keeps it. */
-static int tune(int argc, char **argv)
+/* tune's timing and record, while it holds the record's lock (when it could take it). */
+static int tune_locked(const struct sneppx_target *target, struct sneppx_gemm_tune_shape shape, const char *key)
 {
-    struct sneppx_gemm_tune_shape shape = sneppx_gemm_tune_default_shape();
-    for (int i = 0; i < argc; i += 2) {
-        if (i > 0 && strcmp(argv[i], "--threads") == 0) { /* not the last one silently */
-            fprintf(stderr, "sneppx-cache: tune: --threads given twice ('%s' and '%s'); give it once\n",
-                    sneppx_clip(argv[1]).text, i + 1 < argc ? sneppx_clip(argv[i + 1]).text : "");
-            return 2;
-        }
-        char *end = NULL;
-        long threads = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : -1;
-        if (strcmp(argv[i], "--threads") != 0 || i + 1 >= argc || !end || *end || end == argv[i + 1] ||
-            threads < 0 || threads > 1024) {
-            const int option = strcmp(argv[i], "--threads") == 0;
-            fprintf(stderr, "sneppx-cache: tune: expected --threads N (0 to 1024), not '%s%s%s'\n",
-                    sneppx_clip(argv[i]).text, option ? " " : "", option && i + 1 < argc ? sneppx_clip(argv[i + 1]).text : "");
-            return 2;
-        }
-        shape.threads = (int)threads;
-    }
-    const struct sneppx_target *target = sneppx_host_target();
     struct sneppx_gemm_tune_result *result = malloc(sizeof *result);
     if (!result)
         return fail("tune", SNEPPX_ERR_OUT_OF_MEMORY);
@@ -326,14 +307,45 @@ static int tune(int argc, char **argv)
     free(result);
     if (status != SNEPPX_OK)
         return fail("tune", status);
-    char key[SNEPPX_KEY_MAX];
-    sneppx_gemm_tuning_key(target, key, sizeof key);
     if (sneppx_cache_dir()[0])
         printf("kept        %s/%s.o: GEMM keys compiled from now on end in -kc%lld-mc%lld-%s\n", sneppx_cache_dir(),
                key, (long long)winner->kc, (long long)winner->mc, target->name);
     else
         fprintf(stderr, "sneppx-cache: warning: no disk cache, nothing was kept\n");
     return 0;
+}
+
+/* Times the host target's GEMM candidates, prints each and the winner, keeps it.
+ * Under the record's lock, as SNEPPX_TUNE=1 tunes (runtime/gemm_tiles.c): a tune
+ * beside another (this tool's or a starting process's) would time candidates on
+ * cores the other loads, and keep a winner of disturbed timings. */
+static int tune(int argc, char **argv)
+{
+    struct sneppx_gemm_tune_shape shape = sneppx_gemm_tune_default_shape();
+    for (int i = 0; i < argc; i += 2) {
+        if (i > 0 && strcmp(argv[i], "--threads") == 0) { /* not the last one silently */
+            fprintf(stderr, "sneppx-cache: tune: --threads given twice ('%s' and '%s'); give it once\n",
+                    sneppx_clip(argv[1]).text, i + 1 < argc ? sneppx_clip(argv[i + 1]).text : "");
+            return 2;
+        }
+        char *end = NULL;
+        long threads = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : -1;
+        if (strcmp(argv[i], "--threads") != 0 || i + 1 >= argc || !end || *end || end == argv[i + 1] ||
+            threads < 0 || threads > 1024) {
+            const int option = strcmp(argv[i], "--threads") == 0;
+            fprintf(stderr, "sneppx-cache: tune: expected --threads N (0 to 1024), not '%s%s%s'\n",
+                    sneppx_clip(argv[i]).text, option ? " " : "", option && i + 1 < argc ? sneppx_clip(argv[i + 1]).text : "");
+            return 2;
+        }
+        shape.threads = (int)threads;
+    }
+    const struct sneppx_target *target = sneppx_host_target();
+    char key[SNEPPX_KEY_MAX];
+    sneppx_gemm_tuning_key(target, key, sizeof key);
+    const int lock = sneppx_disk_cache_lock(key);
+    const int code = tune_locked(target, shape, key);
+    sneppx_disk_cache_unlock(lock);
+    return code;
 }
 
 /* Removes every entry, lock file and temporary file of the cache directory. */
