@@ -6,7 +6,7 @@
  * bfloat16 / float16: rounded to nearest even; NaN stays a quiet NaN of its
  * sign, float16 overflows to inf (at 65520 in magnitude).
  * int8: symmetric, one float32 scale per row: scale = max|x| / 127 (float32
- * division), q = round-to-nearest-even(x / scale) clamped to [-127, 127];
+ * division), q = the float32 quotient x / scale rounded to nearest even, clamped to [-127, 127];
  * an all-zero row has scale 0; a row holding NaN or inf has scale NaN and q 0,
  * so it reads back as NaN throughout (as a float32 row with NaN poisons the
  * rows that see it). */

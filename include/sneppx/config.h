@@ -32,10 +32,10 @@ typedef enum sneppx_dtype {
     SNEPPX_DTYPE_FLOAT32 = 0,  /* as given (the default) */
     SNEPPX_DTYPE_BFLOAT16 = 1, /* rounded to nearest even at packing, NaN stays NaN: half the bytes */
     SNEPPX_DTYPE_FLOAT16 = 2,  /* IEEE binary16, rounded to nearest even, overflow to inf: half the bytes */
-    SNEPPX_DTYPE_INT8 = 3,     /* symmetric int8 with float32 scales (max |x| / 127, q = round-to-even(x / scale)
-                                  in [-127, 127]): weights, one scale per group of 32 input features of
-                                  an output feature (9/32 of the bytes); the KV cache, one per row
-                                  (kv_cache.h) */
+    SNEPPX_DTYPE_INT8 = 3,     /* symmetric int8 with float32 scales (max |x| / 127, q = the float32 quotient
+                                  x / scale rounded to even, in [-127, 127]): weights, one scale per group
+                                  of 32 input features of an output feature (9/32 of the bytes); the KV
+                                  cache, one per row (kv_cache.h) */
     SNEPPX_DTYPE_COUNT         /* how many there are (not a type) */
 } sneppx_dtype;
 

@@ -224,7 +224,7 @@ def test_int8_presets_match_reference(name, rng):
 
 def _int8_cases(k: int) -> np.ndarray:
     """HF rows [n, k] (k = 45: a group of 32 and one of 13) of the quantizer's edge cases."""
-    rows = np.zeros((7, k), np.float32)
+    rows = np.zeros((8, k), np.float32)
     rows[1, 7] = 1000.0                                   # one large value: the rest quantize to 0
     rows[1, :32] += np.float32(1e-3) * (np.arange(32) % 5 - 2)
     rows[2, 32:] = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -126.5, 3.5, 127.0, 0.0, -0.0, 4.5]  # scale 1: ties
@@ -235,6 +235,7 @@ def _int8_cases(k: int) -> np.ndarray:
     rows[5] = np.float32(3e38) * np.cos(np.arange(k))     # near float32's largest
     rows[6, 3] = np.inf                                   # a non-finite group: scale NaN, q 0
     rows[6, 32:] = 0.25 * np.arange(13)
+    rows[7, :2] = [1.0, 0.035433072596788406]            # 4.50000024 steps: float32 makes it a tie
     return rows
 
 
@@ -242,7 +243,7 @@ def _int8_cases(k: int) -> np.ndarray:
 def test_int8_pack_matches_numpy_quantizer(tmp_path):
     """_pack of an int8 GEMM (v8, which any x86-64 runs; both targets share the code) against
     reference.quantize_int8 bit for bit, scales and values, padding columns zero."""
-    k, n, nr, group = 45, 7, 16, ref.INT8_GROUP
+    k, n, nr, group = 45, 8, 16, ref.INT8_GROUP
     source = tmp_path / "gemm.c"
     subprocess.run([sys.executable, str(SNEPPX_GEN), "build", "aot-source", "--family", "gemm", "--target", "v8",
                     "--value", f"k={k}", "--value", f"n={n}", "--value", "bias=0", "--value", "weight_type=int8",
@@ -300,3 +301,8 @@ void pack(const float *src, void *dst)
     assert want_q[2, :32].tolist() == [int(v) for v in np.rint(np.linspace(-127, 127, 32))]
     assert np.isnan(want_scales[6, 0]) and not want_q[6, :32].any() and want_scales[6, 1] == np.float32(3) / np.float32(127)
     assert want_scales[4, 0] > 0 and want_scales[4, 0] < np.finfo(np.float32).tiny
+    # q rounds the float32 quotient w / scale, as documented: 4.5 exactly here, so 4 (ties to
+    # even), where the exact quotient (float64) is 4.50000024 and would round to 5.
+    exact = float(hf[7, 1]) / float(want_scales[7, 0])
+    assert np.float32(hf[7, 1] / want_scales[7, 0]) == 4.5 and 4.5 < exact < 4.5 + 1e-6
+    assert got_q[7, 1] == 4
