@@ -15,7 +15,8 @@
  * error it sees is SNEPPX_ERR_COMM rather than an abort. A rank that dies is
  * another matter: mpirun then ends the job (Open MPI's default), and the other
  * ranks never wait on it forever. Destroy shards before MPI_Finalize (after it,
- * destroy frees the layer and leaves the communicator to MPI's teardown).
+ * destroy frees the layer and leaves the communicator to MPI's teardown, and a
+ * collective call or a create is SNEPPX_ERR_COMM saying so, never an MPI call).
  *
  *   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
  *   sneppx_layer *layer;    // this rank's heads of llama3.1-405B's layer

@@ -10,6 +10,7 @@ the same arguments.
 """
 import contextlib
 import ctypes
+import sys
 from typing import Any, Callable, Iterator, Optional, Tuple, TypeVar
 
 from . import _structs as S
@@ -77,11 +78,21 @@ def _mpi() -> ctypes.CDLL:
     return _mpi_lib
 
 
+def _refuse_finalized() -> None:
+    """CommError once MPI is finalized: any MPI call then aborts the process (mpi4py's
+    py2f and allgather too), where the caller should get an exception."""
+    mpi = sys.modules.get("mpi4py.MPI")   # not imported: no mpi4py communicator exists yet
+    if mpi is not None and mpi.Is_finalized():
+        raise CommError("comm: MPI is finalized (MPI.Finalize() was called); a tensor-parallel layer needs MPI "
+                        "running")
+
+
 def communicator_handle(comm: Any) -> int:
     """The Fortran handle of an mpi4py communicator (what libsneppx_mpi takes)."""
     py2f = getattr(comm, "py2f", None)
     if not callable(py2f) or not hasattr(comm, "Get_size"):
         raise TypeError(f"comm: expected an mpi4py communicator (mpi4py.MPI.Comm), got {comm!r}")
+    _refuse_finalized()
     return int(py2f())
 
 
@@ -206,6 +217,7 @@ def agreed(cfg: Any, prepare: Callable[[], T], same: Optional[Tuple[str, Any]] =
     if not is_sharded(cfg):
         return prepare()
     comm = cfg._weights.comm
+    _refuse_finalized()
     if not comm:   # mpi4py's Free() nulls it; MPI itself would only say MPI_ERR_COMM
         raise CommError("comm: the communicator given to tensor_parallel() was freed; loads and settings that "
                         "rebuild the layer use it (forwards use the layer's own duplicate)")

@@ -28,10 +28,23 @@ static int mpi_failed(int code, const char *call, char *error, size_t error_size
     return 1;
 }
 
+/* 1, saying so, once MPI is finalized: an MPI call then aborts the process (Open MPI:
+ * "called after MPI_FINALIZE"), whatever the communicator's error handler. */
+static int mpi_is_finalized(char *error, size_t error_size)
+{
+    int done = 0;
+    MPI_Finalized(&done); /* callable at any time */
+    if (done)
+        snprintf(error, error_size, "MPI is finalized (destroy sharded layers before MPI_Finalize)");
+    return done;
+}
+
 static int transport_allgather(void *context, const void *mine, void *all, size_t bytes, char *error,
                                size_t error_size)
 {
     struct mpi_transport *t = context;
+    if (mpi_is_finalized(error, error_size)) /* a call's first step: nothing else of it reaches MPI */
+        return 1;
     if (bytes > INT_MAX) {
         snprintf(error, error_size, "MPI_Allgather: %zu bytes per rank exceed an int count", bytes);
         return 1;
@@ -149,9 +162,10 @@ int sneppx_mpi_shard(MPI_Comm comm, sneppx_shard *shard, char *error, size_t err
 
 int sneppx_mpi_shard_fortran(int comm, sneppx_shard *shard, char *error, size_t error_size)
 {
-    int initialized = 0;
+    int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
-    if (!initialized) /* MPI_Comm_f2c needs MPI: let sneppx_mpi_shard say why */
+    MPI_Finalized(&finalized);
+    if (!initialized || finalized) /* MPI_Comm_f2c needs MPI running: let sneppx_mpi_shard say why */
         return sneppx_mpi_shard(MPI_COMM_NULL, shard, error, error_size);
     /* An invalid handle converts to an invalid communicator (Open MPI's is a null one; an
      * MPI whose handles are integers passes it through), on which the next MPI call would

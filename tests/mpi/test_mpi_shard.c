@@ -6,7 +6,8 @@
  * split refused on every rank; the failure cases; a checkpoint read shard by
  * shard; llama3-8B's and qwen2-0.5B's shapes at 3 tokens), then the
  * sneppx_mpi_layer_create calls themselves on MPI_COMM_WORLD and on halves of it
- * (MPI_Comm_split: two shard groups at once), and their errors without MPI.
+ * (MPI_Comm_split: two shard groups at once), their errors without MPI, and a layer
+ * used after MPI_Finalize.
  * --mixed-targets first checks that rank 0 runs v8 and the others the host's
  * target (mpi_shard_mixed_targets). */
 #include <mpi.h>
@@ -123,6 +124,57 @@ static int check_mixed_targets(int rank)
     return 0;
 }
 
+/* 12 heads of 16 on one thread: splits over 1, 2, 3 and 4 ranks. */
+static sneppx_config twelve_heads(void)
+{
+    sneppx_config config = tiny_config();
+    config.hidden_size = 192;
+    config.num_attention_heads = config.num_key_value_heads = 12;
+    return config;
+}
+
+/* After MPI_Finalize (MPI may then be called no more; Open MPI aborts the process when it
+ * is): a forward, a refusal and a create fail with SNEPPX_ERR_COMM saying so, and
+ * sneppx_mpi_shard_fortran refuses the handle; layer (made before) is destroyed.
+ * Returns failures (this rank's: the ranks can no longer count them together). */
+static int after_finalize(sneppx_layer *layer, int world_handle, int rank, int world)
+{
+    int failures = 0;
+    const int64_t n = 3 * twelve_heads().hidden_size;
+    float *x = inputs(n), *out = calloc((size_t)n, sizeof(float));
+    const sneppx_status forward = sneppx_layer_forward(layer, 1, 3, x, NULL, NULL, NULL, out);
+    if (forward != SNEPPX_ERR_COMM || !strstr(sneppx_last_error(), "MPI is finalized")) {
+        fprintf(stderr, "rank %d/%d: FAIL a forward after MPI_Finalize: %s '%s'\n", rank, world,
+                sneppx_status_name(forward), sneppx_last_error());
+        failures++;
+    }
+    const sneppx_status refused = sneppx_layer_shard_refuse(layer, SNEPPX_ERR_INVALID_ARGUMENT, "no");
+    if (refused != SNEPPX_ERR_COMM || !strstr(sneppx_last_error(), "MPI is finalized")) {
+        fprintf(stderr, "rank %d/%d: FAIL a refusal after MPI_Finalize: %s '%s'\n", rank, world,
+                sneppx_status_name(refused), sneppx_last_error());
+        failures++;
+    }
+    sneppx_layer_destroy(layer);
+    free(x), free(out);
+    sneppx_shard unmade;
+    char reason[256] = "";
+    if (sneppx_mpi_shard_fortran(world_handle, &unmade, reason, sizeof reason) == 0 ||
+        !strstr(reason, "MPI is finalized")) {
+        fprintf(stderr, "rank %d/%d: FAIL sneppx_mpi_shard_fortran after MPI_Finalize: '%s'\n", rank, world, reason);
+        failures++;
+    }
+    const sneppx_config config = twelve_heads();
+    sneppx_layer *late = NULL;
+    const sneppx_status status = sneppx_mpi_layer_create(&config, NULL, MPI_COMM_WORLD, &late);
+    if (status != SNEPPX_ERR_COMM || late || !strstr(sneppx_last_error(), "MPI is finalized")) {
+        fprintf(stderr, "rank %d/%d: FAIL a create after MPI_Finalize: %s '%s'\n", rank, world,
+                sneppx_status_name(status), sneppx_last_error());
+        failures++;
+    }
+    sneppx_layer_destroy(late);
+    return failures;
+}
+
 int main(int argc, char **argv)
 {
     int provided = 0;
@@ -180,10 +232,19 @@ int main(int argc, char **argv)
         failures++;
     }
 
+    /* A layer used after MPI_Finalize: each MPI call would abort the process. */
+    const sneppx_config twelve = twelve_heads();
+    sneppx_layer *kept = NULL;
+    if (sneppx_mpi_layer_create(&twelve, NULL, MPI_COMM_WORLD, &kept) != SNEPPX_OK) {
+        fprintf(stderr, "rank %d/%d: FAIL create before MPI_Finalize: %s\n", rank, world, sneppx_last_error());
+        failures++;
+    }
+    const int world_handle = (int)MPI_Comm_c2f(MPI_COMM_WORLD);
+
     int total = 0;
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (rank == 0)
         printf("%d ranks: %d failed checks\n", world, total);
     MPI_Finalize();
-    return total ? 1 : 0;
+    return total + after_finalize(kept, world_handle, rank, world) ? 1 : 0;
 }

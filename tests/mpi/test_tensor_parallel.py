@@ -5,6 +5,9 @@ checkpoint read shard by shard, against the whole layer in the same process with
 1e-6 (tests/support/shard_cases.c says why that holds at real widths too); and the
 refusals, raised on every rank, Python's own argument checks included."""
 import json
+import os
+import subprocess
+import sys
 import struct
 from pathlib import Path
 
@@ -507,3 +510,40 @@ def test_hidden_states_that_differ_on_one_rank():
         y[0, 0, 0], y[0, 1, 2] = -y[0, 0, 0], -y[0, 1, 2]
     with pytest.raises(sneppx.InvalidArgumentError, match=want):
         cfg.forward_mha(y)
+
+
+_AFTER_FINALIZE = """
+import numpy as np
+from mpi4py import MPI
+import sneppx
+fields = dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=2, head_dim=32, num_threads=1)
+cfg, other = sneppx.LLMConfig(**fields), sneppx.LLMConfig(**fields)
+cfg.tensor_parallel(MPI.COMM_WORLD)
+MPI.Finalize()
+calls = {"forward_mha": lambda: cfg.forward_mha(np.ones((1, 3, 128), np.float32)),
+         "a setter": lambda: setattr(cfg, "num_threads", 1),
+         "tensor_parallel": lambda: other.tensor_parallel(MPI.COMM_WORLD)}
+for what, call in calls.items():
+    try:
+        call()
+        print(what, "returned")
+    except sneppx.CommError as error:
+        print(what, "CommError", error)
+"""
+
+
+def test_after_mpi_finalize():
+    """After MPI.Finalize() every MPI call aborts the process (mpi4py's own py2f and
+    allgather too): a forward, a setter that rebuilds and tensor_parallel() raise CommError
+    instead, and the layer is destroyed at exit without MPI. Run in a process of its own,
+    an MPI singleton (this one's MPI must stay up for the other tests)."""
+    environment = {key: value for key, value in os.environ.items()
+                   if not key.startswith(("OMPI_", "PMIX_", "PRTE_", "OPAL_"))}
+    done = subprocess.run([sys.executable, "-c", _AFTER_FINALIZE], env=environment, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines == ["forward_mha CommError shard transport: allgather failed: MPI is finalized (destroy sharded "
+                     "layers before MPI_Finalize)"] + [
+        f"{what} CommError comm: MPI is finalized (MPI.Finalize() was called); a tensor-parallel layer needs MPI "
+        "running" for what in ("a setter", "tensor_parallel")], done.stdout + done.stderr
