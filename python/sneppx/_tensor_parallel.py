@@ -8,6 +8,7 @@ layer through libsneppx_mpi, found beside libsneppx. Creating, forward_mha and
 the cached forward are collective: every rank calls them in the same order with
 the same arguments.
 """
+import builtins
 import contextlib
 import ctypes
 import sys
@@ -19,7 +20,7 @@ from ._library import lib
 from ._locate import library_path
 from ._weights import CheckpointWeights, StateDictWeights, SyntheticWeights
 from . import errors
-from .errors import CommError, InvalidArgumentError, check, status_code
+from .errors import CommError, InvalidArgumentError, OutOfMemoryError, check, status_code
 
 T = TypeVar("T")
 
@@ -186,23 +187,26 @@ def is_sharded(cfg: Any) -> bool:
 
 @contextlib.contextmanager
 def refused_on_every_rank(cfg: Any) -> Iterator[None]:
-    """The argument checks before a forward's C call. On a tensor-parallel config, a
-    TypeError, ValueError or IndexError (a cache row that is not there) they raise on this
-    rank is this rank's part in the call the other ranks make (sneppx_layer_shard_refuse):
-    they fail with "rank R of W: ..." instead of pairing their call with this rank's next
-    one. The block must hold no collective step itself."""
+    """The argument checks before a forward's C call. On a tensor-parallel config, any
+    exception they raise on this rank (a TypeError or ValueError, an IndexError for a cache
+    row that is not there, a MemoryError converting the inputs) is this rank's part in the
+    call the other ranks make (sneppx_layer_shard_refuse): they fail with "rank R of W: ..."
+    (OutOfMemoryError for a MemoryError, else InvalidArgumentError) instead of pairing their
+    call with this rank's next one. The block must hold no collective step itself."""
     try:
         yield
-    except (TypeError, ValueError, IndexError) as error:
+    except Exception as error:
         if is_sharded(cfg):
             layer = cfg._current_layer()   # a create the others make first, if the layer is new
-            lib.sneppx_layer_shard_refuse(layer._handle, status_code(InvalidArgumentError), str(error).encode())
+            refusal = OutOfMemoryError if isinstance(error, MemoryError) else InvalidArgumentError
+            lib.sneppx_layer_shard_refuse(layer._handle, status_code(refusal), str(error).encode())
         raise
 
 
 def _exception_class(name: str) -> type:
-    """The class another rank raised, by name: sneppx's own or a builtin one."""
-    known = getattr(errors, name, None) or {"TypeError": TypeError, "OSError": OSError}.get(name)
+    """The class another rank raised, by name: sneppx's own or a builtin one (ValueError for
+    any other)."""
+    known = getattr(errors, name, None) or getattr(builtins, name, None)
     return known if isinstance(known, type) and issubclass(known, Exception) else ValueError
 
 
@@ -224,7 +228,7 @@ def agreed(cfg: Any, prepare: Callable[[], T], same: Optional[Tuple[str, Any]] =
     failure: Optional[Exception] = None
     try:
         result = prepare()
-    except (TypeError, ValueError, OSError) as error:
+    except Exception as error:   # whatever it is (a MemoryError copying weights too): the others must hear
         failure = error
     # The value only once prepare() has checked it (it may not pickle otherwise).
     verdicts = comm.allgather((None if failure is None else (type(failure).__name__, str(failure)),

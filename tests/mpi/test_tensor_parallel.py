@@ -547,3 +547,31 @@ def test_after_mpi_finalize():
                      "layers before MPI_Finalize)"] + [
         f"{what} CommError comm: MPI is finalized (MPI.Finalize() was called); a tensor-parallel layer needs MPI "
         "running" for what in ("a setter", "tensor_parallel")], done.stdout + done.stderr
+
+
+@pytest.mark.skipif(WORLD == 1, reason="needs another rank")
+def test_out_of_memory_in_python_on_one_rank(monkeypatch):
+    """A MemoryError in Python's own work on one rank (converting hidden_states, copying a
+    state dict: ranks on machines with less free memory) is that rank's verdict like a bad
+    argument: the others raise OutOfMemoryError "rank R of W: ..." instead of waiting in
+    the call for it forever, and the layer and the cache stay as they were."""
+    whole, cfg, weights = sharded_with_weights(12)
+    last = RANK == WORLD - 1
+    want = f"rank {WORLD - 1} of {WORLD}: " if not last else ""
+    x = inputs(13, 1, 4, 128)
+    cache = cfg.kv_cache(batch=1, max_tokens=16)
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("no memory for the copy")
+    if last:
+        monkeypatch.setattr(sneppx.config, "hidden_states_array", no_memory)
+        monkeypatch.setattr(sneppx.config, "StateDictWeights", no_memory)
+    with pytest.raises(MemoryError, match=f"^{want}no memory for the copy$"):
+        cfg.forward_mha(x)
+    with pytest.raises(MemoryError, match=f"^{want}no memory for the copy$"):
+        cfg.forward_mha(x, past_key_value=cache)
+    with pytest.raises(MemoryError, match=f"^{want}no memory for the copy$"):
+        cfg.load_state_dict(random_state_dict(cfg, 14))
+    monkeypatch.undo()
+    assert cache.lengths == [0]
+    assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
