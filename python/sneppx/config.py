@@ -600,7 +600,7 @@ class LLMConfig:
             batch, seq_len = x.shape[0], x.shape[1]
             mask = attention_mask_array(attention_mask, batch, seq_len)
             positions = position_ids_array(position_ids, batch, seq_len)
-        out = np.empty_like(x)
+            out = np.empty_like(x)   # in the block: a MemoryError here is this rank's refusal too
         if x.size or is_sharded(self):
             self._current_layer().forward(x, mask, positions, out)
         return output_like(hidden_states, out)
@@ -630,7 +630,7 @@ class LLMConfig:
                     masks = cached_mask_planes(attention_mask, batch, seq_len, lengths[0],
                                                self._config.sliding_window)
                 positions = position_ids_array(position_ids, batch, seq_len)
-            out = np.empty_like(x)
+                out = np.empty_like(x)
             layer = self._current_layer()
             try:
                 with cache.in_rows("hidden_states"):   # seq_ids[b] is the batch row b
@@ -678,10 +678,10 @@ class LLMConfig:
                 # np.empty for no rows: np.concatenate refuses an empty list.
                 positions = np.concatenate([row_positions_array(f"position_ids[{i}]", p, q_lens[i])
                                             for i, p in enumerate(position_list)] or [np.empty(0, np.int64)])
+            x = np.ascontiguousarray(np.concatenate(packed)) if packed else np.empty((0, hidden_size), np.float32)
+            out = np.empty_like(x)
         if not rows and not is_sharded(self):
             return []
-        x = np.ascontiguousarray(np.concatenate(packed)) if packed else np.empty((0, hidden_size), np.float32)
-        out = np.empty_like(x)
         with cache._lock:
             with refused_on_every_rank(self):
                 seq_ids = cache._distinct_seq_ids(rows)

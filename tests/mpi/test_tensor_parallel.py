@@ -573,5 +573,15 @@ def test_out_of_memory_in_python_on_one_rank(monkeypatch):
     with pytest.raises(MemoryError, match=f"^{want}no memory for the copy$"):
         cfg.load_state_dict(random_state_dict(cfg, 14))
     monkeypatch.undo()
+    # The output arrays too (as big as the input): allocated before the C call.
+    if last:
+        monkeypatch.setattr(np, "empty_like", no_memory)
+    with pytest.raises(MemoryError, match=f"^{want}no memory for the copy$"):
+        cfg.forward_mha(x)
+    with pytest.raises(MemoryError, match=f"^{want}no memory for the copy$"):
+        cfg.forward_mha(x, past_key_value=cache)
+    with pytest.raises(MemoryError, match=f"^{want}no memory for the copy$"):
+        cfg.forward_ragged(cache, [0], [x[0]])
+    monkeypatch.undo()
     assert cache.lengths == [0]
     assert error(cfg.forward_mha(x), whole.forward_mha(x)) <= 1e-6
