@@ -65,6 +65,9 @@ void bench_stage_jit(struct bench_context *ctx);
 void bench_stage_memory(struct bench_context *ctx);
 void bench_stage_decode(struct bench_context *ctx);
 void bench_stage_generate(struct bench_context *ctx);
+/* The impl of the generate stage's scalar rows: the heap's growth in bytes over a row's
+ * warm decode steps (a warm step must allocate nothing). */
+#define GENERATE_HEAP_GROWTH "heap-growth"
 void bench_stage_precision(struct bench_context *ctx);
 
 /* The performance targets (docs/PERFORMANCE.md) against the rows recorded so far: met or MISS, and by how much. */

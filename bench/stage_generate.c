@@ -167,6 +167,7 @@ static void report_decode(struct bench_context *ctx, struct generation *g, int64
     const long long heap_growth = (long long)heap_after - (long long)heap_before;
     char note[96];
     snprintf(note, sizeof note, "heap %+lld B over %d warm steps", heap_growth, ours.seconds.reps + plan->warmup);
+    bench_record_value("generate", ours.case_name, GENERATE_HEAP_GROWTH, context, threads, (double)heap_growth, "B");
     const struct bench_stats *baselines[] = {llama, torch};
     const char *names[] = {"llama.cpp", "pytorch"};
     int reported = 0;

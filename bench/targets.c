@@ -286,6 +286,51 @@ static void check_precision(int threads)
     }
 }
 
+/* Generation through the paged cache (the generate stage, llama3-8B's layer): a batch-1
+ * step at context 4096 >= 85% of its roofline, a ragged batch of 16 >= 80% at every
+ * context, chunked prefill >= 0.95x the one-shot forward, and no heap growth over the
+ * warm steps of any row. */
+static void check_generate(int threads)
+{
+    int single_found = 0, batch_found = 0, chunked_found = 0, heap_found = 0;
+    double single = 0, worst_batch = 1e300, chunked = 0, worst_heap = 0;
+    char batch_case[96] = "", heap_case[96] = "";
+    for (size_t i = 0; i < bench_row_count(); i++) {
+        struct bench_row_view row;
+        bench_row_at(i, &row);
+        const struct bench_result *r = row.result;
+        if (strcmp(r->stage, "generate") != 0 || r->threads != threads)
+            continue;
+        if (row.value_unit) {
+            if (strcmp(r->impl, GENERATE_HEAP_GROWTH) == 0 && (!heap_found || row.value > worst_heap)) {
+                heap_found = 1;
+                worst_heap = row.value;
+                snprintf(heap_case, sizeof heap_case, "largest %+.0f B (%s, context %lld)", row.value,
+                         r->case_name, r->tokens);
+            }
+        } else if (strcmp(r->impl, "sneppx") == 0 && strcmp(r->case_name, "decode b1") == 0 && r->tokens == 4096) {
+            single_found = 1;
+            single = bench_peak_fraction(r);
+        } else if (strcmp(r->impl, "sneppx") == 0 && strncmp(r->case_name, "decode b", 8) == 0 &&
+                   strcmp(r->case_name, "decode b1") != 0 && bench_peak_fraction(r) < worst_batch) {
+            batch_found = 1;
+            worst_batch = bench_peak_fraction(r);
+            snprintf(batch_case, sizeof batch_case, "worst %s, context %lld: %.0f%% of roofline", r->case_name,
+                     r->tokens, 100 * worst_batch);
+        } else if (strcmp(r->impl, "chunked") == 0 && row.baseline_impl[0]) {
+            chunked_found = 1;
+            chunked = row.speedup;
+        }
+    }
+    char detail[96];
+    snprintf(detail, sizeof detail, "%.0f%% of roofline", 100 * single);
+    verdict(single_found, single >= 0.85, "generate b1, context 4096: >= 85% of roofline", detail);
+    verdict(batch_found, worst_batch >= 0.8, "generate ragged b16, every context: >= 80% of roofline", batch_case);
+    snprintf(detail, sizeof detail, "%.2fx", chunked);
+    verdict(chunked_found, chunked >= 0.95, "chunked prefill: >= 0.95x one-shot", detail);
+    verdict(heap_found, worst_heap <= 0, "a warm decode step allocates nothing", heap_case);
+}
+
 void bench_report_targets(const struct bench_context *ctx)
 {
     const int threads = ctx->thread_counts[ctx->thread_count_n - 1];
@@ -301,4 +346,5 @@ void bench_report_targets(const struct bench_context *ctx)
     check_scaling(threads);
     check_jit();
     check_precision(threads);
+    check_generate(threads);
 }

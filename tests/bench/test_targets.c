@@ -57,6 +57,30 @@ static void sweep(void)
     bench_report_pair(&from_memory, NULL, NULL);
 }
 
+/* A generate-stage decode row at `fraction` of its roofline (bytes over the read bandwidth),
+ * its heap growth over the warm steps beside it. */
+static void generate_decode(const char *case_name, long long context, int threads, double fraction,
+                            double heap_growth)
+{
+    const double bandwidth = 50;
+    struct bench_result ours =
+        row("generate", case_name, "sneppx", context, threads, BENCH_UNIT_BYTES, 0.005, fraction * bandwidth,
+            bandwidth, 0);
+    bench_report_pair(&ours, NULL, NULL);
+    bench_record_value("generate", case_name, GENERATE_HEAP_GROWTH, context, threads, heap_growth, "B");
+}
+
+/* Chunked prefill against the one-shot forward: speedup = one-shot time / chunked time. */
+static void generate_chunked(int threads, double speedup)
+{
+    struct bench_result ours = row("generate", "prefill 512-token chunks", "chunked", 4096, threads,
+                                   BENCH_UNIT_FLOPS, 0.1, 100, 200, 0);
+    struct bench_result theirs = ours;
+    snprintf(theirs.impl, sizeof theirs.impl, "one-shot");
+    theirs.seconds.median = theirs.seconds.min = theirs.seconds.max = 0.1 * speedup;
+    bench_report_pair(&ours, &theirs, NULL);
+}
+
 /* The targets' lines for ctx, read back from stdout. */
 static char *targets_text(const struct bench_context *ctx)
 {
@@ -126,6 +150,32 @@ int main(void)
     text = targets_text(&two);
     expect(text, "2 threads >= 1.85x 1 thread", "MISS");
     expect(text, "projections T >= 512: >= 1.0x OpenBLAS; T = 2048: >= 85% of peak", "MISS");
+    free(text);
+
+    /* Generation: nothing recorded yet is n/a; then the rows decide, batch 16 by its worst
+     * context, the heap by its largest growth, on the all-core rows only. */
+    text = targets_text(&two);
+    expect(text, "generate b1, context 4096: >= 85% of roofline", "n/a ");
+    expect(text, "a warm decode step allocates nothing", "n/a ");
+    free(text);
+    generate_decode("decode b1", 4096, 1, 0.50, 4096); /* one thread's rows do not count */
+    generate_decode("decode b1", 4096, 2, 0.90, 0);
+    generate_decode("decode b1", 512, 2, 0.60, 0);     /* only context 4096 is held to 85% */
+    generate_decode("decode b16 ragged", 512, 2, 0.85, 0);
+    generate_decode("decode b16 ragged", 4096, 2, 0.82, 0);
+    generate_chunked(1, 0.80);
+    generate_chunked(2, 0.99);
+    text = targets_text(&two);
+    expect(text, "generate b1, context 4096: >= 85% of roofline", "met ");
+    expect(text, "generate ragged b16, every context: >= 80% of roofline", "met ");
+    expect(text, "chunked prefill: >= 0.95x one-shot", "met ");
+    expect(text, "a warm decode step allocates nothing", "met ");
+    free(text);
+    generate_decode("decode b16 ragged", 32768, 2, 0.66, 64);
+    text = targets_text(&two);
+    expect(text, "generate ragged b16, every context: >= 80% of roofline", "MISS");
+    expect(text, "a warm decode step allocates nothing", "MISS");
+    expect(text, "generate b1, context 4096: >= 85% of roofline", "met ");
     free(text);
 
     if (failures)
