@@ -77,6 +77,14 @@ void bench_report_targets(const struct bench_context *ctx);
 int bench_child_start(int argc, char **argv);   /* --child-start MODEL: JIT cold/warm start */
 int bench_child_memory(int argc, char **argv);  /* --child-memory T: peak memory of a forward */
 
+/* Runs that read their data once each, from memory (a decode step's weights, a cache), are
+ * timed over copies of it taken in turn: reused, even a few hundred MB partly stays in
+ * these hosts' caches (a 64 MiB buffer reads at ~56 GB/s on one core of the Zen 5 VM, 1 GiB
+ * at ~34). The copies add up to at least BENCH_ROTATION_BYTES; bench_rotation_copies says
+ * how many of copy_bytes each that takes, 2 under --quick, at most max_copies. */
+#define BENCH_ROTATION_BYTES ((double)(1 << 30))
+int bench_rotation_copies(const struct bench_context *ctx, double copy_bytes, int max_copies);
+
 /* A 64-byte aligned float buffer, 2 MiB aligned and advised for transparent
  * huge pages when large, and touched (so no timed run pays its page faults).
  * NULL when out of memory. Free with free(). */

@@ -9,6 +9,12 @@
 
 #define HUGE_PAGE_BYTES ((size_t)2 << 20)
 
+int bench_rotation_copies(const struct bench_context *ctx, double copy_bytes, int max_copies)
+{
+    const double wanted = copy_bytes >= BENCH_ROTATION_BYTES ? 1 : ctx->quick ? 2 : BENCH_ROTATION_BYTES / copy_bytes + 1;
+    return wanted < max_copies ? (int)wanted : max_copies;
+}
+
 float *bench_alloc_floats(size_t count)
 {
     size_t bytes = (count ? count : 1) * sizeof(float);

@@ -15,6 +15,7 @@
  * sneppx_attn_decode_merge(), inside the timed run. Beside the kernel, in the
  * same rounds, a paged read (run_paged_read) rates it against what its pages
  * let the cores read. */
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -31,8 +32,6 @@
 #define PAGE_SIZE SNEPPX_KV_DEFAULT_PAGE_SIZE
 /* Cases whose cache would exceed this are left out (llama3-8B at batch 16 x 32768: 4 GiB). */
 #define POOL_BUDGET_BYTES ((int64_t)3 << 29)
-/* Copies of a smaller cache add up to at least this (the gemm stage's rotation). */
-#define ROTATION_BYTES ((int64_t)1 << 30)
 
 struct decode_shape {
     const char *name;
@@ -286,7 +285,7 @@ static void bench_shape(struct bench_context *ctx, const struct decode_shape *s)
                        copy_floats * 4.0 / (1 << 30), POOL_BUDGET_BYTES / (double)(1 << 30));
                 continue;
             }
-            run.copies = copy_floats * 4 >= ROTATION_BYTES ? 1 : ctx->quick ? 2 : ROTATION_BYTES / (copy_floats * 4) + 1;
+            run.copies = bench_rotation_copies(ctx, copy_floats * 4.0, INT_MAX);
             const int64_t floats = run.copies * copy_floats;
             const int64_t heads = s->kv_heads * s->group;
             run.pages_per_seq = (context + PAGE_SIZE - 1) / PAGE_SIZE;

@@ -28,11 +28,8 @@ static const int64_t full_tokens[] = {1, 128, 512, 2048};
 static const struct gemm_case quick_cases[] = {{"qkv", 512, 768}, {"o", 512, 512}};
 static const int64_t quick_tokens[] = {1, 24};
 
-/* Decode reads every layer's weights once per token, from memory. Reused, a
- * 100 MB matrix partly stays in this machine's caches (a 64 MiB buffer reads
- * at ~56 GB/s on one core, 1 GiB at ~34), so T = 1 cycles through copies of
- * the weights that add up to more than the caches hold. */
-#define DECODE_ROTATION_BYTES ((double)(1 << 30))
+/* Decode reads every layer's weights once per token, from memory: T = 1 cycles through
+ * copies of the weights (bench_rotation_copies). */
 #define MAX_COPIES 32
 /* The sides timed per thread count, in this order (untuned: only on a host with a tuning record). */
 enum { SIDE_SNEPPX, SIDE_OPENBLAS, SIDE_UNTUNED, SIDES_PER_COUNT };
@@ -136,8 +133,7 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
     for (int t = 0; t < ctx->thread_count_n; t++)
         for (int i = 0; i < per_count; i++)
             outputs_made &= (outputs[t][i] = bench_alloc_floats((size_t)(max_tokens * shape->n))) != NULL;
-    int copies = ctx->quick ? 2 : (int)(DECODE_ROTATION_BYTES / weight_bytes) + 1;
-    copies = copies < MAX_COPIES ? copies : MAX_COPIES;
+    const int copies = bench_rotation_copies(ctx, weight_bytes, MAX_COPIES);
     if (!src || !outputs_made || make_copies(ctx, kernel, shape, copies, &rotation) != 0) {
         fprintf(stderr, "sneppx-bench: gemm %s: out of memory\n", shape->name);
         ctx->failures++;

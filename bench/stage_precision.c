@@ -6,7 +6,10 @@
  * weight bytes + the cache bytes its query reads, over the read bandwidth
  * probed before and after the types' rounds), then against llama.cpp with the
  * nearest GGUF types (f16, bf16, q8_0 weights and KV) and HF transformers in
- * bfloat16. Prefill (one forward of T tokens): each weight type against the
+ * bfloat16. A type's steps take copies of its layer in turn (bench_rotation_copies),
+ * so its weights come from memory as a generation's would, not from the L3 the
+ * step before filled (an int8 step reads 56 MB; the cache, one per type, at most
+ * a sixth of that). Prefill (one forward of T tokens): each weight type against the
  * float32 layer, where widening the panels must hide behind the FMAs. Each row
  * also says what the type costs in accuracy: max |output - float32's| / max
  * |float32's|, on the same synthetic weights and inputs (decode: the first step
@@ -23,6 +26,8 @@
 
 #define MODEL "llama3-8B"
 #define PREFILL_CHUNK 512
+/* Copies of a decode case's layer at most (int8: 16 x 47 MB). */
+#define MAX_LAYER_COPIES 16
 
 /* One row of the decode table: sneppx's types (label: weights and cache, the
  * short names targets.c looks for) and the baselines' nearest ones (NULL: none run). */
@@ -65,9 +70,11 @@ static void stage_failed(struct bench_context *ctx, const char *what)
     ctx->failures++;
 }
 
-/* A layer and a one-sequence cache of the given types, prefilled to `context` tokens. */
+/* Copies of a layer (the same synthetic weights) and one one-sequence cache of the given
+ * types, prefilled to `context` tokens by the first copy; step i runs copy i % copies. */
 struct decode_run {
-    sneppx_layer *layer;
+    sneppx_layer *layers[MAX_LAYER_COPIES];
+    int copies, uses;
     sneppx_kv_cache *cache;
     int64_t seq_id, length;
     float *hidden, *out; /* PREFILL_CHUNK tokens */
@@ -90,16 +97,17 @@ static double normalized_error(const float *a, const float *b, int64_t n)
 static void decode_run_free(struct decode_run *run)
 {
     sneppx_kv_cache_destroy(run->cache);
-    sneppx_layer_destroy(run->layer);
+    for (int c = 0; c < run->copies; c++)
+        sneppx_layer_destroy(run->layers[c]);
     free(run->hidden);
     free(run->out);
     free(run->first_step);
     memset(run, 0, sizeof *run);
 }
 
-static int forward(struct decode_run *run, int64_t q_len)
+static int forward(struct decode_run *run, sneppx_layer *layer, int64_t q_len)
 {
-    return sneppx_layer_forward_cached(run->layer, run->cache, 0, 1, &run->seq_id, &q_len, run->hidden, NULL, NULL,
+    return sneppx_layer_forward_cached(layer, run->cache, 0, 1, &run->seq_id, &q_len, run->hidden, NULL, NULL,
                                        run->out) == SNEPPX_OK
                ? 0
                : -1;
@@ -111,7 +119,8 @@ static int forward(struct decode_run *run, int64_t q_len)
 static int decode_step(void *opaque)
 {
     struct decode_run *run = opaque;
-    if (sneppx_kv_cache_truncate(run->cache, run->seq_id, run->length) != SNEPPX_OK || forward(run, 1) != 0) {
+    sneppx_layer *layer = run->layers[run->uses++ % run->copies];
+    if (sneppx_kv_cache_truncate(run->cache, run->seq_id, run->length) != SNEPPX_OK || forward(run, layer, 1) != 0) {
         fprintf(stderr, "sneppx-bench: precision: decode: %s\n", sneppx_last_error());
         return 1;
     }
@@ -119,8 +128,8 @@ static int decode_step(void *opaque)
 }
 
 /* 0, or -1 with sneppx_last_error() saying why (the caller names what). */
-static int decode_run_make(struct decode_run *run, const sneppx_config *base, const struct precision_case *c,
-                           int64_t context)
+static int decode_run_make(const struct bench_context *ctx, struct decode_run *run, const sneppx_config *base,
+                           const struct precision_case *c, int64_t context)
 {
     memset(run, 0, sizeof *run);
     sneppx_config config = *base;
@@ -129,8 +138,10 @@ static int decode_run_make(struct decode_run *run, const sneppx_config *base, co
     sneppx_kv_cache_options_init(&options);
     options.dtype = c->cache;
     options.capacity_tokens = context + 2 + 2 * SNEPPX_KV_DEFAULT_PAGE_SIZE;
-    if (sneppx_layer_create(&config, NULL, &run->layer) != SNEPPX_OK ||
-        sneppx_kv_cache_create(&config, &options, &run->cache) != SNEPPX_OK ||
+    if (sneppx_layer_create(&config, NULL, &run->layers[0]) != SNEPPX_OK)
+        return -1;
+    run->copies = 1;
+    if (sneppx_kv_cache_create(&config, &options, &run->cache) != SNEPPX_OK ||
         sneppx_kv_cache_add_sequence(run->cache, &run->seq_id) != SNEPPX_OK)
         return -1;
     run->hidden = bench_alloc_floats((size_t)(PREFILL_CHUNK * config.hidden_size));
@@ -140,20 +151,24 @@ static int decode_run_make(struct decode_run *run, const sneppx_config *base, co
     bench_fill_uniform(run->hidden, PREFILL_CHUNK * config.hidden_size, 47, 1.0f);
     for (int64_t done = 0; done < context; done += PREFILL_CHUNK) {
         const int64_t q_len = context - done < PREFILL_CHUNK ? context - done : PREFILL_CHUNK;
-        if (forward(run, q_len) != 0)
+        if (forward(run, run->layers[0], q_len) != 0)
             return -1;
     }
     run->length = context;
     /* Every case steps from the same prefill with the same token: the outputs compare. */
     run->first_step = malloc(sizeof(float) * (size_t)config.hidden_size);
-    if (!run->first_step || forward(run, 1) != 0)
+    if (!run->first_step || forward(run, run->layers[0], 1) != 0)
         return -1;
     memcpy(run->first_step, run->out, sizeof(float) * (size_t)config.hidden_size);
     run->length++;
     sneppx_kv_cache_stats stats;
     sneppx_kv_cache_stats_get(run->cache, &stats);
     run->token_bytes = (double)stats.token_bytes; /* rows and int8 scales, not the pages' alignment */
-    run->weight_bytes = sneppx_layer_weight_bytes(run->layer);
+    run->weight_bytes = sneppx_layer_weight_bytes(run->layers[0]);
+    const int copies = bench_rotation_copies(ctx, run->weight_bytes, MAX_LAYER_COPIES);
+    for (; run->copies < copies; run->copies++)
+        if (sneppx_layer_create(&config, NULL, &run->layers[run->copies]) != SNEPPX_OK)
+            return -1;
     return 0;
 }
 
@@ -196,7 +211,7 @@ static void report_decode(struct bench_context *ctx, const sneppx_config *config
     int count = 0;
     for (size_t i = 0; i < DECODE_CASES; i++) {
         struct decode_run *run = &runs[count];
-        if (decode_run_make(run, config, &decode_cases[i], context) != 0 || decode_step(run) != 0) {
+        if (decode_run_make(ctx, run, config, &decode_cases[i], context) != 0 || decode_step(run) != 0) {
             char what[96];
             snprintf(what, sizeof what, "decode, %s weights and cache", decode_cases[i].label);
             stage_failed(ctx, what);
@@ -226,8 +241,8 @@ static void report_decode(struct bench_context *ctx, const sneppx_config *config
         snprintf(ours.impl, sizeof ours.impl, "sneppx %s", c->label);
         snprintf(ours.case_name, sizeof ours.case_name, "decode b1 %s", c->label);
         char note[160];
-        const int length = snprintf(note, sizeof note, "weights %.1f MB, cache %.1f KB/token", run->weight_bytes / 1e6,
-                                    run->token_bytes / 1e3);
+        const int length = snprintf(note, sizeof note, "weights %.1f MB x %d copies, cache %.1f KB/token",
+                                    run->weight_bytes / 1e6, run->copies, run->token_bytes / 1e3);
         if (i == 0) {
             float32_step = ours;
             bench_report_pair(&ours, NULL, note);
