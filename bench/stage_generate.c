@@ -9,7 +9,9 @@
  * SDPA), from the virtual environment scripts/venv.sh makes ($SNEPPX_BENCH_VENV;
  * bench/run.sh sets it). Then chunked prefill (512-token chunks through the
  * cache) against the one-shot cache-free forward of the same tokens, the two
- * side by side in rounds. */
+ * side by side in rounds. Decode steps take copies of the layer in turn
+ * (bench_rotation_copies), so each reads its weights from memory, as a model's
+ * layer does when the other layers have run since its last step. */
 #include <malloc.h>
 #include <omp.h>
 #include <stdio.h>
@@ -29,6 +31,8 @@
  * forks one prefilled sequence and truncates the forks (its K/V, 268 MB per
  * sequence at 32768, is far beyond any cache, so sharing pages flatters nothing). */
 #define DISTINCT_PREFILL_MAX_CONTEXT DECODE_BASELINE_BATCH_MAX_CONTEXT
+/* Copies of the layer decode steps take in turn, at most. */
+#define MAX_LAYER_COPIES 16
 
 static const int64_t full_contexts[] = {512, 4096, 32768};
 static const int64_t quick_contexts[] = {64};
@@ -36,7 +40,9 @@ static const int64_t full_batches[] = {1, 16};
 static const int64_t quick_batches[] = {1, 2};
 
 struct generation {
-    sneppx_layer *layer;
+    sneppx_layer *layer;                      /* prefills, and the first of the copies */
+    sneppx_layer *copies[MAX_LAYER_COPIES];  /* the same weights; decode step i runs copy i % copy_count */
+    int copy_count, steps;
     sneppx_kv_cache *cache;
     int64_t hidden_size;
     int64_t batch;
@@ -46,9 +52,10 @@ struct generation {
     float *hidden, *out;   /* CHUNK tokens (decode: up to 16) */
 };
 
-static int forward(struct generation *g, int64_t n_seqs, const int64_t *seq_ids, const int64_t *q_lens)
+static int forward(struct generation *g, sneppx_layer *layer, int64_t n_seqs, const int64_t *seq_ids,
+                   const int64_t *q_lens)
 {
-    if (sneppx_layer_forward_cached(g->layer, g->cache, 0, n_seqs, seq_ids, q_lens, g->hidden, NULL, NULL, g->out) ==
+    if (sneppx_layer_forward_cached(layer, g->cache, 0, n_seqs, seq_ids, q_lens, g->hidden, NULL, NULL, g->out) ==
         SNEPPX_OK)
         return 0;
     fprintf(stderr, "sneppx-bench: generate: %s\n", sneppx_last_error());
@@ -60,7 +67,7 @@ static int prefill(struct generation *g, int64_t seq_id, int64_t tokens)
 {
     for (int64_t done = 0; done < tokens; done += CHUNK) {
         int64_t q_len = tokens - done < CHUNK ? tokens - done : CHUNK;
-        if (forward(g, 1, &seq_id, &q_len) != 0)
+        if (forward(g, g->layer, 1, &seq_id, &q_len) != 0)
             return 1;
     }
     return 0;
@@ -117,7 +124,7 @@ static int decode_step(void *opaque)
     struct generation *g = opaque;
     for (int64_t s = 0; s < g->batch; s++)
         g->q_lens[s] = 1;
-    if (forward(g, g->batch, g->seq_ids, g->q_lens) != 0)
+    if (forward(g, g->copies[g->steps++ % g->copy_count], g->batch, g->seq_ids, g->q_lens) != 0)
         return 1;
     for (int64_t s = 0; s < g->batch; s++)
         g->lengths[s]++;
@@ -148,13 +155,18 @@ static void report_decode(struct bench_context *ctx, struct generation *g, int64
         ctx->failures++;
         return;
     }
+    /* Warm: every copy's workspace for this batch, copy-on-write of forked pages. */
+    for (int c = 0; c < g->copy_count; c++)
+        if (decode_step(g) != 0) {
+            ctx->failures++;
+            return;
+        }
     /* Half the timed steps' growth, so the bytes are those of the median step. */
     const double bytes = step_bytes(g, token_bytes) + (double)g->batch * plan->max_reps / 2.0 * token_bytes;
     struct bench_result ours = {.stage = "generate", .impl = "sneppx", .tokens = context, .threads = threads,
                                 .work = bytes, .unit = BENCH_UNIT_BYTES};
     snprintf(ours.case_name, sizeof ours.case_name, "decode b%lld%s", (long long)g->batch,
              g->batch > 1 ? " ragged" : "");
-    decode_step(g); /* warm: the workspace for this batch, copy-on-write of forked pages */
     const double before = bench_read_bandwidth_beside(ctx, threads);
     const size_t heap_before = heap_bytes();
     if (bench_measure(decode_step, g, plan, &ours.seconds) != 0) {
@@ -310,6 +322,17 @@ void bench_stage_generate(struct bench_context *ctx)
         ctx->failures++;
         goto done;
     }
+    g.copies[0] = g.layer;
+    g.copy_count = 1;
+    const int copies = bench_rotation_copies(ctx, sneppx_layer_weight_bytes(g.layer), MAX_LAYER_COPIES);
+    for (; g.copy_count < copies; g.copy_count++)
+        if (sneppx_layer_create(&config, NULL, &g.copies[g.copy_count]) != SNEPPX_OK) {
+            fprintf(stderr, "sneppx-bench: generate: layer copy: %s\n", sneppx_last_error());
+            ctx->failures++;
+            goto done;
+        }
+    printf("  (decode steps take %d copies of the layer in turn, %.0f MB of weights each)\n", g.copy_count,
+           sneppx_layer_weight_bytes(g.layer) / 1e6);
     g.hidden = bench_alloc_floats((size_t)(CHUNK * config.hidden_size));
     g.out = bench_alloc_floats((size_t)(CHUNK * config.hidden_size));
     if (!g.hidden || !g.out) {
@@ -333,5 +356,7 @@ done:
     free(g.hidden);
     free(g.out);
     sneppx_kv_cache_destroy(g.cache);
+    for (int c = 1; c < g.copy_count; c++)
+        sneppx_layer_destroy(g.copies[c]);
     sneppx_layer_destroy(g.layer);
 }
