@@ -48,7 +48,7 @@ void decode_baseline_run(const char *script, const sneppx_config *config, const 
                                            contexts_arg, "--batch", batch_arg, "--threads", threads_arg,
                                            "--steps", steps_arg};
         int argc = 20;
-        for (int i = 0; extra_args && extra_args[i] && i < MAX_EXTRA_ARGS; i++)
+        for (int i = 0; extra_args && i < MAX_EXTRA_ARGS && extra_args[i]; i++)
             argv[argc++] = (char *)extra_args[i];
         argv[argc] = NULL;
         const char *const set_env[] = {
