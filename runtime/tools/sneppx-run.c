@@ -233,6 +233,11 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (compute_dtype == SNEPPX_DTYPE_BFLOAT16 && weight_dtype != SNEPPX_DTYPE_BFLOAT16) {
+        fprintf(stderr, "sneppx-run: --compute-dtype bfloat16 needs bfloat16 weights (--weight-dtype bfloat16), "
+                        "not %s\n", sneppx_dtype_name(weight_dtype));
+        return 2;
+    }
     if (kv_dtype != SNEPPX_DTYPE_FLOAT32 && !decode) {
         fprintf(stderr, "sneppx-run: --kv-dtype needs --decode N (only generation uses a KV cache)\n");
         return 2;
@@ -270,12 +275,23 @@ int main(int argc, char **argv)
         archs[arch_count++] = "deepseek-v2-lite";
     }
     /* Every name is checked before the first preset runs, as the other options are: a
-     * misspelled last --arch must not cost the runs of the ones before it. */
+     * misspelled last --arch must not cost the runs of the ones before it. So is every
+     * preset with the options set, as its layer will validate it: a host without
+     * AVX512_BF16 refuses --compute-dtype bfloat16 once, not once per preset after the
+     * runs before it. */
     for (int a = 0; a < arch_count; a++) {
         sneppx_config config;
         if (sneppx_config_from_name(archs[a], NULL, &config) != SNEPPX_OK) {
             fprintf(stderr, "sneppx-run: --arch: %s\n", sneppx_last_error());
             return 2;
+        }
+        config.num_threads = (int)threads;
+        config.use_flash_attn = flash;
+        config.weight_dtype = weight_dtype;
+        config.compute_dtype = compute_dtype;
+        if (sneppx_config_validate(&config) != SNEPPX_OK) {
+            fprintf(stderr, "sneppx-run: %s: %s\n", config.name, sneppx_last_error());
+            return 1;
         }
     }
     if (tensor_parallel) {
