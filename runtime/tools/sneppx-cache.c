@@ -248,6 +248,11 @@ static int warmup(int argc, char **argv)
                     fail(argv[i], status); /* as warmup_one says it, but before anything compiles */
                     return 2;
                 }
+                if (!run && from_file && (status = sneppx_config_from_json_file(argv[i], &config)) != SNEPPX_OK) {
+                    char label[256];
+                    checkpoint_label(argv[i], label, sizeof label);
+                    return fail(label, status); /* a file that cannot be read, or that the runtime refuses */
+                }
                 failures += run ? warmup_one(argv[i], from_file) : 0;
                 names++;
             } else if (strcmp(argv[i], "--arch") == 0 || strcmp(argv[i], "--config") == 0) {
