@@ -9,7 +9,8 @@ own `cc` command line compiles quickstart.c against the source tree and the
 build's rendered headers. docs/API.md's checkpoint example runs on a small
 checkpoint at its path's name, and every `gen/sneppx-gen` line of both pages
 runs and writes the files its comment names; MODELS.md's preset table
-is the runtime's presets, value for value.
+is the runtime's presets, value for value; SECURITY.md's environment table is
+every variable libsneppx, the Python package, sneppx-gen and sneppx-bench read.
 """
 import os
 import re
@@ -274,3 +275,74 @@ def test_models_preset_table_is_the_presets():
         assert cells[:-1] == preset_cells(name), f"docs/MODELS.md's row of {name}"
         if cells[-1]:
             assert sneppx.LLMConfig.from_name(cells[-1]).name == name, f"docs/MODELS.md: alias {cells[-1]}"
+
+
+# ---- docs/SECURITY.md's environment variables against the code that reads them ---------
+
+SECURITY = ROOT / "docs" / "SECURITY.md"
+#: Where each reader's sources are, and how they read a variable: C's getenv() (and the
+#: disk cache's read_env_number()), Python's os.environ or a module constant *_ENV.
+ENV_READERS = {
+    "libsneppx": (["runtime/*.c", "runtime/tools/*.c", "runtime/tools/*/*.c"],
+                  r'\b(?:getenv|read_env_number)\(\s*"([A-Z_][A-Z0-9_]*)"'),
+    "Python package": (["python/sneppx/*.py"],
+                       r'environ(?:\.get\(|\[)\s*"([A-Z_][A-Z0-9_]*)"|\b[A-Z_]+_ENV\s*=\s*"([A-Z_][A-Z0-9_]*)"'),
+    "sneppx-gen": (["gen/sneppx-gen", "gen/sneppx_gen/*.py"], r'environ(?:\.get\(|\[)\s*"([A-Z_][A-Z0-9_]*)"'),
+    # Its own: the baselines' OPENBLAS_* environment is OpenBLAS's, which the bench sets.
+    "sneppx-bench": (["bench/*.c"], r'\bgetenv\(\s*"(SNEPPX_[A-Z0-9_]*)"'),
+}
+
+
+def variables_read(sources: List[str], pattern: str) -> Dict[str, str]:
+    """{variable: a file that reads it} over the sources' files."""
+    found = {}
+    for glob in sources:
+        for path in sorted(ROOT.glob(glob)):
+            for match in re.finditer(pattern, path.read_text()):
+                found.setdefault(next(group for group in match.groups() if group), str(path.relative_to(ROOT)))
+    return found
+
+
+def test_variables_read_finds_each_form():
+    c_pattern, python_pattern = ENV_READERS["libsneppx"][1], ENV_READERS["Python package"][1]
+    assert re.findall(c_pattern, 'x = getenv("SNEPPX_A"); read_env_number("SNEPPX_B", "a size")') == \
+        ["SNEPPX_A", "SNEPPX_B"]
+    assert [m.group(1) or m.group(2) for m in re.finditer(python_pattern, 'os.environ.get("A_B")\n'
+                                                          'LIBRARY_ENV = "C_D"\nos.environ["E"]')] == ["A_B", "C_D", "E"]
+
+
+def documented_variables() -> Dict[str, str]:
+    """SECURITY.md's environment table: {variable: its "read by" cell}."""
+    section = SECURITY.read_text().split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 3:
+            for name in re.findall(r"`([A-Z_][A-Z0-9_]*)`", cells[0]):
+                rows[name] = cells[1]
+    return rows
+
+
+@pytest.mark.parametrize("reader", sorted(ENV_READERS))
+def test_security_lists_every_environment_variable(reader):
+    """Every variable a component reads is a row of SECURITY.md's table that names the
+    component as a reader, and every row naming it is one it reads: a new variable (or one
+    no longer read) cannot go unnoticed."""
+    documented = documented_variables()
+    assert "SNEPPX_CACHE_DIR" in documented and "SNEPPX_LIBRARY" in documented, "SECURITY.md's table moved"
+    sources, pattern = ENV_READERS[reader]
+    read = variables_read(sources, pattern)
+    undocumented = {name: path for name, path in read.items() if reader not in documented.get(name, "")}
+    assert not undocumented, f"docs/SECURITY.md's environment table lacks (as read by {reader}): {undocumented}"
+    stale = [name for name, readers in documented.items() if reader in readers.split(", ") and name not in read]
+    assert not stale, f"docs/SECURITY.md says {reader} reads {stale}, which its sources never read"
+
+
+def test_sneppx_cache_help_names_documented_variables():
+    build = Path(os.environ.get("SNEPPX_BINARY_DIR") or sneppx.library_path().resolve().parents[1])
+    result = subprocess.run([str(build / "runtime" / "sneppx-cache"), "--help"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    named = re.findall(r"\b(SNEPPX_[A-Z0-9_]+)\b", result.stdout.split("Environment:", 1)[1])
+    libsneppx = variables_read(*ENV_READERS["libsneppx"])
+    assert named and [name for name in named if name not in libsneppx or name not in documented_variables()] == []
