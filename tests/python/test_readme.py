@@ -10,7 +10,9 @@ build's rendered headers. docs/API.md's checkpoint example runs on a small
 checkpoint at its path's name, and every `gen/sneppx-gen` line of both pages
 runs and writes the files its comment names; MODELS.md's preset table
 is the runtime's presets, value for value; SECURITY.md's environment table is
-every variable libsneppx, the Python package, sneppx-gen and sneppx-bench read.
+every variable libsneppx, the Python package, sneppx-gen and sneppx-bench read;
+and the README's sneppx-run table names the options sneppx-run --help lists and
+its parser takes, with the defaults it runs.
 """
 import os
 import re
@@ -346,3 +348,55 @@ def test_sneppx_cache_help_names_documented_variables():
     named = re.findall(r"\b(SNEPPX_[A-Z0-9_]+)\b", result.stdout.split("Environment:", 1)[1])
     libsneppx = variables_read(*ENV_READERS["libsneppx"])
     assert named and [name for name in named if name not in libsneppx or name not in documented_variables()] == []
+
+
+# ---- README's sneppx-run option table against sneppx-run ------------------------------
+
+def readme_run_options() -> Dict[str, List[str]]:
+    """The README's sneppx-run table: {option: [its meaning, its default]} for every option
+    its first cell names (`--seq T`, `--batch B` is two rows' worth)."""
+    section = README.read_text().split("| option | meaning | default |", 1)[1].split("\n\n", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 3:
+            for option in re.findall(r"`(--[a-z-]+)", cells[0]):
+                rows[option] = cells[1:]
+    return rows
+
+
+def run_tool(name: str, *arguments: str) -> subprocess.CompletedProcess:
+    build = Path(os.environ.get("SNEPPX_BINARY_DIR") or sneppx.library_path().resolve().parents[1])
+    return subprocess.run([str(build / "runtime" / name), *arguments], capture_output=True, text=True, timeout=600)
+
+
+def test_readme_run_options_are_sneppx_runs():
+    """The README's table, sneppx-run --help and the options sneppx-run's parser compares
+    its arguments with name the same options (--help and -h aside)."""
+    documented = set(readme_run_options())
+    assert {"--arch", "--seq", "--batch", "--decode", "--list-archs"} <= documented, "README's table moved"
+    usage = run_tool("sneppx-run", "--help")
+    assert usage.returncode == 0, usage.stderr
+    in_help = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", usage.stdout)) - {"--help"}
+    source = (ROOT / "runtime" / "tools" / "sneppx-run.c").read_text()
+    parsed = set(re.findall(r'strcmp\(arg, "(--[a-z-]+)"\)', source)) - {"--help"}
+    assert documented == parsed, f"README's sneppx-run table lists {sorted(documented - parsed)} that sneppx-run " \
+                                 f"does not take, and lacks {sorted(parsed - documented)}"
+    assert in_help == parsed, f"sneppx-run --help lists {sorted(in_help - parsed)} that it does not take, and " \
+                              f"lacks {sorted(parsed - in_help)}"
+
+
+def test_readme_run_defaults_are_sneppx_runs():
+    """The table's defaults of --seq, --batch and --repeat are what sneppx-run runs without
+    them, and its default presets (the prose's four) are what --help says it runs."""
+    options = readme_run_options()
+    assert options["--seq"][1] == options["--batch"][1] == "128, 1" and options["--repeat"][1] == "5"
+    result = run_tool("sneppx-run", "--arch", "qwen2-0.5B", "--threads", "1")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"== qwen2-0\.5B: .*, batch 1, seq 128, flash, float32 weights\n", result.stdout), result.stdout
+    assert " over 5 runs " in result.stdout, result.stdout
+    prose = " ".join(README.read_text().split("| option | meaning | default |", 1)[0].rsplit("For each of ", 1)[1]
+                     .split())
+    presets = re.findall(r"[\w.-]+", prose.split(", `sneppx-run` creates", 1)[0].replace(" and ", ", "))
+    usage = " ".join(run_tool("sneppx-run", "--help").stdout.split())
+    assert f"(default: {' '.join(presets)})" in usage, (presets, usage)
