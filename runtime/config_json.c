@@ -633,6 +633,8 @@ sneppx_status sneppx_config_from_json_file(const char *path, sneppx_config *conf
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "path: must not be NULL");
     if (!config)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "config: must not be NULL");
+    if (!path[0]) /* open() would fail with a message that names an empty file */
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "path: empty; give a config.json or the directory holding it");
     /* A checkpoint directory means its config.json. */
     char joined[4096];
     struct stat st;

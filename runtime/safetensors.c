@@ -319,6 +319,8 @@ sneppx_status sneppx_safetensors_open(const char *path, sneppx_safetensors **out
     *out = NULL;
     if (!path)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "sneppx_safetensors_open: path is NULL");
+    if (!path[0]) /* open() would fail with a message that names an empty file */
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "sneppx_safetensors_open: path is empty");
     sneppx_safetensors *file = calloc(1, sizeof *file);
     if (!file || !(file->path = strdup(path))) {
         free(file);

@@ -580,6 +580,10 @@ static sneppx_status locate(struct loader *loader, const char *call, const char 
 {
     if (!path || !config)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call, path ? "config" : "path");
+    /* Named here: open() would fail with a message that names an empty file. */
+    if (!path[0])
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s: path is empty (a checkpoint directory, its "
+                           "model.safetensors.index.json or a .safetensors file)", call);
     if (layer < 0)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s: layer %lld is negative", call, (long long)layer);
     loader->path = path;

@@ -567,6 +567,18 @@ static void test_safetensors_paths(test_tally *tally, const char *dir)
     char path[CACHE_TEST_PATH_MAX], env[CACHE_TEST_ENV_MAX];
     sneppx_safetensors *file = NULL;
     EXPECT_ERROR(tally, sneppx_safetensors_open(dir, &file), SNEPPX_ERR_IO, dir);
+    /* An empty path is named as such, not as a file "" that cannot be opened. */
+    sneppx_config config;
+    small_config(&config);
+    sneppx_attn_weights *weights = NULL;
+    sneppx_layer *layer = NULL;
+    EXPECT_ERROR(tally, sneppx_safetensors_open("", &file), SNEPPX_ERR_INVALID_ARGUMENT, "path is empty");
+    EXPECT_ERROR(tally, sneppx_attn_weights_load("", 0, &config, &weights), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "sneppx_attn_weights_load: path is empty");
+    EXPECT_ERROR(tally, sneppx_layer_create_from_safetensors(&config, "", 0, &layer), SNEPPX_ERR_INVALID_ARGUMENT,
+                 "sneppx_layer_create_from_safetensors: path is empty");
+    EXPECT_ERROR(tally, sneppx_config_from_json_file("", &config), SNEPPX_ERR_INVALID_ARGUMENT, "path: empty");
+    TEST_CHECK(tally, weights == NULL && layer == NULL, "no weights or layer from an empty path");
     snprintf(path, sizeof path, "%s/missing.safetensors", dir);
     EXPECT_ERROR(tally, sneppx_safetensors_open(path, &file), SNEPPX_ERR_IO, "missing.safetensors");
     snprintf(path, sizeof path, "%s/empty.safetensors", dir);

@@ -181,6 +181,9 @@ class CheckpointWeights:
             raise TypeError(f"path: expected a str, bytes or os.PathLike, got {path!r}") from None
         if b"\0" in self.path:   # the C string would end there: another file would be read
             raise ValueError(f"path: {path!r} contains a NUL character")
+        if not self.path:   # named as from_config_json names it, not as a file '' that cannot be opened
+            raise ValueError("path: an empty path; give a checkpoint directory, its model.safetensors.index.json "
+                             "or a .safetensors file")
         self.layer = layer
         self.description = f"safetensors({os.fsdecode(self.path)!r}, layer={self.layer})"
 

@@ -209,6 +209,9 @@ def test_file_and_layer_errors(single_file, tmp_path):
         cfg.load_safetensors(tmp_path / "nowhere")
     with pytest.raises(sneppx.FileError):
         cfg.load_safetensors(tmp_path / "nowhere.safetensors")
+    for empty in ("", b""):   # an unset variable: named as an empty path, not as a file '' not found
+        with pytest.raises(ValueError, match="path: an empty path"):
+            cfg.load_safetensors(empty)
 
     truncated = tmp_path / "truncated.safetensors"
     truncated.write_bytes(path.read_bytes()[:-100])
