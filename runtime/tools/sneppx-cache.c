@@ -45,11 +45,12 @@ static void usage(FILE *out)
           out);
 }
 
-/* what may be the user's text (a preset name): clipped as the library clips it. */
+/* what may be the user's text (a preset name, a path): clipped as the library clips it,
+ * and left out when empty (the message names the empty argument itself). */
 static int fail(const char *what, sneppx_status status)
 {
-    fprintf(stderr, "sneppx-cache: %s: %s: %s\n", sneppx_clip(what).text, sneppx_status_name(status),
-            sneppx_last_error());
+    fprintf(stderr, "sneppx-cache: %s%s%s: %s\n", sneppx_clip(what).text, what[0] ? ": " : "",
+            sneppx_status_name(status), sneppx_last_error());
     return 1;
 }
 
