@@ -407,7 +407,9 @@ static sneppx_status check_arguments(const sneppx_layer *layer, const sneppx_kv_
     return SNEPPX_OK;
 }
 
-/* Under a sliding window the pages of old tokens are gone: a mask may not let a query see them. */
+/* Under a sliding window the pages of old tokens are gone: a mask may not let a query see them.
+ * Only an entry <= SNEPPX_MASKED_BELOW hides its key; NaN does not (the kernels add it, and
+ * the whole sequence's forward gives a NaN row), so NaN is refused as a shown token. */
 static sneppx_status check_masks(const struct cached_sequence *sequences, int64_t n_seqs)
 {
     for (int64_t i = 0; i < n_seqs; i++) {
@@ -416,7 +418,7 @@ static sneppx_status check_masks(const struct cached_sequence *sequences, int64_
             continue;
         for (int64_t row = 0; row < s->q_len; row++)
             for (int64_t key = 0; key < s->first_held; key++)
-                if (s->mask[row * (s->past + s->q_len) + key] > SNEPPX_MASKED_BELOW)
+                if (!(s->mask[row * (s->past + s->q_len) + key] <= SNEPPX_MASKED_BELOW))
                     return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
                                        "masks[%lld]: row %lld lets the query see token %lld, which the sliding "
                                        "window already released (tokens before %lld are gone; mask them)",

@@ -732,6 +732,12 @@ static void test_window_errors(void)
                  SNEPPX_ERR_INVALID_ARGUMENT, "masks[0]: row 1 lets the query see token 3");
     EXPECT_UNCHANGED(cache, &id, 1, before, "a mask showing a released token");
     TEST_CHECK(&tally, test_all_sentinel(out, sizeof out / sizeof out[0]), "a refused masked call wrote to out");
+    /* NaN does not mask (the kernels add it, so the whole-sequence forward's row is NaN):
+     * on a released token it is refused like any other entry that shows the token. */
+    mask[1 * 22 + 3] = NAN;
+    EXPECT_ERROR(sneppx_layer_forward_cached(layer, cache, 0, 1, &id, &q, hidden, NULL, masks, out),
+                 SNEPPX_ERR_INVALID_ARGUMENT, "masks[0]: row 1 lets the query see token 3");
+    EXPECT_UNCHANGED(cache, &id, 1, before, "a mask with NaN on a released token");
     mask[1 * 22 + 3] = -INFINITY;
     EXPECT_OK(sneppx_layer_forward_cached(layer, cache, 0, 1, &id, &q, hidden, NULL, masks, out));
     EXPECT_OK(sneppx_kv_cache_truncate(cache, id, 21)); /* the next query sees 14..21: held */
