@@ -427,6 +427,31 @@ static sneppx_status check_masks(const struct cached_sequence *sequences, int64_
     return SNEPPX_OK;
 }
 
+/* position_ids NULL: each sequence's positions are its layer length + 0, 1, ...,
+ * so a sequence that grows past max_position_embeddings is what the error names
+ * (seq_ids[i], its length and new tokens), not position_ids, which the caller did
+ * not give. Dynamic RoPE runs past it (sneppx_forward_check_positions). */
+static sneppx_status check_implicit_positions(const sneppx_layer *layer, int64_t layer_index,
+                                              const struct cached_sequence *sequences, int64_t n_seqs,
+                                              const int64_t *seq_ids)
+{
+    const sneppx_config *config = &layer->config;
+    if (config->rope_scaling.type == SNEPPX_ROPE_DYNAMIC)
+        return SNEPPX_OK;
+    for (int64_t i = 0; i < n_seqs; i++) {
+        const struct cached_sequence *s = &sequences[i];
+        if (s->past + s->q_len > config->max_position_embeddings)
+            return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT,
+                               "seq_ids[%lld]: sequence %lld holds %lld tokens at layer %lld, and its %lld new ones "
+                               "reach position %lld, beyond max_position_embeddings %lld%s",
+                               (long long)i, (long long)seq_ids[i], (long long)s->past, (long long)layer_index,
+                               (long long)s->q_len, (long long)(s->past + s->q_len - 1),
+                               (long long)config->max_position_embeddings,
+                               sneppx_config_beyond_positions_hint(config, 1));
+    }
+    return SNEPPX_OK;
+}
+
 /* The call; a shard's (agreed non-NULL) takes every rank's verdict, setting *agreed,
  * once nothing can fail but the sums. */
 static sneppx_status forward_cached(sneppx_layer *layer, sneppx_kv_cache *cache, int64_t layer_index,
@@ -530,6 +555,8 @@ static sneppx_status forward_cached(sneppx_layer *layer, sneppx_kv_cache *cache,
     const sneppx_config *config = &layer->config;
     char message[256];
     int64_t max_position = 0;
+    if (status == SNEPPX_OK && !position_ids)
+        status = check_implicit_positions(layer, layer_index, plan.sequences, n_seqs, seq_ids);
     if (status == SNEPPX_OK &&
         sneppx_forward_check_positions(plan.positions, tokens, tokens, config->max_position_embeddings,
                                        config->rope_scaling.type == SNEPPX_ROPE_DYNAMIC,

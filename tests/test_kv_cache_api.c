@@ -575,10 +575,16 @@ static void test_forward_errors(sneppx_layer *layer)
             SNEPPX_ERR_INVALID_ARGUMENT, "position_ids");
     REFUSED(sneppx_layer_forward_cached(layer, cache, 0, 2, pair, q11, hidden, negative, NULL, out),
             SNEPPX_ERR_INVALID_ARGUMENT, "position_ids");
-    /* NULL position_ids continue from the length: 5 + 60 passes max_position_embeddings 64. */
-    const int64_t q60[] = {60};
-    REFUSED(sneppx_layer_forward_cached(layer, cache, 0, 1, pair, q60, hidden, NULL, NULL, out),
-            SNEPPX_ERR_INVALID_ARGUMENT, "position_ids");
+    /* NULL position_ids continue from the length: a's 5 + 60 pass max_position_embeddings 64.
+     * The caller gave no position_ids: the message names the sequence that grew too long. */
+    const int64_t b_then_a[] = {b, a}, q1_60[] = {1, 60};
+    char too_long[160];
+    snprintf(too_long, sizeof too_long,
+             "seq_ids[1]: sequence %lld holds 5 tokens at layer 0, and its 60 new ones reach position 64, beyond "
+             "max_position_embeddings 64 (position_ids NULL: ",
+             (long long)a);
+    REFUSED(sneppx_layer_forward_cached(layer, cache, 0, 2, b_then_a, q1_60, hidden, NULL, NULL, out),
+            SNEPPX_ERR_INVALID_ARGUMENT, too_long);
     /* Pool full: a's 5 + 3 tokens fit its 2 pages, b's 9 need 3 and 2 are free:
      * the message names b and its 3 pages. */
     const int64_t q39[] = {3, 9};

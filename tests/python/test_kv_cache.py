@@ -276,6 +276,29 @@ def test_errors_name_the_argument_and_leave_the_cache(rng):
     assert (cache.lengths, cache.stats()) == before
 
 
+def test_row_growing_past_max_positions_is_named(rng):
+    """Without position_ids a row's positions continue from its cached length, so the row
+    that grows past max_position_embeddings is what the error names (rows[i] / the batch
+    row of hidden_states, its length and new tokens), not position_ids, which the caller
+    never gave; no row of the call is appended to."""
+    hf_config = dict(FAMILIES["llama3"], max_position_embeddings=8)
+    cfg = sneppx.LLMConfig(**hf_config)
+    cfg.load_state_dict(ref.random_state_dict(hf_config, rng, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias))
+    cache = cfg.kv_cache(batch=2, max_tokens=16, page_size=4)
+    x = rng.uniform(-1, 1, (2, 6, cfg.hidden_size)).astype(np.float32)
+    cfg.forward_ragged(cache, [0, 1], [x[0], x[1, :2]])
+    before = (cache.lengths, cache.stats())
+    with pytest.raises(sneppx.InvalidArgumentError,
+                       match=r"^rows\[1\]: row 0 holds 6 tokens at layer 0, and its 3 new ones reach position 8, "
+                             r"beyond max_position_embeddings 8 \(position_ids NULL: "):
+        cfg.forward_ragged(cache, [1, 0], [x[1, 2:3], x[0, :3]])
+    assert (cache.lengths, cache.stats()) == before
+    with pytest.raises(sneppx.InvalidArgumentError, match=r"^hidden_states\[0\]: row 0 holds 6 tokens at layer 0, "
+                                                          r"and its 3 new ones reach position 8"):
+        cfg.forward_mha(x[:, :3], past_key_value=cache)
+    assert cache.lengths == [6, 2]
+
+
 def test_mask_showing_released_tokens_names_attention_mask(rng):
     """Under a window, a 4-D mask that lets a query see a token the cache already released
     is refused naming forward_mha's argument and its batch row (the C call's per-row planes
