@@ -638,3 +638,63 @@ def test_narrow_cache_sizes_and_names(rng):
     assert cache.read(0)[0].shape == (3, 2, 32) and cache.read(0, 0, 1, 2)[1].shape == (1, 2, 32)
     with pytest.raises(ValueError, match="begin, end"):
         cache.read(0, 0, 2, 5)
+
+
+# ---- random operations on a cache two layers share ----
+
+
+@pytest.mark.parametrize("family, page_size, window, dtype", [
+    ("llama3", 1, 0, "float32"), ("mistral", 2, 5, "float32"), ("qwen2", 8, 9, "int8"),
+    ("deepseek-v2-lite-like", 1, 0, "float32"), ("deepseek-v2-lite-like", 4, 0, "int8")])
+def test_random_operations_on_two_layers_equal_the_reference(family, page_size, window, dtype, rng):
+    """Two layers (their own weights) share one cache of rows that 40 random operations
+    grow and cut: ragged calls at either layer (decode steps, runs of 2..16 queries for
+    attn_decode, chunks past 16 for the gathered path), forks, truncate and truncate_rows
+    between and in the middle of a step (the layers' lengths then differ), under a window
+    that releases pages. After each call every row equals the float64 reference of its
+    whole sequence at that layer, K/V stored as the cache's type stores them (int8: rows
+    quantized; a tie rounded apart by the float64 reference is rare at int8's steps)."""
+    hf_config = dict(FAMILIES[family], **({"sliding_window": window} if window else {}))
+    layers = []
+    for _ in range(2):
+        cfg = sneppx.LLMConfig(**hf_config)
+        weights = ref.random_state_dict(hf_config, rng, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
+        cfg.load_state_dict(weights)
+        layers.append((cfg, weights))
+    hidden = layers[0][0].hidden_size
+    cache = layers[0][0].kv_cache(batch=2, max_tokens=48, page_size=page_size, num_layers=2, dtype=dtype)
+    rows = [[np.zeros((0, hidden), np.float32)] * 2 for _ in range(2)]   # rows[layer][row]: its tokens
+    for step in range(40):
+        op = rng.integers(10)
+        if op == 0 and len(rows[0]) < 5:
+            parent = int(rng.integers(len(rows[0])))
+            assert cache.fork(parent) == len(rows[0])
+            for tokens in rows:
+                tokens.append(tokens[parent])
+        elif op in (1, 2):
+            cut = [int(r) for r in rng.permutation(len(rows[0]))[:rng.integers(1, 3)]]
+            keep = [int(rng.integers(max(len(tokens[r]) for tokens in rows) + 1)) for r in cut]
+            try:
+                cache.truncate_rows(cut, keep) if op == 1 else cache.truncate(cut[0], keep[0])
+            except sneppx.InvalidArgumentError as error:
+                assert window and "too far back" in str(error), error     # a released token is needed
+                continue
+            for tokens in rows:
+                for r, n in zip(cut if op == 1 else cut[:1], keep):
+                    tokens[r] = tokens[r][:n]
+        else:
+            layer = int(rng.integers(2))
+            cfg, weights = layers[layer]
+            called = [int(r) for r in rng.permutation(len(rows[0]))[:rng.integers(1, len(rows[0]) + 1)]]
+            xs = [rng.uniform(-1, 1, (int(rng.choice([1, 1, 3, 16, 17, 23])), hidden)).astype(np.float32)
+                  for _ in called]
+            try:
+                outs = cfg.forward_ragged(cache, called, xs, layer_idx=layer)
+            except sneppx.OutOfMemoryError:
+                continue
+            for r, x, out in zip(called, xs, outs):
+                rows[layer][r] = np.concatenate([rows[layer][r], x])
+                want = ref.mha_forward(hf_config, weights, rows[layer][r][None], kv_dtype=dtype)[0, -len(x):]
+                _assert_close(out, want, f"step {step}: layer {layer} row {r} at {len(rows[layer][r])} tokens")
+        for layer, tokens in enumerate(rows):
+            assert cache.layer_lengths(layer) == [len(t) for t in tokens], f"step {step}, layer {layer}"
