@@ -20,7 +20,8 @@
  *   - a failed call changes nothing, and no call changes a row it did not
  *     append: every live sequence's held rows, both layers, read back
  *     byte-identical to the model (a fork's are its parent's);
- *   - lengths match the model, reads outside the held tokens are refused;
+ *   - lengths and the first held token match the model, reads outside the held
+ *     tokens are refused;
  *   - the stats' free pages are the pool minus the pages the model's
  *     sequences hold (free + held = pool), and the live sequences count;
  *   - a forward's new rows are byte-identical to those a fresh cache holds
@@ -263,6 +264,11 @@ static void check_state(struct state *s, const char *after)
         FUZZ_ASSERT(sneppx_kv_cache_length(s->cache, q->id, &length) == SNEPPX_OK && length == largest(q),
                     "after %s: sequence %lld has length %lld, the model %lld (%s)", after, (long long)q->id,
                     (long long)length, (long long)largest(q), sneppx_last_error());
+        int64_t held_from = -1;
+        FUZZ_ASSERT(sneppx_kv_cache_first_held(s->cache, q->id, &held_from) == SNEPPX_OK &&
+                        held_from == first_held(s, q),
+                    "after %s: sequence %lld holds from token %lld, the model from %lld (%s)", after,
+                    (long long)q->id, (long long)held_from, (long long)first_held(s, q), sneppx_last_error());
         for (int l = 0; l < NUM_LAYERS; l++) {
             FUZZ_ASSERT(sneppx_kv_cache_layer_length(s->cache, q->id, l, &length) == SNEPPX_OK &&
                             length == q->length[l],
@@ -478,6 +484,8 @@ static void op_read(struct state *s, struct reader *r)
     expect(sneppx_kv_cache_layer_length(s->cache, id, layer, &length),
            q && layer >= 0 && layer < NUM_LAYERS ? SNEPPX_OK : SNEPPX_ERR_INVALID_ARGUMENT, "layer_length");
     expect(sneppx_kv_cache_length(s->cache, id, &length), q ? SNEPPX_OK : SNEPPX_ERR_INVALID_ARGUMENT, "length");
+    expect(sneppx_kv_cache_first_held(s->cache, id, &length), q ? SNEPPX_OK : SNEPPX_ERR_INVALID_ARGUMENT,
+           "first_held");
 }
 
 /* Scratch of a forward call. */

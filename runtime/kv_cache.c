@@ -498,19 +498,26 @@ sneppx_status sneppx_kv_cache_truncate_sequences(sneppx_kv_cache *cache, int64_t
     return status;
 }
 
-static sneppx_status query_sequence(sneppx_kv_cache *cache, int64_t seq_id, int64_t layer_index, int64_t *length)
+/* What a query asks of a sequence: one layer's length (layer_index), the largest, or the
+ * first token it holds. */
+enum sequence_query { QUERY_LAYER_LENGTH, QUERY_LARGEST_LENGTH, QUERY_FIRST_HELD };
+
+static sneppx_status query_sequence(sneppx_kv_cache *cache, int64_t seq_id, enum sequence_query query,
+                                    int64_t layer_index, const char *out_name, int64_t *out)
 {
     if (!cache)
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "cache: must not be NULL");
-    if (!length)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "length: must not be NULL");
-    if (layer_index >= cache->num_layers)
+    if (!out)
+        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "%s: must not be NULL", out_name);
+    if (query == QUERY_LAYER_LENGTH && (layer_index < 0 || layer_index >= cache->num_layers))
         return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer_index: %lld must be in [0, %lld)",
                            (long long)layer_index, (long long)cache->num_layers);
     pthread_mutex_lock(&cache->lock);
     struct sneppx_kv_sequence *seq = find_sequence(cache, seq_id, "seq_id");
     if (seq)
-        *length = layer_index < 0 ? largest_length(cache, seq) : seq->lengths[layer_index];
+        *out = query == QUERY_LAYER_LENGTH     ? seq->lengths[layer_index]
+               : query == QUERY_LARGEST_LENGTH ? largest_length(cache, seq)
+                                               : sneppx_kv_first_held(cache, seq);
     pthread_mutex_unlock(&cache->lock);
     return seq ? SNEPPX_OK : SNEPPX_ERR_INVALID_ARGUMENT;
 }
@@ -518,17 +525,20 @@ static sneppx_status query_sequence(sneppx_kv_cache *cache, int64_t seq_id, int6
 sneppx_status sneppx_kv_cache_length(sneppx_kv_cache *cache, int64_t seq_id, int64_t *length)
 {
     sneppx_clear_error();
-    return query_sequence(cache, seq_id, -1, length);
+    return query_sequence(cache, seq_id, QUERY_LARGEST_LENGTH, 0, "length", length);
 }
 
 sneppx_status sneppx_kv_cache_layer_length(sneppx_kv_cache *cache, int64_t seq_id, int64_t layer_index,
                                            int64_t *length)
 {
     sneppx_clear_error();
-    if (layer_index < 0)
-        return sneppx_fail(SNEPPX_ERR_INVALID_ARGUMENT, "layer_index: %lld must not be negative",
-                           (long long)layer_index);
-    return query_sequence(cache, seq_id, layer_index, length);
+    return query_sequence(cache, seq_id, QUERY_LAYER_LENGTH, layer_index, "length", length);
+}
+
+sneppx_status sneppx_kv_cache_first_held(sneppx_kv_cache *cache, int64_t seq_id, int64_t *first)
+{
+    sneppx_clear_error();
+    return query_sequence(cache, seq_id, QUERY_FIRST_HELD, 0, "first", first);
 }
 
 /* One stored row widened to float (int8: times its scale). */

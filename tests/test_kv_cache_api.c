@@ -722,6 +722,20 @@ static void test_window_errors(void)
     sneppx_kv_cache_stats_get(cache, &stats);
     TEST_CHECK(&tally, stats.total_pages - stats.free_pages == 2, "window 8 at length 20 holds %lld pages, want 2",
                (long long)(stats.total_pages - stats.free_pages));
+    /* The first held token is where reads may start: 12 (page 3), every token before it gone. */
+    int64_t first = -1;
+    EXPECT_OK(sneppx_kv_cache_first_held(cache, id, &first));
+    TEST_CHECK(&tally, first == 12, "window 8 at length 20 (pages of 4): first held token %lld, want 12",
+               (long long)first);
+    {
+        float k_rows[8 * 2 * 16], v_rows[8 * 2 * 16];
+        EXPECT_OK(sneppx_kv_cache_read(cache, id, 0, first, 20, k_rows, v_rows));
+        EXPECT_ERROR(sneppx_kv_cache_read(cache, id, 0, first - 1, 20, k_rows, v_rows), SNEPPX_ERR_INVALID_ARGUMENT,
+                     "[12, 20)");
+    }
+    EXPECT_ERROR(sneppx_kv_cache_first_held(cache, id, NULL), SNEPPX_ERR_INVALID_ARGUMENT, "first: must not be NULL");
+    EXPECT_ERROR(sneppx_kv_cache_first_held(NULL, id, &first), SNEPPX_ERR_INVALID_ARGUMENT, "cache");
+    EXPECT_ERROR(sneppx_kv_cache_first_held(cache, id + 1000, &first), SNEPPX_ERR_INVALID_ARGUMENT, "seq_id");
     const snapshot before = take(cache, &id, 1);
     /* Length 18: the next query (token 18) sees tokens 11..18, and 11 is gone. */
     EXPECT_ERROR(sneppx_kv_cache_truncate(cache, id, 18), SNEPPX_ERR_INVALID_ARGUMENT, "sliding window");
@@ -756,6 +770,8 @@ static void test_window_errors(void)
     TEST_CHECK(&tally, length == 0 && stats.free_pages == stats.total_pages,
                "truncate to 0 under a window: length %lld, %lld of %lld pages free", (long long)length,
                (long long)stats.free_pages, (long long)stats.total_pages);
+    EXPECT_OK(sneppx_kv_cache_first_held(cache, id, &first));
+    TEST_CHECK(&tally, first == 0, "truncate to 0 under a window: first held token %lld, want 0", (long long)first);
     static float again[20 * HIDDEN];
     const int64_t q20 = 20;
     EXPECT_OK(sneppx_layer_forward_cached(layer, cache, 0, 1, &id, &q20, hidden, NULL, NULL, again));

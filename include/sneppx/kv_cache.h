@@ -133,6 +133,11 @@ SNEPPX_API sneppx_status sneppx_kv_cache_length(sneppx_kv_cache *cache, int64_t 
 SNEPPX_API sneppx_status sneppx_kv_cache_layer_length(sneppx_kv_cache *cache, int64_t seq_id, int64_t layer_index,
                                                       int64_t *length);
 
+/* The first token the sequence still holds, at every layer: 0, or under a sliding
+ * window the first token of its first page not yet released (a multiple of the page
+ * size). sneppx_kv_cache_read can read from it to a layer's length. */
+SNEPPX_API sneppx_status sneppx_kv_cache_first_held(sneppx_kv_cache *cache, int64_t seq_id, int64_t *first);
+
 /* Copies what the cache holds for tokens [begin, end) of a sequence at one layer,
  * widened to float32 (int8: each row times its scale): standard, k [end - begin]
  * [num_key_value_heads][head_dim] (K after RoPE) and v [end - begin]

@@ -273,18 +273,28 @@ class KVCache:
             check(lib.sneppx_kv_cache_reset(self._handle))
             self._rows = [self._add() for _ in self._rows]
 
-    def read(self, row: int, layer_idx: int = 0, begin: int = 0,
+    def first_held(self, row: int) -> int:
+        """The first token `row` still holds at every layer: 0, or under a sliding window
+        the first token of its first page not yet released (a multiple of page_size)."""
+        with self._lock:
+            first = ctypes.c_int64()
+            check(lib.sneppx_kv_cache_first_held(self._handle, self._rows[self._row(row)], ctypes.byref(first)))
+            return first.value
+
+    def read(self, row: int, layer_idx: int = 0, begin: Optional[int] = None,
              end: Optional[int] = None) -> Tuple[Any, Optional[Any]]:
-        """What the cache holds for tokens [begin, end) of `row` at layer_idx (end: the
-        row's length there), widened to float32 (int8: times each row's scale), as
-        (k, v): standard [tokens, num_kv_heads, head_dim] each, K after RoPE; MLA
-        (latent rows [tokens, kv_lora_rank + qk_rope_head_dim], None). Tokens a sliding
-        window released are gone (begin must be past them). New float32 ndarrays, whatever
-        the forwards took (torch.from_numpy wraps them without a copy)."""
+        """What the cache holds for tokens [begin, end) of `row` at layer_idx (begin: the
+        first token it holds, first_held(row); end: the row's length there), widened to
+        float32 (int8: times each row's scale), as (k, v): standard [tokens, num_kv_heads,
+        head_dim] each, K after RoPE; MLA (latent rows [tokens, kv_lora_rank +
+        qk_rope_head_dim], None). Tokens a sliding window released are gone (an explicit
+        begin must not be before first_held). New float32 ndarrays, whatever the forwards
+        took (torch.from_numpy wraps them without a copy)."""
         layer_idx = layer_index(layer_idx, self.num_layers)
-        begin = _count("begin", begin, 0)
+        begin = None if begin is None else _count("begin", begin, 0)
         with self._lock:
             seq_id = self._rows[self._row(row)]
+            begin = self.first_held(row) if begin is None else begin
             length = ctypes.c_int64()
             check(lib.sneppx_kv_cache_layer_length(self._handle, seq_id, layer_idx, ctypes.byref(length)))
             end = length.value if end is None else _count("end", end, 0)

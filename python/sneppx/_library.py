@@ -51,6 +51,7 @@ _PROTOTYPES = {
     "sneppx_kv_cache_truncate_sequences": (_status, [_void_p, _i64, _void_p, _void_p]),
     "sneppx_kv_cache_length": (_status, [_void_p, _i64, ctypes.POINTER(_i64)]),
     "sneppx_kv_cache_layer_length": (_status, [_void_p, _i64, _i64, ctypes.POINTER(_i64)]),
+    "sneppx_kv_cache_first_held": (_status, [_void_p, _i64, ctypes.POINTER(_i64)]),
     "sneppx_kv_cache_reset": (_status, [_void_p]),
     "sneppx_kv_cache_stats_get": (_status, [_void_p, _void_p]),
     "sneppx_kv_cache_read": (_status, [_void_p, _i64, _i64, _i64, _i64, _float_p, _float_p]),

@@ -184,6 +184,25 @@ def test_window_keeps_the_pool_bounded(rng):
     _assert_close(np.concatenate(outputs, axis=1), ref.mha_forward(hf_config, weights, x), "window decode")
 
 
+def test_read_under_a_window_starts_at_the_first_held_token(rng):
+    """Mistral's window (16) over pages of 4, 40 tokens in: every later query sees tokens
+    25 on, so pages 0..5 (tokens 0..23) went back to the pool. first_held says 24, and
+    read() starts there by default; an explicit begin before it is refused, naming it."""
+    _, cfg, _ = _layer("mistral", rng)
+    cache = cfg.kv_cache(batch=1, max_tokens=64, page_size=4)
+    cfg.forward_mha(rng.uniform(-1, 1, (1, 40, cfg.hidden_size)).astype(np.float32), past_key_value=cache)
+    assert cache.first_held(0) == 24
+    k, v = cache.read(0)
+    k_held, v_held = cache.read(0, begin=24)
+    assert k.shape[0] == 16 and np.array_equal(k, k_held) and np.array_equal(v, v_held)
+    with pytest.raises(ValueError, match=r"^begin, end: \[23, 40\) is not within the tokens row 0 holds"):
+        cache.read(0, begin=23)
+    cache.truncate(0, 0)
+    assert cache.first_held(0) == 0 and cache.read(0)[0].shape[0] == 0
+    with pytest.raises(IndexError):
+        cache.first_held(1)
+
+
 def test_truncate_to_zero_under_a_window_starts_the_row_over(rng):
     """Once the window has released a row's first pages, truncate(row, 0) (what
     SneppxCache.crop does to a short row) still empties it: it keeps no token, so none
