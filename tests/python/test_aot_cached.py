@@ -287,8 +287,9 @@ def test_bad_arguments_are_named_and_change_nothing(family, built, rng):
     case("position_ids: entry 3 is negative (-2)", positions=np.array([0, 1, 0, -2, 4, 5, 6, 7, 8]))
     case(f"position_ids: position {mpe} is beyond max_position_embeddings {mpe}",
          positions=np.array([0, 1, 2, 3, 4, 5, 6, 7, mpe]))
-    case(f"position_ids: position {mpe} is beyond max_position_embeddings {mpe} "
-         "(position_ids NULL: the sequence's length + i)", cached_lens=[3, mpe - 6], capacity=mpe + 1)
+    case(f"cached_lens[1] + q_lens[1]: sequence 1 holds {mpe - 6} tokens, and its 7 new ones reach position "
+         f"{mpe}, beyond max_position_embeddings {mpe} (position_ids NULL: the sequence's length + i)",
+         cached_lens=[3, mpe - 6], capacity=mpe + 1)
     # The same call, valid, passes.
     status, _ = layer.call(**base)
     assert status == 0, layer.last_error()
