@@ -1,7 +1,6 @@
 /* Times a target's GEMM tile candidates on this host (runtime/gemm_tuner.h). */
 #include "gemm_tuner.h"
 
-#include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +15,7 @@
 #include "sneppx/config.h"
 #include "sneppx/limits.h"
 #include "sneppx_abi.h"
+#include "team.h"
 
 struct sneppx_gemm_tune_shape sneppx_gemm_tune_default_shape(void)
 {
@@ -173,7 +173,7 @@ sneppx_status sneppx_gemm_tune(const struct sneppx_target *target, const struct 
                 result->defaults = result->count;
             result->count++;
         }
-    const int threads = shape->threads > 0 ? shape->threads : omp_get_max_threads();
+    const int threads = sneppx_team_size(shape->threads);
     const sneppx_kernel *kernels[SNEPPX_TUNE_MAX_CANDIDATES];
     if ((status = resolve_candidates(target, threads, result, kernels, shape->k, shape->n)) != SNEPPX_OK)
         return status;

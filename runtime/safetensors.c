@@ -18,6 +18,7 @@
 #include "json_text.h"
 #include "regular_file.h"
 #include "safetensors_internal.h"
+#include "team.h"
 
 /* The reference implementation (huggingface/safetensors) refuses larger headers. */
 #define HEADER_MAX_BYTES 100000000ull
@@ -391,11 +392,11 @@ static void convert_to_f32(const char *dtype, const unsigned char *src, int64_t 
             memcpy(&dst[i], &bits, sizeof bits);
         }
     } else if (strcmp(dtype, "F16") == 0) {
-#pragma omp parallel for schedule(static) if (count > (1 << 20))
+#pragma omp parallel for schedule(static) if (count > (1 << 20)) num_threads(sneppx_team_size(0))
         for (int64_t i = 0; i < count; i++)
             dst[i] = sneppx_f16_to_f32((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
     } else if (strcmp(dtype, "BF16") == 0) {
-#pragma omp parallel for schedule(static) if (count > (1 << 20))
+#pragma omp parallel for schedule(static) if (count > (1 << 20)) num_threads(sneppx_team_size(0))
         for (int64_t i = 0; i < count; i++)
             dst[i] = sneppx_bf16_to_f32((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
     } else { /* F64 */
