@@ -32,6 +32,7 @@ struct sneppx_packed_gemm {
 struct sneppx_workspace {
     struct sneppx_workspace *next;
     int64_t tokens, seq_len, threads;
+    size_t floats;     /* of buffer: the pool lends the smallest that fits */
     float *buffer;
     float *qkv;        /* [tokens, qkv_dim]: fused projections (MLA: q) */
     float *latent;     /* MLA: [tokens, kv_lora + rope] (c | k_pe) */
@@ -89,10 +90,12 @@ struct sneppx_layer {
 
     double *inv_freq;        /* [rotary_dim/2], for non-dynamic positions */
     double attention_factor;
-    pthread_mutex_t lock;    /* guards the cos/sin cache, the workspace pool, writes of config.use_flash_attn */
+    pthread_mutex_t lock;    /* guards the cos/sin cache, the workspace pool and its counts, writes of
+                                config.use_flash_attn */
     float *cos_cache, *sin_cache;
     int64_t cached_positions;
     struct sneppx_workspace *free_workspaces;
+    int workspaces_lent, workspaces_lent_peak; /* held by calls now; at most at once (workspace.c) */
 
     /* A shard of a bigger layer (runtime/shard.h): its place and transport; NULL otherwise. */
     struct sneppx_layer_shard *shard;

@@ -1,11 +1,21 @@
 /* Per-call scratch, pooled per layer: concurrent forward calls each take their
- * own workspace; a released one is reused by the next call that fits in it. */
+ * own workspace; a released one is reused by the next call that fits in it.
+ *
+ * The pool keeps at most POOL_MAX idle workspaces. One that a returning
+ * workspace covers (every size at most its) is dropped, so that calls of
+ * growing sizes do not pile up buffers, but only while the pool still holds
+ * as many as calls have held at once: callers running side by side each need
+ * one, and dropping their twin would make the next round allocate again. A
+ * call takes the smallest that fits, leaving the large ones to the calls that
+ * need them. */
 #include <stdlib.h>
 
 #include "big_alloc.h"
 #include "error.h"
 #include "workspace.h"
 #include "threads.h"
+
+#define POOL_MAX 4
 
 static int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
@@ -66,6 +76,7 @@ static sneppx_status workspace_create(sneppx_layer *layer, int64_t tokens, const
     size_t total = 0;
     for (int i = 0; i < BUFFERS; i++)
         total += (size_t)round_up(sizes[i], 16);
+    ws->floats = total;
     ws->buffer = sneppx_alloc_floats(total);
     if (!ws->buffer) {
         free(ws);
@@ -103,36 +114,60 @@ sneppx_status sneppx_workspace_acquire_needs(sneppx_layer *layer, int64_t tokens
     const int64_t seq_len = needs->kv_len;
     const int64_t threads = sneppx_thread_count(layer);
     pthread_mutex_lock(&layer->lock);
-    struct sneppx_workspace **link = &layer->free_workspaces;
-    for (; *link; link = &(*link)->next) {
-        struct sneppx_workspace *ws = *link;
+    struct sneppx_workspace **best = NULL;
+    for (struct sneppx_workspace **link = &layer->free_workspaces; *link; link = &(*link)->next) {
+        const struct sneppx_workspace *ws = *link;
         if (ws->tokens >= tokens && ws->seq_len >= seq_len && ws->threads >= threads &&
-            ws->gather_floats >= needs->gather_floats && ws->plan_bytes >= needs->plan_bytes) {
-            *link = ws->next;
-            pthread_mutex_unlock(&layer->lock);
-            ws->next = NULL;
-            *out = ws;
-            return SNEPPX_OK;
-        }
+            ws->gather_floats >= needs->gather_floats && ws->plan_bytes >= needs->plan_bytes &&
+            (!best || ws->floats < (*best)->floats))
+            best = link;
+    }
+    if (++layer->workspaces_lent > layer->workspaces_lent_peak)
+        layer->workspaces_lent_peak = layer->workspaces_lent;
+    if (best) {
+        struct sneppx_workspace *ws = *best;
+        *best = ws->next;
+        pthread_mutex_unlock(&layer->lock);
+        ws->next = NULL;
+        *out = ws;
+        return SNEPPX_OK;
     }
     pthread_mutex_unlock(&layer->lock);
-    return workspace_create(layer, tokens, needs, out);
+    sneppx_status status = workspace_create(layer, tokens, needs, out);
+    if (status != SNEPPX_OK) {
+        pthread_mutex_lock(&layer->lock);
+        layer->workspaces_lent--;
+        pthread_mutex_unlock(&layer->lock);
+    }
+    return status;
+}
+
+/* Whether ws can serve every call idle can. */
+static int covers(const struct sneppx_workspace *ws, const struct sneppx_workspace *idle)
+{
+    return idle->tokens <= ws->tokens && idle->seq_len <= ws->seq_len && idle->threads <= ws->threads &&
+           idle->gather_floats <= ws->gather_floats && idle->plan_bytes <= ws->plan_bytes;
 }
 
 void sneppx_workspace_release(sneppx_layer *layer, struct sneppx_workspace *ws)
 {
     pthread_mutex_lock(&layer->lock);
-    /* Keep the largest few; a smaller idle workspace is dropped when a larger one returns. */
+    layer->workspaces_lent--;
+    const int wanted = layer->workspaces_lent_peak < POOL_MAX ? layer->workspaces_lent_peak : POOL_MAX;
+    int pooled = 1; /* ws */
+    for (const struct sneppx_workspace *idle = layer->free_workspaces; idle; idle = idle->next)
+        pooled++;
     struct sneppx_workspace **link = &layer->free_workspaces;
-    int kept = 0;
+    int kept = 1;
     while (*link) {
         struct sneppx_workspace *idle = *link;
-        if (++kept >= 4 || (idle->tokens <= ws->tokens && idle->seq_len <= ws->seq_len &&
-                            idle->gather_floats <= ws->gather_floats && idle->plan_bytes <= ws->plan_bytes)) {
+        if (kept == POOL_MAX || (pooled > wanted && covers(ws, idle))) {
             *link = idle->next;
             workspace_free(idle);
+            pooled--;
             continue;
         }
+        kept++;
         link = &idle->next;
     }
     ws->next = layer->free_workspaces;

@@ -17,6 +17,8 @@
  * resolved before any call is armed: a compile allocates inside LLVM. */
 #define _GNU_SOURCE
 #include <link.h>
+#include <omp.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -423,6 +425,59 @@ static void cached_fails_cleanly(const char *name, const sneppx_config *config)
     TEST_CHECK(&tally, 0, "%s: the cached steps make more than %d allocations", name, MAX_STEPS);
 }
 
+/* A warm forward allocates nothing (API.md), also when two threads run
+ * forwards of one shape on one layer at once, on different OpenMP thread
+ * counts (torch.set_num_threads sets the calling thread's): the pool keeps a
+ * workspace for each caller, and lends each the one that fits it. */
+enum { CALLERS = 2, ROUNDS = 20 };
+static pthread_barrier_t round_start, round_end;
+static sneppx_layer *shared_layer;
+static float caller_out[CALLERS][TOKENS * HIDDEN];
+static int caller_failures;
+
+static void *concurrent_caller(void *context)
+{
+    float *out = context;
+    omp_set_num_threads(out == caller_out[0] ? 2 : 1);
+    for (int round = 0; round < ROUNDS + 1; round++) {
+        pthread_barrier_wait(&round_start);
+        if (forward(shared_layer, out) != SNEPPX_OK || memcmp(out, want, sizeof want) != 0)
+            __atomic_add_fetch(&caller_failures, 1, __ATOMIC_RELAXED);
+        pthread_barrier_wait(&round_end);
+    }
+    return NULL;
+}
+
+static void concurrent_warm_forwards_allocate_nothing(const char *name, const sneppx_config *config)
+{
+    if (!TEST_CHECK(&tally, sneppx_layer_create(config, NULL, &shared_layer) == SNEPPX_OK, "%s: create: %s", name,
+                    sneppx_last_error()))
+        return;
+    TEST_CHECK(&tally, forward(shared_layer, want) == SNEPPX_OK, "%s: forward: %s", name, sneppx_last_error());
+    pthread_barrier_init(&round_start, NULL, CALLERS + 1);
+    pthread_barrier_init(&round_end, NULL, CALLERS + 1);
+    pthread_t threads[CALLERS];
+    for (int t = 0; t < CALLERS; t++)
+        pthread_create(&threads[t], NULL, concurrent_caller, caller_out[t]);
+    long allocations = 0;
+    for (int round = 0; round < ROUNDS + 1; round++) {
+        if (round == 1) /* round 0 warms the pool with a workspace per caller */
+            arm(-1);
+        pthread_barrier_wait(&round_start);
+        pthread_barrier_wait(&round_end);
+    }
+    disarm();
+    allocations = atomic_load(&counted);
+    for (int t = 0; t < CALLERS; t++)
+        pthread_join(threads[t], NULL);
+    pthread_barrier_destroy(&round_start);
+    pthread_barrier_destroy(&round_end);
+    TEST_CHECK(&tally, caller_failures == 0, "%s: %d concurrent forwards failed or differ", name, caller_failures);
+    TEST_CHECK(&tally, allocations == 0, "%s: %d rounds of %d concurrent warm forwards made %ld allocations", name,
+               ROUNDS, CALLERS, allocations);
+    sneppx_layer_destroy(shared_layer);
+}
+
 int main(void)
 {
     dl_iterate_phdr(find_code, NULL);
@@ -454,6 +509,7 @@ int main(void)
     forward_fails_cleanly("mla", &mla);
     cached_fails_cleanly("gqa", &gqa);
     cached_fails_cleanly("mla", &mla);
+    concurrent_warm_forwards_allocate_nothing("gqa", &gqa);
     return test_finish(&tally);
 }
 #endif
