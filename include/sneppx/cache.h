@@ -33,8 +33,9 @@
  *                        other may be stopped (SIGSTOP, a debugger)
  *   SNEPPX_TUNE=1        the first layer a process creates times the GEMM's tile
  *                        candidates when the cache holds no valid tuning record
- *                        for this host (a few seconds, once) and keeps the
- *                        winner: GEMM keys then carry it (`sneppx-cache tune`
+ *                        for this host (a few seconds, once: without a usable
+ *                        disk cache, once per process, with a warning) and keeps
+ *                        the winner: GEMM keys then carry it (`sneppx-cache tune`
  *                        does it on demand; docs/API.md)
  *   SNEPPX_JIT=0         never compile: a kernel missing from both caches fails
  *                        with SNEPPX_ERR_JIT and a message naming its key
