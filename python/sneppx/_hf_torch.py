@@ -164,13 +164,16 @@ class SneppxCache(Cache):
 class SneppxAttention(torch.nn.Module):
     """A transformers self-attention module's forward on a sneppx layer (`self.sneppx`, an
     LLMConfig holding the replaced module's weights). Called as the decoder layer calls the
-    original: hidden_states, attention_mask (HF's 4-D mask or None), position_ids, cache."""
+    original: hidden_states, attention_mask (HF's 4-D mask or None), position_ids, cache.
+    `config` is the replaced module's transformers config, whose attn_implementation says
+    what masks the model makes."""
 
-    def __init__(self, sneppx_config: LLMConfig, layer_idx: int, name: str, dtype: torch.dtype):
+    def __init__(self, sneppx_config: LLMConfig, layer_idx: int, name: str, dtype: torch.dtype, config: Any = None):
         super().__init__()
         self.sneppx = sneppx_config
         self.layer_idx = layer_idx
         self.layer_name = name
+        self.config = config
         # Follows model.to(dtype), so outputs keep the model's dtype; holds no data.
         self.register_buffer("dtype_marker", torch.empty(0, dtype=dtype), persistent=False)
 
@@ -214,6 +217,7 @@ class SneppxAttention(torch.nn.Module):
                                "dropout); call model.eval()")
         if hidden_states.device.type != "cpu":
             raise ValueError(f"{self.layer_name}: hidden_states on {hidden_states.device}; sneppx runs on the CPU")
+        self._check_implementation()
         if _attentions_recorded():
             raise ValueError(f"{self.layer_name}: output_attentions: a sneppx layer computes no attention weights "
                              "(transformers would return none of them); leave output_attentions unset")
@@ -229,6 +233,17 @@ class SneppxAttention(torch.nn.Module):
                 self._claim(cache)
             out = self.sneppx.forward_mha(x, mask, positions)
         return torch.from_numpy(out).to(self.dtype_marker.dtype), None
+
+    def _check_implementation(self) -> None:
+        """patch() checked the attn_implementation, but model.set_attn_implementation() can change
+        it afterwards: "paged|eager" (and implementations transformers has no mask function for)
+        make no mask at all, which sneppx would run as plainly causal, padding attended; flex's
+        is a BlockMask. Refused before the cache is touched."""
+        implementation = getattr(self.config, "_attn_implementation", None)
+        if self.config is not None and implementation not in _MASK_IMPLEMENTATIONS:
+            raise UnsupportedError(f"{self.layer_name}: attn_implementation {implementation!r} (set after "
+                                   "sneppx.hf.patch) makes masks sneppx cannot read; switch back with "
+                                   "model.set_attn_implementation('sdpa') or 'eager'")
 
     def _claim(self, cache: Any) -> None:
         """Another Cache (transformers makes a DynamicCache for a plain forward with
@@ -341,7 +356,7 @@ def patch(model: Any, *, weight_dtype: str, num_threads: int, use_flash_attn: bo
         except (Error, ValueError, TypeError) as error:
             raise type(error)(f"sneppx.hf.patch: {name}: {error}; nothing was changed") from None
         dtype = next((t.dtype for t in module.state_dict().values() if t.is_floating_point()), torch.float32)
-        replacement = SneppxAttention(layer, module.layer_idx, name, dtype)
+        replacement = SneppxAttention(layer, module.layer_idx, name, dtype, getattr(module, "config", config))
         replacements.append((name, replacement.train(module.training)))
     # Everything is built: only now is the model changed.
     for name, replacement in replacements:

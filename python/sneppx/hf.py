@@ -66,7 +66,9 @@ def patch(model: Any, *, weight_dtype: str = "float32", num_threads: int = 0, us
     type it does not implement, another attn_implementation, a device other than the CPU)
     raises NotImplementedError (sneppx.UnsupportedError for what the runtime refuses) or
     ValueError naming the layer (e.g. "model.layers.0.self_attn") and the reason, before
-    any module is replaced."""
+    any module is replaced. An attn_implementation other than "eager" or "sdpa" set later
+    (model.set_attn_implementation) is refused by the first layer's next forward, before
+    the cache is touched (NotImplementedError naming the layer)."""
     from . import _hf_torch
     return _hf_torch.patch(model, weight_dtype=weight_dtype, num_threads=num_threads,
                            use_flash_attn=use_flash_attn)

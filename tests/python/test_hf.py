@@ -16,6 +16,7 @@ ctest: 2 shards (about 20 s of tests on an idle machine, twice that when it is s
 import copy
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -258,6 +259,27 @@ def test_sdpa_masks(family):
     for lengths in ([19, 6], [25]):
         ids, mask = prompts(lengths, seed=3)
         assert torch.equal(greedy(patched, ids, mask), greedy(eager, ids, mask))
+
+
+def test_an_attn_implementation_set_after_patch_without_readable_masks_is_refused():
+    """patch() refuses a model loaded with attention whose masks sneppx cannot read, but
+    set_attn_implementation() can switch it afterwards: under "paged|eager" transformers made
+    no mask, and a left-padded batch attended its padding (other tokens than eager's, silently);
+    flex's BlockMask raised a TypeError naming no layer. Both are refused naming the layer
+    before the cache is touched, and switching back works."""
+    eager = build("llama")
+    patched = sneppx.hf.patch(copy.deepcopy(eager))
+    ids, mask = prompts([19, 6], seed=2)
+    cache = sneppx.hf.make_cache(patched, 2, 25 + NEW_TOKENS)
+    for implementation in ("paged|eager", "flex_attention"):
+        patched.set_attn_implementation(implementation)
+        with pytest.raises(NotImplementedError, match=rf"^model\.layers\.0\.self_attn: attn_implementation "
+                                                      rf"'{re.escape(implementation)}' \(set after sneppx\.hf\.patch\)"):
+            with torch.no_grad():
+                patched.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, cache=cache)
+        assert cache.kv.lengths == [0, 0]
+    patched.set_attn_implementation("eager")
+    assert torch.equal(greedy(patched, ids, mask), greedy(eager, ids, mask))
 
 
 def test_float16_masks_fill_counts_as_masked():
