@@ -248,7 +248,12 @@ class SneppxAttention(torch.nn.Module):
     def _claim(self, cache: Any) -> None:
         """Another Cache (transformers makes a DynamicCache for a plain forward with
         use_cache): run without it, once. It holds nothing afterwards, so a forward
-        continuing from it would compute the wrong positions: refused."""
+        continuing from it would compute the wrong positions: refused. Anything else (continuous
+        batching's PagedAttentionCache, whose batches pack several sequences in a row, with no
+        mask) is refused outright."""
+        if not isinstance(cache, Cache):
+            raise UnsupportedError(f"{self.layer_name}: cache is a {type(cache).__name__}, not a transformers "
+                                   "Cache (continuous batching's is not supported); use generate()")
         seen = cache.__dict__.setdefault("_sneppx_layers_run", set())
         if self.layer_idx in seen or cache.get_seq_length(self.layer_idx) > 0:
             raise ValueError(f"{self.layer_name}: cache is a {type(cache).__name__} that a sneppx layer cannot "
@@ -368,7 +373,21 @@ def patch(model: Any, *, weight_dtype: str, num_threads: int, use_flash_attn: bo
         _hook_generate(model)
     if hasattr(model, "save_pretrained"):
         _hook_save(model, replacements[0][0])
+    if hasattr(model, "init_continuous_batching"):
+        _hook_continuous_batching(model)
     return model
+
+
+def _hook_continuous_batching(model: Any) -> None:
+    """Continuous batching (generate_batch, init_continuous_batching) packs requests into one
+    row for its own paged cache and makes no mask; its loop logs a failing forward and returns
+    no tokens. On this instance it refuses first."""
+
+    def init_continuous_batching(*args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError("continuous batching (generate_batch, init_continuous_batching): a sneppx-patched "
+                                  "model keeps its cache in sneppx; use generate() with a batch")
+
+    model.init_continuous_batching = init_continuous_batching
 
 
 def _hook_save(model: Any, layer_name: str) -> None:

@@ -58,6 +58,8 @@ def patch(model: Any, *, weight_dtype: str = "float32", num_threads: int = 0, us
     generation (assistant_model, prompt_lookup_num_tokens) with a patched model that has a
     sliding window, as the main model or the assistant: it crops rejected draft tokens, and the
     sneppx cache has given back the tokens the window left (SneppxCache.is_croppable is False).
+    transformers' continuous batching (generate_batch, init_continuous_batching: a paged
+    cache of its own, requests packed without a mask) raises NotImplementedError.
     A plain forward (model(input_ids)) runs without a cache, even when transformers makes a
     DynamicCache for it; continuing from such a cache raises ValueError (it holds nothing).
 

@@ -17,6 +17,7 @@ import copy
 import json
 import os
 import re
+import types
 
 import numpy as np
 import pytest
@@ -280,6 +281,21 @@ def test_an_attn_implementation_set_after_patch_without_readable_masks_is_refuse
         assert cache.kv.lengths == [0, 0]
     patched.set_attn_implementation("eager")
     assert torch.equal(greedy(patched, ids, mask), greedy(eager, ids, mask))
+
+
+def test_continuous_batching_is_refused():
+    """transformers' continuous batching (generate_batch) feeds the layers its own paged cache
+    and packed batches without a mask: the patched model raised AttributeError inside its loop,
+    which logged it and returned no tokens. It is refused when called, and a layer given a
+    cache that is no transformers Cache names itself."""
+    patched = sneppx.hf.patch(build("llama"))
+    config = transformers.GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=None, pad_token_id=0)
+    with pytest.raises(NotImplementedError, match=r"^continuous batching \(generate_batch"):
+        patched.generate_batch([[5, 6, 7], [8, 9]], generation_config=config)
+    layer = patched.model.layers[0].self_attn
+    with pytest.raises(NotImplementedError, match=r"^model\.layers\.0\.self_attn: cache is a SimpleNamespace, not a "
+                                                  r"transformers Cache"):
+        layer(torch.zeros(1, 3, 64), cache=types.SimpleNamespace())
 
 
 def test_float16_masks_fill_counts_as_masked():
