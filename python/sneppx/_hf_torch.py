@@ -18,6 +18,7 @@ from transformers.utils.output_capturing import _active_collector
 
 from . import _hf
 from . import _structs as S
+from ._kv_cache import _count
 from ._library import lib
 from .config import LLMConfig
 from .errors import Error, UnsupportedError, check
@@ -101,6 +102,8 @@ class SneppxCache(Cache):
         if state is None:
             raise ValueError("model: not patched; call sneppx.hf.patch(model) first")
         super().__init__(layers=[])
+        # Checked here so that errors name this call's argument (kv_cache's is "batch").
+        batch_size = _count("batch_size", batch_size, 1)
         self.kv = state.config.kv_cache(batch_size, max_tokens=max_tokens, num_layers=state.num_layers)
         self._window = state.config.sliding_window
 

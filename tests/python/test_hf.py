@@ -356,6 +356,18 @@ def test_given_cache_and_refused_strategies():
         patched(ids)
 
 
+def test_make_cache_errors_name_its_arguments():
+    """make_cache's arguments are batch_size and max_tokens: its errors named "batch" (the
+    argument of LLMConfig.kv_cache, which it calls)."""
+    patched = sneppx.hf.patch(build("llama"))
+    for batch_size, error in ((0, ValueError), (-1, ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match=r"^batch_size: "):
+            sneppx.hf.make_cache(patched, batch_size, 16)
+    with pytest.raises(ValueError, match=r"^max_tokens: 0 must be at least 1"):
+        sneppx.hf.make_cache(patched, 2, 0)
+    assert sneppx.hf.make_cache(patched, np.int64(2), 16).kv.lengths == [0, 0]
+
+
 def test_generate_continues_from_a_returned_cache():
     """A second generate() given the first's cache and the whole conversation so far (a
     left-padded batch of two, one new token each) feeds only the tokens the cache lacks,
