@@ -137,6 +137,14 @@ class SneppxCache(Cache):
     def reset(self) -> None:
         self.kv.reset()
 
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        # Only transformers' own attention modules call update(): this cache went to a model (or
+        # a module) that sneppx.hf.patch did not patch, and Cache's own update failed on its
+        # empty layers with an IndexError.
+        raise ValueError(f"cache: a SneppxCache holds sneppx layers' keys and values; layer {layer_idx} is "
+                         "transformers' own attention (a model sneppx.hf.patch did not patch): pass it a "
+                         "DynamicCache, or this cache to the patched model")
+
     def crop(self, tokens_to_remove: int) -> None:
         """Drops the last -tokens_to_remove tokens of every row (transformers' convention:
         0 or negative); a refusal cuts no row."""

@@ -368,6 +368,21 @@ def test_make_cache_errors_name_its_arguments():
     assert sneppx.hf.make_cache(patched, np.int64(2), 16).kv.lengths == [0, 0]
 
 
+def test_a_sneppx_cache_given_to_an_unpatched_model_is_refused_naming_it():
+    """A SneppxCache holds nothing transformers' attention can read: given to an unpatched
+    model it raised IndexError ("list index out of range") from Cache.update; it now says
+    what it is, and stays empty."""
+    eager = build("llama")
+    cache = sneppx.hf.make_cache(sneppx.hf.patch(copy.deepcopy(eager)), 2, 64)
+    ids, mask = prompts([19, 6], seed=2)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"^cache: a SneppxCache holds sneppx layers' keys and values; layer 0 is "):
+            eager(ids, attention_mask=mask, cache=cache)
+        with pytest.raises(ValueError, match=r"^cache: a SneppxCache"):
+            eager.generate(ids, attention_mask=mask, cache=cache, max_new_tokens=3)
+    assert cache.kv.lengths == [0, 0]
+
+
 def test_generate_continues_from_a_returned_cache():
     """A second generate() given the first's cache and the whole conversation so far (a
     left-padded batch of two, one new token each) feeds only the tokens the cache lacks,
