@@ -95,7 +95,9 @@ class SneppxCache(Cache):
     of a patched model: `batch_size` rows of up to `max_tokens` tokens each. Its lengths
     (get_seq_length, get_mask_sizes) are the rows' cached tokens, so the model's positions
     and masks come out as with a DynamicCache. Beam search's reorder and the batch
-    repeat / select of other strategies are refused (NotImplementedError)."""
+    repeat / select of other strategies are refused (NotImplementedError), and so is
+    copy.deepcopy (TypeError, as for a KVCache: the pages are not copied behind the
+    caller's back); to reuse a prompt's cache, fork its rows (cache.kv.fork(row))."""
 
     def __init__(self, model: Any, batch_size: int, max_tokens: int):
         state = getattr(model, "_sneppx_hf", None)
