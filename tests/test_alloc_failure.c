@@ -428,8 +428,12 @@ static void cached_fails_cleanly(const char *name, const sneppx_config *config)
 /* A warm forward allocates nothing (API.md), also when two threads run
  * forwards of one shape on one layer at once, on different OpenMP thread
  * counts (torch.set_num_threads sets the calling thread's): the pool keeps a
- * workspace for each caller, and lends each the one that fits it. */
-enum { CALLERS = 2, ROUNDS = 20 };
+ * workspace for each caller, and lends each the one that fits it. The first
+ * round warms the pool, but on a loaded host its two calls may not overlap
+ * (one ends before the other starts), and the first round in which they do
+ * makes the second workspace: one round may allocate, no more. A pool that
+ * drops a caller's workspace allocates in every round the calls overlap. */
+enum { CALLERS = 2, ROUNDS = 60 };
 static pthread_barrier_t round_start, round_end;
 static sneppx_layer *shared_layer;
 static float caller_out[CALLERS][TOKENS * HIDDEN];
@@ -459,22 +463,28 @@ static void concurrent_warm_forwards_allocate_nothing(const char *name, const sn
     pthread_t threads[CALLERS];
     for (int t = 0; t < CALLERS; t++)
         pthread_create(&threads[t], NULL, concurrent_caller, caller_out[t]);
-    long allocations = 0;
+    long allocations = 0, before = 0;
+    int rounds_allocating = 0;
     for (int round = 0; round < ROUNDS + 1; round++) {
-        if (round == 1) /* round 0 warms the pool with a workspace per caller */
+        if (round == 1) /* round 0 warms the pool, with a workspace per caller when the calls overlap */
             arm(-1);
         pthread_barrier_wait(&round_start);
         pthread_barrier_wait(&round_end);
+        if (round >= 1) {
+            allocations = atomic_load(&counted);
+            rounds_allocating += allocations > before;
+            before = allocations;
+        }
     }
     disarm();
-    allocations = atomic_load(&counted);
     for (int t = 0; t < CALLERS; t++)
         pthread_join(threads[t], NULL);
     pthread_barrier_destroy(&round_start);
     pthread_barrier_destroy(&round_end);
     TEST_CHECK(&tally, caller_failures == 0, "%s: %d concurrent forwards failed or differ", name, caller_failures);
-    TEST_CHECK(&tally, allocations == 0, "%s: %d rounds of %d concurrent warm forwards made %ld allocations", name,
-               ROUNDS, CALLERS, allocations);
+    TEST_CHECK(&tally, rounds_allocating <= 1,
+               "%s: %d of %d rounds of %d concurrent warm forwards allocated (%ld allocations; one round may)", name,
+               rounds_allocating, ROUNDS, CALLERS, allocations);
     sneppx_layer_destroy(shared_layer);
 }
 
