@@ -5,14 +5,19 @@
  * reads layer 0 of a small GQA config from the directory. Promises: success
  * gives every tensor the config needs, each with the values its shard holds
  * for it (every element of tensor t is t + 1); failure leaves no weights and
- * has a message. (Shard names that leave the directory are refused by the loader;
- * the seeds hold such names for the fuzzer to mutate.) */
+ * has a message. sneppx_layer_create_from_safetensors(), which packs a layer from
+ * the same files, succeeds exactly when the load does (a failure leaves no layer
+ * and has a message), and its layer is the one sneppx_layer_create() makes
+ * of the loaded tensors: the same output, bit for bit. (Shard names that leave
+ * the directory are refused by the loader; the seeds hold such names for the
+ * fuzzer to mutate.) */
 #define _GNU_SOURCE
 #include <limits.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "fuzz.h"
+#include "sneppx/layer.h"
 #include "sneppx/safetensors.h"
 
 static char dir[512], index_path[PATH_MAX];
@@ -96,6 +101,35 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
+/* The layer packed from the checkpoint against the one made of the loaded tensors. */
+static void check_layer(sneppx_status loaded, const sneppx_weights *view)
+{
+    sneppx_layer *packed = (sneppx_layer *)&config; /* not NULL: a failure must clear it */
+    const sneppx_status status = sneppx_layer_create_from_safetensors(&config, dir, 0, &packed);
+    FUZZ_ASSERT((status == SNEPPX_OK) == (loaded == SNEPPX_OK),
+                "the weights %s, the layer from the same files %s: %s", loaded == SNEPPX_OK ? "load" : "do not",
+                status == SNEPPX_OK ? "is made" : "is not", sneppx_last_error());
+    if (status != SNEPPX_OK) {
+        FUZZ_ASSERT(!packed && sneppx_last_error()[0] != '\0', "a refused layer: status %d, layer %p, '%s'",
+                    (int)status, (void *)packed, sneppx_last_error());
+        return;
+    }
+    sneppx_layer *made = NULL;
+    FUZZ_ASSERT(sneppx_layer_create(&config, view, &made) == SNEPPX_OK, "the layer of the loaded tensors: %s",
+                sneppx_last_error());
+    enum { TOKENS = 3 };
+    static float hidden[TOKENS * 32], got[TOKENS * 32], want[TOKENS * 32];
+    for (int i = 0; i < TOKENS * 32; i++)
+        hidden[i] = (float)((i * 37) % 19 - 9) / 8.0f;
+    FUZZ_ASSERT(sneppx_layer_forward(packed, 1, TOKENS, hidden, NULL, NULL, NULL, got) == SNEPPX_OK &&
+                    sneppx_layer_forward(made, 1, TOKENS, hidden, NULL, NULL, NULL, want) == SNEPPX_OK,
+                "forward: %s", sneppx_last_error());
+    FUZZ_ASSERT(memcmp(got, want, sizeof got) == 0,
+                "the layer packed from the checkpoint differs from the one made of its loaded tensors");
+    sneppx_layer_destroy(packed);
+    sneppx_layer_destroy(made);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     FILE *stream = fopen(index_path, "wb");
@@ -117,6 +151,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         FUZZ_ASSERT(!weights && sneppx_last_error()[0] != '\0', "status %d without a message", (int)status);
     }
+    check_layer(status, sneppx_attn_weights_view(weights));
     sneppx_attn_weights_free(weights);
     return 0;
 }
