@@ -3,13 +3,19 @@
  * sliding window of 6; or MLA with a latent of 16 + 16) with 1 or 2 threads,
  * flash or SDPA, and a cache of 2 layers (pages of 1 to 8 tokens, a pool of 2
  * to 12 pages, float32 / bfloat16 / float16 / int8, a page table sized for the
- * pool or for 4 tokens); the rest is a sequence of operations on that cache:
+ * pool or for 4 tokens; or, flag bit 7, a long cache: pages of 64, prefills of
+ * 128 to 448 tokens, max_position_embeddings 1024, so that decode over 512
+ * held keys or more splits them across key ranges merged by log-sum-exp);
+ * the rest is a sequence of operations on that cache:
  * add, remove, fork, truncate (one sequence, or up to 4 at once, all or
  * none), reset, a cached forward over a ragged set of
- * sequences at layer 0 or 1 (and bad arguments: layer index 2 or -1, no
- * sequences, unknown or removed ids, duplicates, q_len 0, positions below 0
- * or past max_position_embeddings 64, more pages than the pool has), read,
- * and the length queries.
+ * sequences at layer 0 or 1, with NULL masks or (the op byte's high nibble)
+ * a plane per sequence: NULL, the causal (+ window) mask written out, that
+ * with holes and biases, any entries (keys after the query's own among them),
+ * or one that shows a token the window released (and bad arguments: layer
+ * index 2 or -1, no sequences, unknown or removed ids, duplicates, q_len 0,
+ * positions below 0 or past max_position_embeddings 64, such a mask, more
+ * pages than the pool has), read, and the length queries.
  *
  * The harness keeps a model of the cache: each sequence's length per layer,
  * its released pages, its page table over pages with refcounts (copy-on-write
@@ -17,6 +23,7 @@
  * checked after every operation:
  *   - a call succeeds or fails as the model says (a failure with
  *     SNEPPX_ERR_INVALID_ARGUMENT, or SNEPPX_ERR_OUT_OF_MEMORY for a full pool);
+ *     a refused forward writes nothing to out;
  *   - a failed call changes nothing, and no call changes a row it did not
  *     append: every live sequence's held rows, both layers, read back
  *     byte-identical to the model (a fork's are its parent's);
@@ -30,10 +37,12 @@
  *     rounding with the call's other rows, so the call is the same), and
  *     with float32 rows its output matches the cache-free forward over the
  *     tokens the sequence holds to 1e-4 of the output's size (the queries'
- *     windows are held, so that is the whole sequence's answer).
+ *     windows are held, so that is the whole sequence's answer; with a plane,
+ *     the forward whose mask has the plane's rows from the first held key on).
  * Rows are compared with every held row of every sequence after every
  * operation, so a row is checked against the fresh cache once, when appended,
  * and against the model from then on. */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,15 +55,18 @@
 
 #define HIDDEN 32
 #define MAX_POSITIONS 64
+#define LONG_POSITIONS 1024 /* the long caches' layers */
 #define WINDOW 6
 #define NUM_LAYERS 2
 #define MAX_PAGES 12
 #define MAX_PAGE_SIZE 8
-#define MAX_TOKENS_HELD (MAX_PAGES * MAX_PAGE_SIZE) /* a sequence holds at most the pool */
+#define LONG_PAGE_SIZE 64 /* a long cache's pages */
+#define MAX_TOKENS_HELD (MAX_PAGES * LONG_PAGE_SIZE) /* a sequence holds at most the pool */
 #define MAX_SEQS 8
 #define MAX_DEAD 16
 #define MAX_CALL_SEQS 4
-#define MAX_Q_LEN 23 /* past SNEPPX_DECODE_MAX_QUERIES (16): the gathered path too */
+#define SHORT_Q_LEN 23 /* past SNEPPX_DECODE_MAX_QUERIES (16): the gathered path too */
+#define MAX_Q_LEN 448 /* a long cache's prefill: 128 to 448 */
 #define K_FLOATS 32  /* the most floats of K (MLA: of a latent row) one token holds */
 #define V_FLOATS 16
 
@@ -69,18 +81,20 @@ static unsigned next(struct reader *r) { return r->at < r->size ? r->data[r->at+
 /* ---- the layers, made once per process (kernels compile at first use) ---- */
 
 enum { STANDARD, WINDOWED, MLA, KINDS };
-static sneppx_layer *layers[KINDS][2];
+static sneppx_layer *layers[KINDS][2][2];
 
-static sneppx_layer *layer_of(int kind, int threads)
+/* long: max_position_embeddings LONG_POSITIONS, for a long cache. */
+static sneppx_layer *layer_of(int kind, int threads, int long_cache)
 {
-    if (layers[kind][threads - 1])
-        return layers[kind][threads - 1];
+    sneppx_layer **layer = &layers[kind][threads - 1][long_cache];
+    if (*layer)
+        return *layer;
     sneppx_config config;
     sneppx_config_init(&config);
     snprintf(config.name, sizeof config.name, "fuzz-kv");
     config.hidden_size = HIDDEN;
     config.num_attention_heads = 2;
-    config.max_position_embeddings = MAX_POSITIONS;
+    config.max_position_embeddings = long_cache ? LONG_POSITIONS : MAX_POSITIONS;
     config.num_threads = threads;
     if (kind == MLA) {
         config.num_key_value_heads = 2;
@@ -93,9 +107,9 @@ static sneppx_layer *layer_of(int kind, int threads)
         config.head_dim = 16;
         config.sliding_window = kind == WINDOWED ? WINDOW : 0;
     }
-    sneppx_status status = sneppx_layer_create(&config, NULL, &layers[kind][threads - 1]);
+    sneppx_status status = sneppx_layer_create(&config, NULL, layer);
     FUZZ_ASSERT(status == SNEPPX_OK, "the harness's layer %d: %s", kind, sneppx_last_error());
-    return layers[kind][threads - 1];
+    return *layer;
 }
 
 /* ---- the model ---- */
@@ -107,18 +121,49 @@ struct model_seq {
     int held;
     int pages[MAX_PAGES + 1];   /* model page numbers */
     /* Per layer, the held tokens [released * page_size, length): what made them
-     * (seed of the hidden row, position) and the rows the cache holds. */
-    uint32_t seed[NUM_LAYERS][MAX_TOKENS_HELD];
-    int64_t position[NUM_LAYERS][MAX_TOKENS_HELD];
-    float k[NUM_LAYERS][MAX_TOKENS_HELD][K_FLOATS];
-    float v[NUM_LAYERS][MAX_TOKENS_HELD][V_FLOATS];
+     * (seed of the hidden row, position) and the rows the cache holds; arrays of
+     * the pool's tokens in `block`. */
+    uint32_t *seed[NUM_LAYERS];
+    int64_t *position[NUM_LAYERS];
+    float (*k[NUM_LAYERS])[K_FLOATS];
+    float (*v[NUM_LAYERS])[V_FLOATS];
+    void *block;
 };
+
+/* Bytes of the seeds of `tokens` tokens, rounded up so that the next layer's arrays stay aligned. */
+static size_t seed_bytes(int64_t tokens) { return ((size_t)tokens * sizeof(uint32_t) + 7) / 8 * 8; }
+
+/* Bytes of the arrays of a sequence that holds at most `tokens` tokens. */
+static size_t model_block_bytes(int64_t tokens)
+{
+    return NUM_LAYERS * ((size_t)tokens * (sizeof(float[K_FLOATS]) + sizeof(float[V_FLOATS]) + sizeof(int64_t)) +
+                         seed_bytes(tokens));
+}
+
+/* q's arrays in a new block (a copy of from's, or zeros). */
+static void model_block(struct model_seq *q, int64_t tokens, const struct model_seq *from)
+{
+    const size_t bytes = model_block_bytes(tokens);
+    char *at = from ? malloc(bytes) : calloc(1, bytes);
+    FUZZ_ASSERT(at, "out of memory");
+    if (from)
+        memcpy(at, from->block, bytes);
+    q->block = at;
+    for (int l = 0; l < NUM_LAYERS; l++) {
+        q->k[l] = (void *)at, at += (size_t)tokens * sizeof(float[K_FLOATS]);
+        q->v[l] = (void *)at, at += (size_t)tokens * sizeof(float[V_FLOATS]);
+        q->position[l] = (void *)at, at += (size_t)tokens * sizeof(int64_t);
+        q->seed[l] = (void *)at, at += seed_bytes(tokens);
+    }
+}
 
 struct state {
     sneppx_layer *layer;
     sneppx_kv_cache *cache, *fresh;
     int kind;
     int64_t page_size, page_shift, pool, window;
+    int long_cache;              /* pages of 64 and long prefills: split-KV decode */
+    int64_t max_positions;
     int64_t k_floats, v_floats;  /* per token, as read */
     int float32;
     int refcount[MAX_PAGES];
@@ -183,6 +228,7 @@ static void forget(struct state *s, int index)
         s->dead[s->dead_count++] = s->seqs[index]->id;
     else
         s->dead[s->seqs[index]->id % MAX_DEAD] = s->seqs[index]->id;
+    free(s->seqs[index]->block);
     free(s->seqs[index]);
     s->seqs[index] = s->seqs[--s->live];
 }
@@ -325,6 +371,7 @@ static void op_add(struct state *s)
         FUZZ_ASSERT(s->dead[i] != id, "add gave %lld again, the id of a removed sequence", (long long)id);
     struct model_seq *q = calloc(1, sizeof *q);
     FUZZ_ASSERT(q, "out of memory");
+    model_block(q, s->pool * s->page_size, NULL);
     q->id = id;
     s->seqs[s->live++] = q;
 }
@@ -357,6 +404,7 @@ static void op_fork(struct state *s, struct reader *r)
     struct model_seq *child = malloc(sizeof *child);
     FUZZ_ASSERT(child, "out of memory");
     memcpy(child, s->seqs[index], sizeof *child);
+    model_block(child, s->pool * s->page_size, s->seqs[index]);
     child->id = child_id;
     for (int i = 0; i < child->held; i++)
         s->refcount[child->pages[i]]++;
@@ -493,6 +541,54 @@ static float hidden[MAX_CALL_SEQS * MAX_Q_LEN][HIDDEN], out[MAX_CALL_SEQS * MAX_
 static float fresh_out[MAX_CALL_SEQS * MAX_Q_LEN][HIDDEN];
 static float whole_in[MAX_TOKENS_HELD + MAX_Q_LEN][HIDDEN], whole_out[MAX_TOKENS_HELD + MAX_Q_LEN][HIDDEN];
 static int64_t whole_positions[MAX_TOKENS_HELD + MAX_Q_LEN];
+/* Explicit masks: a plane [q_len, past + q_len] per sequence, and the cache-free
+ * forward's [n, n] over the held tokens. */
+#define PLANE_ROWS 32 /* a longer call, or a longer sequence, gets no plane */
+#define PLANE_COLUMNS 1024
+static float planes[MAX_CALL_SEQS][PLANE_ROWS * PLANE_COLUMNS];
+static float whole_mask[MAX_TOKENS_HELD * MAX_TOKENS_HELD];
+
+/* What a sequence's mask plane is (the op byte's high nibble picks them). */
+enum { PLANE_NULL, PLANE_CAUSAL, PLANE_HOLES, PLANE_ANY, PLANE_SHOWS_RELEASED, PLANE_KINDS };
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 31;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 29;
+    return x;
+}
+
+/* Fills sequence q's plane for q_len new tokens after past (a call's rows: each
+ * row's first key is the first token the pages hold). Causal (+ window) written
+ * out; HOLES masks some more keys and biases others; ANY takes any entries, keys
+ * after the query's own among them (a mask is final); every key the window
+ * released is masked, but by SHOWS_RELEASED, which shows one of them (when there
+ * is one). Returns whether the cache must accept the plane. */
+static int fill_plane(const struct state *s, const struct model_seq *q, int kind, int64_t past, int64_t q_len,
+                      uint64_t seed, float *plane)
+{
+    static const float biases[8] = {0.0f, 0.0f, -1.0f, 0.5f, -INFINITY, -1e30f, -FLT_MAX, -1e29f};
+    const float masked = seed % 3 == 0 ? -INFINITY : seed % 3 == 1 ? -1e30f : -FLT_MAX;
+    const int64_t columns = past + q_len, first = first_held(s, q);
+    for (int64_t i = 0; i < q_len; i++)
+        for (int64_t j = 0; j < columns; j++) {
+            const int64_t query = past + i;
+            const int hidden = j > query || (s->window > 0 && query - j >= s->window);
+            const uint64_t r = mix(seed + (uint64_t)(i * columns + j) * 0x9e3779b97f4a7c15ULL);
+            float value = hidden ? masked : 0.0f;
+            if (kind == PLANE_HOLES && !hidden)
+                value = biases[r % 8];
+            else if (kind == PLANE_ANY)
+                value = biases[r % 8] + (r >> 8) % 4 * 0.25f;
+            plane[i * columns + j] = j < first ? masked : value;
+        }
+    if (kind == PLANE_SHOWS_RELEASED && first > 0) {
+        plane[(q_len - 1) * columns + first - 1] = 0.0f;
+        return 0;
+    }
+    return 1;
+}
 
 /* The call's new rows are those a fresh cache holds after the same call: the
  * same tokens of fresh sequences at the same positions (the projections of the
@@ -524,15 +620,23 @@ static void check_fresh(struct state *s, int64_t layer, int64_t n_seqs, const in
 
 /* float32 rows: the call's output rows of q equal the cache-free forward over the tokens it holds. */
 static void check_output(struct state *s, const struct model_seq *q, int64_t layer, int64_t q_len,
-                         const float *got)
+                         const float *plane, const float *got)
 {
     const int64_t first = first_held(s, q), n = q->length[layer] - first;
     for (int64_t t = 0; t < n; t++) {
         hidden_row(q->seed[layer][t], whole_in[t]);
         whole_positions[t] = q->position[layer][t];
     }
-    sneppx_status status =
-        sneppx_layer_forward(s->layer, 1, n, &whole_in[0][0], NULL, NULL, whole_positions, &whole_out[0][0]);
+    /* A plane: the whole sequence's mask has it as its last q_len rows (from the
+     * first held key on), causal (+ window) rows before (their outputs unused). */
+    const int64_t shape[4] = {1, 1, n, n};
+    for (int64_t i = 0; plane && i < n; i++)
+        for (int64_t j = 0; j < n; j++)
+            whole_mask[i * n + j] = i >= n - q_len ? plane[(i - (n - q_len)) * q->length[layer] + first + j]
+                                    : j > i || (s->window > 0 && i - j >= s->window) ? -INFINITY
+                                                                                     : 0.0f;
+    sneppx_status status = sneppx_layer_forward(s->layer, 1, n, &whole_in[0][0], plane ? whole_mask : NULL,
+                                                plane ? shape : NULL, whole_positions, &whole_out[0][0]);
     FUZZ_ASSERT(status == SNEPPX_OK, "the cache-free forward of %lld held tokens: %s", (long long)n,
                 sneppx_last_error());
     double size = 1e-3, worst = 0;
@@ -550,7 +654,9 @@ static void check_output(struct state *s, const struct model_seq *q, int64_t lay
                 (long long)q->id, (long long)layer, worst, size);
 }
 
-static void op_forward(struct state *s, struct reader *r)
+/* A cached forward; mask_mode (the op byte's high nibble, 0 for NULL masks) picks
+ * each sequence's plane. */
+static void op_forward(struct state *s, struct reader *r, unsigned mask_mode)
 {
     const unsigned flags = next(r);
     const int64_t layer = flags % 8 < 3 ? 0 : flags % 8 < 6 ? 1 : flags % 8 == 6 ? NUM_LAYERS : -1;
@@ -564,7 +670,11 @@ static void op_forward(struct state *s, struct reader *r)
     for (int64_t i = 0; i < n_seqs; i++) {
         ids[i] = pick_id(s, next(r));
         const unsigned b = next(r);
-        q_lens[i] = b % 16 == 15 ? 16 + b / 16 % 8 : b % 16 == 14 ? 0 : 1 + b % 4; /* mostly decode-sized */
+        /* Mostly decode-sized; a long cache's prefills take 13. */
+        q_lens[i] = b % 16 == 15                    ? 16 + b / 16 % 8
+                    : b % 16 == 14                  ? 0
+                    : b % 16 == 13 && s->long_cache ? 64 * (2 + b / 16 % 6)
+                                                    : 1 + b % 4;
         index[i] = find(s, ids[i]);
         valid = valid && index[i] >= 0 && q_lens[i] >= 1;
         for (int64_t j = 0; j < i; j++)
@@ -574,13 +684,26 @@ static void op_forward(struct state *s, struct reader *r)
         for (int64_t j = 0; j < q_lens[i]; j++) {
             seeds[tokens] = s->next_seed++;
             hidden_row(seeds[tokens], hidden[tokens]);
-            /* Explicit: the default shifted, or anywhere around [0, MAX_POSITIONS). */
+            /* Explicit: the default shifted, or anywhere around [0, 64). */
             positions[tokens] = !explicit_positions ? past + j
                                 : p < 192              ? past + j + (int64_t)(p % 8) - 2
                                                        : (int64_t)(p % 64) * 3 / 2 - 16 + j;
-            valid = valid && positions[tokens] >= 0 && positions[tokens] < MAX_POSITIONS;
+            valid = valid && positions[tokens] >= 0 && positions[tokens] < s->max_positions;
             tokens++;
         }
+    }
+    /* The masks: a plane of a kind per sequence, from the op byte's high nibble. */
+    const float *masks[MAX_CALL_SEQS] = {NULL};
+    for (int64_t i = 0; mask_mode && valid && i < n_seqs; i++) {
+        const int kind = (int)((mask_mode + 3 * (unsigned)i) % PLANE_KINDS);
+        if (kind == PLANE_NULL)
+            continue;
+        const struct model_seq *q = s->seqs[index[i]];
+        if (q->length[layer] + q_lens[i] > PLANE_COLUMNS || q_lens[i] > PLANE_ROWS)
+            continue;
+        valid = fill_plane(s, q, kind, q->length[layer], q_lens[i], mix(s->next_seed * 31 + (uint64_t)i + mask_mode),
+                           planes[i]);
+        masks[i] = planes[i];
     }
     /* The pages the call needs (kv_cache.h): new ones, and a copy of each shared
      * page it writes, but for the last writer of a page every holder writes. */
@@ -609,11 +732,19 @@ static void op_forward(struct state *s, struct reader *r)
     const sneppx_status want = !valid                          ? SNEPPX_ERR_INVALID_ARGUMENT
                                : needed > free_pages(s)        ? SNEPPX_ERR_OUT_OF_MEMORY
                                                                : SNEPPX_OK;
+    for (int64_t t = 0; t < tokens; t++)
+        for (int h = 0; h < HIDDEN; h++)
+            out[t][h] = (float)(t * HIDDEN + h);
     expect(sneppx_layer_forward_cached(s->layer, s->cache, layer, n_seqs, ids, q_lens, &hidden[0][0],
-                                       explicit_positions ? positions : NULL, NULL, &out[0][0]),
+                                       explicit_positions ? positions : NULL, mask_mode ? masks : NULL, &out[0][0]),
            want, "forward_cached");
-    if (want != SNEPPX_OK)
+    if (want != SNEPPX_OK) { /* kv_cache.h: on error nothing is written to out */
+        for (int64_t t = 0; t < tokens; t++)
+            for (int h = 0; h < HIDDEN; h++)
+                FUZZ_ASSERT(out[t][h] == (float)(t * HIDDEN + h), "a refused forward_cached wrote out[%lld][%d]",
+                            (long long)t, h);
         return;
+    }
 
     /* The model's pages: copies of the shared ones it writes, then new ones. */
     for (int64_t i = 0; i < n_seqs; i++) {
@@ -638,14 +769,14 @@ static void op_forward(struct state *s, struct reader *r)
     for (int64_t i = 0, token0 = 0; i < n_seqs; token0 += q_lens[i], i++) {
         struct model_seq *q = s->seqs[index[i]];
         const int64_t past = q->length[layer], m = past - first_held(s, q);
-        FUZZ_ASSERT(m + q_lens[i] <= MAX_TOKENS_HELD, "the model holds more tokens than the pool");
+        FUZZ_ASSERT(m + q_lens[i] <= s->pool * s->page_size, "the model holds more tokens than the pool");
         for (int64_t j = 0; j < q_lens[i]; j++) {
             q->seed[layer][m + j] = seeds[token0 + j];
             q->position[layer][m + j] = positions[token0 + j];
         }
         q->length[layer] += q_lens[i];
         if (s->float32)
-            check_output(s, q, layer, q_lens[i], out[token0]);
+            check_output(s, q, layer, q_lens[i], masks[i], out[token0]);
         release_hidden(s, q);
         const int64_t first = past > first_held(s, q) ? past : first_held(s, q);
         read_rows(s, s->cache, q->id, layer, first, q->length[layer], "the new rows");
@@ -674,12 +805,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(&s, 0, sizeof s);
     const unsigned flags = next(&r), shape = next(&r);
     s.kind = flags % 4 == 3 ? STANDARD : (int)(flags % 4);
-    s.layer = layer_of(s.kind, 1 + (flags >> 2 & 1));
+    s.long_cache = flags >> 7 & 1;
+    s.max_positions = s.long_cache ? LONG_POSITIONS : MAX_POSITIONS;
+    s.layer = layer_of(s.kind, 1 + (flags >> 2 & 1), s.long_cache);
     FUZZ_ASSERT(sneppx_layer_set_flash(s.layer, !(flags >> 3 & 1)) == SNEPPX_OK, "set_flash: %s",
                 sneppx_last_error());
     const sneppx_dtype dtype = (sneppx_dtype)(flags >> 4 & 3);
     s.float32 = dtype == SNEPPX_DTYPE_FLOAT32;
-    s.page_shift = shape % 4;
+    s.page_shift = s.long_cache ? 6 : shape % 4;
     s.page_size = (int64_t)1 << s.page_shift;
     s.pool = 2 + (shape >> 2) % (MAX_PAGES - 1);
     s.window = s.kind == WINDOWED ? WINDOW : 0;
@@ -695,7 +828,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     options.max_sequence_tokens = flags >> 6 & 1 ? 4 : 0; /* a small table grows as the sequence does */
     sneppx_status status = sneppx_kv_cache_create(sneppx_layer_config(s.layer), &options, &s.cache);
     FUZZ_ASSERT(status == SNEPPX_OK, "create: %s", sneppx_last_error());
-    options.capacity_tokens = MAX_CALL_SEQS * (MAX_Q_LEN + MAX_PAGE_SIZE);
+    options.capacity_tokens = MAX_CALL_SEQS * (s.long_cache ? MAX_Q_LEN + LONG_PAGE_SIZE : SHORT_Q_LEN + MAX_PAGE_SIZE);
     options.max_sequence_tokens = 0;
     status = sneppx_kv_cache_create(sneppx_layer_config(s.layer), &options, &s.fresh);
     FUZZ_ASSERT(status == SNEPPX_OK, "create of the fresh cache: %s", sneppx_last_error());
@@ -703,7 +836,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_state(&s, "create");
     static const char *const names[] = {"add", "remove", "fork", "truncate", "reset", "forward", "read", "add"};
     for (int op = 0; r.at < r.size && op < 256; op++) {
-        const unsigned which = next(&r) % 16;
+        const unsigned op_byte = next(&r), which = op_byte % 16;
         const int kind = which < 8 ? (int)which : which < 13 ? 5 : (int)(which - 13) * 2; /* forward, add, fork */
         switch (kind) {
         case 0:
@@ -712,7 +845,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 2: op_fork(&s, &r); break;
         case 3: op_truncate(&s, &r); break;
         case 4: op_reset(&s); break;
-        case 5: op_forward(&s, &r); break;
+        case 5: op_forward(&s, &r, op_byte >> 4); break;
         case 6: op_read(&s, &r); break;
         }
         check_state(&s, names[kind]);
