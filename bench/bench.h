@@ -84,6 +84,8 @@ int bench_child_memory(int argc, char **argv);  /* --child-memory T: peak memory
  * how many of copy_bytes each that takes, 2 under --quick, at most max_copies. */
 #define BENCH_ROTATION_BYTES ((double)(1 << 30))
 int bench_rotation_copies(const struct bench_context *ctx, double copy_bytes, int max_copies);
+/* A whole layer's copies in a rotation, at most (an int8 llama3-8B layer: 16 x 47 MB). */
+#define BENCH_MAX_LAYER_COPIES 16
 
 /* A 64-byte aligned float buffer, 2 MiB aligned and advised for transparent
  * huge pages when large, and touched (so no timed run pays its page faults).

@@ -31,8 +31,6 @@
  * forks one prefilled sequence and truncates the forks (its K/V, 268 MB per
  * sequence at 32768, is far beyond any cache, so sharing pages flatters nothing). */
 #define DISTINCT_PREFILL_MAX_CONTEXT DECODE_BASELINE_BATCH_MAX_CONTEXT
-/* Copies of the layer decode steps take in turn, at most. */
-#define MAX_LAYER_COPIES 16
 
 static const int64_t full_contexts[] = {512, 4096, 32768};
 static const int64_t quick_contexts[] = {64};
@@ -41,7 +39,7 @@ static const int64_t quick_batches[] = {1, 2};
 
 struct generation {
     sneppx_layer *layer;                      /* prefills, and the first of the copies */
-    sneppx_layer *copies[MAX_LAYER_COPIES];  /* the same weights; decode step i runs copy i % copy_count */
+    sneppx_layer *copies[BENCH_MAX_LAYER_COPIES];  /* the same weights; decode step i runs copy i % copy_count */
     int copy_count, steps;
     sneppx_kv_cache *cache;
     int64_t hidden_size;
@@ -324,7 +322,7 @@ void bench_stage_generate(struct bench_context *ctx)
     }
     g.copies[0] = g.layer;
     g.copy_count = 1;
-    const int copies = bench_rotation_copies(ctx, sneppx_layer_weight_bytes(g.layer), MAX_LAYER_COPIES);
+    const int copies = bench_rotation_copies(ctx, sneppx_layer_weight_bytes(g.layer), BENCH_MAX_LAYER_COPIES);
     for (; g.copy_count < copies; g.copy_count++)
         if (sneppx_layer_create(&config, NULL, &g.copies[g.copy_count]) != SNEPPX_OK) {
             fprintf(stderr, "sneppx-bench: generate: layer copy: %s\n", sneppx_last_error());

@@ -26,8 +26,6 @@
 
 #define MODEL "llama3-8B"
 #define PREFILL_CHUNK 512
-/* Copies of a decode case's layer at most (int8: 16 x 47 MB). */
-#define MAX_LAYER_COPIES 16
 
 /* One row of the decode table: sneppx's types (label: weights and cache, the
  * short names targets.c looks for) and the baselines' nearest ones (NULL: none run). */
@@ -73,7 +71,7 @@ static void stage_failed(struct bench_context *ctx, const char *what)
 /* Copies of a layer (the same synthetic weights) and one one-sequence cache of the given
  * types, prefilled to `context` tokens by the first copy; step i runs copy i % copies. */
 struct decode_run {
-    sneppx_layer *layers[MAX_LAYER_COPIES];
+    sneppx_layer *layers[BENCH_MAX_LAYER_COPIES];
     int copies, uses;
     sneppx_kv_cache *cache;
     int64_t seq_id, length;
@@ -165,7 +163,7 @@ static int decode_run_make(const struct bench_context *ctx, struct decode_run *r
     sneppx_kv_cache_stats_get(run->cache, &stats);
     run->token_bytes = (double)stats.token_bytes; /* rows and int8 scales, not the pages' alignment */
     run->weight_bytes = sneppx_layer_weight_bytes(run->layers[0]);
-    const int copies = bench_rotation_copies(ctx, run->weight_bytes, MAX_LAYER_COPIES);
+    const int copies = bench_rotation_copies(ctx, run->weight_bytes, BENCH_MAX_LAYER_COPIES);
     for (; run->copies < copies; run->copies++)
         if (sneppx_layer_create(&config, NULL, &run->layers[run->copies]) != SNEPPX_OK)
             return -1;

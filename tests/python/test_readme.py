@@ -242,14 +242,24 @@ def test_gen_command_lines_run(tmp_path, page):
 MODELS = ROOT / "docs" / "MODELS.md"
 
 
+def table_rows(section: str, columns: int, starts: str = "| ") -> List[List[str]]:
+    """The stripped cells of every markdown table row in section that starts with `starts`
+    and has `columns` cells (a separator row, "|---|", starts otherwise)."""
+    rows = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith(starts) and len(cells) == columns:
+            rows.append(cells)
+    return rows
+
+
 def models_preset_rows() -> Dict[str, List[str]]:
     """Section 1's table: {preset name: [its cells after the name]}; "(alias X)" is dropped
     from the name and kept as a last cell."""
     section = MODELS.read_text().split("## 1.", 1)[1].split("\n## ", 1)[0]
     rows = {}
-    for line in section.splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if not line.startswith("| ") or cells[0] == "preset" or len(cells) != 10:
+    for cells in table_rows(section, 10):
+        if cells[0] == "preset":
             continue
         name, alias = re.fullmatch(r"(\S+)(?: \(alias (\S+)\))?", cells[0]).groups()
         rows[name] = cells[1:] + [alias or ""]
@@ -317,11 +327,9 @@ def documented_variables() -> Dict[str, str]:
     """SECURITY.md's environment table: {variable: its "read by" cell}."""
     section = SECURITY.read_text().split("## Environment variables", 1)[1].split("\n## ", 1)[0]
     rows = {}
-    for line in section.splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if line.startswith("| `") and len(cells) == 3:
-            for name in re.findall(r"`([A-Z_][A-Z0-9_]*)`", cells[0]):
-                rows[name] = cells[1]
+    for cells in table_rows(section, 3, "| `"):
+        for name in re.findall(r"`([A-Z_][A-Z0-9_]*)`", cells[0]):
+            rows[name] = cells[1]
     return rows
 
 
@@ -357,11 +365,9 @@ def readme_run_options() -> Dict[str, List[str]]:
     its first cell names (`--seq T`, `--batch B` is two rows' worth)."""
     section = README.read_text().split("| option | meaning | default |", 1)[1].split("\n\n", 1)[0]
     rows = {}
-    for line in section.splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if line.startswith("| `") and len(cells) == 3:
-            for option in re.findall(r"`(--[a-z-]+)", cells[0]):
-                rows[option] = cells[1:]
+    for cells in table_rows(section, 3, "| `"):
+        for option in re.findall(r"`(--[a-z-]+)", cells[0]):
+            rows[option] = cells[1:]
     return rows
 
 
