@@ -3,7 +3,9 @@
  * Decode steps at each context, batch 1 and a ragged batch, rated against the
  * decode roofline: a step must read the packed weights once and every cached
  * K/V row its queries see, so (weight bytes + cache bytes) / the read
- * bandwidth probed just before and after the case bounds it from below. Beside it, the
+ * bandwidth probed just before and after the case bounds it from below, as its
+ * arithmetic / the FMA peak does (the longer of the two: a batch of 16 on a host
+ * with a low peak is as much arithmetic as memory). Beside it, the
  * same attention in llama.cpp (a one-block GGUF, flash attention, f32 weights
  * and KV) and in HF transformers' LlamaAttention with a DynamicCache (torch
  * SDPA), from the virtual environment scripts/venv.sh makes ($SNEPPX_BENCH_VENV;
@@ -129,6 +131,23 @@ static int decode_step(void *opaque)
     return 0;
 }
 
+/* One query/key pair's attention arithmetic, every head: a two-token forward sees
+ * three pairs, two one-token forwards two, and the projections are the same. */
+static double pair_flops(const sneppx_layer *layer)
+{
+    return sneppx_layer_flops(layer, 1, 2) - 2 * sneppx_layer_flops(layer, 1, 1);
+}
+
+/* Floating-point operations of one decode step at the current lengths: each
+ * sequence's token through the projections and over its cached tokens and itself. */
+static double step_flops(const struct generation *g)
+{
+    double flops = 0;
+    for (int64_t s = 0; s < g->batch; s++)
+        flops += sneppx_layer_flops(g->layer, 1, 1) + pair_flops(g->layer) * (double)g->lengths[s];
+    return flops;
+}
+
 /* Bytes one decode step reads at the current lengths: the weights once, and
  * each sequence's cached K/V (no window in llama3-8B). */
 static double step_bytes(const struct generation *g, double token_bytes)
@@ -173,10 +192,19 @@ static void report_decode(struct bench_context *ctx, struct generation *g, int64
     }
     const size_t heap_after = heap_bytes();
     const double after = bench_read_bandwidth_beside(ctx, threads);
-    ours.peak_rate = before > after ? before : after;
+    /* The roofline's two roofs: reading the step's bytes at the read bandwidth, and
+     * its arithmetic at the FMA peak; the rate it allows is the bytes over the longer
+     * of the two times. A batch of 16 is as much arithmetic as reading where the peak
+     * is low (an AVX2 host: 16 rows of projections at 203 GFLOP/s take about as long
+     * as its 36 GB/s read of the weights). */
+    const double bandwidth = before > after ? before : after, fma_peak = bench_fma_peak(ctx, threads);
+    const double flops = step_flops(g) + (double)g->batch * plan->max_reps / 2.0 * pair_flops(g->layer);
+    const double compute_bound = fma_peak > 0 ? bytes * fma_peak / flops : bandwidth;
+    ours.peak_rate = compute_bound < bandwidth ? compute_bound : bandwidth;
     const long long heap_growth = (long long)heap_after - (long long)heap_before;
     char note[96];
-    snprintf(note, sizeof note, "heap %+lld B over %d warm steps", heap_growth, ours.seconds.reps + plan->warmup);
+    snprintf(note, sizeof note, "heap %+lld B over %d warm steps%s", heap_growth, ours.seconds.reps + plan->warmup,
+             compute_bound < bandwidth ? "; roof: FMA peak" : "");
     bench_record_value("generate", ours.case_name, GENERATE_HEAP_GROWTH, context, threads, (double)heap_growth, "B");
     const struct bench_stats *baselines[] = {llama, torch};
     const char *names[] = {"llama.cpp", "pytorch"};
@@ -267,9 +295,10 @@ static void report_chunked(struct bench_context *ctx, struct generation *g, int6
 void bench_stage_generate(struct bench_context *ctx)
 {
     bench_report_section("generation: " MODEL " layer through the paged KV cache, every core",
-                         "decode: ms per step, GB/s and % of the read bandwidth (probed just before and after each "
-                         "case, best of both) on the bytes a step "
-                         "must read (weights + visible cache, float32); speedup = baseline time / sneppx "
+                         "decode: ms per step, GB/s on the bytes a step must read (weights + visible cache, "
+                         "float32) and % of its roofline: those bytes at the read bandwidth (probed just before "
+                         "and after each case, best of both) or its arithmetic at the FMA peak, whichever takes "
+                         "longer (\"roof: FMA peak\" where that is the arithmetic); speedup = baseline time / sneppx "
                          "time; ragged batches: lengths 0.5-1.5x the context (forks of one prefill, "
                          "0.75-1.25x, past 4096), the baselines' rows all at the context");
     const int threads = ctx->thread_counts[ctx->thread_count_n - 1];
