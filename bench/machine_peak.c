@@ -1,11 +1,14 @@
 /* The machine's limits, measured in the same run as what is compared to them:
  *   FMA peak: register-resident chains of vector FMAs, nothing but FMAs;
+ *   core speed: the same chains on every core at once, sampled in short windows,
+ *     to show a host whose cores change speed (core_phases.h);
  *   read bandwidth: a vector sum over a buffer far larger than the caches. */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "bench.h"
+#include "core_phases.h"
 #include "host.h"
 #include "kernel_registry.h"
 #include "report.h"
@@ -83,6 +86,68 @@ static int run_read(void *opaque)
     return 0;
 }
 
+/* Windows of the core-speed probe: 4 s in all (0.5 s for --quick), long enough to
+ * see phases of a second or more, each window long enough for a steady rate. */
+#define PHASE_WINDOW_SECONDS 0.25
+#define PHASE_SAMPLES 16
+#define PHASE_QUICK_SAMPLES 2
+/* FMA loop iterations between clock reads: ~0.1 ms of a core. */
+#define PHASE_CHUNK 100000
+
+static volatile float phase_sink; /* the chains' sum, so that they are not dead */
+
+/* Every core runs the FMA chains at once, each timing its own windows; prints each
+ * core's fastest, median and slowest window and how often it was slow, and warns
+ * when the windows in which some core was slow pass an eighth. */
+static void report_core_phases(struct bench_context *ctx, int wide, int lanes)
+{
+    const int cores = ctx->thread_counts[ctx->thread_count_n - 1];
+    const int samples = ctx->quick ? PHASE_QUICK_SAMPLES : PHASE_SAMPLES;
+    double *rates = calloc((size_t)cores * samples, sizeof(double));
+    struct core_phase_summary *per_core = calloc((size_t)cores, sizeof *per_core);
+    if (!rates || !per_core) {
+        free(rates);
+        free(per_core);
+        fprintf(stderr, "sneppx-bench: no memory for the core-speed probe\n");
+        ctx->failures++;
+        return;
+    }
+    float total = 0;
+#pragma omp parallel num_threads(cores) reduction(+ : total)
+    {
+        const int core = omp_get_thread_num();
+        const float seed = 1e-3f * (float)(core + 1);
+        for (int s = 0; s < samples; s++) {
+            const double start = omp_get_wtime();
+            double now;
+            int64_t chunks = 0;
+            do {
+                total += wide ? fma_loop_wide(PHASE_CHUNK, seed) : fma_loop_narrow(PHASE_CHUNK, seed);
+                chunks++;
+            } while ((now = omp_get_wtime()) - start < PHASE_WINDOW_SECONDS);
+            rates[core * samples + s] = (double)chunks * PHASE_CHUNK * FMA_CHAINS * lanes * 2 / (now - start) * 1e-9;
+        }
+    }
+    phase_sink = total;
+    const double any_slow = core_phases_summarize(rates, cores, samples, per_core);
+    for (int c = 0; c < cores; c++) {
+        printf("  core speed, thread %-2d %dt | fma windows of %.2f s: fastest %.1f GF/s, median %.1f, slowest %.1f; "
+               "below %.0f%% of its fastest in %.0f%% of %d\n",
+               c, cores, PHASE_WINDOW_SECONDS, per_core[c].fastest, per_core[c].median, per_core[c].slowest,
+               100 * CORE_PHASE_SLOW_SHARE, 100 * per_core[c].slow_share, samples);
+        char name[32];
+        snprintf(name, sizeof name, "core speed, thread %d", c);
+        bench_record_value("peak", name, "slow-windows", 0, cores, 100 * per_core[c].slow_share, "%");
+    }
+    if (cores > 1 && any_slow > 0.125)
+        printf("   WARNING: some core ran below %.0f%% of its own speed in %.0f%% of the windows: a case split evenly "
+               "over %d threads waits for the slowest, so %d-thread medians mix phases (1-thread rows and best rounds "
+               "show the code)\n",
+               100 * CORE_PHASE_SLOW_SHARE, 100 * any_slow, cores, cores);
+    free(rates);
+    free(per_core);
+}
+
 static int thread_slot(const struct bench_context *ctx, int threads)
 {
     for (int i = 0; i < ctx->thread_count_n; i++)
@@ -142,6 +207,7 @@ void bench_stage_peak(struct bench_context *ctx)
         ctx->fma_gflops[t] = bench_rate(&result, result.seconds.min);
         bench_report_pair(&result, NULL, "(peak = best run)");
     }
+    report_core_phases(ctx, wide, lanes);
     for (int t = 0; t < ctx->thread_count_n; t++) {
         const int threads = ctx->thread_counts[t];
         struct read_state read = {.threads = threads, .probe = &probe};
