@@ -136,7 +136,7 @@ static void report_core_phases(struct bench_context *ctx, int wide, int lanes)
                c, cores, PHASE_WINDOW_SECONDS, per_core[c].fastest, per_core[c].median, per_core[c].slowest,
                100 * CORE_PHASE_SLOW_SHARE, 100 * per_core[c].slow_share, samples);
         char name[32];
-        snprintf(name, sizeof name, "core speed, thread %d", c);
+        snprintf(name, sizeof name, "core speed thread %d", c); /* no comma: a CSV field */
         bench_record_value("peak", name, "slow-windows", 0, cores, 100 * per_core[c].slow_share, "%");
     }
     if (cores > 1 && any_slow > 0.125)
