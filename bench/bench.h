@@ -53,6 +53,9 @@ struct bench_plan bench_plan_for(const struct bench_context *ctx, int min_reps, 
 
 /* Stages. Each prints its section, records its rows and counts its failures in ctx. */
 void bench_stage_peak(struct bench_context *ctx);
+/* Every core's FMA rate in short windows, all at once (the peak stage's, and main's
+ * at the end of the run): each core's spread, and a warning when cores slowed. */
+void bench_report_core_speed(struct bench_context *ctx, const char *when);
 void bench_stage_gemm(struct bench_context *ctx);
 /* The gemm stage's last table: the one-token sweep per weight type, from L2 and from memory.
  * Its rows are gemm rows of one token on one thread, but no projection of a layer: their

@@ -1,7 +1,8 @@
 /* The machine's limits, measured in the same run as what is compared to them:
  *   FMA peak: register-resident chains of vector FMAs, nothing but FMAs;
  *   core speed: the same chains on every core at once, sampled in short windows,
- *     to show a host whose cores change speed (core_phases.h);
+ *     to show a host whose cores change speed (core_phases.h), at the start of the
+ *     run and again at its end;
  *   read bandwidth: a vector sum over a buffer far larger than the caches. */
 #include <omp.h>
 #include <stdio.h>
@@ -96,11 +97,16 @@ static int run_read(void *opaque)
 
 static volatile float phase_sink; /* the chains' sum, so that they are not dead */
 
-/* Every core runs the FMA chains at once, each timing its own windows; prints each
- * core's fastest, median and slowest window and how often it was slow, and warns
- * when the windows in which some core was slow pass an eighth. */
-static void report_core_phases(struct bench_context *ctx, int wide, int lanes)
+/* The peak of the vectors the kernels use: 8 lanes for the v8 target, also when
+ * SNEPPX_TARGET runs it on an AVX-512 host. */
+static int peak_is_wide(void)
 {
+    return read_probe_host_is_wide() && sneppx_host_target()->vector_width >= 16;
+}
+
+void bench_report_core_speed(struct bench_context *ctx, const char *when)
+{
+    const int wide = peak_is_wide(), lanes = wide ? 16 : 8;
     const int cores = ctx->thread_counts[ctx->thread_count_n - 1];
     const int samples = ctx->quick ? PHASE_QUICK_SAMPLES : PHASE_SAMPLES;
     double *rates = calloc((size_t)cores * samples, sizeof(double));
@@ -131,19 +137,19 @@ static void report_core_phases(struct bench_context *ctx, int wide, int lanes)
     phase_sink = total;
     const double any_slow = core_phases_summarize(rates, cores, samples, per_core);
     for (int c = 0; c < cores; c++) {
-        printf("  core speed, thread %-2d %dt | fma windows of %.2f s: fastest %.1f GF/s, median %.1f, slowest %.1f; "
-               "below %.0f%% of its fastest in %.0f%% of %d\n",
-               c, cores, PHASE_WINDOW_SECONDS, per_core[c].fastest, per_core[c].median, per_core[c].slowest,
+        printf("  core speed %s, thread %-2d %dt | fma windows of %.2f s: fastest %.1f GF/s, median %.1f, slowest "
+               "%.1f; below %.0f%% of its fastest in %.0f%% of %d\n",
+               when, c, cores, PHASE_WINDOW_SECONDS, per_core[c].fastest, per_core[c].median, per_core[c].slowest,
                100 * CORE_PHASE_SLOW_SHARE, 100 * per_core[c].slow_share, samples);
-        char name[32];
-        snprintf(name, sizeof name, "core speed thread %d", c); /* no comma: a CSV field */
+        char name[64];
+        snprintf(name, sizeof name, "core speed %s thread %d", when, c); /* no comma: a CSV field */
         bench_record_value("peak", name, "slow-windows", 0, cores, 100 * per_core[c].slow_share, "%");
     }
     if (cores > 1 && any_slow > 0.125)
-        printf("   WARNING: some core ran below %.0f%% of its own speed in %.0f%% of the windows: a case split evenly "
+        printf("   WARNING: some core ran below %.0f%% of its own speed in %.0f%% of the windows %s: a case split evenly "
                "over %d threads waits for the slowest, so %d-thread medians mix phases (1-thread rows and best rounds "
                "show the code)\n",
-               100 * CORE_PHASE_SLOW_SHARE, 100 * any_slow, cores, cores);
+               100 * CORE_PHASE_SLOW_SHARE, 100 * any_slow, when, cores, cores);
     free(rates);
     free(per_core);
 }
@@ -177,9 +183,7 @@ double bench_read_bandwidth_beside(struct bench_context *ctx, int threads)
 
 void bench_stage_peak(struct bench_context *ctx)
 {
-    /* The peak of the vectors the kernels use: 8 lanes for the v8 target, also when
-     * SNEPPX_TARGET runs it on an AVX-512 host. */
-    const int wide = read_probe_host_is_wide() && sneppx_host_target()->vector_width >= 16;
+    const int wide = peak_is_wide();
     const int lanes = wide ? 16 : 8;
     bench_report_section("machine: FMA peak and read bandwidth",
                          "FMA: register-resident vector FMA chains; read: vector sum over a buffer far larger "
@@ -207,7 +211,7 @@ void bench_stage_peak(struct bench_context *ctx)
         ctx->fma_gflops[t] = bench_rate(&result, result.seconds.min);
         bench_report_pair(&result, NULL, "(peak = best run)");
     }
-    report_core_phases(ctx, wide, lanes);
+    bench_report_core_speed(ctx, "at start");
     for (int t = 0; t < ctx->thread_count_n; t++) {
         const int threads = ctx->thread_counts[t];
         struct read_state read = {.threads = threads, .probe = &probe};

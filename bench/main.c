@@ -290,6 +290,11 @@ int main(int argc, char **argv)
                          stalled_start < 0 || stalled_end < 0 ? -1 : stalled_end - stalled_start);
     }
 
+    /* Phases of the cores that began after the peak stage's probe show here. */
+    if (ctx.stages & ~BENCH_STAGE_PEAK) {
+        bench_report_section("core speed at the end of the run", "as the peak stage's: every core at once");
+        bench_report_core_speed(&ctx, "at end");
+    }
     bench_report_targets(&ctx);
     read_probe_free(&ctx.beside);
     printf("\n");
