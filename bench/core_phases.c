@@ -5,11 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int compare_doubles(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "timing.h"
 
 double core_phases_summarize(const double *rates, int cores, int samples, struct core_phase_summary *per_core)
 {
@@ -20,11 +16,12 @@ double core_phases_summarize(const double *rates, int cores, int samples, struct
         return 0;
     for (int c = 0; c < cores; c++) {
         memcpy(sorted, rates + (size_t)c * (size_t)samples, (size_t)samples * sizeof(double));
-        qsort(sorted, (size_t)samples, sizeof(double), compare_doubles);
+        struct bench_stats stats;
+        bench_stats_of(sorted, samples, &stats);
         struct core_phase_summary *s = &per_core[c];
-        s->slowest = sorted[0];
-        s->fastest = sorted[samples - 1];
-        s->median = samples % 2 ? sorted[samples / 2] : (sorted[samples / 2 - 1] + sorted[samples / 2]) / 2;
+        s->slowest = stats.min;
+        s->fastest = stats.max;
+        s->median = stats.median;
         int slow = 0;
         for (int i = 0; i < samples; i++)
             slow += sorted[i] < CORE_PHASE_SLOW_SHARE * s->fastest;
