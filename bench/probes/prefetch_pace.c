@@ -13,7 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
+
+#include "timing.h"
 
 #define CHUNK_BYTES (32 * 1024)
 #define CHUNKS 1024
@@ -30,13 +31,6 @@ static const char *chunk(int c)
     if (c >= CHUNKS)
         c = CHUNKS - 1;
     return pool + (size_t)(l2_resident ? order[c] % 2 : order[c]) * CHUNK_BYTES;
-}
-
-static double seconds(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 __attribute__((target("avx2,fma"), always_inline)) static inline void compute_line(const char *line, __m256 acc[8])
@@ -70,7 +64,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline double stream_w
     __m256 acc[8];
     for (int k = 0; k < 8; k++)
         acc[k] = _mm256_setzero_ps();
-    const double start = seconds();
+    const double start = bench_now();
     for (int c = 0; c < CHUNKS; c++) {
         const char *now = chunk(c), *next = chunk(c + 1);
         if (pattern == ALL_AT_START)
@@ -110,7 +104,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline double stream_w
             compute_line(now + line * 64, acc);
         }
     }
-    const double elapsed = seconds() - start;
+    const double elapsed = bench_now() - start;
     sink = total(acc);
     return elapsed;
 }
@@ -129,7 +123,7 @@ STREAM_AS(stream_pv_strided, STRIDED_EVEN, 1)
 __attribute__((target("avx2"), noinline)) static double plain_read(void)
 {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0;
-    const double start = seconds();
+    const double start = bench_now();
     for (int c = 0; c < CHUNKS; c++) {
         const float *p = (const float *)chunk(c);
         for (int i = 0; i < CHUNK_BYTES / 4; i += 16) {
@@ -137,7 +131,7 @@ __attribute__((target("avx2"), noinline)) static double plain_read(void)
             s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
         }
     }
-    const double elapsed = seconds() - start;
+    const double elapsed = bench_now() - start;
     float lanes[8];
     _mm256_storeu_ps(lanes, _mm256_add_ps(s0, s1));
     sink = lanes[0];
