@@ -1,9 +1,12 @@
 /* Decode attention (attn_decode) over a paged K/V cache: one query token per
  * sequence against its whole context, rated in GB/s of K/V streamed against
- * the read bandwidth probed just before and after the case. llama3-8B's shape (8 K/V heads,
- * group 4, d 128) and deepseek-v2-lite's absorbed MLA (one 576-float latent
- * row per token shared by K and V, 16 query heads, v 512), batch 1 and 16,
- * contexts 512 / 4096 / 32768, pages of the KV cache's default size
+ * the read bandwidth probed just before and after the case. llama3-8B's shape
+ * (8 K/V heads, group 4, d 128), also with an int8 cache (a float32 scale per
+ * row, in the page as the KV cache keeps it); qwen2-7B's (4 K/V heads, group 7:
+ * the presets' widest grouped-query group, the most rows a P.V pass); and
+ * deepseek-v2-lite's absorbed MLA (one 576-float latent row per token shared
+ * by K and V, 16 query heads, v 512). Batch 1 and 16, contexts 512 / 4096 /
+ * 32768, pages of the KV cache's default size
  * (SNEPPX_KV_DEFAULT_PAGE_SIZE tokens) in shuffled order. A cache smaller
  * than this machine's caches would be read from them, not from memory, when
  * run after run reads it again (a 32 MiB one from a 32 MiB L3: "160% of the
@@ -37,11 +40,14 @@ struct decode_shape {
     const char *name;
     int64_t kv_heads, group, head_dim, v_head_dim;
     int mla; /* one latent row per token: k = v, row stride head_dim */
+    sneppx_dtype kv_type; /* float32 or int8 */
 };
 
 static const struct decode_shape shapes[] = {
-    {"llama3-8B", 8, 4, 128, 128, 0},
-    {"deepseek-v2-lite", 1, 16, 576, 512, 1},
+    {"llama3-8B", 8, 4, 128, 128, 0, SNEPPX_DTYPE_FLOAT32},
+    {"llama3-8B int8", 8, 4, 128, 128, 0, SNEPPX_DTYPE_INT8},
+    {"qwen2-7B", 4, 7, 128, 128, 0, SNEPPX_DTYPE_FLOAT32},
+    {"deepseek-v2-lite", 1, 16, 576, 512, 1, SNEPPX_DTYPE_FLOAT32},
 };
 static const int64_t full_contexts[] = {512, 4096, 32768}, quick_contexts[] = {64, 200};
 static const int64_t full_batches[] = {1, 16}, quick_batches[] = {1, 2};
@@ -51,27 +57,44 @@ struct decode_run {
     const struct decode_shape *shape;
     int threads;
     int64_t batch, context, splits, pages_per_seq;
-    const float *q, *pool;
+    const float *q;
+    const unsigned char *pool;
     const int32_t *table; /* [copies][batch][pages_per_seq]: copy c's pages are c * batch * pages_per_seq on */
     int64_t copies, uses; /* run i reads copy i % copies */
-    int64_t page_stride;
+    int64_t page_stride; /* elements */
     float *o, *split, *scratch;
     int64_t scratch_floats;
-    volatile float sink; /* the paged read's sum, so that it is not dead */
+    volatile uint32_t sink; /* the paged read's sum, so that it is not dead */
 };
 
-/* Bytes of K/V one run reads: every key and value row of every (sequence, K/V head) once. */
+static int64_t element_bytes(const struct decode_shape *s)
+{
+    return s->kv_type == SNEPPX_DTYPE_INT8 ? 1 : 4;
+}
+
+/* Bytes of a page's int8 scales, after its rows: one float per key row and per value row. */
+static int64_t scale_bytes(const struct decode_shape *s)
+{
+    return s->kv_type == SNEPPX_DTYPE_INT8 ? 2 * s->kv_heads * PAGE_SIZE * (int64_t)sizeof(float) : 0;
+}
+
+/* Bytes of K/V one run reads: every key and value row of every (sequence, K/V head)
+ * once, and an int8 row's scale. */
 static double kv_bytes(const struct decode_shape *s, int64_t batch, int64_t context)
 {
     const int64_t row = s->mla ? s->head_dim : s->head_dim + s->v_head_dim;
-    return 4.0 * (double)(batch * s->kv_heads * context * row);
+    const int64_t scales = s->kv_type == SNEPPX_DTYPE_INT8 ? 2 * (int64_t)sizeof(float) : 0;
+    return (double)(batch * s->kv_heads * context * (row * element_bytes(s) + scales));
 }
 
-static int64_t pool_floats(const struct decode_shape *s, int64_t batch, int64_t context, int64_t *page_stride)
+/* A copy's bytes; *page_stride: a page's elements, as the kernel takes it (int8: its bytes, scales included). */
+static int64_t pool_bytes(const struct decode_shape *s, int64_t batch, int64_t context, int64_t *page_stride)
 {
     const int64_t pages = batch * ((context + PAGE_SIZE - 1) / PAGE_SIZE);
-    *page_stride = s->mla ? PAGE_SIZE * s->head_dim : s->kv_heads * PAGE_SIZE * (s->head_dim + s->v_head_dim);
-    return pages * *page_stride;
+    const int64_t rows = s->mla ? PAGE_SIZE * s->head_dim : s->kv_heads * PAGE_SIZE * (s->head_dim + s->v_head_dim);
+    const int64_t page = rows * element_bytes(s) + scale_bytes(s);
+    *page_stride = page / element_bytes(s);
+    return pages * page;
 }
 
 /* The kernel arguments of one task of a run: (sequence b, K/V head h, split sp) as
@@ -87,14 +110,23 @@ static struct sneppx_args task_args(const struct decode_run *run, const int32_t 
     args.row_end = 1;
     args.q = run->q + (b * heads + h * s->group) * s->head_dim;
     args.q_stride = heads * s->head_dim;
+    const int64_t eb = element_bytes(s);
     if (s->mla) {
-        args.k = args.v = run->pool;
+        args.k = args.v = (const float *)(const void *)run->pool;
         args.k_stride = args.v_stride = s->head_dim;
     } else {
-        args.k = run->pool + h * PAGE_SIZE * s->head_dim;
-        args.v = run->pool + s->kv_heads * PAGE_SIZE * s->head_dim + h * PAGE_SIZE * s->v_head_dim;
+        const int64_t k_bytes = s->kv_heads * PAGE_SIZE * s->head_dim * eb;
+        args.k = (const float *)(const void *)(run->pool + h * PAGE_SIZE * s->head_dim * eb);
+        args.v = (const float *)(const void *)(run->pool + k_bytes + h * PAGE_SIZE * s->v_head_dim * eb);
         args.k_stride = s->head_dim;
         args.v_stride = s->v_head_dim;
+        if (s->kv_type == SNEPPX_DTYPE_INT8) {
+            /* As the KV cache: page p's scales at float p * page_stride / 4 of these. */
+            const float *scales = (const float *)(const void *)(run->pool + k_bytes +
+                                                                s->kv_heads * PAGE_SIZE * s->v_head_dim * eb);
+            args.k_scale = scales + h * PAGE_SIZE;
+            args.v_scale = scales + (s->kv_heads + h) * PAGE_SIZE;
+        }
     }
     args.q_len = 1;
     args.kv_len = run->context;
@@ -143,42 +175,54 @@ static int run_decode(void *opaque)
     return 0;
 }
 
-typedef float read_vector __attribute__((vector_size(32)));
-typedef float read_vector_mem __attribute__((vector_size(32), aligned(4), may_alias));
+/* Integer lanes: a sum of any bytes, in a cycle each. */
+typedef uint32_t read_vector __attribute__((vector_size(32)));
+typedef uint32_t read_vector_mem __attribute__((vector_size(32), aligned(1), may_alias));
 
-/* The sum of `floats` floats (a multiple of 16) of each of the rows, prefetching the
- * same bytes of the first `ahead` rows of `next` into L2 with each row, as the kernel
- * does. */
+/* The sum of `bytes` bytes (a multiple of 64) of each of the rows, as 32-bit words,
+ * prefetching the same bytes of the first `ahead` rows of `next` into L2 with each row,
+ * as the kernel does. */
 #if defined(__x86_64__) || defined(__i386__)
 __attribute__((target("avx2")))
 #endif
-static float sum_rows(const float *const *rows, int64_t n, int64_t floats, const float *const *next, int64_t ahead)
+static uint32_t sum_rows(const unsigned char *const *rows, int64_t n, int64_t bytes,
+                         const unsigned char *const *next, int64_t ahead)
 {
     read_vector s0 = {0}, s1 = {0};
     for (int64_t j = 0; j < n; j++) {
         if (j < ahead)
-            for (int64_t f = 0; f < floats; f += 16)
-                __builtin_prefetch(next[j] + f, 0, 2);
-        for (int64_t f = 0; f < floats; f += 16) {
-            s0 += *(const read_vector_mem *)(rows[j] + f);
-            s1 += *(const read_vector_mem *)(rows[j] + f + 8);
+            for (int64_t b = 0; b < bytes; b += 64)
+                __builtin_prefetch(next[j] + b, 0, 2);
+        for (int64_t b = 0; b < bytes; b += 64) {
+            s0 += *(const read_vector_mem *)(rows[j] + b);
+            s1 += *(const read_vector_mem *)(rows[j] + b + 32);
         }
     }
     const read_vector total = s0 + s1;
-    float sum = 0;
+    uint32_t sum = 0;
     for (int lane = 0; lane < 8; lane++)
         sum += total[lane];
     return sum;
 }
 
-/* The key and value rows of keys [j0, j0 + keys) of a task, from its page table. */
-static void tile_rows(const struct sneppx_args *args, int64_t j0, int64_t keys, const float **kp, const float **vp)
+/* The key and value rows of keys [j0, j0 + keys) of a task, from its page table; with
+ * int8 rows, the sum of their scales' bits (read as the kernel reads them, one a row). */
+static uint32_t tile_rows(const struct sneppx_args *args, int64_t eb, int64_t j0, int64_t keys,
+                          const unsigned char **kp, const unsigned char **vp)
 {
+    uint32_t scales = 0;
     for (int64_t jj = 0; jj < keys; jj++) {
         const int64_t j = j0 + jj, page = args->pages[j / PAGE_SIZE] * args->page_stride;
-        kp[jj] = (const float *)args->k + page + j % PAGE_SIZE * args->k_stride;
-        vp[jj] = (const float *)args->v + page + j % PAGE_SIZE * args->v_stride;
+        kp[jj] = (const unsigned char *)args->k + (page + j % PAGE_SIZE * args->k_stride) * eb;
+        vp[jj] = (const unsigned char *)args->v + (page + j % PAGE_SIZE * args->v_stride) * eb;
+        if (args->k_scale) {
+            uint32_t k, v;
+            memcpy(&k, args->k_scale + page / 4 + j % PAGE_SIZE, sizeof k);
+            memcpy(&v, args->v_scale + page / 4 + j % PAGE_SIZE, sizeof v);
+            scales += k + v;
+        }
     }
+    return scales;
 }
 
 /* A paged read: every row a run of the kernel reads, in the kernel's order (a tile
@@ -192,22 +236,24 @@ static int run_paged_read(void *opaque)
     const struct decode_shape *s = run->shape;
     const int64_t tasks = run->batch * s->kv_heads * run->splits;
     const int32_t *table = run->table + run->uses++ % run->copies * run->batch * run->pages_per_seq;
-    float total = 0;
+    const int64_t eb = element_bytes(s);
+    uint32_t total = 0;
 #pragma omp parallel for schedule(static) num_threads(run->threads) reduction(+ : total)
     for (int64_t task = 0; task < tasks; task++) {
         const struct sneppx_args args = task_args(run, table, task);
-        const float *kp[2][SNEPPX_ATTN_BLOCK_KV], *vp[2][SNEPPX_ATTN_BLOCK_KV];
+        const unsigned char *kp[2][SNEPPX_ATTN_BLOCK_KV], *vp[2][SNEPPX_ATTN_BLOCK_KV];
         int tile = 0;
         const int64_t first = args.kv_end - args.kv_begin;
-        tile_rows(&args, args.kv_begin, first < SNEPPX_ATTN_BLOCK_KV ? first : SNEPPX_ATTN_BLOCK_KV, kp[0], vp[0]);
+        total += tile_rows(&args, eb, args.kv_begin, first < SNEPPX_ATTN_BLOCK_KV ? first : SNEPPX_ATTN_BLOCK_KV,
+                           kp[0], vp[0]);
         for (int64_t j0 = args.kv_begin; j0 < args.kv_end; j0 += SNEPPX_ATTN_BLOCK_KV, tile ^= 1) {
             const int64_t keys = args.kv_end - j0 < SNEPPX_ATTN_BLOCK_KV ? args.kv_end - j0 : SNEPPX_ATTN_BLOCK_KV;
             const int64_t rest = args.kv_end - j0 - keys;
             const int64_t next = rest < SNEPPX_ATTN_BLOCK_KV ? rest : SNEPPX_ATTN_BLOCK_KV;
-            tile_rows(&args, j0 + keys, next, kp[tile ^ 1], vp[tile ^ 1]);
-            total += sum_rows(kp[tile], keys, s->head_dim, kp[tile ^ 1], next);
+            total += tile_rows(&args, eb, j0 + keys, next, kp[tile ^ 1], vp[tile ^ 1]);
+            total += sum_rows(kp[tile], keys, s->head_dim * eb, kp[tile ^ 1], next);
             if (!s->mla) /* MLA's values are the keys' first floats: read with them */
-                total += sum_rows(vp[tile], keys, s->v_head_dim, vp[tile ^ 1], next);
+                total += sum_rows(vp[tile], keys, s->v_head_dim * eb, vp[tile ^ 1], next);
         }
     }
     run->sink = total;
@@ -264,7 +310,7 @@ static void measure(struct bench_context *ctx, const struct decode_shape *s,
 
 static void bench_shape(struct bench_context *ctx, const struct decode_shape *s)
 {
-    const int64_t values[] = {s->head_dim, s->v_head_dim, s->group, 0, SNEPPX_MASK_CAUSAL, 0 /* kv_type float32 */};
+    const int64_t values[] = {s->head_dim, s->v_head_dim, s->group, 0, SNEPPX_MASK_CAUSAL, s->kv_type};
     const sneppx_kernel *kernel;
     if (sneppx_kernel_resolve("attn_decode", values, ctx->target, &kernel) != SNEPPX_OK) {
         fprintf(stderr, "sneppx-bench: attn_decode %s: %s\n", s->name, sneppx_last_error());
@@ -279,14 +325,14 @@ static void bench_shape(struct bench_context *ctx, const struct decode_shape *s)
         for (int ci = 0; ci < counts; ci++) {
             const int64_t batch = batches[bi], context = ci < 3 ? contexts[ci] : 0;
             struct decode_run run = {.kernel = kernel, .shape = s, .batch = batch, .context = context};
-            const int64_t copy_floats = pool_floats(s, batch, context, &run.page_stride);
-            if (copy_floats * 4 > POOL_BUDGET_BYTES) {
+            const int64_t copy_bytes = pool_bytes(s, batch, context, &run.page_stride);
+            if (copy_bytes > POOL_BUDGET_BYTES) {
                 printf("  %-30s %6lld | left out: its cache is %.1f GiB (> %.1f)\n", s->name, (long long)context,
-                       copy_floats * 4.0 / (1 << 30), POOL_BUDGET_BYTES / (double)(1 << 30));
+                       copy_bytes / (double)(1 << 30), POOL_BUDGET_BYTES / (double)(1 << 30));
                 continue;
             }
-            run.copies = bench_rotation_copies(ctx, copy_floats * 4.0, INT_MAX);
-            const int64_t floats = run.copies * copy_floats;
+            run.copies = bench_rotation_copies(ctx, (double)copy_bytes, INT_MAX);
+            const int64_t floats = run.copies * copy_bytes / 4;
             const int64_t heads = s->kv_heads * s->group;
             run.pages_per_seq = (context + PAGE_SIZE - 1) / PAGE_SIZE;
             run.scratch_floats = (sneppx_attn_decode_scratch_floats(1, s->group, s->head_dim, s->v_head_dim) + 15) /
@@ -302,6 +348,13 @@ static void bench_shape(struct bench_context *ctx, const struct decode_shape *s)
             int32_t *table = malloc((size_t)(run.copies * batch * run.pages_per_seq) * sizeof(int32_t));
             if (pool && q && o && split && scratch && table) {
                 bench_fill_uniform(pool, floats, 31, 1.0f);
+                if (s->kv_type == SNEPPX_DTYPE_INT8) /* rows: the floats' bytes, any int8; scales: 1/127 */
+                    for (int64_t page = 0; page < floats * 4 / run.page_stride; page++) {
+                        float *scales = (float *)(void *)((unsigned char *)pool + (page + 1) * run.page_stride -
+                                                          scale_bytes(s));
+                        for (int64_t i = 0; i < scale_bytes(s) / (int64_t)sizeof(float); i++)
+                            scales[i] = 1.0f / 127;
+                    }
                 bench_fill_uniform(q, batch * heads * s->head_dim, 32, 1.0f);
                 /* Every page once, in a shuffled order (a cache that has run a while). */
                 const int64_t pages = batch * run.pages_per_seq;
@@ -318,7 +371,7 @@ static void bench_shape(struct bench_context *ctx, const struct decode_shape *s)
                 for (int64_t c = 1; c < run.copies; c++)
                     for (int64_t i = 0; i < pages; i++)
                         table[c * pages + i] = (int32_t)(table[i] + c * pages);
-                run.pool = pool;
+                run.pool = (const unsigned char *)pool;
                 run.q = q;
                 run.o = o;
                 run.split = split;

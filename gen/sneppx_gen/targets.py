@@ -102,6 +102,16 @@ Why each value:
   measured the same; its bfloat16 gains there (Q.K 88% -> 94%, P.V 79% -> 84%).
   decode_ne is a multiple of each type's elements per lane (a P.V chunk is whole
   loads).
+- decode_burst_lines: attn_decode prefetches the next tile's values through P.V,
+  a step per key of every pass, unless a pass's share of their lines is at most
+  this many: then the pass asks for its share as it starts. v8: 16, the int8
+  values of a d 128 group-4 head; on a Zen 3 core the per-key step (its
+  arithmetic and branch beside the key's 8 FMAs) took int8 P.V's loop 28% of
+  its time, and the int8 kernel ran 1.21x faster from L2 and 1.20x from memory
+  with the bursts (alternated rounds in one process, one core); float32's 64
+  lines a pass so ran 0.92x from memory (a burst longer than the core's miss
+  queue absorbs, bench/probes/prefetch_pace.c), so they keep the steps. v16: 0
+  (every pass steps; unmeasured there).
 """
 from dataclasses import dataclass
 from typing import Tuple
@@ -143,6 +153,7 @@ class Target:
     decode_nj: int
     decode_ne: int
     decode_packed: Tuple[str, ...]
+    decode_burst_lines: int
 
     @property
     def flash_tile_rows(self) -> int:
@@ -187,6 +198,7 @@ class Target:
                 f"flash_ne {self.flash_ne} does not divide the head dim step {HEAD_DIM_MULTIPLE}")
         require(64 % self.decode_nj == 0, f"decode_nj {self.decode_nj} does not divide the 64-key tile")
         require(self.decode_ne >= 1, f"decode_ne {self.decode_ne} is not at least 1")
+        require(self.decode_burst_lines >= 0, f"decode_burst_lines {self.decode_burst_lines} is below 0")
         require(all(name in PACKED_ELEMENTS for name in self.decode_packed),
                 f"decode_packed {self.decode_packed}: only {tuple(PACKED_ELEMENTS)} can be read packed")
         for name in self.decode_packed:
@@ -203,12 +215,12 @@ TARGETS: Tuple[Target, ...] = (
            gemm_mc=56, gemm_int8_mc=112, gemm_kc_candidates=(128, 256, 512),
            gemm_mc_candidates=(14, 28, 56), gemm_decode_panels=4, gemm_decode_sums=4,
            flash_rows=2, flash_nj=8, flash_ne=8, decode_rows=4, decode_nj=4, decode_ne=4,
-           decode_packed=("bfloat16",)),
+           decode_packed=("bfloat16",), decode_burst_lines=0),
     Target("v8", 8, (), (), gemm_mr=6, gemm_nr=16, gemm_small_mr=4, gemm_kc=512,
            gemm_mc=24, gemm_int8_mc=96, gemm_kc_candidates=(128, 256, 512),
            gemm_mc_candidates=(12, 24, 48), gemm_decode_panels=4, gemm_decode_sums=4,
            flash_rows=3, flash_nj=4, flash_ne=4, decode_rows=2, decode_nj=4, decode_ne=4,
-           decode_packed=("bfloat16", "int8")),
+           decode_packed=("bfloat16", "int8"), decode_burst_lines=16),
 )
 
 # The widths there are, each once, in the order of their first target.

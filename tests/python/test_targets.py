@@ -139,6 +139,7 @@ def test_registry_table_has_each_targets_tiles():
     (dict(decode_nj=3), "decode_nj 3 does not divide the 64-key tile"),
     (dict(decode_rows=2), "decode_rows 2 x decode_nj 4 is not the vector width 16"),
     (dict(decode_ne=0), "decode_ne 0 is not at least 1"),
+    (dict(decode_burst_lines=-1), "decode_burst_lines -1 is below 0"),
     (dict(decode_ne=3), "decode_ne 3 is not whole loads of packed bfloat16 (2 vectors a load)"),
     (dict(decode_ne=6, decode_packed=("bfloat16", "int8")), "decode_ne 6 is not whole loads of packed int8 (4 vectors a load)"),
     (dict(decode_packed=("float16",)), "decode_packed ('float16',): only ('bfloat16', 'int8') can be read packed"),
