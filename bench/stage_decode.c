@@ -27,6 +27,7 @@
 
 #include "bench.h"
 #include "kernels.h"
+#include "page_table.h"
 #include "report.h"
 #include "sneppx/kv_cache.h"
 #include "tiles.h"
@@ -356,21 +357,7 @@ static void bench_shape(struct bench_context *ctx, const struct decode_shape *s)
                             scales[i] = 1.0f / 127;
                     }
                 bench_fill_uniform(q, batch * heads * s->head_dim, 32, 1.0f);
-                /* Every page once, in a shuffled order (a cache that has run a while). */
-                const int64_t pages = batch * run.pages_per_seq;
-                uint64_t state = 0x9e3779b97f4a7c15u;
-                for (int64_t i = 0; i < pages; i++)
-                    table[i] = (int32_t)i;
-                for (int64_t i = pages - 1; i > 0; i--) {
-                    state = state * 6364136223846793005u + 1442695040888963407u;
-                    const int64_t j = (int64_t)((state >> 33) % (uint64_t)(i + 1));
-                    const int32_t t = table[i];
-                    table[i] = table[j];
-                    table[j] = t;
-                }
-                for (int64_t c = 1; c < run.copies; c++)
-                    for (int64_t i = 0; i < pages; i++)
-                        table[c * pages + i] = (int32_t)(table[i] + c * pages);
+                bench_shuffled_pages(table, batch * run.pages_per_seq, run.copies);
                 run.pool = (const unsigned char *)pool;
                 run.q = q;
                 run.o = o;

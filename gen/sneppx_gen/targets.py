@@ -106,12 +106,13 @@ Why each value:
   a step per key of every pass, unless a pass's share of their lines is at most
   this many: then the pass asks for its share as it starts. v8: 16, the int8
   values of a d 128 group-4 head; on a Zen 3 core the per-key step (its
-  arithmetic and branch beside the key's 8 FMAs) took int8 P.V's loop 28% of
-  its time, and the int8 kernel ran 1.21x faster from L2 and 1.20x from memory
-  with the bursts (alternated rounds in one process, one core); float32's 64
-  lines a pass so ran 0.92x from memory (a burst longer than the core's miss
-  queue absorbs, bench/probes/prefetch_pace.c), so they keep the steps. v16: 0
-  (every pass steps; unmeasured there).
+  arithmetic and branch beside the key's 8 FMAs) took int8 P.V's loop, alone
+  in L1, 28% of its time, and with the bursts the int8 kernel ran 1.04-1.05x
+  faster from L2 and from memory (bench/probes/decode_ab.sh: alternated rounds
+  in one process, one core); float32's 64 lines a pass so ran 0.89x from memory
+  (a burst longer than the core's miss queue absorbs,
+  bench/probes/prefetch_pace.c), so they keep the steps. v16: 0 (every pass
+  steps; unmeasured there).
 """
 from dataclasses import dataclass
 from typing import Tuple
