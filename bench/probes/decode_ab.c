@@ -28,12 +28,6 @@ void decode_b(const struct sneppx_args *args);
 enum { PAGE = 64, HEADS = 8, GROUP = 4, D = 128, WARMUP = 20 };
 #define ROTATION_BYTES 256e6
 
-static int by_value(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static uint32_t mix(uint64_t i)
 {
     i = (i ^ (i >> 31)) * 0x9e3779b97f4a7c15u;
@@ -72,8 +66,9 @@ int main(int argc, char **argv)
     const int int8 = !strcmp(type, "int8");
     const int64_t eb = int8 ? 1 : !strcmp(type, "float32") ? 4 : 2;
     const int64_t context = atoll(argv[2]), rounds = atoll(argv[4]);
-    if ((eb == 2 && strcmp(type, "float16") && strcmp(type, "bfloat16")) || context < 1 || rounds < 1) {
-        fprintf(stderr, "decode_ab: KV_TYPE float32 | bfloat16 | float16 | int8, CONTEXT and ROUNDS >= 1\n");
+    if ((eb == 2 && strcmp(type, "float16") && strcmp(type, "bfloat16")) || context < 1 || rounds < 1 ||
+        rounds > 1 << 24) {
+        fprintf(stderr, "decode_ab: KV_TYPE float32 | bfloat16 | float16 | int8, CONTEXT >= 1, ROUNDS in [1, 2^24]\n");
         return 2;
     }
     const int64_t scale_bytes = int8 ? 2 * HEADS * PAGE * 4 : 0;
@@ -147,13 +142,14 @@ int main(int argc, char **argv)
         if (r >= 0)
             ratio[r] = seconds[0][r] / seconds[1][r];
     }
-    qsort(seconds[0], (size_t)rounds, sizeof(double), by_value);
-    qsort(seconds[1], (size_t)rounds, sizeof(double), by_value);
-    qsort(ratio, (size_t)rounds, sizeof(double), by_value);
+    struct bench_stats a_stats, b_stats, ratio_stats;
+    bench_stats_of(seconds[0], (int)rounds, &a_stats);
+    bench_stats_of(seconds[1], (int)rounds, &b_stats);
+    bench_stats_of(ratio, (int)rounds, &ratio_stats); /* sorted in place: the quartiles below */
     printf("%-8s %6lld keys, %3lld copies: A %.3f ms (best %.3f), B %.3f ms (best %.3f), A/B %.3f [%.3f-%.3f] "
            "(median [quartiles] of %lld rounds), outputs differ by %.1g\n",
-           type, (long long)context, (long long)copies, seconds[0][rounds / 2] * 1e3, seconds[0][0] * 1e3,
-           seconds[1][rounds / 2] * 1e3, seconds[1][0] * 1e3, ratio[rounds / 2], ratio[rounds / 4],
-           ratio[3 * rounds / 4], (long long)rounds, max_diff);
+           type, (long long)context, (long long)copies, a_stats.median * 1e3, a_stats.min * 1e3,
+           b_stats.median * 1e3, b_stats.min * 1e3, ratio_stats.median, ratio[rounds / 4], ratio[3 * rounds / 4],
+           (long long)rounds, max_diff);
     return 0;
 }
