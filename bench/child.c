@@ -2,6 +2,8 @@
 #include "child.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +53,14 @@ static char *read_all(int fd)
     return text;
 }
 
+static int exit_code_of(pid_t pid)
+{
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 int bench_child_run(char *const argv[], const char *const *set_env, const char *const *unset_env,
                     struct bench_child *child)
 {
@@ -80,11 +90,8 @@ int bench_child_run(char *const argv[], const char *const *set_env, const char *
     close(pipe_fds[1]);
     child->output = read_all(pipe_fds[0]);
     close(pipe_fds[0]);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
+    child->exit_code = exit_code_of(pid);
     child->wall_seconds = bench_now() - start;
-    child->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (!child->output)
         child->output = calloc(1, 1);
     return child->output ? 0 : -1;
@@ -101,4 +108,77 @@ const char *bench_child_field(const char *output, const char *name)
             line++;
     }
     return NULL;
+}
+
+int bench_server_start(char *const argv[], const char *const *set_env, const char *const *unset_env,
+                       struct bench_server *server)
+{
+    memset(server, 0, sizeof *server);
+    /* A server that exits early must fail a request, not kill the bench. */
+    signal(SIGPIPE, SIG_IGN);
+    /* Close-on-exec: a second server must not hold the first one's pipes open. */
+    int to_child[2], from_child[2];
+    if (pipe2(to_child, O_CLOEXEC) != 0)
+        return -1;
+    if (pipe2(from_child, O_CLOEXEC) != 0) {
+        close(to_child[0]);
+        close(to_child[1]);
+        return -1;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        if (dup2(to_child[0], STDIN_FILENO) < 0 || dup2(from_child[1], STDOUT_FILENO) < 0)
+            _exit(127);
+        change_environment(set_env, unset_env);
+        execv(argv[0], argv);
+        fprintf(stderr, "sneppx-bench: cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    if (pid > 0) {
+        server->pid = pid;
+        server->requests = fdopen(to_child[1], "w");
+        server->replies = fdopen(from_child[0], "r");
+    }
+    if (!server->requests || !server->replies) {
+        if (!server->requests)
+            close(to_child[1]);
+        if (!server->replies)
+            close(from_child[0]);
+        bench_server_stop(server);
+        return -1;
+    }
+    return 0;
+}
+
+int bench_server_read_line(struct bench_server *server, char *line, size_t size)
+{
+    if (!server->replies || !fgets(line, (int)size, server->replies))
+        return -1;
+    const size_t length = strlen(line);
+    if (length == 0 || line[length - 1] != '\n')
+        return -1;
+    line[length - 1] = '\0';
+    return 0;
+}
+
+int bench_server_ask(struct bench_server *server, const char *request, char *reply, size_t size)
+{
+    if (!server->requests || fprintf(server->requests, "%s\n", request) < 0 || fflush(server->requests) != 0)
+        return -1;
+    return bench_server_read_line(server, reply, size);
+}
+
+int bench_server_stop(struct bench_server *server)
+{
+    if (server->requests)
+        fclose(server->requests);
+    if (server->replies)
+        fclose(server->replies);
+    const int exit_code = server->pid > 0 ? exit_code_of(server->pid) : 0;
+    memset(server, 0, sizeof *server);
+    return exit_code;
 }

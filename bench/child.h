@@ -1,8 +1,12 @@
 /* Child processes: the bench re-executes itself (fresh-process measurements)
- * and runs the PyTorch baseline, reading their results from stdout lines of
- * the form "name value...". */
+ * and runs baselines, reading their results from stdout lines of the form
+ * "name value..."; a server child answers one request line at a time, so that
+ * its work can be timed in the same rounds as the bench's own. */
 #ifndef SNEPPX_BENCH_CHILD_H
 #define SNEPPX_BENCH_CHILD_H
+
+#include <stddef.h>
+#include <stdio.h>
 
 struct bench_child {
     char *output;        /* the child's whole stdout, NUL-terminated (free it) */
@@ -19,6 +23,30 @@ int bench_child_run(char *const argv[], const char *const *set_env, const char *
 
 /* The text after "name " on the first line of output that starts with it, or NULL. */
 const char *bench_child_field(const char *output, const char *name);
+
+/* A child that reads request lines on its stdin and answers each with one line. */
+struct bench_server {
+    int pid;         /* 0 when not running */
+    FILE *requests;  /* the child's stdin */
+    FILE *replies;   /* the child's stdout */
+};
+
+/* Starts argv[0] (a path) as bench_child_run does, with its stdin and stdout
+ * connected to server. Returns 0, or -1 when it could not start. */
+int bench_server_start(char *const argv[], const char *const *set_env, const char *const *unset_env,
+                       struct bench_server *server);
+
+/* The server's next line, without its newline, into line (size > 1). Returns 0,
+ * or -1 at the end of its output (it exited) or for a line longer than size - 1. */
+int bench_server_read_line(struct bench_server *server, char *line, size_t size);
+
+/* Sends request (one line, without the newline) and reads the answer as
+ * bench_server_read_line does. Returns 0, or -1 when the server has gone. */
+int bench_server_ask(struct bench_server *server, const char *request, char *reply, size_t size);
+
+/* Closes the server's stdin (its end of requests) and waits for it to exit.
+ * Returns its exit status (128 + signal), 0 for a server not running. */
+int bench_server_stop(struct bench_server *server);
 
 /* This executable, for re-executing itself. */
 #define BENCH_SELF_EXE "/proc/self/exe"

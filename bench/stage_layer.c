@@ -1,6 +1,6 @@
 /* The whole layer through the public API (synthetic weights), per model, T and
  * thread count; beside llama3-8B, the same layer in PyTorch as HF runs it, with its
- * default attn_implementation "sdpa" (bench/torch_layer.py),
+ * default attn_implementation "sdpa" (bench/torch_layer.py, timed in the same rounds),
  * from $SNEPPX_BENCH_VENV (torch 2.x; bench/run.sh makes it with scripts/venv.sh)
  * when set, else from /usr/bin/python3 when it can import torch. */
 #include <omp.h>
@@ -17,25 +17,72 @@ static const char *const full_models[] = {"llama3-8B", "mistral-7B", "qwen2-72B"
 static const int64_t full_tokens[] = {128, 512, 2048};
 static const char *const quick_models[] = {"llama3-8B", "deepseek-v2-lite"};
 static const int64_t quick_tokens[] = {16};
-#define MAX_TOKEN_COUNTS 3
 #define TORCH_MODEL "llama3-8B"
 
-/* PyTorch's times for TORCH_MODEL by [token index][thread index]; reps 0 = none. */
-struct torch_times {
-    struct bench_stats seconds[MAX_TOKEN_COUNTS][BENCH_MAX_THREAD_COUNTS];
+/* PyTorch's layer for TORCH_MODEL, one server process per thread count
+ * (bench/torch_layer.py), asked for one forward at a time in the same rounds as
+ * sneppx's. */
+struct torch_layers {
+    struct bench_server servers[BENCH_MAX_THREAD_COUNTS];
+    int thread_counts[BENCH_MAX_THREAD_COUNTS];
+    int count;                   /* 0: no PyTorch column (skipped says why) */
+    double request_seconds;      /* the slowest server's median round trip of a request that does nothing */
     char version[64];
-    char attention[64]; /* "sdpa blas mkl": HF's attn_implementation it ran and torch's BLAS */
-    char skipped[256]; /* why there is no PyTorch column, when there is none */
+    char attention[64];          /* "sdpa blas mkl": HF's attn_implementation it ran and torch's BLAS */
+    char skipped[256];
 };
 
-static void run_torch(const struct bench_context *ctx, const sneppx_config *config, const int64_t *tokens_list,
-                      int tokens_count, struct torch_times *torch)
+static void stop_torch(struct torch_layers *torch)
 {
-    char tokens_arg[128] = "", number[32];
-    for (int i = 0; i < tokens_count; i++) {
-        snprintf(number, sizeof number, "%s%lld", i ? "," : "", (long long)tokens_list[i]);
-        strncat(tokens_arg, number, sizeof tokens_arg - strlen(tokens_arg) - 1);
+    for (int t = 0; t < BENCH_MAX_THREAD_COUNTS; t++)
+        bench_server_stop(&torch->servers[t]);
+    torch->count = 0;
+}
+
+/* Reads a server's start-up lines up to "ready"; says in torch->skipped why not. */
+static int await_ready(struct torch_layers *torch, struct bench_server *server)
+{
+    char line[512];
+    while (bench_server_read_line(server, line, sizeof line) == 0) {
+        if (strcmp(line, "ready") == 0)
+            return 0;
+        const char *unavailable = bench_child_field(line, "unavailable");
+        const char *version = bench_child_field(line, "torch");
+        const char *attention = bench_child_field(line, "attention");
+        if (unavailable) {
+            snprintf(torch->skipped, sizeof torch->skipped, "%.200s", unavailable);
+            return -1;
+        }
+        if (version)
+            snprintf(torch->version, sizeof torch->version, "%s", version);
+        if (attention)
+            snprintf(torch->attention, sizeof torch->attention, "%s", attention);
     }
+    snprintf(torch->skipped, sizeof torch->skipped, "torch_layer.py exited with status %d before it was ready",
+             bench_server_stop(server));
+    return -1;
+}
+
+/* Seconds a request that does nothing takes there and back: what each timed
+ * forward of PyTorch's carries beyond its own time. */
+static double request_seconds(struct bench_server *server)
+{
+    enum { PINGS = 31 };
+    double seconds[PINGS];
+    char reply[64];
+    for (int i = 0; i < PINGS; i++) {
+        const double start = bench_now();
+        if (bench_server_ask(server, "ping", reply, sizeof reply) != 0 || strcmp(reply, "pong") != 0)
+            return -1;
+        seconds[i] = bench_now() - start;
+    }
+    struct bench_stats stats;
+    bench_stats_of(seconds, PINGS, &stats);
+    return stats.median;
+}
+
+static void start_torch(const struct bench_context *ctx, const sneppx_config *config, struct torch_layers *torch)
+{
     char python[512];
     const char *venv = getenv("SNEPPX_BENCH_VENV");
     snprintf(python, sizeof python, "%s%s", venv && venv[0] ? venv : SNEPPX_BENCH_PYTHON,
@@ -55,9 +102,7 @@ static void run_torch(const struct bench_context *ctx, const sneppx_config *conf
         snprintf(omp_threads, sizeof omp_threads, "OMP_NUM_THREADS=%d", ctx->thread_counts[t]);
         char *const argv[] = {python, (char *)SNEPPX_BENCH_SOURCE_DIR "/torch_layer.py",
                               "--hidden", hidden, "--heads", heads, "--kv-heads", kv_heads, "--head-dim", head_dim,
-                              "--rope-theta", theta, "--qkv-bias", bias, "--tokens", tokens_arg,
-                              "--threads", threads, ctx->quick ? "--max-reps" : "--min-reps", ctx->quick ? "1" : "3",
-                              NULL};
+                              "--rope-theta", theta, "--qkv-bias", bias, "--threads", threads, NULL};
         /* glibc's default malloc returns PyTorch's big temporaries to the OS and
          * every forward pays fresh page faults again (6.8 s instead of 0.99 s at T = 2048). */
         const char *const set_env[] = {
@@ -66,39 +111,41 @@ static void run_torch(const struct bench_context *ctx, const sneppx_config *conf
         /* OpenBLAS's core (Debian's torch runs its GEMMs on OpenBLAS) is the bench's own
          * environment, which it re-executed itself into (main.c): unset, or Haswell's where
          * sneppx runs a narrower target, as for the bench's own OpenBLAS. */
-        struct bench_child child;
-        if (bench_child_run(argv, set_env, NULL, &child) != 0) {
+        struct bench_server *server = &torch->servers[t];
+        if (bench_server_start(argv, set_env, NULL, server) != 0) {
             snprintf(torch->skipped, sizeof torch->skipped, "cannot run %.200s", python);
-            return;
+            break;
         }
-        const char *unavailable = bench_child_field(child.output, "unavailable");
-        const char *version = bench_child_field(child.output, "torch");
-        const char *attention = bench_child_field(child.output, "attention");
-        if (unavailable)
-            snprintf(torch->skipped, sizeof torch->skipped, "%.*s", (int)strcspn(unavailable, "\n"), unavailable);
-        else if (!version || child.exit_code != 0)
-            snprintf(torch->skipped, sizeof torch->skipped, "torch_layer.py exited with status %d",
-                     child.exit_code);
-        if (torch->skipped[0]) {
-            free(child.output);
-            return;
+        if (await_ready(torch, server) != 0)
+            break;
+        const double seconds = request_seconds(server);
+        if (seconds < 0) {
+            snprintf(torch->skipped, sizeof torch->skipped, "torch_layer.py did not answer a ping");
+            break;
         }
-        snprintf(torch->version, sizeof torch->version, "%.*s", (int)strcspn(version, "\n"), version);
-        if (attention)
-            snprintf(torch->attention, sizeof torch->attention, "%.*s", (int)strcspn(attention, "\n"), attention);
-        for (const char *line = child.output; (line = strstr(line, "result ")) != NULL; line++) {
-            long long tokens;
-            int thread_count, reps;
-            double median, fastest, slowest;
-            if (sscanf(line, "result %lld %d %lf %lf %lf %d", &tokens, &thread_count, &median, &fastest, &slowest,
-                       &reps) != 6)
-                continue;
-            for (int i = 0; i < tokens_count; i++)
-                if (tokens_list[i] == tokens)
-                    torch->seconds[i][t] = (struct bench_stats){median, fastest, slowest, reps};
-        }
-        free(child.output);
+        if (seconds > torch->request_seconds)
+            torch->request_seconds = seconds;
+        torch->thread_counts[t] = ctx->thread_counts[t];
+        torch->count = t + 1;
     }
+    if (torch->skipped[0])
+        stop_torch(torch);
+}
+
+struct torch_run {
+    struct bench_server *server;
+    char request[32];
+};
+
+static int run_torch_forward(void *opaque)
+{
+    struct torch_run *run = opaque;
+    char reply[256] = "";
+    if (bench_server_ask(run->server, run->request, reply, sizeof reply) == 0 && bench_child_field(reply, "done"))
+        return 0;
+    fprintf(stderr, "sneppx-bench: PyTorch's layer, '%s': %s\n", run->request,
+            reply[0] ? reply : "no answer");
+    return 1;
 }
 
 struct layer_run {
@@ -128,16 +175,17 @@ static void bench_model(struct bench_context *ctx, const char *model, const int6
         ctx->failures++;
         return;
     }
-    struct torch_times torch;
+    struct torch_layers torch;
     memset(&torch, 0, sizeof torch);
-    const int with_torch = strcmp(model, TORCH_MODEL) == 0;
-    if (with_torch) {
-        run_torch(ctx, &config, tokens_list, tokens_count, &torch);
+    if (strcmp(model, TORCH_MODEL) == 0) {
+        start_torch(ctx, &config, &torch);
         if (torch.skipped[0])
             printf("  (PyTorch baseline skipped: %s)\n", torch.skipped);
         else
-            printf("  (PyTorch %s, HF attention %s, same thread counts)\n", torch.version,
-                   torch.attention[0] ? torch.attention : "(not printed)");
+            printf("  (PyTorch %s, HF attention %s, same thread counts, a server process per thread count whose "
+                   "forwards alternate with sneppx's in rounds; its times include a request's round trip, %.3f ms)\n",
+                   torch.version, torch.attention[0] ? torch.attention : "(not printed)",
+                   1e3 * torch.request_seconds);
     }
 
     config.num_threads = 0; /* OpenMP's count, set per measurement with omp_set_num_threads */
@@ -147,6 +195,7 @@ static void bench_model(struct bench_context *ctx, const char *model, const int6
     if (sneppx_layer_create(&config, NULL, &layer) != SNEPPX_OK) {
         fprintf(stderr, "sneppx-bench: %s: %s\n", model, sneppx_last_error());
         ctx->failures++;
+        stop_torch(&torch);
         return;
     }
     const double create_seconds = bench_now() - create_start;
@@ -160,18 +209,27 @@ static void bench_model(struct bench_context *ctx, const char *model, const int6
         bench_fill_uniform(hidden, max_tokens * config.hidden_size, 31, 1.0f);
         const struct bench_plan plan = bench_plan_for(ctx, 3, 9, 4.0);
         for (int ti = 0; ti < tokens_count; ti++) {
-            /* Every thread count side by side in rounds: the all-core scaling is a ratio
-             * within rounds (libgomp's threads settle after a multithreaded turn). */
+            /* Every thread count, and PyTorch's at each, side by side in rounds: the
+             * all-core scaling and the speedups are ratios within rounds (libgomp's
+             * threads, ours and PyTorch's, settle after a multithreaded turn). */
             struct layer_run runs[BENCH_MAX_THREAD_COUNTS];
-            struct bench_side sides[BENCH_MAX_THREAD_COUNTS];
-            for (int t = 0; t < ctx->thread_count_n; t++) {
+            struct torch_run torch_runs[BENCH_MAX_THREAD_COUNTS];
+            struct bench_side sides[2 * BENCH_MAX_THREAD_COUNTS];
+            const int count = ctx->thread_count_n;
+            for (int t = 0; t < count; t++) {
                 runs[t] = (struct layer_run){.layer = layer, .tokens = tokens_list[ti],
                                              .threads = ctx->thread_counts[t], .hidden = hidden, .out = out};
                 sides[t] = (struct bench_side){run_forward, &runs[t], runs[t].threads > 1 ? bench_settle : NULL};
             }
-            struct bench_stats seconds[BENCH_MAX_THREAD_COUNTS];
+            for (int t = 0; t < torch.count; t++) {
+                torch_runs[t].server = &torch.servers[t];
+                snprintf(torch_runs[t].request, sizeof torch_runs[t].request, "run %lld", (long long)tokens_list[ti]);
+                sides[count + t] = (struct bench_side){run_torch_forward, &torch_runs[t],
+                                                       torch.thread_counts[t] > 1 ? bench_settle : NULL};
+            }
+            struct bench_stats seconds[2 * BENCH_MAX_THREAD_COUNTS];
             struct bench_rounds rounds;
-            if (bench_measure_sides(sides, ctx->thread_count_n, &plan, seconds, &rounds) != 0) {
+            if (bench_measure_sides(sides, count + torch.count, &plan, seconds, &rounds) != 0) {
                 ctx->failures++;
                 continue;
             }
@@ -188,17 +246,25 @@ static void bench_model(struct bench_context *ctx, const char *model, const int6
                 ours.scaling = scaling.median;
                 struct bench_result theirs = ours;
                 snprintf(theirs.impl, sizeof theirs.impl, "pytorch");
-                theirs.seconds = torch.seconds[ti][t];
                 theirs.scaling = 0;
+                struct bench_stats speedup = {0};
+                if (t < torch.count) {
+                    theirs.seconds = seconds[count + t];
+                    bench_round_ratio(&rounds, count + t, t, &speedup);
+                }
                 char note[96] = "";
                 if (ti == 0 && t == 0)
                     snprintf(note, sizeof note, "(layer created in %.2f s)", create_seconds);
                 else if (t > 0)
                     bench_format_scaling(note, sizeof note, threads, &scaling);
-                bench_report_pair(&ours, theirs.seconds.reps > 0 ? &theirs : NULL, note);
+                if (t < torch.count)
+                    bench_report_rounds(&ours, &theirs, &speedup, note);
+                else
+                    bench_report_pair(&ours, NULL, note);
             }
         }
     }
+    stop_torch(&torch);
     omp_set_num_threads(omp_get_num_procs());
     free(hidden);
     free(out);
@@ -208,8 +274,9 @@ static void bench_model(struct bench_context *ctx, const char *model, const int6
 void bench_stage_layer(struct bench_context *ctx)
 {
     bench_report_section("whole layer: x -> QKV (+bias) -> RoPE -> flash attention (causal) -> O, batch 1",
-                         "synthetic weights; speedup = PyTorch time / sneppx time; % = of FMA peak on the flops "
-                         "the mask keeps (sneppx_layer_flops), for both; sneppx's thread counts alternate in "
+                         "synthetic weights; speedup = PyTorch time / sneppx time, the median [min-max] of its "
+                         "per-round ratio; % = of FMA peak on the flops "
+                         "the mask keeps (sneppx_layer_flops), for both; the thread counts and PyTorch alternate in "
                          "rounds, Nt/1t = the median [min-max] of their per-round ratio");
     const char *const *models = ctx->quick ? quick_models : full_models;
     const int model_count = ctx->quick ? (int)(sizeof quick_models / sizeof quick_models[0])

@@ -7,24 +7,27 @@ repeat_kv where torch has enable_gqa), O projection. Without
 scaled_dot_product_attention (torch < 2.0) or with --attention eager: HF's eager
 path, repeat_kv, matmul + additive causal mask + float32 softmax + matmul.
 
-The bench runs it as a subprocess, one per thread count, with
-OPENBLAS_NUM_THREADS/OMP_NUM_THREADS set (Debian's PyTorch's GEMMs are OpenBLAS,
+The bench runs it as a subprocess per thread count, beside its own layer: the
+bench asks for one forward at a time (`serve` below) and times each request,
+so that PyTorch's forwards and sneppx's alternate in the same rounds and a slow
+phase of this host's cores lands on both. The environment sets
+OPENBLAS_NUM_THREADS/OMP_NUM_THREADS (Debian's PyTorch's GEMMs are OpenBLAS,
 which torch.set_num_threads does not reach; the venv's are MKL's), the bench's own
 OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE (unset, or OpenBLAS's Haswell core when sneppx runs
 a narrower target than the host's), and GLIBC_TUNABLES keeping freed memory mapped (without it every
 forward pays fresh page faults: 6.8 s instead of 0.99 s at T = 2048).
 
-Prints, for the bench to parse:
+Prints at start, for the bench to parse:
     torch <version>
     attention <sdpa or eager> blas <BLAS_INFO of torch's build>
-    result <T> <threads> <median s> <min s> <max s> <repeats>
+    ready
 or `unavailable <reason>` (and exit status 0) when torch cannot be imported.
 Like the model, it builds the causal mask and the cos/sin tables once per
-forward of the whole model, outside the layer: they are not timed.
+forward of the whole model, outside the layer: they are not timed (each T's
+are made at its first request, with its input).
 """
 import argparse
 import math
-import statistics
 import sys
 import time
 
@@ -37,12 +40,7 @@ def parse_args():
     parser.add_argument("--head-dim", type=int, required=True)
     parser.add_argument("--rope-theta", type=float, required=True)
     parser.add_argument("--qkv-bias", type=int, default=0)
-    parser.add_argument("--tokens", required=True, help="comma-separated sequence lengths")
     parser.add_argument("--threads", type=int, required=True)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--min-reps", type=int, default=3)
-    parser.add_argument("--max-reps", type=int, default=9)
-    parser.add_argument("--budget", type=float, default=4.0, help="seconds of repeats per T")
     parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
                         help="HF's attn_implementation (sdpa, its default, falls back to eager on torch < 2.0)")
     return parser.parse_args()
@@ -54,7 +52,7 @@ class Attention:
 
     def __init__(self, torch, args):
         self.torch = torch
-        self.heads, self.kv_heads, self.head_dim = args.heads, args.kv_heads, args.head_dim
+        self.hidden, self.heads, self.kv_heads, self.head_dim = args.hidden, args.heads, args.kv_heads, args.head_dim
         self.groups = args.heads // args.kv_heads
         generator = torch.Generator().manual_seed(0)
 
@@ -118,23 +116,29 @@ class Attention:
             batch, self.heads, tokens, self.head_dim)
 
 
-def measure(run, warmup, min_reps, max_reps, budget):
-    """Median, min, max seconds: warm-up runs, then as many repeats as the budget allows."""
-    warm = 0.0
-    for _ in range(warmup):
-        start = time.perf_counter()
-        run()
-        warm = time.perf_counter() - start
-    reps = max_reps
-    if warm > 0 and reps * warm > budget:
-        reps = int(budget / warm)
-    reps = max(reps, min_reps, 1)
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), min(times), max(times), len(times)
+def serve(layer, torch, stdin, stdout):
+    """Answers the bench's requests, one line each, until `quit` or end of input:
+    `run <T>` -> one forward at T tokens, `done <seconds>` (its own clock);
+    `ping` -> `pong` (the bench times these to know what a request costs)."""
+    inputs = {}
+    for line in stdin:
+        words = line.split()
+        if not words or words[0] == "quit":
+            break
+        if words[0] == "ping":
+            reply = "pong"
+        elif words[0] == "run" and len(words) == 2 and words[1].isdigit() and int(words[1]) > 0:
+            tokens = int(words[1])
+            if tokens not in inputs:
+                x = torch.rand(1, tokens, layer.hidden, generator=torch.Generator().manual_seed(1)) * 2 - 1
+                inputs[tokens] = (x, *layer.model_inputs(tokens))
+            start = time.perf_counter()
+            layer.forward(*inputs[tokens])
+            reply = f"done {time.perf_counter() - start:.6f}"
+        else:
+            reply = f"error unknown request {line.strip()!r}"
+        stdout.write(reply + "\n")
+        stdout.flush()
 
 
 def main():
@@ -142,7 +146,7 @@ def main():
     try:
         import torch
     except ImportError as error:  # the bench prints the baseline as skipped
-        print(f"unavailable {error}")
+        print(f"unavailable {error}", flush=True)
         return 0
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}", flush=True)
@@ -150,13 +154,9 @@ def main():
     blas = next((item.split("=", 1)[1] for item in torch.__config__.show().replace(",", "\n").split()
                  if item.startswith("BLAS_INFO=")), "unknown")
     print(f"attention {'sdpa' if layer.sdpa else 'eager'} blas {blas}", flush=True)
+    print("ready", flush=True)
     with torch.no_grad():
-        for tokens in (int(t) for t in args.tokens.split(",")):
-            x = torch.rand(1, tokens, args.hidden, generator=torch.Generator().manual_seed(1)) * 2 - 1
-            cos, sin, mask = layer.model_inputs(tokens)
-            median, fastest, slowest, reps = measure(lambda: layer.forward(x, cos, sin, mask), args.warmup,
-                                                     args.min_reps, args.max_reps, args.budget)
-            print(f"result {tokens} {args.threads} {median:.6f} {fastest:.6f} {slowest:.6f} {reps}", flush=True)
+        serve(layer, torch, sys.stdin, sys.stdout)
     return 0
 
 

@@ -7,6 +7,9 @@
   records again as the baseline of its mask rows are no line of their own;
 - bench/tp.sh alternates its two sides (A B, B A, ...) and gives their ratio as the
   median [min-max] of the per-round ratios;
+- bench/torch_layer.py serves the layer stage's requests one line each: `run T`
+  runs one forward at T (its inputs made once per T, outside the timed call),
+  `ping` answers at once, anything else is an error line, `quit` ends it;
 - bench/host_survey.sh refuses bad arguments before it builds or runs anything, and
   names the host its files are of from /proc/cpuinfo: a Xeon "xeon", another Intel
   core by its vendor, family and model; without an lscpu that lists caches it says
@@ -14,6 +17,7 @@
 """
 import csv
 import importlib.util
+import io
 import os
 import re
 import shutil
@@ -209,3 +213,46 @@ def test_tp_alternates_and_takes_the_median_of_per_round_ratios(tmp_path):
     assert row.split()[2:7] == ["20.00", "15.00", "2.00x", "[0.50-2.00]", "8388608"], row
     order = (tmp_path / "order").read_text().split()
     assert order[:6] == ["single", "ranks", "ranks", "single", "single", "ranks"], order
+
+
+class _FakeTorch:
+    """What torch_layer.serve uses of torch: rand and Generator (numpy stands in)."""
+
+    class Generator:
+        def manual_seed(self, seed):
+            return self
+
+    @staticmethod
+    def rand(*shape, generator=None):
+        import numpy
+        return numpy.zeros(shape)
+
+
+class _FakeLayer:
+    hidden = 8
+
+    def __init__(self):
+        self.forwards, self.inputs_made = [], []
+
+    def model_inputs(self, tokens):
+        self.inputs_made.append(tokens)
+        return ("cos", "sin", "mask")
+
+    def forward(self, x, cos, sin, mask):
+        self.forwards.append((x.shape, cos, sin, mask))
+
+
+def test_torch_layer_serves_one_forward_per_request():
+    spec = importlib.util.spec_from_file_location("torch_layer", REPO / "bench" / "torch_layer.py")
+    torch_layer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(torch_layer)
+    layer, out = _FakeLayer(), io.StringIO()
+    torch_layer.serve(layer, _FakeTorch, io.StringIO("ping\nrun 4\nrun 4\nrun 0\nrun x\nfly\nrun 2\nquit\nrun 4\n"),
+                      out)
+    replies = out.getvalue().splitlines()
+    assert replies[0] == "pong"
+    assert all(re.fullmatch(r"done \d+\.\d{6}", r) for r in (replies[1], replies[2], replies[6])), replies
+    assert [r.split()[0] for r in replies[3:6]] == ["error"] * 3, replies
+    assert len(replies) == 7, "nothing is answered after quit"
+    assert [f[0] for f in layer.forwards] == [(1, 4, 8), (1, 4, 8), (1, 2, 8)]
+    assert layer.inputs_made == [4, 2], "a T's inputs are made once, at its first request"
