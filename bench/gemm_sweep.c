@@ -215,7 +215,7 @@ void bench_gemm_sweep_types(struct bench_context *ctx)
     struct bench_side sides[BENCH_MAX_SIDES];
     for (int t = 0; t < SWEEP_TYPES; t++)
         for (int p = 0; p < PLACES; p++)
-            sides[t * PLACES + p] = (struct bench_side){run_sweep, &runs[t][p], NULL};
+            sides[t * PLACES + p] = (struct bench_side){.body = run_sweep, .state = &runs[t][p]};
     const struct bench_plan plan = bench_plan_for(ctx, 10, 40, 1.0);
     struct bench_stats seconds[BENCH_MAX_SIDES];
     struct bench_rounds rounds;

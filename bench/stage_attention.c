@@ -156,6 +156,7 @@ static void measure_tokens(struct bench_context *ctx, const struct attention_ker
     struct attention_run runs[BENCH_MAX_SIDES];
     struct bench_side sides[BENCH_MAX_SIDES];
     int slot[BENCH_MAX_THREAD_COUNTS][SIDES_PER_COUNT], count = 0;
+    const int long_run = !ctx->quick && tokens >= SDPA_LONG_TOKENS;
     for (int t = 0; t < ctx->thread_count_n; t++)
         for (int side = 0; side < SIDES_PER_COUNT; side++) {
             const int threads = ctx->thread_counts[t];
@@ -163,12 +164,13 @@ static void measure_tokens(struct bench_context *ctx, const struct attention_ker
             if (!side_runs(ctx, side, tokens, threads, longest, b))
                 continue;
             runs[count] = new_run(kernels->side[side], threads, tokens, b, b->o[t][side]);
-            sides[count] = (struct bench_side){run_attention, &runs[count], NULL};
+            /* A long SDPA run takes seconds: it runs once, in the first round, and the
+             * flash sides take their three rounds or more. */
+            sides[count] = (struct bench_side){.body = run_attention, .state = &runs[count],
+                                               .once = side == SIDE_SDPA && long_run};
             slot[t][side] = count++;
         }
-    const int long_run = !ctx->quick && tokens >= SDPA_LONG_TOKENS;
-    /* A long SDPA run takes seconds: once is enough for it, while flash repeats within the budget. */
-    const struct bench_plan plan = bench_plan_for(ctx, long_run ? 1 : 3, 9, long_run ? 12.0 : 4.0);
+    const struct bench_plan plan = bench_plan_for(ctx, 3, 9, long_run ? 12.0 : 4.0);
     struct bench_stats seconds[BENCH_MAX_SIDES];
     struct bench_rounds rounds;
     if (bench_measure_sides(sides, count, &plan, seconds, &rounds) != 0) {

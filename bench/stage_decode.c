@@ -283,7 +283,7 @@ static void measure(struct bench_context *ctx, const struct decode_shape *s,
     const double before = bench_read_bandwidth_beside(ctx, threads);
     const struct bench_plan plan = bench_plan_for(ctx, 5, 41, 1.5);
     enum { SIDE_KERNEL, SIDE_PAGED_READ, SIDES };
-    const struct bench_side sides[SIDES] = {{run_decode, run, NULL}, {run_paged_read, run, NULL}};
+    const struct bench_side sides[SIDES] = {{.body = run_decode, .state = run}, {.body = run_paged_read, .state = run}};
     struct bench_stats seconds[SIDES];
     struct bench_rounds rounds;
     if (bench_measure_sides(sides, SIDES, &plan, seconds, &rounds) != 0) {

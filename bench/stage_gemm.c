@@ -162,7 +162,8 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
                                          .copies = tokens == 1 ? &rotation : &single, .src = src,
                                          .dst = outputs[t][i], .threads = threads};
                 sides[t * per_count + i] =
-                    (struct bench_side){i == SIDE_OPENBLAS ? run_openblas : run_sneppx, run, settle};
+                    (struct bench_side){.body = i == SIDE_OPENBLAS ? run_openblas : run_sneppx, .state = run,
+                                        .after = settle};
             }
         }
         struct bench_stats seconds[BENCH_MAX_SIDES];

@@ -276,7 +276,8 @@ static void report_chunked(struct bench_context *ctx, struct generation *g, int6
         /* Side by side in rounds, as every comparison within one process: the ratio of two
          * medians timed one after the other would carry the host's phase between them. */
         enum { SIDE_CHUNKED, SIDE_ONE_SHOT, SIDES };
-        const struct bench_side sides[SIDES] = {{run_chunked, &chunks, NULL}, {run_one_shot, &shot, NULL}};
+        const struct bench_side sides[SIDES] = {{.body = run_chunked, .state = &chunks},
+                                                {.body = run_one_shot, .state = &shot}};
         struct bench_stats seconds[SIDES], speedup;
         struct bench_rounds rounds;
         if (bench_measure_sides(sides, SIDES, plan, seconds, &rounds) != 0) {

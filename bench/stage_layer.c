@@ -219,13 +219,14 @@ static void bench_model(struct bench_context *ctx, const char *model, const int6
             for (int t = 0; t < count; t++) {
                 runs[t] = (struct layer_run){.layer = layer, .tokens = tokens_list[ti],
                                              .threads = ctx->thread_counts[t], .hidden = hidden, .out = out};
-                sides[t] = (struct bench_side){run_forward, &runs[t], runs[t].threads > 1 ? bench_settle : NULL};
+                sides[t] = (struct bench_side){.body = run_forward, .state = &runs[t],
+                                               .after = runs[t].threads > 1 ? bench_settle : NULL};
             }
             for (int t = 0; t < torch.count; t++) {
                 torch_runs[t].server = &torch.servers[t];
                 snprintf(torch_runs[t].request, sizeof torch_runs[t].request, "run %lld", (long long)tokens_list[ti]);
-                sides[count + t] = (struct bench_side){run_torch_forward, &torch_runs[t],
-                                                       torch.thread_counts[t] > 1 ? bench_settle : NULL};
+                sides[count + t] = (struct bench_side){.body = run_torch_forward, .state = &torch_runs[t],
+                                                       .after = torch.thread_counts[t] > 1 ? bench_settle : NULL};
             }
             struct bench_stats seconds[2 * BENCH_MAX_THREAD_COUNTS];
             struct bench_rounds rounds;

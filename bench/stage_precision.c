@@ -219,7 +219,7 @@ static void report_decode(struct bench_context *ctx, const sneppx_config *config
             continue;
         }
         cases[count] = &decode_cases[i];
-        sides[count] = (struct bench_side){decode_step, run, NULL};
+        sides[count] = (struct bench_side){.body = decode_step, .state = run};
         count++;
     }
     struct bench_stats seconds[DECODE_CASES];
@@ -337,7 +337,7 @@ static void report_prefill(struct bench_context *ctx, const sneppx_config *base,
                                       .peak_rate = bench_fma_peak(ctx, threads)};
         snprintf(ours->impl, sizeof ours->impl, "sneppx %s", prefill_cases[i].label);
         snprintf(ours->case_name, sizeof ours->case_name, "prefill %s", prefill_cases[i].label);
-        sides[count] = (struct bench_side){prefill_forward, run, NULL};
+        sides[count] = (struct bench_side){.body = prefill_forward, .state = run};
         count++;
     }
     struct bench_stats seconds[PREFILL_CASES];

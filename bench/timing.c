@@ -113,16 +113,21 @@ int bench_measure_sides(const struct bench_side *sides, int count, const struct 
     /* The warm-up sizes the repeats: at least one, whatever the plan says. */
     struct bench_plan warmed = *plan;
     warmed.warmup = plan->warmup > 0 ? plan->warmup : 1;
-    int round_count = count > 0 ? BENCH_MAX_ROUNDS : 0;
+    int round_count = BENCH_MAX_ROUNDS, repeated = 0;
     for (int s = 0; s < count; s++) {
         const int failed = warm_up(sides[s].body, sides[s].state, &warmed, &warm_seconds[s]);
         if (sides[s].after)
             sides[s].after();
         if (failed)
             return failed;
-        reps[s] = planned_reps(&warmed, warm_seconds[s]);
-        round_count = reps[s] < round_count ? reps[s] : round_count;
+        reps[s] = sides[s].once ? 1 : planned_reps(&warmed, warm_seconds[s]);
+        if (!sides[s].once) {
+            round_count = reps[s] < round_count ? reps[s] : round_count;
+            repeated = 1;
+        }
     }
+    if (!repeated) /* no side, or only `once` sides: one round */
+        round_count = count > 0 ? 1 : 0;
     if (rounds) {
         rounds->sides = count;
         rounds->rounds = round_count;
@@ -131,6 +136,11 @@ int bench_measure_sides(const struct bench_side *sides, int count, const struct 
         for (int turn = 0; turn < count; turn++) {
             const int s = turn_side(round, turn, count);
             const struct bench_side *side = &sides[s];
+            if (side->once && round > 0) {
+                if (rounds)
+                    rounds->median[round][s] = 0;
+                continue;
+            }
             if (warm_seconds[s] < WARM_TURN_SECONDS) {
                 const double until = bench_now() + WARM_TURN_SECONDS;
                 do {
@@ -139,7 +149,9 @@ int bench_measure_sides(const struct bench_side *sides, int count, const struct 
                         return failed;
                 } while (bench_now() < until);
             }
-            /* reps[s] spread over the rounds, the first reps[s] % round_count taking one more. */
+            /* reps[s] spread over the rounds, the first reps[s] % round_count taking one more
+             * (a `once` side's one repeat: the first round's, as round 0 < 1 % round_count
+             * when there are more rounds, and 1 / 1 when there is one). */
             const int first = done[s], in_round = reps[s] / round_count + (round < reps[s] % round_count);
             for (int i = 0; i < in_round; i++) {
                 const double start = bench_now();
@@ -167,7 +179,7 @@ void bench_round_ratio(const struct bench_rounds *rounds, int numerator, int den
     int count = 0;
     if (numerator >= 0 && numerator < rounds->sides && denominator >= 0 && denominator < rounds->sides)
         for (int round = 0; round < rounds->rounds; round++)
-            if (rounds->median[round][denominator] > 0)
+            if (rounds->median[round][numerator] > 0 && rounds->median[round][denominator] > 0)
                 ratios[count++] = rounds->median[round][numerator] / rounds->median[round][denominator];
     if (count == 0) {
         *ratio = (struct bench_stats){0};

@@ -36,11 +36,14 @@ int bench_measure(bench_body body, void *state, const struct bench_plan *plan, s
 
 /* One of the bodies bench_measure_sides times side by side. after (NULL for
  * none) runs, untimed, when the side's turn in a round ends: bench_settle for a
- * side whose library's threads spin on after a call. */
+ * side whose library's threads spin on after a call. once: a side too slow to
+ * repeat (SDPA at T = 8192 takes seconds) runs one timed repeat, in the first
+ * round only, and does not limit how many rounds the others run. */
 struct bench_side {
     bench_body body;
     void *state;
     void (*after)(void);
+    int once;
 };
 
 #define BENCH_MAX_SIDES 10
@@ -61,16 +64,17 @@ struct bench_rounds {
  * slow phases of seconds to minutes: one lands on every side of a round, so a
  * ratio of two sides within a round holds where a ratio of two sides timed one
  * after the other would not. The repeats are spread over min(fewest side's
- * repeats, BENCH_MAX_ROUNDS) rounds. stats[s]: side s over all its timed runs;
- * rounds (may be NULL): the per-round medians. Returns the first nonzero
+ * repeats, BENCH_MAX_ROUNDS) rounds (a `once` side's one repeat aside).
+ * stats[s]: side s over all its timed runs; rounds (may be NULL): the per-round
+ * medians, 0 where a side did not run. Returns the first nonzero
  * result of a body, or -1 for a count out of range. */
 int bench_measure_sides(const struct bench_side *sides, int count, const struct bench_plan *plan,
                         struct bench_stats *stats, struct bench_rounds *rounds);
 
 /* Median [min-max] over the rounds of side `numerator`'s time / side
- * `denominator`'s in the same round: how many times faster the denominator
- * side ran (its speedup) when numerator is the baseline. All zero (reps 0) when
- * a side is not among the rounds'. */
+ * `denominator`'s in the same round, over the rounds both ran in: how many
+ * times faster the denominator side ran (its speedup) when numerator is the
+ * baseline. All zero (reps 0) when a side is not among the rounds'. */
 void bench_round_ratio(const struct bench_rounds *rounds, int numerator, int denominator, struct bench_stats *ratio);
 
 /* Fills stats from count >= 1 values measured elsewhere (sorts them in place). */

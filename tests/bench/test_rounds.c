@@ -2,8 +2,8 @@
  * runs take known times, and a slow phase. Checks that the sides take turns in
  * rounds (each round starting one side further on, every other one reversed, so
  * that with three sides no side always follows the same one), that each gets the repeats
- * its plan asks for, and that the median of the ratios within rounds holds
- * through a slow phase. */
+ * its plan asks for, that the median of the ratios within rounds holds
+ * through a slow phase, and that a side run once does not cut the rounds. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +58,8 @@ static void check(int ok, const char *what)
 static void test_rounds_hold_the_ratio_through_a_slow_phase(void)
 {
     struct fake_body a = {0, 0.010}, b = {1, 0.020};
-    const struct bench_side sides[] = {{run_fake, &a, after_side0}, {run_fake, &b, NULL}};
+    const struct bench_side sides[] = {{.body = run_fake, .state = &a, .after = after_side0},
+                                       {.body = run_fake, .state = &b}};
     const struct bench_plan plan = {.warmup = 1, .min_reps = 4, .max_reps = 16, .budget_seconds = 0.2};
     struct bench_stats stats[2];
     struct bench_rounds rounds;
@@ -109,7 +110,7 @@ static void test_round_ratio_is_a_median_over_rounds(void)
 static void test_one_round_for_a_single_repeat(void)
 {
     struct fake_body a = {0, 0.5}, b = {1, 1.0};
-    const struct bench_side sides[] = {{run_fake, &a, NULL}, {run_fake, &b, NULL}};
+    const struct bench_side sides[] = {{.body = run_fake, .state = &a}, {.body = run_fake, .state = &b}};
     const struct bench_plan plan = {.warmup = 1, .min_reps = 1, .max_reps = 1, .budget_seconds = 0};
     struct bench_stats stats[2];
     struct bench_rounds rounds;
@@ -121,12 +122,45 @@ static void test_one_round_for_a_single_repeat(void)
           "more sides than BENCH_MAX_SIDES are refused");
 }
 
+/* A side too slow to repeat (SDPA at T = 8192) runs once, in the first round, and
+ * the others still get their rounds; a ratio against it is that round's. */
+static void test_a_once_side_runs_in_the_first_round_only(void)
+{
+    struct fake_body a = {0, 0.1}, b = {1, 0.2}, slow = {2, 2.0}; /* 100 ms and more: no untimed runs */
+    const struct bench_side sides[3] = {{.body = run_fake, .state = &a}, {.body = run_fake, .state = &b},
+                                        {.body = run_fake, .state = &slow, .once = 1}};
+    const struct bench_plan plan = {.warmup = 1, .min_reps = 3, .max_reps = 3, .budget_seconds = 0};
+    struct bench_stats stats[3];
+    struct bench_rounds rounds;
+    calls = 0;
+    check(bench_measure_sides(sides, 3, &plan, stats, &rounds) == 0, "measure_sides returns 0 (a once side)");
+    check(rounds.rounds == 3, "the once side does not cut the others' rounds to one");
+    check(stats[0].reps == 3 && stats[1].reps == 3 && stats[2].reps == 1, "3, 3 and 1 timed runs");
+    check(calls == 3 + 3 + 3 + 1, "three warm-ups, then the once side's run among the others'");
+    int slow_calls = 0;
+    for (int i = 3; i < calls; i++)
+        slow_calls += call_log[i] == 2;
+    check(slow_calls == 1 && call_log[3] == 0 && call_log[4] == 1 && call_log[5] == 2,
+          "its one timed run is in the first round, after the others' turns");
+    check(rounds.median[0][2] == 2.0 && rounds.median[1][2] == 0 && rounds.median[2][2] == 0,
+          "its later rounds are empty");
+    struct bench_stats ratio;
+    bench_round_ratio(&rounds, 2, 0, &ratio);
+    check(ratio.reps == 1 && fabs(ratio.median - 20.0) < 1e-9, "a ratio against it is the first round's alone");
+    bench_round_ratio(&rounds, 1, 0, &ratio);
+    check(ratio.reps == 3 && fabs(ratio.median - 2.0) < 1e-9, "the repeated sides' ratio is over every round");
+    const struct bench_side only_once[1] = {{.body = run_fake, .state = &slow, .once = 1}};
+    check(bench_measure_sides(only_once, 1, &plan, stats, &rounds) == 0 && rounds.rounds == 1 && stats[0].reps == 1,
+          "once sides alone: one round");
+}
+
 /* Three sides: a rotation alone would put B after A in every round B does not start. */
 static void test_three_sides_follow_different_sides(void)
 {
     struct fake_body bodies[3] = {{0, 0.1}, {1, 0.1}, {2, 0.1}}; /* 100 ms: no untimed runs */
-    const struct bench_side sides[3] = {{run_fake, &bodies[0], NULL}, {run_fake, &bodies[1], NULL},
-                                        {run_fake, &bodies[2], NULL}};
+    const struct bench_side sides[3] = {{.body = run_fake, .state = &bodies[0]},
+                                        {.body = run_fake, .state = &bodies[1]},
+                                        {.body = run_fake, .state = &bodies[2]}};
     const struct bench_plan plan = {.warmup = 1, .min_reps = 6, .max_reps = 6, .budget_seconds = 10};
     struct bench_stats stats[3];
     struct bench_rounds rounds;
@@ -157,6 +191,7 @@ int main(void)
     test_rounds_hold_the_ratio_through_a_slow_phase();
     test_one_round_for_a_single_repeat();
     test_three_sides_follow_different_sides();
+    test_a_once_side_runs_in_the_first_round_only();
     bench_set_clock(NULL);
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);
