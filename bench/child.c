@@ -61,33 +61,41 @@ static int exit_code_of(pid_t pid)
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-int bench_child_run(char *const argv[], const char *const *set_env, const char *const *unset_env,
-                    struct bench_child *child)
+/* Forks argv[0] (a path) with its stdout on stdout_fd and, when stdin_fd >= 0, its
+ * stdin on stdin_fd, in the bench's environment changed by set_env and unset_env.
+ * The caller's pipes are close-on-exec, so the child keeps only these two (a
+ * server must not hold another's pipes open). Returns the pid, or -1. */
+static pid_t spawn(char *const argv[], const char *const *set_env, const char *const *unset_env, int stdin_fd,
+                   int stdout_fd)
 {
-    memset(child, 0, sizeof *child);
-    int pipe_fds[2];
-    if (pipe(pipe_fds) != 0)
-        return -1;
     fflush(stdout);
     fflush(stderr);
-    const double start = bench_now();
     const pid_t pid = fork();
-    if (pid < 0) {
-        close(pipe_fds[0]);
-        close(pipe_fds[1]);
-        return -1;
-    }
     if (pid == 0) {
-        close(pipe_fds[0]);
-        if (dup2(pipe_fds[1], STDOUT_FILENO) < 0)
+        if ((stdin_fd >= 0 && dup2(stdin_fd, STDIN_FILENO) < 0) || dup2(stdout_fd, STDOUT_FILENO) < 0)
             _exit(127);
-        close(pipe_fds[1]);
         change_environment(set_env, unset_env);
         execv(argv[0], argv);
         fprintf(stderr, "sneppx-bench: cannot run %s: %s\n", argv[0], strerror(errno));
         _exit(127);
     }
+    return pid;
+}
+
+int bench_child_run(char *const argv[], const char *const *set_env, const char *const *unset_env,
+                    struct bench_child *child)
+{
+    memset(child, 0, sizeof *child);
+    int pipe_fds[2];
+    if (pipe2(pipe_fds, O_CLOEXEC) != 0)
+        return -1;
+    const double start = bench_now();
+    const pid_t pid = spawn(argv, set_env, unset_env, -1, pipe_fds[1]);
     close(pipe_fds[1]);
+    if (pid < 0) {
+        close(pipe_fds[0]);
+        return -1;
+    }
     child->output = read_all(pipe_fds[0]);
     close(pipe_fds[0]);
     child->exit_code = exit_code_of(pid);
@@ -116,7 +124,6 @@ int bench_server_start(char *const argv[], const char *const *set_env, const cha
     memset(server, 0, sizeof *server);
     /* A server that exits early must fail a request, not kill the bench. */
     signal(SIGPIPE, SIG_IGN);
-    /* Close-on-exec: a second server must not hold the first one's pipes open. */
     int to_child[2], from_child[2];
     if (pipe2(to_child, O_CLOEXEC) != 0)
         return -1;
@@ -125,17 +132,7 @@ int bench_server_start(char *const argv[], const char *const *set_env, const cha
         close(to_child[1]);
         return -1;
     }
-    fflush(stdout);
-    fflush(stderr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-        if (dup2(to_child[0], STDIN_FILENO) < 0 || dup2(from_child[1], STDOUT_FILENO) < 0)
-            _exit(127);
-        change_environment(set_env, unset_env);
-        execv(argv[0], argv);
-        fprintf(stderr, "sneppx-bench: cannot run %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
+    const pid_t pid = spawn(argv, set_env, unset_env, to_child[0], from_child[1]);
     close(to_child[0]);
     close(from_child[1]);
     if (pid > 0) {
