@@ -61,6 +61,20 @@ Why each value:
   groups (96 rows, 192 KiB, well inside a 512 KiB L2): against 8 groups, one Zen
   4 core ran k 4096 x n 6144 and 4096 2.4-2.6% faster at T = 128, 512 and 2048
   (alternated rounds), two 1.7% at T = 2048.
+- gemm_fetch_spread: how a block's groups fetch the next panel's slice (a KC x
+  NR slice, 32 KiB at v8's KC 512, read from memory once per block and panel)
+  into L2 while they consume this one. False: one group fetches all of it, a
+  line per k row (the last group, or the first when the block has at most two).
+  True: each group fetches its share, a line every 2^s k rows for the largest
+  power of two 2^s not above the block's groups. One group asking for the whole
+  slice in its 512 k rows asks for 32 GB/s, beyond a Zen 3 core's memory
+  bandwidth, while the block's groups together consume it at a quarter of that
+  rate; spread, the same lines arrive at the rate they are used. v8, Zen 3, the
+  gemm stage (sneppx against OpenBLAS in rounds, OpenBLAS the control): T = 128
+  1.13-1.16x OpenBLAS where one fetching group gave 1.06-1.10x (one thread 90-91%
+  of peak, was 86-87%), T = 512 1.02-1.03x (0.98-1.02x), T = 2048 1.00x on one
+  thread (0.98x). v16: False (unmeasured on an AVX-512 host; its 14-row groups
+  do 2.3x the arithmetic per line fetched).
 - gemm_decode_panels, gemm_decode_sums: a single row (a decode step) streams
   W, and sweeps this many panels side by side (one core read 34-39 GB/s
   where a panel at a time read 28-30), with this many partial sums (lo/hi
@@ -145,6 +159,7 @@ class Target:
     gemm_int8_mc: int
     gemm_kc_candidates: Tuple[int, ...]
     gemm_mc_candidates: Tuple[int, ...]
+    gemm_fetch_spread: bool
     gemm_decode_panels: int
     gemm_decode_sums: int
     flash_rows: int
@@ -214,12 +229,12 @@ class Target:
 TARGETS: Tuple[Target, ...] = (
     Target("v16", 16, ("+avx512f",), ("avx512f",), gemm_mr=14, gemm_nr=32, gemm_small_mr=4, gemm_kc=512,
            gemm_mc=56, gemm_int8_mc=112, gemm_kc_candidates=(128, 256, 512),
-           gemm_mc_candidates=(14, 28, 56), gemm_decode_panels=4, gemm_decode_sums=4,
+           gemm_mc_candidates=(14, 28, 56), gemm_fetch_spread=False, gemm_decode_panels=4, gemm_decode_sums=4,
            flash_rows=2, flash_nj=8, flash_ne=8, decode_rows=4, decode_nj=4, decode_ne=4,
            decode_packed=("bfloat16",), decode_burst_lines=0),
     Target("v8", 8, (), (), gemm_mr=6, gemm_nr=16, gemm_small_mr=4, gemm_kc=512,
            gemm_mc=24, gemm_int8_mc=96, gemm_kc_candidates=(128, 256, 512),
-           gemm_mc_candidates=(12, 24, 48), gemm_decode_panels=4, gemm_decode_sums=4,
+           gemm_mc_candidates=(12, 24, 48), gemm_fetch_spread=True, gemm_decode_panels=4, gemm_decode_sums=4,
            flash_rows=3, flash_nj=4, flash_ne=4, decode_rows=2, decode_nj=4, decode_ne=4,
            decode_packed=("bfloat16", "int8"), decode_burst_lines=16),
 )
