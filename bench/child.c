@@ -179,3 +179,50 @@ int bench_server_stop(struct bench_server *server)
     memset(server, 0, sizeof *server);
     return exit_code;
 }
+
+int bench_server_await_ready(struct bench_server *server, const char *name,
+                             void (*on_line)(const char *line, void *state), void *state, char *why,
+                             size_t why_size)
+{
+    char line[512];
+    while (bench_server_read_line(server, line, sizeof line) == 0) {
+        if (strcmp(line, "ready") == 0)
+            return 0;
+        const char *unavailable = bench_child_field(line, "unavailable");
+        if (unavailable) {
+            snprintf(why, why_size, "%.200s", unavailable);
+            return -1;
+        }
+        if (on_line)
+            on_line(line, state);
+    }
+    snprintf(why, why_size, "%s exited with status %d before it was ready", name, bench_server_stop(server));
+    return -1;
+}
+
+double bench_server_round_trip(struct bench_server *server)
+{
+    enum { PINGS = 31 };
+    double seconds[PINGS];
+    char reply[64];
+    for (int i = 0; i < PINGS; i++) {
+        const double start = bench_now();
+        if (bench_server_ask(server, "ping", reply, sizeof reply) != 0 || strcmp(reply, "pong") != 0)
+            return -1;
+        seconds[i] = bench_now() - start;
+    }
+    struct bench_stats stats;
+    bench_stats_of(seconds, PINGS, &stats);
+    return stats.median;
+}
+
+int bench_request_run(void *opaque)
+{
+    const struct bench_request *request = opaque;
+    char reply[256] = "";
+    if (bench_server_ask(request->server, request->line, reply, sizeof reply) == 0 &&
+        bench_child_field(reply, "done"))
+        return 0;
+    fprintf(stderr, "sneppx-bench: %s, '%s': %s\n", request->who, request->line, reply[0] ? reply : "no answer");
+    return 1;
+}

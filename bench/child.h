@@ -48,6 +48,31 @@ int bench_server_ask(struct bench_server *server, const char *request, char *rep
  * Returns its exit status (128 + signal), 0 for a server not running. */
 int bench_server_stop(struct bench_server *server);
 
+/* Reads a server's start-up lines up to its "ready", passing each other line to
+ * on_line (NULL: none). Returns 0; or -1, with why in `why`: its "unavailable
+ * <reason>" line's reason (the server is left running; stop it), or that `name`
+ * exited (with its status) before it was ready. */
+int bench_server_await_ready(struct bench_server *server, const char *name,
+                             void (*on_line)(const char *line, void *state), void *state, char *why,
+                             size_t why_size);
+
+/* The median seconds of a "ping" there and back: what each timed request of the
+ * server carries beyond its own work. -1 when it did not answer "pong". */
+double bench_server_round_trip(struct bench_server *server);
+
+/* One request of a server whose answer starts with "done": the state of
+ * bench_request_run, a bench_side body (timing.h). who names the server in the
+ * message of a failed request. */
+struct bench_request {
+    struct bench_server *server;
+    const char *who;
+    char line[64];
+};
+
+/* Sends request->line and returns 0 when the answer is "done ...", else says
+ * so on stderr (the answer, or that none came) and returns 1. */
+int bench_request_run(void *request);
+
 /* This executable, for re-executing itself. */
 #define BENCH_SELF_EXE "/proc/self/exe"
 

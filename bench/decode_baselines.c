@@ -1,4 +1,5 @@
-/* Runs a decode baseline script and collects its "result" lines. */
+/* Runs a decode baseline script: once per batch, collecting its "result" lines,
+ * or as a server whose steps the bench times in its own rounds. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,32 +9,70 @@
 
 #define MAX_EXTRA_ARGS 8
 
+/* A baseline's command line up to its mode's arguments: the venv's python, the
+ * script and config's shape on `threads` threads, and the environment it runs in. */
+struct baseline_command {
+    char python[512], path[512], hidden[32], heads[32], kv_heads[32], head_dim[32], theta[48], threads[16],
+        omp_threads[48];
+    char *argv[32 + MAX_EXTRA_ARGS];
+    int argc;
+    const char *set_env[3];
+};
+
+/* Fills command, or returns -1 with why in skipped (no virtual environment). */
+static int baseline_command(const char *script, const sneppx_config *config, int threads,
+                            struct baseline_command *command, char *skipped, size_t skipped_size)
+{
+    memset(command, 0, sizeof *command);
+    const char *venv = getenv("SNEPPX_BENCH_VENV");
+    if (!venv || !venv[0]) {
+        snprintf(skipped, skipped_size, "no virtual environment (bench/run.sh makes one with "
+                                        "scripts/venv.sh; or set SNEPPX_BENCH_VENV)");
+        return -1;
+    }
+    snprintf(command->python, sizeof command->python, "%s/bin/python", venv);
+    snprintf(command->path, sizeof command->path, "%s/baselines/%s", SNEPPX_BENCH_SOURCE_DIR, script);
+    snprintf(command->hidden, sizeof command->hidden, "%lld", (long long)config->hidden_size);
+    snprintf(command->heads, sizeof command->heads, "%lld", (long long)config->num_attention_heads);
+    snprintf(command->kv_heads, sizeof command->kv_heads, "%lld", (long long)config->num_key_value_heads);
+    /* The config's head_dim when it has one (hidden_size / heads is only the default). */
+    snprintf(command->head_dim, sizeof command->head_dim, "%lld",
+             (long long)(config->head_dim ? config->head_dim : config->hidden_size / config->num_attention_heads));
+    snprintf(command->theta, sizeof command->theta, "%.17g", config->rope_theta);
+    snprintf(command->threads, sizeof command->threads, "%d", threads);
+    snprintf(command->omp_threads, sizeof command->omp_threads, "OMP_NUM_THREADS=%d", threads);
+    char *const shape[] = {command->python, command->path, "--hidden", command->hidden, "--heads", command->heads,
+                           "--kv-heads", command->kv_heads, "--head-dim", command->head_dim, "--rope-theta",
+                           command->theta, "--threads", command->threads};
+    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++)
+        command->argv[command->argc++] = shape[i];
+    /* OpenBLAS's core is the bench's own environment, which it re-executed itself into
+     * (main.c): unset, or Haswell's where sneppx runs a narrower target. */
+    command->set_env[0] =
+        "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295";
+    command->set_env[1] = command->omp_threads;
+    return 0;
+}
+
+/* Appends extra_args (NULL-terminated, or NULL) and the list's NULL. */
+static void finish_command(struct baseline_command *command, const char *const *extra_args)
+{
+    for (int i = 0; extra_args && i < MAX_EXTRA_ARGS && extra_args[i]; i++)
+        command->argv[command->argc++] = (char *)extra_args[i];
+    command->argv[command->argc] = NULL;
+}
+
 void decode_baseline_run(const char *script, const sneppx_config *config, const int64_t *contexts,
                          int context_count, const int64_t *batches, int batch_count, int threads, int steps,
                          const char *const *extra_args, struct decode_baseline_times *times)
 {
     memset(times, 0, sizeof *times);
-    const char *venv = getenv("SNEPPX_BENCH_VENV");
-    if (!venv || !venv[0]) {
-        snprintf(times->skipped, sizeof times->skipped, "no virtual environment (bench/run.sh makes one with "
-                                                        "scripts/venv.sh; or set SNEPPX_BENCH_VENV)");
-        return;
-    }
-    char python[512], path[512], hidden[32], heads[32], kv_heads[32], head_dim[32], theta[48], contexts_arg[128],
-        batch_arg[16], threads_arg[16], steps_arg[16], omp_threads[48];
-    snprintf(python, sizeof python, "%s/bin/python", venv);
-    snprintf(path, sizeof path, "%s/baselines/%s", SNEPPX_BENCH_SOURCE_DIR, script);
-    snprintf(hidden, sizeof hidden, "%lld", (long long)config->hidden_size);
-    snprintf(heads, sizeof heads, "%lld", (long long)config->num_attention_heads);
-    snprintf(kv_heads, sizeof kv_heads, "%lld", (long long)config->num_key_value_heads);
-    /* The config's head_dim when it has one (hidden_size / heads is only the default). */
-    snprintf(head_dim, sizeof head_dim, "%lld",
-             (long long)(config->head_dim ? config->head_dim : config->hidden_size / config->num_attention_heads));
-    snprintf(theta, sizeof theta, "%.17g", config->rope_theta);
-    snprintf(threads_arg, sizeof threads_arg, "%d", threads);
+    char contexts_arg[128], batch_arg[16], steps_arg[16];
     snprintf(steps_arg, sizeof steps_arg, "%d", steps);
-    snprintf(omp_threads, sizeof omp_threads, "OMP_NUM_THREADS=%d", threads);
     for (int b = 0; b < batch_count; b++) {
+        struct baseline_command command;
+        if (baseline_command(script, config, threads, &command, times->skipped, sizeof times->skipped) != 0)
+            return;
         snprintf(batch_arg, sizeof batch_arg, "%lld", (long long)batches[b]);
         contexts_arg[0] = 0;
         for (int c = 0; c < context_count; c++) {
@@ -43,22 +82,13 @@ void decode_baseline_run(const char *script, const sneppx_config *config, const 
             snprintf(number, sizeof number, "%s%lld", contexts_arg[0] ? "," : "", (long long)contexts[c]);
             strncat(contexts_arg, number, sizeof contexts_arg - strlen(contexts_arg) - 1);
         }
-        char *argv[26 + MAX_EXTRA_ARGS] = {python, path, "--hidden", hidden, "--heads", heads, "--kv-heads",
-                                           kv_heads, "--head-dim", head_dim, "--rope-theta", theta, "--contexts",
-                                           contexts_arg, "--batch", batch_arg, "--threads", threads_arg,
-                                           "--steps", steps_arg};
-        int argc = 20;
-        for (int i = 0; extra_args && i < MAX_EXTRA_ARGS && extra_args[i]; i++)
-            argv[argc++] = (char *)extra_args[i];
-        argv[argc] = NULL;
-        const char *const set_env[] = {
-            "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295",
-            omp_threads, NULL};
-        /* OpenBLAS's core is the bench's own environment, which it re-executed itself into
-         * (main.c): unset, or Haswell's where sneppx runs a narrower target. */
+        char *const mode[] = {"--contexts", contexts_arg, "--batch", batch_arg, "--steps", steps_arg};
+        for (size_t i = 0; i < sizeof mode / sizeof mode[0]; i++)
+            command.argv[command.argc++] = mode[i];
+        finish_command(&command, extra_args);
         struct bench_child child;
-        if (bench_child_run(argv, set_env, NULL, &child) != 0) {
-            snprintf(times->skipped, sizeof times->skipped, "cannot run %.200s", python);
+        if (bench_child_run(command.argv, command.set_env, NULL, &child) != 0) {
+            snprintf(times->skipped, sizeof times->skipped, "cannot run %.200s", command.python);
             return;
         }
         const char *unavailable = bench_child_field(child.output, "unavailable");
@@ -90,11 +120,68 @@ void decode_baseline_run(const char *script, const sneppx_config *config, const 
     }
 }
 
-void decode_baseline_describe_other_bytes(const struct decode_baseline_times *times, char *text, size_t size)
+/* A served baseline's start-up lines before "ready": its version first, and what
+ * its step reads outside attention. */
+static void served_start_line(const char *line, void *state)
 {
-    if (times->other_bytes > 0)
-        snprintf(text, size, " (its step also reads %.1f MB outside attention, not subtracted)",
-                 times->other_bytes / 1e6);
+    struct decode_baseline_server *served = state;
+    const char *other = bench_child_field(line, "nonattention_bytes");
+    if (other)
+        served->other_bytes = atof(other);
+    else if (!served->version[0])
+        snprintf(served->version, sizeof served->version, "%s", line);
+}
+
+int decode_baseline_serve(const char *script, const sneppx_config *config, int threads,
+                          const char *const *extra_args, struct decode_baseline_server *served)
+{
+    memset(served, 0, sizeof *served);
+    snprintf(served->script, sizeof served->script, "%s", script);
+    struct baseline_command command;
+    if (baseline_command(script, config, threads, &command, served->skipped, sizeof served->skipped) != 0)
+        return -1;
+    command.argv[command.argc++] = "--serve";
+    finish_command(&command, extra_args);
+    if (bench_server_start(command.argv, command.set_env, NULL, &served->server) != 0) {
+        snprintf(served->skipped, sizeof served->skipped, "cannot run %.200s", command.python);
+        return -1;
+    }
+    if (bench_server_await_ready(&served->server, script, served_start_line, served, served->skipped,
+                                 sizeof served->skipped) != 0) {
+        decode_baseline_stop(served);
+        return -1;
+    }
+    served->request_seconds = bench_server_round_trip(&served->server);
+    if (served->request_seconds < 0) {
+        snprintf(served->skipped, sizeof served->skipped, "%s did not answer a ping", script);
+        decode_baseline_stop(served);
+        return -1;
+    }
+    return 0;
+}
+
+int decode_baseline_prepare(struct decode_baseline_server *served, int64_t context, int64_t batch)
+{
+    if (served->skipped[0])
+        return -1;
+    char request[64], reply[256] = "", expected[64];
+    snprintf(request, sizeof request, "context %lld %lld", (long long)context, (long long)batch);
+    snprintf(expected, sizeof expected, "ready %lld %lld", (long long)context, (long long)batch);
+    if (bench_server_ask(&served->server, request, reply, sizeof reply) == 0 && strcmp(reply, expected) == 0)
+        return 0;
+    fprintf(stderr, "sneppx-bench: %s, '%s': %s\n", served->script, request, reply[0] ? reply : "no answer");
+    return -1;
+}
+
+void decode_baseline_stop(struct decode_baseline_server *served)
+{
+    bench_server_stop(&served->server);
+}
+
+void decode_baseline_describe_other_bytes(double other_bytes, char *text, size_t size)
+{
+    if (other_bytes > 0)
+        snprintf(text, size, " (its step also reads %.1f MB outside attention, not subtracted)", other_bytes / 1e6);
     else if (size > 0)
         text[0] = '\0';
 }

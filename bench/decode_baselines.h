@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "child.h"
 #include "sneppx/sneppx.h"
 #include "timing.h"
 
@@ -24,9 +25,9 @@ struct decode_baseline_times {
     char skipped[256]; /* why nothing was measured, "" when something was */
 };
 
-/* " (its step also reads 5.8 MB outside attention, not subtracted)" into text when
- * times says so, else "". */
-void decode_baseline_describe_other_bytes(const struct decode_baseline_times *times, char *text, size_t size);
+/* " (its step also reads 5.8 MB outside attention, not subtracted)" into text for
+ * other_bytes > 0 (a baseline's nonattention_bytes), else "". */
+void decode_baseline_describe_other_bytes(double other_bytes, char *text, size_t size);
 
 /* Runs bench/baselines/<script> for every (context, batch) of config's shape on
  * `threads` threads, `steps` timed steps each, with extra_args (NULL-terminated,
@@ -34,5 +35,30 @@ void decode_baseline_describe_other_bytes(const struct decode_baseline_times *ti
 void decode_baseline_run(const char *script, const sneppx_config *config, const int64_t *contexts,
                          int context_count, const int64_t *batches, int batch_count, int threads, int steps,
                          const char *const *extra_args, struct decode_baseline_times *times);
+
+/* A baseline run as a server (the script's --serve, bench/baselines/decode_serve.py):
+ * the bench asks it for one decode step at a time, in the same rounds as its own. */
+struct decode_baseline_server {
+    struct bench_server server;
+    char script[64];
+    char version[96];
+    double other_bytes;     /* as decode_baseline_times's */
+    double request_seconds; /* a request's median round trip, in every step's time */
+    char skipped[256];      /* why it is not running, "" when it is */
+};
+
+/* Starts `script` --serve for config's shape on `threads` threads, with
+ * extra_args (as decode_baseline_run's), and waits for it to be ready. Returns 0,
+ * or -1 with why in served->skipped (no venv, no torch or llama_cpp there, ...). */
+int decode_baseline_serve(const char *script, const sneppx_config *config, int threads,
+                          const char *const *extra_args, struct decode_baseline_server *served);
+
+/* Has the server fill a cache of `batch` sequences of `context` tokens; each
+ * "step" request then runs one decode step at that context (bench_request_run).
+ * Returns 0, or -1 (said on stderr; also for a server not running). */
+int decode_baseline_prepare(struct decode_baseline_server *served, int64_t context, int64_t batch);
+
+/* Ends the server (nothing for one that is not running). */
+void decode_baseline_stop(struct decode_baseline_server *served);
 
 #endif

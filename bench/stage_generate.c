@@ -5,11 +5,14 @@
  * K/V row its queries see, so (weight bytes + cache bytes) / the read
  * bandwidth probed just before and after the case bounds it from below, as its
  * arithmetic / the FMA peak does (the longer of the two: a batch of 16 on a host
- * with a low peak is as much arithmetic as memory). Beside it, the
- * same attention in llama.cpp (a one-block GGUF, flash attention, f32 weights
- * and KV) and in HF transformers' LlamaAttention with a DynamicCache (torch
- * SDPA), from the virtual environment scripts/venv.sh makes ($SNEPPX_BENCH_VENV;
- * bench/run.sh sets it). Then chunked prefill (512-token chunks through the
+ * with a low peak is as much arithmetic as memory). Beside it, in the same
+ * rounds, the same attention in llama.cpp (a one-block GGUF, flash attention,
+ * f32 weights and KV) and in HF transformers' LlamaAttention with a DynamicCache
+ * (torch SDPA), from the virtual environment scripts/venv.sh makes
+ * ($SNEPPX_BENCH_VENV; bench/run.sh sets it): each a server process asked for one
+ * step at a time (decode_baselines.h). Every side's step runs at the case's
+ * context and takes its token out of its cache again, so that the steps of all
+ * rounds see the same cache. Then chunked prefill (512-token chunks through the
  * cache) against the one-shot cache-free forward of the same tokens, the two
  * side by side in rounds. Decode steps take copies of the layer in turn
  * (bench_rotation_copies), so each reads its weights from memory, as a model's
@@ -119,6 +122,8 @@ static int fill_cache(struct generation *g, int64_t context)
     return sneppx_kv_cache_remove_sequence(g->cache, root) == SNEPPX_OK ? 0 : cache_failed("remove");
 }
 
+/* One token per sequence, then out of the cache again (a batch's rollback), as the
+ * baselines' steps do: every step at the same lengths. */
 static int decode_step(void *opaque)
 {
     struct generation *g = opaque;
@@ -126,8 +131,8 @@ static int decode_step(void *opaque)
         g->q_lens[s] = 1;
     if (forward(g, g->copies[g->steps++ % g->copy_count], g->batch, g->seq_ids, g->q_lens) != 0)
         return 1;
-    for (int64_t s = 0; s < g->batch; s++)
-        g->lengths[s]++;
+    if (sneppx_kv_cache_truncate_sequences(g->cache, g->batch, g->seq_ids, g->lengths) != SNEPPX_OK)
+        return cache_failed("truncate");
     return 0;
 }
 
@@ -164,9 +169,19 @@ static size_t heap_bytes(void)
     return info.uordblks + info.hblkhd;
 }
 
+/* The decode baselines, each a server (decode_baselines.h). */
+enum { BASELINE_LLAMA_CPP, BASELINE_PYTORCH, BASELINES };
+static const char *const baseline_names[BASELINES] = {"llama.cpp", "pytorch"};
+
+static void stop_baselines(struct decode_baseline_server *baselines)
+{
+    for (int i = 0; i < BASELINES; i++)
+        decode_baseline_stop(&baselines[i]);
+}
+
 static void report_decode(struct bench_context *ctx, struct generation *g, int64_t context, int threads,
-                          const struct bench_plan *plan, double token_bytes, const struct bench_stats *llama,
-                          const struct bench_stats *torch)
+                          const struct bench_plan *plan, double token_bytes,
+                          struct decode_baseline_server *baselines)
 {
     if (fill_cache(g, context) != 0) {
         ctx->failures++;
@@ -178,19 +193,41 @@ static void report_decode(struct bench_context *ctx, struct generation *g, int64
             ctx->failures++;
             return;
         }
-    /* Half the timed steps' growth, so the bytes are those of the median step. */
-    const double bytes = step_bytes(g, token_bytes) + (double)g->batch * plan->max_reps / 2.0 * token_bytes;
+    const double bytes = step_bytes(g, token_bytes);
     struct bench_result ours = {.stage = "generate", .impl = "sneppx", .tokens = context, .threads = threads,
                                 .work = bytes, .unit = BENCH_UNIT_BYTES};
     snprintf(ours.case_name, sizeof ours.case_name, "decode b%lld%s", (long long)g->batch,
              g->batch > 1 ? " ragged" : "");
+    /* sneppx and each baseline that holds this case's cache, side by side in rounds
+     * (the baselines' batches only up to DECODE_BASELINE_BATCH_MAX_CONTEXT). */
+    struct bench_side sides[1 + BASELINES];
+    struct bench_request requests[BASELINES];
+    int side_of[BASELINES], count = 0;
+    void (*settle)(void) = threads > 1 ? bench_settle : NULL;
+    sides[count++] = (struct bench_side){.body = decode_step, .state = g, .after = settle};
+    for (int i = 0; i < BASELINES; i++) {
+        side_of[i] = -1;
+        if ((g->batch > 1 && context > DECODE_BASELINE_BATCH_MAX_CONTEXT) ||
+            decode_baseline_prepare(&baselines[i], context, g->batch) != 0)
+            continue;
+        requests[i] = (struct bench_request){.server = &baselines[i].server, .who = baselines[i].script};
+        snprintf(requests[i].line, sizeof requests[i].line, "step");
+        side_of[i] = count;
+        sides[count++] = (struct bench_side){.body = bench_request_run, .state = &requests[i], .after = settle};
+    }
+    if (count > 1 && settle)
+        settle(); /* the baselines' threads, busy with their prefills */
+    struct bench_stats seconds[1 + BASELINES];
+    struct bench_rounds rounds;
     const double before = bench_read_bandwidth_beside(ctx, threads);
     const size_t heap_before = heap_bytes();
-    if (bench_measure(decode_step, g, plan, &ours.seconds) != 0) {
+    const int steps_before = g->steps;
+    if (bench_measure_sides(sides, count, plan, seconds, &rounds) != 0) {
         ctx->failures++;
         return;
     }
     const size_t heap_after = heap_bytes();
+    ours.seconds = seconds[0];
     const double after = bench_read_bandwidth_beside(ctx, threads);
     /* The roofline's two roofs: reading the step's bytes at the read bandwidth, and
      * its arithmetic at the FMA peak; the rate it allows is the bytes over the longer
@@ -198,24 +235,24 @@ static void report_decode(struct bench_context *ctx, struct generation *g, int64
      * is low (an AVX2 host: 16 rows of projections at 203 GFLOP/s take about as long
      * as its 36 GB/s read of the weights). */
     const double bandwidth = before > after ? before : after, fma_peak = bench_fma_peak(ctx, threads);
-    const double flops = step_flops(g) + (double)g->batch * plan->max_reps / 2.0 * pair_flops(g->layer);
+    const double flops = step_flops(g);
     const double compute_bound = fma_peak > 0 ? bytes * fma_peak / flops : bandwidth;
     ours.peak_rate = compute_bound < bandwidth ? compute_bound : bandwidth;
     const long long heap_growth = (long long)heap_after - (long long)heap_before;
     char note[96];
-    snprintf(note, sizeof note, "heap %+lld B over %d warm steps%s", heap_growth, ours.seconds.reps + plan->warmup,
+    snprintf(note, sizeof note, "heap %+lld B over %d warm steps%s", heap_growth, g->steps - steps_before,
              compute_bound < bandwidth ? "; roof: FMA peak" : "");
     bench_record_value("generate", ours.case_name, GENERATE_HEAP_GROWTH, context, threads, (double)heap_growth, "B");
-    const struct bench_stats *baselines[] = {llama, torch};
-    const char *names[] = {"llama.cpp", "pytorch"};
     int reported = 0;
-    for (int i = 0; i < 2; i++) {
-        if (!baselines[i] || baselines[i]->reps == 0)
+    for (int i = 0; i < BASELINES; i++) {
+        if (side_of[i] < 0)
             continue;
         struct bench_result theirs = ours;
-        snprintf(theirs.impl, sizeof theirs.impl, "%s", names[i]);
-        theirs.seconds = *baselines[i];
-        bench_report_pair(&ours, &theirs, reported ? NULL : note);
+        snprintf(theirs.impl, sizeof theirs.impl, "%s", baseline_names[i]);
+        theirs.seconds = seconds[side_of[i]];
+        struct bench_stats speedup;
+        bench_round_ratio(&rounds, side_of[i], 0, &speedup);
+        bench_report_rounds(&ours, &theirs, &speedup, reported ? NULL : note);
         reported = 1;
     }
     if (!reported)
@@ -313,15 +350,18 @@ void bench_stage_generate(struct bench_context *ctx)
         ctx->failures++;
         return;
     }
-    struct decode_baseline_times llama, torch;
-    decode_baseline_run("decode_llama_cpp.py", &config, contexts, context_count, batches, MAX_BATCHES, threads,
-                        plan.max_reps, NULL, &llama);
-    decode_baseline_run("decode_torch.py", &config, contexts, context_count, batches, MAX_BATCHES, threads,
-                        plan.max_reps, NULL, &torch);
-    char llama_other[96];
-    decode_baseline_describe_other_bytes(&llama, llama_other, sizeof llama_other);
-    printf("  (llama.cpp: %s%s)\n  (PyTorch: %s)\n", llama.skipped[0] ? llama.skipped : llama.version, llama_other,
-           torch.skipped[0] ? torch.skipped : torch.version);
+    struct decode_baseline_server baselines[BASELINES];
+    const char *const scripts[BASELINES] = {"decode_llama_cpp.py", "decode_torch.py"};
+    for (int i = 0; i < BASELINES; i++) {
+        char other[96] = "";
+        if (decode_baseline_serve(scripts[i], &config, threads, NULL, &baselines[i]) != 0) {
+            printf("  (%s: skipped: %s)\n", baseline_names[i], baselines[i].skipped);
+            continue;
+        }
+        decode_baseline_describe_other_bytes(baselines[i].other_bytes, other, sizeof other);
+        printf("  (%s%s; a server process asked for one step at a time, %.2f ms a request there and back)\n",
+               baselines[i].version, other, 1e3 * baselines[i].request_seconds);
+    }
     bench_settle();
 
     config.num_threads = threads;
@@ -333,13 +373,15 @@ void bench_stage_generate(struct bench_context *ctx)
         sneppx_config_extend_context(&config, positions_needed) != SNEPPX_OK) {
         fprintf(stderr, "sneppx-bench: generate: %s\n", sneppx_last_error());
         ctx->failures++;
+        stop_baselines(baselines);
         return;
     }
     struct generation g = {.hidden_size = config.hidden_size};
     sneppx_kv_cache_options options;
     sneppx_kv_cache_options_init(&options);
     const int64_t most = batches[MAX_BATCHES - 1];
-    const int64_t longest = contexts[context_count - 1] * 3 / 2 + plan.warmup + plan.max_reps + 8;
+    /* The longest ragged sequence, plus a step's token (taken out again after each step). */
+    const int64_t longest = contexts[context_count - 1] * 3 / 2 + 1;
     const int64_t prefill_tokens = ctx->quick ? 2 * CHUNK : 8 * CHUNK;
     options.capacity_tokens = most * (longest + 2 * SNEPPX_KV_DEFAULT_PAGE_SIZE);
     if (options.capacity_tokens < prefill_tokens + SNEPPX_KV_DEFAULT_PAGE_SIZE)
@@ -374,8 +416,7 @@ void bench_stage_generate(struct bench_context *ctx)
     for (int c = 0; c < context_count; c++)
         for (int b = 0; b < MAX_BATCHES; b++) {
             g.batch = batches[b];
-            report_decode(ctx, &g, contexts[c], threads, &plan, token_bytes, &llama.seconds[c][b],
-                          &torch.seconds[c][b]);
+            report_decode(ctx, &g, contexts[c], threads, &plan, token_bytes, baselines);
         }
     g.batch = 1;
     const struct bench_plan prefill_plan = bench_plan_for(ctx, 3, 5, 4.0);
@@ -387,4 +428,5 @@ done:
     for (int c = 1; c < g.copy_count; c++)
         sneppx_layer_destroy(g.copies[c]);
     sneppx_layer_destroy(g.layer);
+    stop_baselines(baselines);
 }

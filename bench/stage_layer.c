@@ -39,46 +39,16 @@ static void stop_torch(struct torch_layers *torch)
     torch->count = 0;
 }
 
-/* Reads a server's start-up lines up to "ready"; says in torch->skipped why not. */
-static int await_ready(struct torch_layers *torch, struct bench_server *server)
+/* torch_layer.py's start-up lines: its version and the attention it runs. */
+static void torch_start_line(const char *line, void *state)
 {
-    char line[512];
-    while (bench_server_read_line(server, line, sizeof line) == 0) {
-        if (strcmp(line, "ready") == 0)
-            return 0;
-        const char *unavailable = bench_child_field(line, "unavailable");
-        const char *version = bench_child_field(line, "torch");
-        const char *attention = bench_child_field(line, "attention");
-        if (unavailable) {
-            snprintf(torch->skipped, sizeof torch->skipped, "%.200s", unavailable);
-            return -1;
-        }
-        if (version)
-            snprintf(torch->version, sizeof torch->version, "%s", version);
-        if (attention)
-            snprintf(torch->attention, sizeof torch->attention, "%s", attention);
-    }
-    snprintf(torch->skipped, sizeof torch->skipped, "torch_layer.py exited with status %d before it was ready",
-             bench_server_stop(server));
-    return -1;
-}
-
-/* Seconds a request that does nothing takes there and back: what each timed
- * forward of PyTorch's carries beyond its own time. */
-static double request_seconds(struct bench_server *server)
-{
-    enum { PINGS = 31 };
-    double seconds[PINGS];
-    char reply[64];
-    for (int i = 0; i < PINGS; i++) {
-        const double start = bench_now();
-        if (bench_server_ask(server, "ping", reply, sizeof reply) != 0 || strcmp(reply, "pong") != 0)
-            return -1;
-        seconds[i] = bench_now() - start;
-    }
-    struct bench_stats stats;
-    bench_stats_of(seconds, PINGS, &stats);
-    return stats.median;
+    struct torch_layers *torch = state;
+    const char *version = bench_child_field(line, "torch");
+    const char *attention = bench_child_field(line, "attention");
+    if (version)
+        snprintf(torch->version, sizeof torch->version, "%s", version);
+    if (attention)
+        snprintf(torch->attention, sizeof torch->attention, "%s", attention);
 }
 
 static void start_torch(const struct bench_context *ctx, const sneppx_config *config, struct torch_layers *torch)
@@ -116,9 +86,10 @@ static void start_torch(const struct bench_context *ctx, const sneppx_config *co
             snprintf(torch->skipped, sizeof torch->skipped, "cannot run %.200s", python);
             break;
         }
-        if (await_ready(torch, server) != 0)
+        if (bench_server_await_ready(server, "torch_layer.py", torch_start_line, torch, torch->skipped,
+                                     sizeof torch->skipped) != 0)
             break;
-        const double seconds = request_seconds(server);
+        const double seconds = bench_server_round_trip(server);
         if (seconds < 0) {
             snprintf(torch->skipped, sizeof torch->skipped, "torch_layer.py did not answer a ping");
             break;
@@ -130,22 +101,6 @@ static void start_torch(const struct bench_context *ctx, const sneppx_config *co
     }
     if (torch->skipped[0])
         stop_torch(torch);
-}
-
-struct torch_run {
-    struct bench_server *server;
-    char request[32];
-};
-
-static int run_torch_forward(void *opaque)
-{
-    struct torch_run *run = opaque;
-    char reply[256] = "";
-    if (bench_server_ask(run->server, run->request, reply, sizeof reply) == 0 && bench_child_field(reply, "done"))
-        return 0;
-    fprintf(stderr, "sneppx-bench: PyTorch's layer, '%s': %s\n", run->request,
-            reply[0] ? reply : "no answer");
-    return 1;
 }
 
 struct layer_run {
@@ -213,7 +168,7 @@ static void bench_model(struct bench_context *ctx, const char *model, const int6
              * all-core scaling and the speedups are ratios within rounds (libgomp's
              * threads, ours and PyTorch's, settle after a multithreaded turn). */
             struct layer_run runs[BENCH_MAX_THREAD_COUNTS];
-            struct torch_run torch_runs[BENCH_MAX_THREAD_COUNTS];
+            struct bench_request torch_runs[BENCH_MAX_THREAD_COUNTS];
             struct bench_side sides[2 * BENCH_MAX_THREAD_COUNTS];
             const int count = ctx->thread_count_n;
             for (int t = 0; t < count; t++) {
@@ -223,9 +178,9 @@ static void bench_model(struct bench_context *ctx, const char *model, const int6
                                                .after = runs[t].threads > 1 ? bench_settle : NULL};
             }
             for (int t = 0; t < torch.count; t++) {
-                torch_runs[t].server = &torch.servers[t];
-                snprintf(torch_runs[t].request, sizeof torch_runs[t].request, "run %lld", (long long)tokens_list[ti]);
-                sides[count + t] = (struct bench_side){.body = run_torch_forward, .state = &torch_runs[t],
+                torch_runs[t] = (struct bench_request){.server = &torch.servers[t], .who = "PyTorch's layer"};
+                snprintf(torch_runs[t].line, sizeof torch_runs[t].line, "run %lld", (long long)tokens_list[ti]);
+                sides[count + t] = (struct bench_side){.body = bench_request_run, .state = &torch_runs[t],
                                                        .after = torch.thread_counts[t] > 1 ? bench_settle : NULL};
             }
             struct bench_stats seconds[2 * BENCH_MAX_THREAD_COUNTS];

@@ -184,7 +184,7 @@ static void run_decode_baselines(const sneppx_config *config, int64_t context, i
         decode_baseline_run("decode_llama_cpp.py", config, &context, 1, &batch, 1, threads, steps, llama_args,
                             &baselines->llama[i]);
         char other[96];
-        decode_baseline_describe_other_bytes(&baselines->llama[i], other, sizeof other);
+        decode_baseline_describe_other_bytes(baselines->llama[i].other_bytes, other, sizeof other);
         printf("  (llama.cpp %s weights, %s KV: %s%s)\n", c->llama_weights, c->llama_cache,
                baselines->llama[i].skipped[0] ? baselines->llama[i].skipped : baselines->llama[i].version, other);
         if (c->torch_dtype) {

@@ -18,6 +18,9 @@ For each context C: B sequences are prefilled with C tokens (batches of up to
     nonattention_bytes <bytes>
     result <context> <batch> <threads> <median s> <min s> <max s> <steps>
 or `unavailable <reason>` (and exit status 0) when llama_cpp cannot be imported.
+With --serve (no --contexts) it prints `ready` after those and answers the
+requests of decode_serve.py instead: each step at the context asked for, its
+tokens removed from the cache after it (llama_memory_seq_rm).
 """
 import argparse
 import os
@@ -45,13 +48,17 @@ def parse_args():
     parser.add_argument("--kv-heads", type=int, required=True)
     parser.add_argument("--head-dim", type=int, required=True)
     parser.add_argument("--rope-theta", type=float, required=True)
-    parser.add_argument("--contexts", required=True, help="comma-separated context lengths")
+    parser.add_argument("--contexts", help="comma-separated context lengths (unless --serve)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--weight-type", choices=tuple(WEIGHT_FILE_TYPES), default="f32")
     parser.add_argument("--kv-type", choices=tuple(GGML_TYPES), default="f32")
-    return parser.parse_args()
+    parser.add_argument("--serve", action="store_true", help="answer decode_serve.py's requests on stdin")
+    args = parser.parse_args()
+    if not args.serve and not args.contexts:
+        parser.error("--contexts is required without --serve")
+    return args
 
 
 def non_attention_bytes(args, element_bytes):
@@ -117,19 +124,20 @@ def write_model(gguf, np, args, path):
 
 
 class Runner:
-    """One llama.cpp context over the model, with B sequences."""
+    """One llama.cpp context over the model, with `sequences` sequences of up to
+    context + steps + 1 tokens."""
 
-    def __init__(self, llama, path, args, context):
+    def __init__(self, llama, path, args, context, sequences, steps):
         self.llama = llama
         params = llama.llama_model_default_params()
         self.model = llama.llama_model_load_from_file(path.encode(), params)
         if not self.model:
             raise RuntimeError("llama.cpp could not load the model")
         cparams = llama.llama_context_default_params()
-        cparams.n_ctx = args.batch * (context + args.steps + 1)
+        cparams.n_ctx = sequences * (context + steps + 1)
         cparams.n_batch = 512
         cparams.n_ubatch = 512
-        cparams.n_seq_max = args.batch
+        cparams.n_seq_max = sequences
         cparams.n_threads = args.threads
         cparams.n_threads_batch = args.threads
         kv_type = GGML_TYPES[args.kv_type]
@@ -142,8 +150,8 @@ class Runner:
         self.ctx = llama.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             raise RuntimeError("llama.cpp could not create a context")
-        self.batch = llama.llama_batch_init(512, 0, args.batch)
-        self.sequences = args.batch
+        self.batch = llama.llama_batch_init(512, 0, sequences)
+        self.sequences = sequences
 
     def decode(self, entries):
         """entries: (token, position, sequence) tuples, at most 512."""
@@ -169,10 +177,50 @@ class Runner:
     def step(self, position):
         self.decode([(3 + ((position + s) % (VOCAB - 3)), position, s) for s in range(self.sequences)])
 
+    def forget(self, position):
+        """Every sequence's tokens from `position` on out of the cache (llama.cpp's
+        memory API; llama_kv_self_seq_rm before it, llama_kv_cache_seq_rm before that)."""
+        llama = self.llama
+        if hasattr(llama, "llama_memory_seq_rm"):
+            removed = llama.llama_memory_seq_rm(llama.llama_get_memory(self.ctx), -1, position, -1)
+        elif hasattr(llama, "llama_kv_self_seq_rm"):
+            removed = llama.llama_kv_self_seq_rm(self.ctx, -1, position, -1)
+        else:
+            removed = llama.llama_kv_cache_seq_rm(self.ctx, -1, position, -1)
+        if not removed:
+            raise RuntimeError(f"llama.cpp kept the tokens from position {position} on")
+
     def close(self):
         self.llama.llama_batch_free(self.batch)
         self.llama.llama_free(self.ctx)
         self.llama.llama_model_free(self.model)
+
+
+class Session:
+    """decode_serve.py's session: a Runner at one context at a time, whose steps
+    each run at that context (their tokens forgotten after them)."""
+
+    def __init__(self, llama, path, args):
+        self.llama, self.path, self.args, self.runner = llama, path, args, None
+
+    def prepare(self, context, batch):
+        self.close()
+        self.runner = Runner(self.llama, self.path, self.args, context, batch, 1)
+        self.runner.prefill(context)
+        self.context = context
+        self.step()  # warm-up: first touch of the step's buffers
+
+    def step(self):
+        start = time.perf_counter()
+        self.runner.step(self.context)
+        seconds = time.perf_counter() - start
+        self.runner.forget(self.context)
+        return seconds
+
+    def close(self):
+        if self.runner:
+            self.runner.close()
+            self.runner = None
 
 
 def main():
@@ -193,8 +241,15 @@ def main():
     with tempfile.TemporaryDirectory(prefix="sneppx-llama-") as directory:
         path = os.path.join(directory, "attention.gguf")
         write_model(gguf, np, args, path)
+        if args.serve:
+            from decode_serve import serve
+            session = Session(llama_cpp, path, args)
+            print("ready", flush=True)
+            serve(session, sys.stdin, sys.stdout)
+            session.close()
+            return 0
         for context in (int(c) for c in args.contexts.split(",")):
-            runner = Runner(llama_cpp, path, args, context)
+            runner = Runner(llama_cpp, path, args, context, args.batch, args.steps)
             runner.prefill(context)
             runner.step(context)  # warm-up: first touch of the step's buffers
             times = []

@@ -15,7 +15,9 @@ activations and cache in that type (as `torch_dtype=` loads a model). Prints, fo
     torch <version> transformers <version>
     result <context> <batch> <threads> <median s> <min s> <max s> <steps>
 or `unavailable <reason>` (and exit status 0) when torch or transformers cannot
-be imported.
+be imported. With --serve (no --contexts) it prints `ready` after the version
+and answers the requests of decode_serve.py instead: each step at the context
+asked for, its token cropped off the cache after it (DynamicCache.crop(-1)).
 """
 import argparse
 import inspect
@@ -31,12 +33,16 @@ def parse_args():
     parser.add_argument("--kv-heads", type=int, required=True)
     parser.add_argument("--head-dim", type=int, required=True)
     parser.add_argument("--rope-theta", type=float, required=True)
-    parser.add_argument("--contexts", required=True, help="comma-separated context lengths")
+    parser.add_argument("--contexts", help="comma-separated context lengths (unless --serve)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-    return parser.parse_args()
+    parser.add_argument("--serve", action="store_true", help="answer decode_serve.py's requests on stdin")
+    args = parser.parse_args()
+    if not args.serve and not args.contexts:
+        parser.error("--contexts is required without --serve")
+    return args
 
 
 def make_layer(torch, transformers, args):
@@ -52,40 +58,71 @@ def make_layer(torch, transformers, args):
     return config, attention, rotary
 
 
+class Decoder:
+    """The layer and a DynamicCache of `batch` rows at a context (prepare), and
+    its decode steps over it (step)."""
+
+    def __init__(self, torch, transformers, args):
+        from transformers.cache_utils import DynamicCache
+        self.torch, self.DynamicCache, self.args = torch, DynamicCache, args
+        self.config, attention, self.rotary = make_layer(torch, transformers, args)
+        self.dtype = getattr(torch, args.dtype)
+        self.attention = attention.to(self.dtype)
+        self.generator = torch.Generator().manual_seed(1)
+        # transformers renamed the argument (past_key_values -> cache) in 5.x.
+        self.cache_argument = ("cache" if "cache" in inspect.signature(self.attention.forward).parameters
+                               else "past_key_values")
+
+    def random(self, *shape):
+        return (self.torch.rand(*shape, generator=self.generator) * 2 - 1).to(self.dtype)
+
+    def prepare(self, context, batch):
+        """A cache of `batch` rows of `context` random K/V entries, and a warm-up step."""
+        args = self.args
+        self.cache = self.DynamicCache()
+        shape = (batch, args.kv_heads, context, args.head_dim)
+        self.cache.update(self.random(*shape), self.random(*shape), 0)
+        self.batch, self.length = batch, context
+        self.step(keep=False)
+
+    def step(self, keep=False):
+        """One token per row through the layer at the cache's length; the seconds of the
+        layer's call. keep: the cache keeps the token (else it is cropped off again)."""
+        torch = self.torch
+        x = self.random(self.batch, 1, self.args.hidden)
+        positions = torch.full((self.batch, 1), self.length, dtype=torch.long)
+        cos, sin = self.rotary(x, positions)
+        start = time.perf_counter()
+        self.attention(hidden_states=x, position_embeddings=(cos, sin), attention_mask=None,
+                       cache_position=torch.tensor([self.length]), **{self.cache_argument: self.cache})
+        seconds = time.perf_counter() - start
+        if keep:
+            self.length += 1
+        else:
+            self.cache.crop(-1)  # the step's token off again (a negative count: every version takes it)
+        return seconds
+
+
 def main():
     args = parse_args()
     try:
         import torch
         import transformers
-        from transformers.cache_utils import DynamicCache
     except ImportError as error:
         print(f"unavailable {error}")
         return 0
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__} transformers {transformers.__version__}", flush=True)
-    config, attention, rotary = make_layer(torch, transformers, args)
-    dtype = getattr(torch, args.dtype)
-    attention = attention.to(dtype)
-    generator = torch.Generator().manual_seed(1)
-    with torch.inference_mode():
+    decoder = Decoder(torch, transformers, args)
+    with torch.inference_mode():  # as generate() runs the model: its cache, its steps
+        if args.serve:
+            from decode_serve import serve
+            print("ready", flush=True)
+            serve(decoder, sys.stdin, sys.stdout)
+            return 0
         for context in (int(c) for c in args.contexts.split(",")):
-            cache = DynamicCache()
-            # transformers renamed the argument (past_key_values -> cache) in 5.x.
-            cache_argument = "cache" if "cache" in inspect.signature(attention.forward).parameters else "past_key_values"
-            shape = (args.batch, args.kv_heads, context, args.head_dim)
-            cache.update((torch.rand(shape, generator=generator) * 2 - 1).to(dtype),
-                         (torch.rand(shape, generator=generator) * 2 - 1).to(dtype), 0)
-            times = []
-            for step in range(args.steps + 1):  # the first step is a warm-up
-                position = context + step
-                x = (torch.rand(args.batch, 1, args.hidden, generator=generator) * 2 - 1).to(dtype)
-                positions = torch.full((args.batch, 1), position, dtype=torch.long)
-                cos, sin = rotary(x, positions)
-                start = time.perf_counter()
-                attention(hidden_states=x, position_embeddings=(cos, sin), attention_mask=None,
-                          cache_position=torch.tensor([position]), **{cache_argument: cache})
-                if step:
-                    times.append(time.perf_counter() - start)
+            decoder.prepare(context, args.batch)  # its step is the warm-up
+            times = [decoder.step(keep=True) for _ in range(args.steps)]
             print(f"result {context} {args.batch} {args.threads} {statistics.median(times):.6f} "
                   f"{min(times):.6f} {max(times):.6f} {len(times)}", flush=True)
     return 0

@@ -10,6 +10,10 @@
 - bench/torch_layer.py serves the layer stage's requests one line each: `run T`
   runs one forward at T (its inputs made once per T, outside the timed call),
   `ping` answers at once, anything else is an error line, `quit` ends it;
+- bench/baselines/decode_serve.py serves the generate stage's requests for a
+  decode baseline: `context C B` fills a cache, `step` runs one step on it (and
+  none before a cache is made, or after one failed), errors are lines; the
+  baselines take --contexts or --serve;
 - bench/host_survey.sh refuses bad arguments before it builds or runs anything, and
   names the host its files are of from /proc/cpuinfo: a Xeon "xeon", another Intel
   core by its vendor, family and model; without an lscpu that lists caches it says
@@ -256,3 +260,50 @@ def test_torch_layer_serves_one_forward_per_request():
     assert len(replies) == 7, "nothing is answered after quit"
     assert [f[0] for f in layer.forwards] == [(1, 4, 8), (1, 4, 8), (1, 2, 8)]
     assert layer.inputs_made == [4, 2], "a T's inputs are made once, at its first request"
+
+
+class _FakeSession:
+    """decode_serve.serve's session: records what it is asked; a context of 13 fails."""
+
+    def __init__(self):
+        self.prepared, self.steps = [], 0
+
+    def prepare(self, context, batch):
+        if context == 13:
+            raise RuntimeError("no room for 13")
+        self.prepared.append((context, batch))
+
+    def step(self):
+        self.steps += 1
+        return 0.25
+
+
+def test_decode_baselines_serve_one_step_per_request():
+    spec = importlib.util.spec_from_file_location("decode_serve", REPO / "bench" / "baselines" / "decode_serve.py")
+    decode_serve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(decode_serve)
+    session, out = _FakeSession(), io.StringIO()
+    requests = "step\nping\ncontext 512 16\nstep\nstep\ncontext 0 1\ncontext x 1\ncontext 13 1\nstep\nfly\n" \
+               "context 64 1\nstep\nquit\nstep\n"
+    decode_serve.serve(session, io.StringIO(requests), out)
+    replies = out.getvalue().splitlines()
+    assert replies[0].startswith("error no context"), replies
+    assert replies[1:5] == ["pong", "ready 512 16", "done 0.250000", "done 0.250000"], replies
+    assert [r.split()[0] for r in replies[5:10]] == ["error"] * 5, replies
+    assert replies[7] == "error RuntimeError: no room for 13", "a failed cache says why"
+    assert replies[8].startswith("error no context"), "and no step runs on the cache it replaced"
+    assert replies[10:] == ["ready 64 1", "done 0.250000"], "nothing is answered after quit"
+    assert session.prepared == [(512, 16), (64, 1)] and session.steps == 3
+
+
+@pytest.mark.parametrize("script", ["decode_torch.py", "decode_llama_cpp.py"])
+def test_decode_baselines_need_contexts_or_serve(script):
+    shape = ["--hidden", "64", "--heads", "2", "--kv-heads", "1", "--head-dim", "32", "--rope-theta", "10000",
+             "--threads", "1"]
+    path = REPO / "bench" / "baselines" / script
+    result = subprocess.run([sys.executable, str(path), *shape], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--contexts is required without --serve" in result.stderr, result.stderr
+    # The system Python has neither torch nor llama_cpp: --serve gets as far as the import.
+    result = subprocess.run([sys.executable, str(path), *shape, "--serve"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("unavailable "), result.stdout + result.stderr
