@@ -1,5 +1,5 @@
-/* Runs a decode baseline script: once per batch, collecting its "result" lines,
- * or as a server whose steps the bench times in its own rounds. */
+/* Runs a decode baseline script as a server whose steps the bench times in its
+ * own rounds. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,8 +9,8 @@
 
 #define MAX_EXTRA_ARGS 8
 
-/* A baseline's command line up to its mode's arguments: the venv's python, the
- * script and config's shape on `threads` threads, and the environment it runs in. */
+/* A baseline's command line: the venv's python, the script and config's shape on
+ * `threads` threads (then the caller's arguments), and the environment it runs in. */
 struct baseline_command {
     char python[512], path[512], hidden[32], heads[32], kv_heads[32], head_dim[32], theta[48], threads[16],
         omp_threads[48];
@@ -62,64 +62,6 @@ static void finish_command(struct baseline_command *command, const char *const *
     command->argv[command->argc] = NULL;
 }
 
-void decode_baseline_run(const char *script, const sneppx_config *config, const int64_t *contexts,
-                         int context_count, const int64_t *batches, int batch_count, int threads, int steps,
-                         const char *const *extra_args, struct decode_baseline_times *times)
-{
-    memset(times, 0, sizeof *times);
-    char contexts_arg[128], batch_arg[16], steps_arg[16];
-    snprintf(steps_arg, sizeof steps_arg, "%d", steps);
-    for (int b = 0; b < batch_count; b++) {
-        struct baseline_command command;
-        if (baseline_command(script, config, threads, &command, times->skipped, sizeof times->skipped) != 0)
-            return;
-        snprintf(batch_arg, sizeof batch_arg, "%lld", (long long)batches[b]);
-        contexts_arg[0] = 0;
-        for (int c = 0; c < context_count; c++) {
-            if (batches[b] > 1 && contexts[c] > DECODE_BASELINE_BATCH_MAX_CONTEXT)
-                continue;
-            char number[32];
-            snprintf(number, sizeof number, "%s%lld", contexts_arg[0] ? "," : "", (long long)contexts[c]);
-            strncat(contexts_arg, number, sizeof contexts_arg - strlen(contexts_arg) - 1);
-        }
-        char *const mode[] = {"--contexts", contexts_arg, "--batch", batch_arg, "--steps", steps_arg};
-        for (size_t i = 0; i < sizeof mode / sizeof mode[0]; i++)
-            command.argv[command.argc++] = mode[i];
-        finish_command(&command, extra_args);
-        struct bench_child child;
-        if (bench_child_run(command.argv, command.set_env, NULL, &child) != 0) {
-            snprintf(times->skipped, sizeof times->skipped, "cannot run %.200s", command.python);
-            return;
-        }
-        const char *unavailable = bench_child_field(child.output, "unavailable");
-        if (unavailable || child.exit_code != 0) {
-            if (unavailable)
-                snprintf(times->skipped, sizeof times->skipped, "%.*s", (int)strcspn(unavailable, "\n"),
-                         unavailable);
-            else
-                snprintf(times->skipped, sizeof times->skipped, "%s exited with status %d", script, child.exit_code);
-            free(child.output);
-            return;
-        }
-        const char *version = strchr(child.output, '\n') ? child.output : "";
-        snprintf(times->version, sizeof times->version, "%.*s", (int)strcspn(version, "\n"), version);
-        const char *other = bench_child_field(child.output, "nonattention_bytes");
-        times->other_bytes = other ? atof(other) : 0;
-        for (const char *line = child.output; (line = strstr(line, "result ")) != NULL; line++) {
-            long long context, batch;
-            int thread_count, reps;
-            double median, fastest, slowest;
-            if (sscanf(line, "result %lld %lld %d %lf %lf %lf %d", &context, &batch, &thread_count, &median,
-                       &fastest, &slowest, &reps) != 7)
-                continue;
-            for (int c = 0; c < context_count; c++)
-                if (contexts[c] == context)
-                    times->seconds[c][b] = (struct bench_stats){median, fastest, slowest, reps};
-        }
-        free(child.output);
-    }
-}
-
 /* A served baseline's start-up lines before "ready": its version first, and what
  * its step reads outside attention. */
 static void served_start_line(const char *line, void *state)
@@ -140,7 +82,6 @@ int decode_baseline_serve(const char *script, const sneppx_config *config, int t
     struct baseline_command command;
     if (baseline_command(script, config, threads, &command, served->skipped, sizeof served->skipped) != 0)
         return -1;
-    command.argv[command.argc++] = "--serve";
     finish_command(&command, extra_args);
     if (bench_server_start(command.argv, command.set_env, NULL, &served->server) != 0) {
         snprintf(served->skipped, sizeof served->skipped, "cannot run %.200s", command.python);

@@ -11,44 +11,29 @@
 #include "sneppx/sneppx.h"
 #include "timing.h"
 
-#define DECODE_BASELINE_MAX_CONTEXTS 3
-#define DECODE_BASELINE_MAX_BATCHES 2
 /* Past this context a baseline runs batch 1 only: a batch would cost it that
  * many long prefills (llama.cpp: 16 x 32768 tokens, most of an hour). */
 #define DECODE_BASELINE_BATCH_MAX_CONTEXT 4096
-
-struct decode_baseline_times {
-    struct bench_stats seconds[DECODE_BASELINE_MAX_CONTEXTS][DECODE_BASELINE_MAX_BATCHES];
-    char version[96];
-    double other_bytes; /* what a step also reads outside the attention layer (llama.cpp's FFN,
-                           norms and output layer: the script's nonattention_bytes), 0 = none said */
-    char skipped[256]; /* why nothing was measured, "" when something was */
-};
 
 /* " (its step also reads 5.8 MB outside attention, not subtracted)" into text for
  * other_bytes > 0 (a baseline's nonattention_bytes), else "". */
 void decode_baseline_describe_other_bytes(double other_bytes, char *text, size_t size);
 
-/* Runs bench/baselines/<script> for every (context, batch) of config's shape on
- * `threads` threads, `steps` timed steps each, with extra_args (NULL-terminated,
- * or NULL: e.g. {"--weight-type", "q8_0", NULL}) and fills times. */
-void decode_baseline_run(const char *script, const sneppx_config *config, const int64_t *contexts,
-                         int context_count, const int64_t *batches, int batch_count, int threads, int steps,
-                         const char *const *extra_args, struct decode_baseline_times *times);
-
-/* A baseline run as a server (the script's --serve, bench/baselines/decode_serve.py):
- * the bench asks it for one decode step at a time, in the same rounds as its own. */
+/* A baseline run as a server (bench/baselines/decode_serve.py's protocol): the
+ * bench asks it for one decode step at a time, in the same rounds as its own. */
 struct decode_baseline_server {
     struct bench_server server;
     char script[64];
     char version[96];
-    double other_bytes;     /* as decode_baseline_times's */
+    double other_bytes;     /* what a step also reads outside the attention layer (llama.cpp's FFN, norms
+                               and output layer: the script's nonattention_bytes), 0 = none said */
     double request_seconds; /* a request's median round trip, in every step's time */
     char skipped[256];      /* why it is not running, "" when it is */
 };
 
-/* Starts `script` --serve for config's shape on `threads` threads, with
- * extra_args (as decode_baseline_run's), and waits for it to be ready. Returns 0,
+/* Starts bench/baselines/<script> for config's shape on `threads` threads, with
+ * extra_args (NULL-terminated, or NULL: e.g. {"--weight-type", "q8_0", NULL}), and
+ * waits for it to be ready. Returns 0,
  * or -1 with why in served->skipped (no venv, no torch or llama_cpp there, ...). */
 int decode_baseline_serve(const char *script, const sneppx_config *config, int threads,
                           const char *const *extra_args, struct decode_baseline_server *served);

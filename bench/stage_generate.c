@@ -30,8 +30,6 @@
 
 #define MODEL "llama3-8B"
 #define CHUNK 512
-#define MAX_CONTEXTS DECODE_BASELINE_MAX_CONTEXTS
-#define MAX_BATCHES DECODE_BASELINE_MAX_BATCHES
 /* Batches of up to this many sequences get a prefill each; a longer context
  * forks one prefilled sequence and truncates the forks (its K/V, 268 MB per
  * sequence at 32768, is far beyond any cache, so sharing pages flatters nothing). */
@@ -41,6 +39,9 @@ static const int64_t full_contexts[] = {512, 4096, 32768};
 static const int64_t quick_contexts[] = {64};
 static const int64_t full_batches[] = {1, 16};
 static const int64_t quick_batches[] = {1, 2};
+#define MAX_CONTEXTS ((int)(sizeof full_contexts / sizeof full_contexts[0]))
+#define MAX_BATCHES ((int)(sizeof full_batches / sizeof full_batches[0]))
+_Static_assert(sizeof quick_batches == sizeof full_batches, "a quick run has as many batches");
 
 struct generation {
     sneppx_layer *layer;                      /* prefills, and the first of the copies */

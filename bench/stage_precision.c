@@ -6,7 +6,9 @@
  * weight bytes + the cache bytes its query reads, over the read bandwidth
  * probed before and after the types' rounds), then against llama.cpp with the
  * nearest GGUF types (f16, bf16, q8_0 weights and KV) and HF transformers in
- * bfloat16. A type's steps take copies of its layer in turn (bench_rotation_copies),
+ * bfloat16, the three in rounds of their own (each baseline a server process
+ * asked for one step at a time, decode_baselines.h). A type's steps take copies
+ * of its layer in turn (bench_rotation_copies),
  * so its weights come from memory as a generation's would, not from the L3 the
  * step before filled (an int8 step reads 56 MB; the cache, one per type, at most
  * a sixth of that). Prefill (one forward of T tokens): each weight type against the
@@ -170,37 +172,75 @@ static int decode_run_make(const struct bench_context *ctx, struct decode_run *r
     return 0;
 }
 
-struct decode_baselines {
-    struct decode_baseline_times llama[DECODE_CASES], torch[DECODE_CASES];
-};
-
-static void run_decode_baselines(const sneppx_config *config, int64_t context, int threads, int steps,
-                                 struct decode_baselines *baselines)
+/* A case's decode step against llama.cpp's and PyTorch's nearest types: each a
+ * server (decode_baselines.h) with its cache at `context`, all three side by side
+ * in rounds of their own, so the speedups are ratios within those rounds. `ours`:
+ * the case's row (its work, rate and roof); its time here is these rounds'. */
+static void compare_with_baselines(struct bench_context *ctx, const sneppx_config *config, int64_t context,
+                                   int threads, const struct bench_plan *plan, struct decode_run *run,
+                                   const struct precision_case *c, const struct bench_result *ours)
 {
-    const int64_t batch = 1;
-    for (size_t i = 0; i < DECODE_CASES; i++) {
-        const struct precision_case *c = &decode_cases[i];
-        const char *llama_args[] = {"--weight-type", c->llama_weights, "--kv-type", c->llama_cache, NULL};
-        decode_baseline_run("decode_llama_cpp.py", config, &context, 1, &batch, 1, threads, steps, llama_args,
-                            &baselines->llama[i]);
+    enum { LLAMA_CPP, PYTORCH, BASELINES };
+    const char *llama_args[] = {"--weight-type", c->llama_weights, "--kv-type", c->llama_cache, NULL};
+    const char *torch_args[] = {"--dtype", c->torch_dtype, NULL};
+    void (*settle)(void) = threads > 1 ? bench_settle : NULL;
+    struct decode_baseline_server servers[BASELINES];
+    struct bench_request requests[BASELINES];
+    struct bench_side sides[1 + BASELINES] = {{.body = decode_step, .state = run, .after = settle}};
+    int side_of[BASELINES] = {-1, -1}, count = 1;
+    char impl[BASELINES][sizeof ours->impl];
+    snprintf(impl[LLAMA_CPP], sizeof impl[LLAMA_CPP], "llama.cpp %s/%s", c->llama_weights, c->llama_cache);
+    snprintf(impl[PYTORCH], sizeof impl[PYTORCH], "pytorch %s", c->torch_dtype ? c->torch_dtype : "");
+    for (int b = 0; b < BASELINES; b++) {
+        memset(&servers[b], 0, sizeof servers[b]);
+        if (b == PYTORCH && !c->torch_dtype)
+            continue;
+        if (decode_baseline_serve(b == LLAMA_CPP ? "decode_llama_cpp.py" : "decode_torch.py", config, threads,
+                                  b == LLAMA_CPP ? llama_args : torch_args, &servers[b]) != 0) {
+            printf("  (%s: skipped: %s)\n", impl[b], servers[b].skipped);
+            continue;
+        }
         char other[96];
-        decode_baseline_describe_other_bytes(baselines->llama[i].other_bytes, other, sizeof other);
-        printf("  (llama.cpp %s weights, %s KV: %s%s)\n", c->llama_weights, c->llama_cache,
-               baselines->llama[i].skipped[0] ? baselines->llama[i].skipped : baselines->llama[i].version, other);
-        if (c->torch_dtype) {
-            const char *torch_args[] = {"--dtype", c->torch_dtype, NULL};
-            decode_baseline_run("decode_torch.py", config, &context, 1, &batch, 1, threads, steps, torch_args,
-                                &baselines->torch[i]);
-            printf("  (PyTorch %s: %s)\n", c->torch_dtype,
-                   baselines->torch[i].skipped[0] ? baselines->torch[i].skipped : baselines->torch[i].version);
+        decode_baseline_describe_other_bytes(servers[b].other_bytes, other, sizeof other);
+        printf("  (%s: %s%s)\n", impl[b], servers[b].version, other);
+        if (decode_baseline_prepare(&servers[b], context, 1) != 0) {
+            ctx->failures++;
+            continue;
+        }
+        requests[b] = (struct bench_request){.server = &servers[b].server, .who = servers[b].script};
+        snprintf(requests[b].line, sizeof requests[b].line, "step");
+        side_of[b] = count;
+        sides[count++] = (struct bench_side){.body = bench_request_run, .state = &requests[b], .after = settle};
+    }
+    struct bench_stats seconds[1 + BASELINES];
+    struct bench_rounds rounds;
+    if (count > 1) {
+        if (settle)
+            settle(); /* the baselines' threads, busy with their prefills */
+        if (bench_measure_sides(sides, count, plan, seconds, &rounds) != 0) {
+            ctx->failures++;
+        } else {
+            struct bench_result subject = *ours;
+            subject.seconds = seconds[0];
+            for (int b = 0; b < BASELINES; b++) {
+                if (side_of[b] < 0)
+                    continue;
+                struct bench_result theirs = subject;
+                memcpy(theirs.impl, impl[b], sizeof theirs.impl); /* the same size */
+                theirs.seconds = seconds[side_of[b]];
+                struct bench_stats speedup;
+                bench_round_ratio(&rounds, side_of[b], 0, &speedup);
+                bench_report_rounds(&subject, &theirs, &speedup, NULL);
+            }
         }
     }
+    for (int b = 0; b < BASELINES; b++)
+        decode_baseline_stop(&servers[b]);
 }
 
 /* Times each case's decode step, all side by side in rounds; the float32 case (first) is
  * every other's baseline. */
-static void report_decode(struct bench_context *ctx, const sneppx_config *config, int64_t context, int threads,
-                          const struct decode_baselines *baselines)
+static void report_decode(struct bench_context *ctx, const sneppx_config *config, int64_t context, int threads)
 {
     const struct bench_plan plan = bench_plan_for(ctx, 8, 32, 2.0);
     struct decode_run runs[DECODE_CASES];
@@ -251,19 +291,7 @@ static void report_decode(struct bench_context *ctx, const sneppx_config *config
             bench_round_ratio(&rounds, 0, i, &speedup);
             bench_report_rounds(&ours, &float32_step, &speedup, note);
         }
-        const size_t index = (size_t)(c - decode_cases);
-        const struct decode_baseline_times *theirs_times[] = {&baselines->llama[index], &baselines->torch[index]};
-        for (int b = 0; b < 2; b++) {
-            if (theirs_times[b]->seconds[0][0].reps == 0)
-                continue;
-            struct bench_result theirs = ours;
-            if (b == 0)
-                snprintf(theirs.impl, sizeof theirs.impl, "llama.cpp %s/%s", c->llama_weights, c->llama_cache);
-            else
-                snprintf(theirs.impl, sizeof theirs.impl, "pytorch %s", c->torch_dtype);
-            theirs.seconds = theirs_times[b]->seconds[0][0];
-            bench_report_pair(&ours, &theirs, NULL);
-        }
+        compare_with_baselines(ctx, config, context, threads, &plan, &runs[i], c, &ours);
     }
     if (failed)
         ctx->failures++;
@@ -375,8 +403,8 @@ void bench_stage_precision(struct bench_context *ctx)
                          "decode b1: ms per step, GB/s and % of the read bandwidth (probed before and after) on "
                          "the bytes the step reads in its own types; speedup = the float32 step's time (or the "
                          "baseline's) / this type's. prefill: GFLOP/s, % of FMA peak; speedup = float32 "
-                         "weights' time / this type's. sneppx's types alternate in rounds: their speedup is "
-                         "the median [min-max] over the rounds");
+                         "weights' time / this type's. sneppx's types alternate in rounds, and each type with "
+                         "its baselines in rounds of their own: a speedup is the median [min-max] over rounds");
     sneppx_config config;
     if (sneppx_config_from_name(MODEL, NULL, &config) != SNEPPX_OK) {
         stage_failed(ctx, "config");
@@ -384,15 +412,6 @@ void bench_stage_precision(struct bench_context *ctx)
     }
     config.num_threads = threads;
     config.use_flash_attn = 1;
-    const struct bench_plan plan = bench_plan_for(ctx, 8, 32, 2.0);
-    struct decode_baselines *baselines = calloc(1, sizeof *baselines);
-    if (!baselines) {
-        ctx->failures++;
-        return;
-    }
-    run_decode_baselines(&config, context, threads, plan.max_reps, baselines);
-    bench_settle();
-    report_decode(ctx, &config, context, threads, baselines);
-    free(baselines);
+    report_decode(ctx, &config, context, threads);
     report_prefill(ctx, &config, prefill_tokens, threads);
 }

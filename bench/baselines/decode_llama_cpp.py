@@ -11,20 +11,19 @@ VOCAB tokens, so that everything that is not attention reads
 about 3% of llama3-8B's attention weights). Flash attention is on and the KV
 cache is float32 (or --kv-type f16 / bf16 / q8_0).
 
-For each context C: B sequences are prefilled with C tokens (batches of up to
-512 tokens), then STEPS decode steps each append one token to every sequence
-(one llama_decode of B tokens), timed one by one. Prints, for the bench:
+A server of decode_serve.py's requests, so that the bench times its steps in
+the same rounds as its own: a cache of B sequences at context C is B prefills
+of C tokens (batches of up to 512 tokens); a step appends one token to every
+sequence (one llama_decode of B tokens) and removes them again
+(llama_memory_seq_rm), so every step sees context C. Prints at start, for the
+bench:
     llama.cpp <version>
     nonattention_bytes <bytes>
-    result <context> <batch> <threads> <median s> <min s> <max s> <steps>
+    ready
 or `unavailable <reason>` (and exit status 0) when llama_cpp cannot be imported.
-With --serve (no --contexts) it prints `ready` after those and answers the
-requests of decode_serve.py instead: each step at the context asked for, its
-tokens removed from the cache after it (llama_memory_seq_rm).
 """
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -48,17 +47,10 @@ def parse_args():
     parser.add_argument("--kv-heads", type=int, required=True)
     parser.add_argument("--head-dim", type=int, required=True)
     parser.add_argument("--rope-theta", type=float, required=True)
-    parser.add_argument("--contexts", help="comma-separated context lengths (unless --serve)")
-    parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--threads", type=int, required=True)
-    parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--weight-type", choices=tuple(WEIGHT_FILE_TYPES), default="f32")
     parser.add_argument("--kv-type", choices=tuple(GGML_TYPES), default="f32")
-    parser.add_argument("--serve", action="store_true", help="answer decode_serve.py's requests on stdin")
-    args = parser.parse_args()
-    if not args.serve and not args.contexts:
-        parser.error("--contexts is required without --serve")
-    return args
+    return parser.parse_args()
 
 
 def non_attention_bytes(args, element_bytes):
@@ -125,16 +117,16 @@ def write_model(gguf, np, args, path):
 
 class Runner:
     """One llama.cpp context over the model, with `sequences` sequences of up to
-    context + steps + 1 tokens."""
+    context + 1 tokens."""
 
-    def __init__(self, llama, path, args, context, sequences, steps):
+    def __init__(self, llama, path, args, context, sequences):
         self.llama = llama
         params = llama.llama_model_default_params()
         self.model = llama.llama_model_load_from_file(path.encode(), params)
         if not self.model:
             raise RuntimeError("llama.cpp could not load the model")
         cparams = llama.llama_context_default_params()
-        cparams.n_ctx = sequences * (context + steps + 1)
+        cparams.n_ctx = sequences * (context + 1)
         cparams.n_batch = 512
         cparams.n_ubatch = 512
         cparams.n_seq_max = sequences
@@ -205,7 +197,7 @@ class Session:
 
     def prepare(self, context, batch):
         self.close()
-        self.runner = Runner(self.llama, self.path, self.args, context, batch, 1)
+        self.runner = Runner(self.llama, self.path, self.args, context, batch)
         self.runner.prefill(context)
         self.context = context
         self.step()  # warm-up: first touch of the step's buffers
@@ -241,25 +233,11 @@ def main():
     with tempfile.TemporaryDirectory(prefix="sneppx-llama-") as directory:
         path = os.path.join(directory, "attention.gguf")
         write_model(gguf, np, args, path)
-        if args.serve:
-            from decode_serve import serve
-            session = Session(llama_cpp, path, args)
-            print("ready", flush=True)
-            serve(session, sys.stdin, sys.stdout)
-            session.close()
-            return 0
-        for context in (int(c) for c in args.contexts.split(",")):
-            runner = Runner(llama_cpp, path, args, context, args.batch, args.steps)
-            runner.prefill(context)
-            runner.step(context)  # warm-up: first touch of the step's buffers
-            times = []
-            for i in range(args.steps):
-                start = time.perf_counter()
-                runner.step(context + 1 + i)
-                times.append(time.perf_counter() - start)
-            runner.close()
-            print(f"result {context} {args.batch} {args.threads} {statistics.median(times):.6f} "
-                  f"{min(times):.6f} {max(times):.6f} {len(times)}", flush=True)
+        from decode_serve import serve
+        session = Session(llama_cpp, path, args)
+        print("ready", flush=True)
+        serve(session, sys.stdin, sys.stdout)
+        session.close()
     return 0
 
 

@@ -1,7 +1,7 @@
 """The request loop by which each decode baseline (decode_llama_cpp.py,
-decode_torch.py, run with --serve) answers the bench's generate stage, so that
-its decode steps and sneppx's alternate in the same rounds and a slow phase of
-the host lands on every side.
+decode_torch.py) answers the bench's generate and precision stages, so that its
+decode steps and sneppx's alternate in the same rounds and a slow phase of the
+host lands on every side.
 
 A session fills a cache and runs steps over it:
     session.prepare(context, batch)  a cache of `batch` rows of `context` tokens
