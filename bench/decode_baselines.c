@@ -19,9 +19,11 @@ struct baseline_command {
     const char *set_env[3];
 };
 
-/* Fills command, or returns -1 with why in skipped (no virtual environment). */
+/* Fills command, extra_args (NULL-terminated, or NULL) after the shape, or returns -1
+ * with why in skipped (no virtual environment). */
 static int baseline_command(const char *script, const sneppx_config *config, int threads,
-                            struct baseline_command *command, char *skipped, size_t skipped_size)
+                            const char *const *extra_args, struct baseline_command *command, char *skipped,
+                            size_t skipped_size)
 {
     memset(command, 0, sizeof *command);
     const char *venv = getenv("SNEPPX_BENCH_VENV");
@@ -46,20 +48,15 @@ static int baseline_command(const char *script, const sneppx_config *config, int
                            command->theta, "--threads", command->threads};
     for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++)
         command->argv[command->argc++] = shape[i];
+    for (int i = 0; extra_args && i < MAX_EXTRA_ARGS && extra_args[i]; i++)
+        command->argv[command->argc++] = (char *)extra_args[i];
+    command->argv[command->argc] = NULL;
     /* OpenBLAS's core is the bench's own environment, which it re-executed itself into
      * (main.c): unset, or Haswell's where sneppx runs a narrower target. */
     command->set_env[0] =
         "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295";
     command->set_env[1] = command->omp_threads;
     return 0;
-}
-
-/* Appends extra_args (NULL-terminated, or NULL) and the list's NULL. */
-static void finish_command(struct baseline_command *command, const char *const *extra_args)
-{
-    for (int i = 0; extra_args && i < MAX_EXTRA_ARGS && extra_args[i]; i++)
-        command->argv[command->argc++] = (char *)extra_args[i];
-    command->argv[command->argc] = NULL;
 }
 
 /* A served baseline's start-up lines before "ready": its version first, and what
@@ -80,9 +77,9 @@ int decode_baseline_serve(const char *script, const sneppx_config *config, int t
     memset(served, 0, sizeof *served);
     snprintf(served->script, sizeof served->script, "%s", script);
     struct baseline_command command;
-    if (baseline_command(script, config, threads, &command, served->skipped, sizeof served->skipped) != 0)
+    if (baseline_command(script, config, threads, extra_args, &command, served->skipped, sizeof served->skipped) !=
+        0)
         return -1;
-    finish_command(&command, extra_args);
     if (bench_server_start(command.argv, command.set_env, NULL, &served->server) != 0) {
         snprintf(served->skipped, sizeof served->skipped, "cannot run %.200s", command.python);
         return -1;
@@ -112,6 +109,17 @@ int decode_baseline_prepare(struct decode_baseline_server *served, int64_t conte
         return 0;
     fprintf(stderr, "sneppx-bench: %s, '%s': %s\n", served->script, request, reply[0] ? reply : "no answer");
     return -1;
+}
+
+int decode_baseline_step_side(struct decode_baseline_server *served, int64_t context, int64_t batch,
+                              void (*after)(void), struct bench_side *side)
+{
+    if (decode_baseline_prepare(served, context, batch) != 0)
+        return -1;
+    served->step = (struct bench_request){.server = &served->server, .who = served->script};
+    snprintf(served->step.line, sizeof served->step.line, "step");
+    *side = (struct bench_side){.body = bench_request_run, .state = &served->step, .after = after};
+    return 0;
 }
 
 void decode_baseline_stop(struct decode_baseline_server *served)

@@ -29,6 +29,7 @@ struct decode_baseline_server {
                                and output layer: the script's nonattention_bytes), 0 = none said */
     double request_seconds; /* a request's median round trip, in every step's time */
     char skipped[256];      /* why it is not running, "" when it is */
+    struct bench_request step; /* the "step" request of its side (decode_baseline_step_side) */
 };
 
 /* Starts bench/baselines/<script> for config's shape on `threads` threads, with
@@ -42,6 +43,14 @@ int decode_baseline_serve(const char *script, const sneppx_config *config, int t
  * "step" request then runs one decode step at that context (bench_request_run).
  * Returns 0, or -1 (said on stderr; also for a server not running). */
 int decode_baseline_prepare(struct decode_baseline_server *served, int64_t context, int64_t batch);
+
+/* decode_baseline_prepare, then fills *side with a body that asks the server for one
+ * step (bench_request_run), followed by `after` (bench_settle where a baseline's
+ * threads would spin into the next side's time, or NULL). The caller settles once
+ * after every baseline's prefill, before the rounds. Returns 0, or -1 as
+ * decode_baseline_prepare. */
+int decode_baseline_step_side(struct decode_baseline_server *served, int64_t context, int64_t batch,
+                              void (*after)(void), struct bench_side *side);
 
 /* Ends the server (nothing for one that is not running). */
 void decode_baseline_stop(struct decode_baseline_server *served);

@@ -62,22 +62,23 @@ struct decode_run {
     const unsigned char *pool;
     const int32_t *table; /* [copies][batch][pages_per_seq]: copy c's pages are c * batch * pages_per_seq on */
     int64_t copies, uses; /* run i reads copy i % copies */
-    int64_t page_stride; /* elements */
     float *o, *split, *scratch;
     int64_t scratch_floats;
     volatile uint32_t sink; /* the paged read's sum, so that it is not dead */
 };
 
-static int64_t element_bytes(const struct decode_shape *s)
+/* A page of the shape's cache (page_table.h). */
+static struct bench_page_layout page_layout(const struct decode_shape *s)
 {
-    return s->kv_type == SNEPPX_DTYPE_INT8 ? 1 : 4;
+    return (struct bench_page_layout){.page_size = PAGE_SIZE,
+                                      .kv_heads = s->kv_heads,
+                                      .k_dim = s->head_dim,
+                                      .v_dim = s->v_head_dim,
+                                      .element_bytes = s->kv_type == SNEPPX_DTYPE_INT8 ? 1 : 4,
+                                      .mla = s->mla};
 }
 
-/* Bytes of a page's int8 scales, after its rows: one float per key row and per value row. */
-static int64_t scale_bytes(const struct decode_shape *s)
-{
-    return s->kv_type == SNEPPX_DTYPE_INT8 ? 2 * s->kv_heads * PAGE_SIZE * (int64_t)sizeof(float) : 0;
-}
+static int64_t element_bytes(const struct decode_shape *s) { return page_layout(s).element_bytes; }
 
 /* Bytes of K/V one run reads: every key and value row of every (sequence, K/V head)
  * once, and an int8 row's scale. */
@@ -88,14 +89,11 @@ static double kv_bytes(const struct decode_shape *s, int64_t batch, int64_t cont
     return (double)(batch * s->kv_heads * context * (row * element_bytes(s) + scales));
 }
 
-/* A copy's bytes; *page_stride: a page's elements, as the kernel takes it (int8: its bytes, scales included). */
-static int64_t pool_bytes(const struct decode_shape *s, int64_t batch, int64_t context, int64_t *page_stride)
+/* A copy's bytes: the pages of `batch` sequences of `context` tokens. */
+static int64_t pool_bytes(const struct decode_shape *s, int64_t batch, int64_t context)
 {
-    const int64_t pages = batch * ((context + PAGE_SIZE - 1) / PAGE_SIZE);
-    const int64_t rows = s->mla ? PAGE_SIZE * s->head_dim : s->kv_heads * PAGE_SIZE * (s->head_dim + s->v_head_dim);
-    const int64_t page = rows * element_bytes(s) + scale_bytes(s);
-    *page_stride = page / element_bytes(s);
-    return pages * page;
+    const struct bench_page_layout layout = page_layout(s);
+    return batch * ((context + PAGE_SIZE - 1) / PAGE_SIZE) * bench_page_bytes(&layout);
 }
 
 /* The kernel arguments of one task of a run: (sequence b, K/V head h, split sp) as
@@ -111,30 +109,12 @@ static struct sneppx_args task_args(const struct decode_run *run, const int32_t 
     args.row_end = 1;
     args.q = run->q + (b * heads + h * s->group) * s->head_dim;
     args.q_stride = heads * s->head_dim;
-    const int64_t eb = element_bytes(s);
-    if (s->mla) {
-        args.k = args.v = (const float *)(const void *)run->pool;
-        args.k_stride = args.v_stride = s->head_dim;
-    } else {
-        const int64_t k_bytes = s->kv_heads * PAGE_SIZE * s->head_dim * eb;
-        args.k = (const float *)(const void *)(run->pool + h * PAGE_SIZE * s->head_dim * eb);
-        args.v = (const float *)(const void *)(run->pool + k_bytes + h * PAGE_SIZE * s->v_head_dim * eb);
-        args.k_stride = s->head_dim;
-        args.v_stride = s->v_head_dim;
-        if (s->kv_type == SNEPPX_DTYPE_INT8) {
-            /* As the KV cache: page p's scales at float p * page_stride / 4 of these. */
-            const float *scales = (const float *)(const void *)(run->pool + k_bytes +
-                                                                s->kv_heads * PAGE_SIZE * s->v_head_dim * eb);
-            args.k_scale = scales + h * PAGE_SIZE;
-            args.v_scale = scales + (s->kv_heads + h) * PAGE_SIZE;
-        }
-    }
+    const struct bench_page_layout layout = page_layout(s);
+    bench_page_head_args(&layout, run->pool, h, &args);
     args.q_len = 1;
     args.kv_len = run->context;
     args.softmax_scale = 1.0f / sqrtf((float)s->head_dim);
     args.pages = table + b * run->pages_per_seq;
-    args.page_size = PAGE_SIZE;
-    args.page_stride = run->page_stride;
     args.kv_begin = run->context * sp / splits;
     args.kv_end = run->context * (sp + 1) / splits;
     float *o = run->o + (b * heads + h * s->group) * s->v_head_dim;
@@ -213,13 +193,14 @@ static uint32_t tile_rows(const struct sneppx_args *args, int64_t eb, int64_t j0
 {
     uint32_t scales = 0;
     for (int64_t jj = 0; jj < keys; jj++) {
-        const int64_t j = j0 + jj, page = args->pages[j / PAGE_SIZE] * args->page_stride;
-        kp[jj] = (const unsigned char *)args->k + (page + j % PAGE_SIZE * args->k_stride) * eb;
-        vp[jj] = (const unsigned char *)args->v + (page + j % PAGE_SIZE * args->v_stride) * eb;
+        const int64_t j = j0 + jj, page = args->pages[j / args->page_size] * args->page_stride;
+        const int64_t slot = j % args->page_size;
+        kp[jj] = (const unsigned char *)args->k + (page + slot * args->k_stride) * eb;
+        vp[jj] = (const unsigned char *)args->v + (page + slot * args->v_stride) * eb;
         if (args->k_scale) {
             uint32_t k, v;
-            memcpy(&k, args->k_scale + page / 4 + j % PAGE_SIZE, sizeof k);
-            memcpy(&v, args->v_scale + page / 4 + j % PAGE_SIZE, sizeof v);
+            memcpy(&k, args->k_scale + page / 4 + slot, sizeof k);
+            memcpy(&v, args->v_scale + page / 4 + slot, sizeof v);
             scales += k + v;
         }
     }
@@ -326,7 +307,7 @@ static void bench_shape(struct bench_context *ctx, const struct decode_shape *s)
         for (int ci = 0; ci < counts; ci++) {
             const int64_t batch = batches[bi], context = ci < 3 ? contexts[ci] : 0;
             struct decode_run run = {.kernel = kernel, .shape = s, .batch = batch, .context = context};
-            const int64_t copy_bytes = pool_bytes(s, batch, context, &run.page_stride);
+            const int64_t copy_bytes = pool_bytes(s, batch, context);
             if (copy_bytes > POOL_BUDGET_BYTES) {
                 printf("  %-30s %6lld | left out: its cache is %.1f GiB (> %.1f)\n", s->name, (long long)context,
                        copy_bytes / (double)(1 << 30), POOL_BUDGET_BYTES / (double)(1 << 30));
@@ -349,13 +330,14 @@ static void bench_shape(struct bench_context *ctx, const struct decode_shape *s)
             int32_t *table = malloc((size_t)(run.copies * batch * run.pages_per_seq) * sizeof(int32_t));
             if (pool && q && o && split && scratch && table) {
                 bench_fill_uniform(pool, floats, 31, 1.0f);
-                if (s->kv_type == SNEPPX_DTYPE_INT8) /* rows: the floats' bytes, any int8; scales: 1/127 */
-                    for (int64_t page = 0; page < floats * 4 / run.page_stride; page++) {
-                        float *scales = (float *)(void *)((unsigned char *)pool + (page + 1) * run.page_stride -
-                                                          scale_bytes(s));
-                        for (int64_t i = 0; i < scale_bytes(s) / (int64_t)sizeof(float); i++)
-                            scales[i] = 1.0f / 127;
-                    }
+                const struct bench_page_layout layout = page_layout(s);
+                const int64_t page_bytes = bench_page_bytes(&layout), scale_bytes = bench_page_scale_bytes(&layout);
+                /* int8 rows: the floats' bytes, any int8; their scales 1/127 */
+                for (int64_t page = 0; scale_bytes > 0 && page < floats * 4 / page_bytes; page++) {
+                    float *scales = (float *)(void *)((unsigned char *)pool + (page + 1) * page_bytes - scale_bytes);
+                    for (int64_t i = 0; i < scale_bytes / (int64_t)sizeof(float); i++)
+                        scales[i] = 1.0f / 127;
+                }
                 bench_fill_uniform(q, batch * heads * s->head_dim, 32, 1.0f);
                 bench_shuffled_pages(table, batch * run.pages_per_seq, run.copies);
                 run.pool = (const unsigned char *)pool;

@@ -202,19 +202,15 @@ static void report_decode(struct bench_context *ctx, struct generation *g, int64
     /* sneppx and each baseline that holds this case's cache, side by side in rounds
      * (the baselines' batches only up to DECODE_BASELINE_BATCH_MAX_CONTEXT). */
     struct bench_side sides[1 + BASELINES];
-    struct bench_request requests[BASELINES];
     int side_of[BASELINES], count = 0;
     void (*settle)(void) = threads > 1 ? bench_settle : NULL;
     sides[count++] = (struct bench_side){.body = decode_step, .state = g, .after = settle};
     for (int i = 0; i < BASELINES; i++) {
         side_of[i] = -1;
         if ((g->batch > 1 && context > DECODE_BASELINE_BATCH_MAX_CONTEXT) ||
-            decode_baseline_prepare(&baselines[i], context, g->batch) != 0)
+            decode_baseline_step_side(&baselines[i], context, g->batch, settle, &sides[count]) != 0)
             continue;
-        requests[i] = (struct bench_request){.server = &baselines[i].server, .who = baselines[i].script};
-        snprintf(requests[i].line, sizeof requests[i].line, "step");
-        side_of[i] = count;
-        sides[count++] = (struct bench_side){.body = bench_request_run, .state = &requests[i], .after = settle};
+        side_of[i] = count++;
     }
     if (count > 1 && settle)
         settle(); /* the baselines' threads, busy with their prefills */

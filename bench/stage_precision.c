@@ -185,7 +185,6 @@ static void compare_with_baselines(struct bench_context *ctx, const sneppx_confi
     const char *torch_args[] = {"--dtype", c->torch_dtype, NULL};
     void (*settle)(void) = threads > 1 ? bench_settle : NULL;
     struct decode_baseline_server servers[BASELINES];
-    struct bench_request requests[BASELINES];
     struct bench_side sides[1 + BASELINES] = {{.body = decode_step, .state = run, .after = settle}};
     int side_of[BASELINES] = {-1, -1}, count = 1;
     char impl[BASELINES][sizeof ours->impl];
@@ -203,14 +202,11 @@ static void compare_with_baselines(struct bench_context *ctx, const sneppx_confi
         char other[96];
         decode_baseline_describe_other_bytes(servers[b].other_bytes, other, sizeof other);
         printf("  (%s: %s%s)\n", impl[b], servers[b].version, other);
-        if (decode_baseline_prepare(&servers[b], context, 1) != 0) {
+        if (decode_baseline_step_side(&servers[b], context, 1, settle, &sides[count]) != 0) {
             ctx->failures++;
             continue;
         }
-        requests[b] = (struct bench_request){.server = &servers[b].server, .who = servers[b].script};
-        snprintf(requests[b].line, sizeof requests[b].line, "step");
-        side_of[b] = count;
-        sides[count++] = (struct bench_side){.body = bench_request_run, .state = &requests[b], .after = settle};
+        side_of[b] = count++;
     }
     struct bench_stats seconds[1 + BASELINES];
     struct bench_rounds rounds;

@@ -1,7 +1,7 @@
 /* Two builds of one attn_decode kernel, A and B, in alternated rounds of one process on
  * one core: llama3-8B's shape (8 K/V heads, group 4, d 128), one query token, pages of
  * 64 tokens (the KV cache's default) in shuffled order, laid out as the cache lays them
- * (K rows of every head, then V rows, then int8's scales). Between
+ * (page_table.h). Between
  * two processes this VM's cores and memory change speed by up to 2x (docs/PERFORMANCE.md);
  * within rounds each phase falls on both sides. bench/probes/decode_ab.sh builds it from
  * two checkouts (decode_a and decode_b are their kernels, renamed).
@@ -71,8 +71,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "decode_ab: KV_TYPE float32 | bfloat16 | float16 | int8, CONTEXT >= 1, ROUNDS in [1, 2^24]\n");
         return 2;
     }
-    const int64_t scale_bytes = int8 ? 2 * HEADS * PAGE * 4 : 0;
-    const int64_t page_bytes = HEADS * PAGE * 2 * D * eb + scale_bytes;
+    const struct bench_page_layout layout = {
+        .page_size = PAGE, .kv_heads = HEADS, .k_dim = D, .v_dim = D, .element_bytes = eb};
+    const int64_t scale_bytes = bench_page_scale_bytes(&layout), page_bytes = bench_page_bytes(&layout);
     const int64_t pages = (context + PAGE - 1) / PAGE;
     int64_t copies = atoll(argv[3]);
     if (copies < 1)
@@ -114,14 +115,7 @@ int main(int argc, char **argv)
                 a.row_end = 1;
                 a.q = q + h * GROUP * D;
                 a.q_stride = HEADS * GROUP * D;
-                a.k = (const float *)(const void *)(pool + h * PAGE * D * eb);
-                a.v = (const float *)(const void *)(pool + (HEADS + h) * PAGE * D * eb);
-                a.k_stride = a.v_stride = D;
-                if (int8) {
-                    const float *scales = (const float *)(const void *)(pool + 2 * HEADS * PAGE * D);
-                    a.k_scale = scales + h * PAGE;
-                    a.v_scale = scales + (HEADS + h) * PAGE;
-                }
+                bench_page_head_args(&layout, pool, h, &a);
                 a.o = o[side] + h * GROUP * D;
                 a.o_stride = HEADS * GROUP * D;
                 a.q_len = 1;
@@ -129,8 +123,6 @@ int main(int argc, char **argv)
                 a.softmax_scale = 1.0f / sqrtf((float)D);
                 a.scratch = scratch;
                 a.pages = pages_of;
-                a.page_size = PAGE;
-                a.page_stride = page_bytes / eb;
                 kernel[side](&a);
             }
             if (r >= 0)
