@@ -52,6 +52,9 @@ struct sneppx_target {
     int gemm_kc_candidate_count, gemm_mc_candidate_count;
     int gemm_kc_candidates[SNEPPX_MAX_TILE_CANDIDATES];
     int gemm_mc_candidates[SNEPPX_MAX_TILE_CANDIDATES];
+    /* attn_decode reads an int8 cache by integer dot products (queries and probabilities
+     * rounded to int16), not in float arithmetic. */
+    int decode_int8_dot;
 };
 
 struct sneppx_embedded_bitcode {

@@ -248,7 +248,8 @@ def _targets_table() -> str:
                    f"     .gemm_kc_candidate_count = {len(t.gemm_kc_candidates)}, "
                    f".gemm_kc_candidates = {c_list(t.gemm_kc_candidates)},\n"
                    f"     .gemm_mc_candidate_count = {len(t.gemm_mc_candidates)}, "
-                   f".gemm_mc_candidates = {c_list(t.gemm_mc_candidates)}}},\n")
+                   f".gemm_mc_candidates = {c_list(t.gemm_mc_candidates)},\n"
+                   f"     .decode_int8_dot = {int(t.decode_int8_dot)}}},\n")
     out.append("};\n")
     out.append(f"const int sneppx_target_count = {len(TARGETS)};\n")
     return "".join(out)

@@ -115,7 +115,19 @@ Why each value:
   and 86% packed (the shifts and masks run at half rate there), and on Zen 5 both
   measured the same; its bfloat16 gains there (Q.K 88% -> 94%, P.V 79% -> 84%).
   decode_ne is a multiple of each type's elements per lane (a P.V chunk is whole
-  loads).
+  loads). v8 no longer reads int8 packed: decode_int8_dot replaced it.
+- decode_int8_dot: attn_decode reads an int8 cache by integer dot products
+  (queries and a tile's probabilities rounded to int16, products summed in int32
+  by pmaddwd, 16 a vpmaddwd where an FMA does 8, no element converted to float;
+  docs/ARCHITECTURE.md). Written for 8 lanes: two SSE2 halves per product, which
+  the backend joins into one 256-bit vpmaddwd on an AVX2 host and which any
+  x86-64 runs, so v8 keeps requiring nothing. On a Zen 3 core packed int8 was
+  bound by its arithmetic at 41-44% of the FMA peak from memory and from L2
+  alike (0.45x a paged read of its pages); by dot products the kernel ran
+  1.23-1.33x faster (llama3-8B's head, d 128, group 4: 256 and 1024 keys from
+  L2/L3, 4096 keys from memory; bench/probes/decode_ab.sh, alternated rounds,
+  outputs within 3e-6). v16: False (its 16-lane int8 path keeps the widening
+  loads; AVX-512's vpmaddwd / VNNI are unmeasured there).
 - decode_burst_lines: attn_decode prefetches the next tile's values through P.V,
   a step per key of every pass, unless a pass's share of their lines is at most
   this many: then the pass asks for its share as it starts. v8: 16, the int8
@@ -170,6 +182,7 @@ class Target:
     decode_ne: int
     decode_packed: Tuple[str, ...]
     decode_burst_lines: int
+    decode_int8_dot: bool
 
     @property
     def flash_tile_rows(self) -> int:
@@ -215,6 +228,8 @@ class Target:
         require(64 % self.decode_nj == 0, f"decode_nj {self.decode_nj} does not divide the 64-key tile")
         require(self.decode_ne >= 1, f"decode_ne {self.decode_ne} is not at least 1")
         require(self.decode_burst_lines >= 0, f"decode_burst_lines {self.decode_burst_lines} is below 0")
+        require(not self.decode_int8_dot or (vw == 8 and "int8" not in self.decode_packed),
+                "decode_int8_dot is written for 8 lanes (two SSE2 pmaddwd halves) and replaces packed int8 reads")
         require(all(name in PACKED_ELEMENTS for name in self.decode_packed),
                 f"decode_packed {self.decode_packed}: only {tuple(PACKED_ELEMENTS)} can be read packed")
         for name in self.decode_packed:
@@ -231,12 +246,12 @@ TARGETS: Tuple[Target, ...] = (
            gemm_mc=56, gemm_int8_mc=112, gemm_kc_candidates=(128, 256, 512),
            gemm_mc_candidates=(14, 28, 56), gemm_fetch_spread=False, gemm_decode_panels=4, gemm_decode_sums=4,
            flash_rows=2, flash_nj=8, flash_ne=8, decode_rows=4, decode_nj=4, decode_ne=4,
-           decode_packed=("bfloat16",), decode_burst_lines=0),
+           decode_packed=("bfloat16",), decode_burst_lines=0, decode_int8_dot=False),
     Target("v8", 8, (), (), gemm_mr=6, gemm_nr=16, gemm_small_mr=4, gemm_kc=512,
            gemm_mc=24, gemm_int8_mc=96, gemm_kc_candidates=(128, 256, 512),
            gemm_mc_candidates=(12, 24, 48), gemm_fetch_spread=True, gemm_decode_panels=4, gemm_decode_sums=4,
            flash_rows=3, flash_nj=4, flash_ne=4, decode_rows=2, decode_nj=4, decode_ne=4,
-           decode_packed=("bfloat16", "int8"), decode_burst_lines=16),
+           decode_packed=("bfloat16",), decode_burst_lines=16, decode_int8_dot=True),
 )
 
 # The widths there are, each once, in the order of their first target.

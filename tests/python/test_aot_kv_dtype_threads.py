@@ -1,7 +1,8 @@
 """The vendored layer's narrow caches on two threads (built with OpenMP): a long
 sequence's decode steps are too few (sequence, K/V head) tasks for two threads, so
 attn_decode runs per key range (split-KV) and the ranges are merged, as the runtime
-does on two threads. Outputs == the runtime's (test_aot_kv_dtype.PAIR_NARROW), the
+does on two threads. Outputs == the runtime's (test_aot_kv_dtype.PAIR_NARROW; one thread's
+within decode_numerics' bound where int8 is read by integer dot products), the
 caches hold the runtime's values, no call writes past the scratch
 _cached_scratch_floats sized (the split results' bound), and the split did happen:
 the vendored layer's kernel calls are counted (SNEPPX_AOT_KERNEL_CALL), those of a
@@ -12,6 +13,7 @@ import ctypes
 import numpy as np
 import pytest
 
+import decode_numerics
 from test_aot_kv_dtype import CLANG, NATIVE, PAIR_NARROW, Caches, NarrowLayer, _assert_close, _assert_same_cache
 
 pytestmark = pytest.mark.skipif(CLANG is None, reason="needs clang-19")
@@ -51,7 +53,9 @@ def test_split_kv_decode_on_two_threads(family, dtype, directory, rng):
         single = caches[1].step([0], [x[begin:end]])[0]
         want = layers[2].jit.forward_mha(x[None, begin:end], past_key_value=cache)[0]
         _assert_close(got, want.astype(np.float64), f"{what}: vendored vs runtime", PAIR_NARROW, PAIR_NARROW)
-        _assert_close(got, single.astype(np.float64), f"{what}: vendored 2 vs 1 thread", PAIR_NARROW, PAIR_NARROW)
+        # Key ranges regroup an int16 dot product's tiles (decode_numerics).
+        split = decode_numerics.tolerance(dtype, PAIR_NARROW)
+        _assert_close(got, single.astype(np.float64), f"{what}: vendored 2 vs 1 thread", split, split)
         _assert_same_cache(caches[2], cache, [0], what)
         assert (range_calls.value > 0) == (begin >= prompt), f"{what}: {range_calls.value} calls over key ranges"
         range_calls.value = 0

@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 
+import decode_numerics
 import reference as ref
 import sneppx
 from families import FAMILIES
@@ -463,6 +464,7 @@ def test_long_decode_splits_keys_across_threads(family, rng):
 # its own float64 K would differ wherever the layer's float32 K sits within a float32
 # rounding of a tie: 3e-5 for bfloat16 at llama3-8B's heads.) That the stored values are
 # the type's rounding of the layer's float32 K/V is test_stored_values_are_numpy_rounding's.
+# An int8 cache read by integer dot products adds their 16-bit rounding (decode_numerics).
 NARROW_MAX_NORMALIZED = 1e-5
 NARROW_TYPES = ["bfloat16", "float16", "int8"]
 # llama3-8B's heads (32 query heads, 8 K/V heads of 128) at a small hidden size.
@@ -502,10 +504,11 @@ class _Stored:
         return ks, vs
 
 
-def _check_rows(got, hf_config, weights, sequence, stored, what):
+def _check_rows(got, hf_config, weights, sequence, stored, what, dtype):
     """got: the outputs of the last got.shape[0] tokens of `sequence` [s, hidden]."""
     want = ref.mha_forward(hf_config, weights, sequence[None], stored=stored)[0, sequence.shape[0] - got.shape[0]:]
-    _assert_close(got, want, what, NARROW_MAX_NORMALIZED, NARROW_MAX_NORMALIZED)
+    limit = decode_numerics.tolerance(dtype, NARROW_MAX_NORMALIZED)
+    _assert_close(got, want, what, limit, limit)
 
 
 def _prefill_then_decode(cfg, cache, x, prefill, stored):
@@ -531,12 +534,13 @@ def test_narrow_cache_prefill_decode_ragged_fork(family, dtype, rng):
     stored = _Stored()
     got = _prefill_then_decode(cfg, cache, x[:, :23], 20, stored)
     for row in range(2):
-        _check_rows(got[row], hf_config, weights, x[row, :23], stored.of(row), f"{family} {dtype} prefill + decode")
+        _check_rows(got[row], hf_config, weights, x[row, :23], stored.of(row), f"{family} {dtype} prefill + decode",
+                    dtype)
     # Ragged: row 0 takes a 17-token chunk (gathered), row 1 one token (decode).
     outs = cfg.forward_ragged(cache, [0, 1], [x[0, 23:40], x[1, 23:24]])
     stored.record(cache, [0, 1], [17, 1])
-    _check_rows(outs[0], hf_config, weights, x[0, :40], stored.of(0), f"{family} {dtype} ragged chunk")
-    _check_rows(outs[1], hf_config, weights, x[1, :24], stored.of(1), f"{family} {dtype} ragged decode")
+    _check_rows(outs[0], hf_config, weights, x[0, :40], stored.of(0), f"{family} {dtype} ragged chunk", dtype)
+    _check_rows(outs[1], hf_config, weights, x[1, :24], stored.of(1), f"{family} {dtype} ragged decode", dtype)
     # Fork row 1 mid-page (24 tokens): parent and child continue with different tokens,
     # the child copying the shared page on its first append.
     child = cache.fork(1)
@@ -544,9 +548,9 @@ def test_narrow_cache_prefill_decode_ragged_fork(family, dtype, rng):
     y = rng.uniform(-1, 1, (3, cfg.hidden_size)).astype(np.float32)
     outs = cfg.forward_ragged(cache, [1, child], [x[1, 24:27], y])
     stored.record(cache, [1, child], [3, 3])
-    _check_rows(outs[0], hf_config, weights, x[1, :27], stored.of(1), f"{family} {dtype} parent after fork")
+    _check_rows(outs[0], hf_config, weights, x[1, :27], stored.of(1), f"{family} {dtype} parent after fork", dtype)
     _check_rows(outs[1], hf_config, weights, np.concatenate([x[1, :24], y]), stored.of(child),
-                f"{family} {dtype} child after fork")
+                f"{family} {dtype} child after fork", dtype)
     # The parent's shared prefix is untouched by the child's copy-on-write.
     assert np.array_equal(cache.read(1, 0, 0, 24)[0], stored.of(1)[0][:24])
     assert cache.lengths == [40, 27, 27]
@@ -569,10 +573,10 @@ def test_narrow_weights_with_narrow_cache(family, weight_dtype, dtype, rng):
     got = _prefill_then_decode(cfg, cache, x, 20, stored)
     for row in range(2):
         _check_rows(got[row], hf_config, rounded, x[row], stored.of(row),
-                    f"{family} {weight_dtype} weights, {dtype} cache")
+                    f"{family} {weight_dtype} weights, {dtype} cache", dtype)
     # The weights' rounding is visible: against the unrounded weights the same check fails.
     with pytest.raises(AssertionError):
-        _check_rows(got[0], hf_config, weights, x[0], stored.of(0), "unrounded weights")
+        _check_rows(got[0], hf_config, weights, x[0], stored.of(0), "unrounded weights", dtype)
 
 
 @pytest.mark.parametrize("dtype", NARROW_TYPES)
@@ -589,7 +593,7 @@ def test_narrow_cache_sliding_window(dtype, rng):
     for t in range(18, seq_len):
         got.append(cfg.forward_mha(x[:, t:t + 1], past_key_value=cache))
         stored.record(cache, [0], [1])
-    _check_rows(np.concatenate(got, axis=1)[0], hf_config, weights, x[0], stored.of(0), f"mistral {dtype} window")
+    _check_rows(np.concatenate(got, axis=1)[0], hf_config, weights, x[0], stored.of(0), f"mistral {dtype} window", dtype)
     stats = cache.stats()
     assert stats["total_pages"] - stats["free_pages"] <= 16 // 4 + 2
 
@@ -618,7 +622,8 @@ def test_stored_values_are_numpy_rounding(family, dtype, rng):
 def test_decode_kernel_equals_gathered_path(family, dtype, rng):
     """The same 20 tokens after the same prefix, fed to two forks of one sequence: in
     one call (over 16 queries: keys gathered and widened by the runtime, then flash) and
-    one token per call (attn_decode widening in registers): the same rows."""
+    one token per call (attn_decode widening in registers): the same rows (an int8 cache
+    read by integer dot products: within their rounding, decode_numerics)."""
     _, cfg, _ = _narrow_layer(family, rng)
     x = rng.uniform(-1, 1, (1, 50, cfg.hidden_size)).astype(np.float32)
     cache = cfg.kv_cache(batch=1, max_tokens=128, page_size=16, dtype=dtype)  # room for the fork's pages
@@ -626,8 +631,8 @@ def test_decode_kernel_equals_gathered_path(family, dtype, rng):
     child = cache.fork(0)
     gathered = cfg.forward_ragged(cache, [0], [x[0, 30:]])[0]
     decoded = np.concatenate([cfg.forward_ragged(cache, [child], [x[0, t:t + 1]])[0] for t in range(30, 50)])
-    _assert_close(decoded, gathered.astype(np.float64), f"{family} {dtype} decode vs gathered",
-                  SAME_LAYER_MAX_NORMALIZED, SAME_LAYER_MAX_NORMALIZED)
+    limit = decode_numerics.tolerance(dtype, SAME_LAYER_MAX_NORMALIZED)
+    _assert_close(decoded, gathered.astype(np.float64), f"{family} {dtype} decode vs gathered", limit, limit)
 
 
 def test_narrow_cache_sizes_and_names(rng):
@@ -714,6 +719,8 @@ def test_random_operations_on_two_layers_equal_the_reference(family, page_size, 
             for r, x, out in zip(called, xs, outs):
                 rows[layer][r] = np.concatenate([rows[layer][r], x])
                 want = ref.mha_forward(hf_config, weights, rows[layer][r][None], kv_dtype=dtype)[0, -len(x):]
-                _assert_close(out, want, f"step {step}: layer {layer} row {r} at {len(rows[layer][r])} tokens")
+                _assert_close(out, want, f"step {step}: layer {layer} row {r} at {len(rows[layer][r])} tokens",
+                              decode_numerics.tolerance(dtype, ref.FP32_MAX_NORMALIZED),
+                              decode_numerics.tolerance(dtype, ref.FP32_RMS_RELATIVE))
         for layer, tokens in enumerate(rows):
             assert cache.layer_lengths(layer) == [len(t) for t in tokens], f"step {step}, layer {layer}"

@@ -143,6 +143,8 @@ def test_registry_table_has_each_targets_tiles():
     (dict(decode_ne=3), "decode_ne 3 is not whole loads of packed bfloat16 (2 vectors a load)"),
     (dict(decode_ne=6, decode_packed=("bfloat16", "int8")), "decode_ne 6 is not whole loads of packed int8 (4 vectors a load)"),
     (dict(decode_packed=("float16",)), "decode_packed ('float16',): only ('bfloat16', 'int8') can be read packed"),
+    (dict(decode_int8_dot=True), "decode_int8_dot is written for 8 lanes (two SSE2 pmaddwd halves) and replaces "
+                                 "packed int8 reads"),
     (dict(llvm_features=("avx512f",)), "llvm_features ('avx512f',) are not all +name"),
 ])
 def test_bad_target_refused(change, message):
