@@ -7,13 +7,13 @@ left padding / one for all sequences, irregular position_ids, flash and SDPA. Th
 FP32_RMS_RELATIVE (fp32 kernels vs float64; justified in
 tests/support/test_forward_case.h); flash vs SDPA 5e-5 / 1e-5.
 """
-import os
 
 import numpy as np
 import pytest
 
 import reference as ref
 import sneppx
+from decode_numerics import process_target
 from families import FAMILIES, MASKS, make_inputs, preset_config
 
 PAIR_MAX_NORMALIZED = 5e-5
@@ -60,11 +60,9 @@ def test_family_against_reference(family, mask_kind, rng):
 def test_kernels_are_the_targets(rng):
     """Every kernel is the host's target's, or SNEPPX_TARGET's when set (ctest
     pytest_test_numerics_v8 runs the families above with AVX2 kernels on a wider host)."""
-    with open("/proc/cpuinfo") as cpuinfo:
-        host = "v16" if " avx512f" in cpuinfo.read() else "v8"
     cfg = sneppx.LLMConfig(**FAMILIES["llama3"])
     cfg.forward_mha(rng.standard_normal((1, 3, cfg.hidden_size)))
-    want = os.environ.get("SNEPPX_TARGET") or host
+    want = process_target().name
     assert cfg.kernel_keys and all(key.endswith(f"-{want}") for key in cfg.kernel_keys), cfg.kernel_keys
 
 
