@@ -10,7 +10,7 @@
  *
  * --print-key prints the canonical key instead (tests/lit/jit_key.test checks
  * it against the generator's kernel_key). --list-targets prints the runtime's
- * target table with each target's GEMM tile and marks the host's
+ * target table with each target's GEMM tile and decode_int8_dot and marks the host's
  * (tests/python/test_targets.py checks it against gen/sneppx_gen/targets.py).
  */
 #include <errno.h>
@@ -60,6 +60,7 @@ static void list_targets(void)
             printf("%s%d", c ? "," : " gemm_kc_candidates=", target->gemm_kc_candidates[c]);
         for (int c = 0; c < target->gemm_mc_candidate_count; c++)
             printf("%s%d", c ? "," : " gemm_mc_candidates=", target->gemm_mc_candidates[c]);
+        printf(" decode_int8_dot=%d", target->decode_int8_dot);
         printf("%s\n", target == sneppx_host_info()->target ? " host" : "");
     }
 }

@@ -3,7 +3,8 @@
 - the C runtime's table (as `sneppx-ir --list-targets` prints it: order, names,
   vector widths, required LLVM features, and the GEMM tiles gemm_mr / gemm_nr
   its callers take from struct sneppx_target, the GEMM's default kc / mc and
-  their tuning candidates) equals TARGETS, and the target
+  their tuning candidates, decode_int8_dot, which sets test_attn_decode.c's
+  tolerance) equals TARGETS, and the target
   libsneppx picks from LLVM's host features is the one /proc/cpuinfo's flags
   pick (avx512f -> v16);
 - the templates take their tiles from the target they render for: a target
@@ -74,6 +75,7 @@ def test_c_table_is_targets():
             (t.gemm_kc, t.gemm_mc, t.gemm_int8_mc), name
         assert tuple(map(int, fields["gemm_kc_candidates"].split(","))) == t.gemm_kc_candidates, name
         assert tuple(map(int, fields["gemm_mc_candidates"].split(","))) == t.gemm_mc_candidates, name
+        assert int(fields["decode_int8_dot"]) == int(t.decode_int8_dot), name
 
 
 def test_host_target_matches_cpuinfo():
