@@ -33,6 +33,7 @@ struct bench_context {
     /* Measured by the peak stage, in the same run as everything they divide. */
     double fma_gflops[BENCH_MAX_THREAD_COUNTS];
     double read_gbs[BENCH_MAX_THREAD_COUNTS];
+    double bf16dot_gflops[BENCH_MAX_THREAD_COUNTS]; /* vdpbf16ps chains; 0 where the target has none */
     read_probe beside;         /* the buffer of bench_read_bandwidth_beside, made at first use */
     int failures;              /* stages or cases that could not run */
 };
@@ -40,6 +41,10 @@ struct bench_context {
 /* The measured limit for a thread count of ctx->thread_counts (0 if unmeasured). */
 double bench_fma_peak(const struct bench_context *ctx, int threads);
 double bench_read_bandwidth(const struct bench_context *ctx, int threads);
+/* The peak of bfloat16 compute's instruction (vdpbf16ps, counted as 2 flops a product)
+ * for a thread count, where the kernels' target runs it (AVX512_BF16 at 16 lanes);
+ * else 0. It need not exceed the FMA peak: on the Intel Xeon measured here it is half. */
+double bench_bf16dot_peak(const struct bench_context *ctx, int threads);
 
 /* The read bandwidth now, best of 3 passes over 512 MiB (64 MiB with --quick):
  * what decode rates are divided by, probed just before and just after the case

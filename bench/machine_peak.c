@@ -3,7 +3,13 @@
  *   core speed: the same chains on every core at once, sampled in short windows,
  *     to show a host whose cores change speed (core_phases.h), at the start of the
  *     run and again at its end;
- *   read bandwidth: a vector sum over a buffer far larger than the caches. */
+ *   read bandwidth: a vector sum over a buffer far larger than the caches;
+ *   bfloat16 dot-product peak (AVX512_BF16 hosts at 16 lanes): chains of vdpbf16ps,
+ *     what bfloat16 compute's GEMM multiplies by, whose rate against the FMA's differs
+ *     by core (an Intel Xeon here issues one a quarter as often as an FMA). */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,12 +62,46 @@ typedef float v8f __attribute__((vector_size(32)));
 DEFINE_FMA_LOOP(fma_loop_wide, v16f, TARGET_WIDE)
 DEFINE_FMA_LOOP(fma_loop_narrow, v8f, TARGET_NARROW)
 
+#if defined(__x86_64__)
+#define BF16DOT_CHAIN(i) __m512 acc##i = _mm512_set1_ps(seed * (float)(i + 1));
+#define BF16DOT_STEP(i) acc##i = _mm512_dpbf16_ps(acc##i, pair, pair);
+#define BF16DOT_SUM(i) total = _mm512_add_ps(total, acc##i);
+/* acc += pair . pair (two bfloat16 products a lane) on FMA_CHAINS chains; returns their sum. */
+__attribute__((target("avx512f,avx512bf16"), noinline)) static float bf16dot_loop(int64_t iterations, float seed)
+{
+    __m512bh pair = (__m512bh)_mm512_set1_epi16(0x3c00); /* 2^-7 */
+    CHAIN_STATEMENTS(BF16DOT_CHAIN)
+    for (int64_t i = 0; i < iterations; i++) {
+        CHAIN_STATEMENTS(BF16DOT_STEP)
+        __asm__ volatile("" : "+v"(pair)); /* keep the loop a loop */
+    }
+    __m512 total = _mm512_setzero_ps();
+    CHAIN_STATEMENTS(BF16DOT_SUM)
+    return _mm512_reduce_add_ps(total);
+}
+#define HAVE_BF16DOT_LOOP 1
+#else
+#define HAVE_BF16DOT_LOOP 0
+#endif
+
 struct fma_state {
     int threads;
     int wide;
     int64_t iterations;  /* per thread */
     volatile float sink;
 };
+
+#if HAVE_BF16DOT_LOOP
+static int run_bf16dot(void *opaque)
+{
+    struct fma_state *state = opaque;
+    float total = 0;
+#pragma omp parallel num_threads(state->threads) reduction(+ : total)
+    total += bf16dot_loop(state->iterations, 1e-3f * (float)(omp_get_thread_num() + 1));
+    state->sink = total;
+    return 0;
+}
+#endif
 
 static int run_fma(void *opaque)
 {
@@ -168,6 +208,12 @@ double bench_fma_peak(const struct bench_context *ctx, int threads)
     return slot < 0 ? 0 : ctx->fma_gflops[slot];
 }
 
+double bench_bf16dot_peak(const struct bench_context *ctx, int threads)
+{
+    const int slot = thread_slot(ctx, threads);
+    return slot < 0 ? 0 : ctx->bf16dot_gflops[slot];
+}
+
 double bench_read_bandwidth(const struct bench_context *ctx, int threads)
 {
     const int slot = thread_slot(ctx, threads);
@@ -187,7 +233,8 @@ void bench_stage_peak(struct bench_context *ctx)
     const int lanes = wide ? 16 : 8;
     bench_report_section("machine: FMA peak and read bandwidth",
                          "FMA: register-resident vector FMA chains; read: vector sum over a buffer far larger "
-                         "than the caches (pages touched before timing)");
+                         "than the caches (pages touched before timing); vdpbf16ps (AVX512_BF16 hosts at 16 "
+                         "lanes): the same chains of bfloat16 pair products, 2 products (4 flops) a lane");
     /* ~0.2 s per run at 200 GFLOP/s per core; a buffer of 1 GiB (64 MiB for --quick). */
     const int64_t iterations = ctx->quick ? 2000000 : 100000000;
     const size_t read_bytes = ctx->quick ? (size_t)64 << 20 : (size_t)1 << 30;
@@ -211,6 +258,24 @@ void bench_stage_peak(struct bench_context *ctx)
         ctx->fma_gflops[t] = bench_rate(&result, result.seconds.min);
         bench_report_pair(&result, NULL, "(peak = best run)");
     }
+#if HAVE_BF16DOT_LOOP
+    /* Where bfloat16 compute runs (the precision stage's bf16-compute prefill divides by it). */
+    if (wide && sneppx_host_has_feature("+avx512bf16"))
+        for (int t = 0; t < ctx->thread_count_n; t++) {
+            const int threads = ctx->thread_counts[t];
+            struct fma_state dot = {.threads = threads, .iterations = iterations / 2};
+            struct bench_result result = {.stage = "peak", .impl = "vdpbf16ps", .threads = threads,
+                                          .unit = BENCH_UNIT_FLOPS};
+            snprintf(result.case_name, sizeof result.case_name, "vdpbf16ps 16-lane");
+            result.work = (double)dot.iterations * FMA_CHAINS * lanes * 4 * threads;
+            bench_measure(run_bf16dot, &dot, &plan, &result.seconds);
+            ctx->bf16dot_gflops[t] = bench_rate(&result, result.seconds.min);
+            char note[96];
+            snprintf(note, sizeof note, "(peak = best run; %.2fx the FMA peak)",
+                     ctx->fma_gflops[t] > 0 ? ctx->bf16dot_gflops[t] / ctx->fma_gflops[t] : 0.0);
+            bench_report_pair(&result, NULL, note);
+        }
+#endif
     bench_report_core_speed(ctx, "at start");
     for (int t = 0; t < ctx->thread_count_n; t++) {
         const int threads = ctx->thread_counts[t];

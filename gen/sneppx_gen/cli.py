@@ -74,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--compute-dtype", choices=("float32", "bfloat16"), default=None, action=_Once,
                         help="what the projections multiply in (default: the config's, float32); bfloat16 "
                              "(with bfloat16 weights) rounds their inputs to bfloat16 for vdpbf16ps, ~2x the "
-                             "rate on CPUs with AVX512_BF16 (at v16 the only ones the file then runs on; at v8 it runs the "
+                             "rate on AMD Zen 4/5 (0.7x on an Intel Xeon whose vdpbf16ps issues a quarter as often "
+                             "as an FMA), on CPUs with AVX512_BF16 (at v16 the only ones the file then runs on; at v8 it runs the "
                              "same sums as float32 FMAs, on any CPU)")
     parser.add_argument("--kv-dtype", choices=config_fields.DTYPES, default=None, action=_Once,
                         help="what the KV caches of the cached forward (_forward_cached) hold, which the caller "

@@ -90,7 +90,9 @@ typedef struct sneppx_config {
                                        bfloat16, opt-in, with bfloat16 weights on AVX512_BF16
                                        hosts: activations rounded to bfloat16 (nearest even),
                                        products summed in float32 (vdpbf16ps, which
-                                       reads and makes subnormals as 0), ~2x the rate */
+                                       reads and makes subnormals as 0), ~2x the rate where
+                                       vdpbf16ps issues as often as an FMA (AMD Zen 4/5;
+                                       0.7x on an Intel Xeon: docs/API.md) */
 } sneppx_config;
 
 /* A hand config with sneppx's defaults: bias on, flash on, default RoPE

@@ -145,7 +145,9 @@ class LLMConfig:
         compute_dtype: what the projections multiply in: "float32" (the default) or, opt-in,
             "bfloat16": with weight_dtype "bfloat16" only, on hosts with AVX512_BF16, the
             activations entering each projection are rounded to bfloat16 (nearest even) and
-            multiplied by vdpbf16ps, sums in float32: ~2x the float32 rate, other numbers.
+            multiplied by vdpbf16ps, sums in float32: other numbers, ~2x the float32 rate on
+            AMD Zen 4/5 but 0.7x on an Intel Xeon whose vdpbf16ps issues a quarter as often
+            as an FMA (sneppx-bench's peak stage measures both).
             With other weights, or another value, ValueError naming compute_dtype; a host
             without AVX512_BF16 raises sneppx.UnsupportedError naming it.
         name: at most 63 of A-Z a-z 0-9 . _ - (it reaches logs and generated code).

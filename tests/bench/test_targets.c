@@ -178,6 +178,28 @@ int main(void)
     expect(text, "generate b1, context 4096: >= 85% of roofline", "met ");
     free(text);
 
+    /* bfloat16 compute: the verdict is the speedup's; the detail names the share of the
+     * vdpbf16ps peak and that peak against the FMA's, from the peak stage's rows. */
+    struct bench_result f32 = row("precision", "prefill f32", "sneppx f32", 2048, 2, BENCH_UNIT_FLOPS, 0.7, 280, 460, 0);
+    struct bench_result dot =
+        row("precision", "prefill bf16-compute", "sneppx bf16-compute", 2048, 2, BENCH_UNIT_FLOPS, 1.0, 196, 230, 0);
+    bench_report_pair(&f32, NULL, NULL);
+    bench_report_pair(&dot, &f32, NULL);
+    text = targets_text(&two);
+    expect(text, "prefill T = 2048, bf16-compute: >= 1.60x f32", "MISS");
+    if (!strstr(text, "0.70x\n"))
+        fprintf(stderr, "FAIL: without the peak stage's rows the detail is the speedup alone\n"), failures++;
+    free(text);
+    struct bench_result fma = row("peak", "fma 16-lane vectors", "fma", 0, 2, BENCH_UNIT_FLOPS, 0.2, 460, 0, 0);
+    struct bench_result dot_peak = row("peak", "vdpbf16ps 16-lane", "vdpbf16ps", 0, 2, BENCH_UNIT_FLOPS, 0.2, 230, 0, 0);
+    bench_report_pair(&fma, NULL, NULL);
+    bench_report_pair(&dot_peak, NULL, NULL);
+    text = targets_text(&two);
+    expect(text, "prefill T = 2048, bf16-compute: >= 1.60x f32", "MISS");
+    if (!strstr(text, "0.70x, 85% of the vdpbf16ps peak (0.50x the FMA peak here)"))
+        fprintf(stderr, "FAIL: the bf16-compute detail wants its share of the vdpbf16ps peak\n"), failures++;
+    free(text);
+
     if (failures)
         return 1;
     printf("bench targets: ok\n");
