@@ -20,7 +20,8 @@ from typing import List
 
 from . import archs, build, config_fields
 from .echo import clip
-from .targets import TARGET_NAMES, TARGETS, VECTOR_WIDTHS, Target, host_target, target_named, target_of_width
+from .targets import (TARGET_NAMES, TARGETS, VECTOR_WIDTHS, Target, cpuinfo_flags, host_target, target_named,
+                      target_of_width)
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -29,16 +30,7 @@ EXIT_FAILED = 1
 def host_cpu_target() -> Target:
     """The host's target, from /proc/cpuinfo's flags (what libsneppx picks from
     LLVM's feature list); the fallback target without them."""
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags.update(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
-    return host_target(flags)
+    return host_target(cpuinfo_flags())
 
 
 class _Once(argparse.Action):

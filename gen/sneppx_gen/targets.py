@@ -147,7 +147,7 @@ Why each value:
   steps; unmeasured there).
 """
 from dataclasses import dataclass
-from typing import Tuple
+from typing import FrozenSet, Tuple
 
 from .limits import HEAD_DIM_MULTIPLE
 
@@ -295,6 +295,19 @@ def target_named(name: str) -> Target:
         if t.name == name:
             return t
     raise ValueError(f"target must be one of {', '.join(t.name for t in TARGETS)}, not {name!r}")
+
+
+def cpuinfo_flags(path: str = "/proc/cpuinfo") -> FrozenSet[str]:
+    """The first CPU's flags as /proc/cpuinfo lists them; empty where there is no
+    such file or no flags line (not Linux, not x86)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 def host_target(cpuinfo_flags) -> Target:

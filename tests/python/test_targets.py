@@ -53,14 +53,10 @@ def _c_targets():
 
 
 def _cpuinfo_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    pytest.skip("no x86 flags in /proc/cpuinfo")
+    flags = targets.cpuinfo_flags()
+    if not flags:
+        pytest.skip("no x86 flags in /proc/cpuinfo")
+    return flags
 
 
 def test_c_table_is_targets():

@@ -31,6 +31,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,6 +40,9 @@ import reference as ref
 import sneppx
 from families import FAMILIES, make_inputs, preset_config
 from test_aot import CC, PAIR_MAX_NORMALIZED, PAIR_RMS_RELATIVE, SNEPPX_GEN, _assert_close, _generate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gen"))
+from sneppx_gen.targets import cpuinfo_flags  # noqa: E402
 
 WEIGHT_DTYPE_MAX_NORMALIZED = 1e-5
 WEIGHT_DTYPE_RMS_RELATIVE = 1e-5
@@ -49,14 +53,6 @@ SHORT_GROUPS = dict(hidden_size=72, num_attention_heads=3, num_key_value_heads=1
                     qkv_bias=True, o_bias=True)
 # Panel bytes per float32 panel byte, less what the groups' scales add at small k.
 PACKED_RATIO = {"bfloat16": (0.5, 0.56), "float16": (0.5, 0.56), "int8": (9 / 32, 0.36)}
-
-
-def _avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return "avx512f" in cpuinfo.read().split()
-    except OSError:
-        return False
 
 
 def _layer(family: str, dtype: str, rng):
@@ -110,7 +106,7 @@ def test_cached_forward_equals_cache_free(family, dtype, rng):
 
 
 def _targets():
-    return ["v8", "v16"] if _avx512() else ["v8"]
+    return ["v8", "v16"] if "avx512f" in cpuinfo_flags() else ["v8"]
 
 
 @pytest.mark.skipif(CC is None, reason="no C compiler (cc) on PATH")
