@@ -84,32 +84,21 @@ __attribute__((target("avx512f,avx512bf16"), noinline)) static float bf16dot_loo
 #define HAVE_BF16DOT_LOOP 0
 #endif
 
+/* A run of chains on `threads` threads at once: loop is fma_loop_wide, fma_loop_narrow
+ * or bf16dot_loop. */
 struct fma_state {
     int threads;
-    int wide;
+    float (*loop)(int64_t iterations, float seed);
     int64_t iterations;  /* per thread */
     volatile float sink;
 };
-
-#if HAVE_BF16DOT_LOOP
-static int run_bf16dot(void *opaque)
-{
-    struct fma_state *state = opaque;
-    float total = 0;
-#pragma omp parallel num_threads(state->threads) reduction(+ : total)
-    total += bf16dot_loop(state->iterations, 1e-3f * (float)(omp_get_thread_num() + 1));
-    state->sink = total;
-    return 0;
-}
-#endif
 
 static int run_fma(void *opaque)
 {
     struct fma_state *state = opaque;
     float total = 0;
 #pragma omp parallel num_threads(state->threads) reduction(+ : total)
-    total += state->wide ? fma_loop_wide(state->iterations, 1e-3f * (float)(omp_get_thread_num() + 1))
-                         : fma_loop_narrow(state->iterations, 1e-3f * (float)(omp_get_thread_num() + 1));
+    total += state->loop(state->iterations, 1e-3f * (float)(omp_get_thread_num() + 1));
     state->sink = total;
     return 0;
 }
@@ -248,7 +237,8 @@ void bench_stage_peak(struct bench_context *ctx)
 
     for (int t = 0; t < ctx->thread_count_n; t++) {
         const int threads = ctx->thread_counts[t];
-        struct fma_state fma = {.threads = threads, .wide = wide, .iterations = iterations};
+        struct fma_state fma = {.threads = threads, .loop = wide ? fma_loop_wide : fma_loop_narrow,
+                                .iterations = iterations};
         struct bench_result result = {.stage = "peak", .impl = "fma", .threads = threads,
                                       .unit = BENCH_UNIT_FLOPS};
         snprintf(result.case_name, sizeof result.case_name, "fma %d-lane vectors", lanes);
@@ -263,12 +253,12 @@ void bench_stage_peak(struct bench_context *ctx)
     if (wide && sneppx_host_has_feature("+avx512bf16"))
         for (int t = 0; t < ctx->thread_count_n; t++) {
             const int threads = ctx->thread_counts[t];
-            struct fma_state dot = {.threads = threads, .iterations = iterations / 2};
+            struct fma_state dot = {.threads = threads, .loop = bf16dot_loop, .iterations = iterations / 2};
             struct bench_result result = {.stage = "peak", .impl = "vdpbf16ps", .threads = threads,
                                           .unit = BENCH_UNIT_FLOPS};
             snprintf(result.case_name, sizeof result.case_name, "vdpbf16ps 16-lane");
             result.work = (double)dot.iterations * FMA_CHAINS * lanes * 4 * threads;
-            bench_measure(run_bf16dot, &dot, &plan, &result.seconds);
+            bench_measure(run_fma, &dot, &plan, &result.seconds);
             ctx->bf16dot_gflops[t] = bench_rate(&result, result.seconds.min);
             char note[96];
             snprintf(note, sizeof note, "(peak = best run; %.2fx the FMA peak)",

@@ -358,11 +358,11 @@ static void report_prefill(struct bench_context *ctx, const sneppx_config *base,
         struct bench_result *ours = &results[count];
         /* bfloat16 compute is rated against its own instruction's peak, which is not the
          * FMA's on every core (the attention it leaves in float32 is a sixth of the work). */
-        const int bf16dot = prefill_cases[i].compute == SNEPPX_DTYPE_BFLOAT16 && bench_bf16dot_peak(ctx, threads) > 0;
+        const double dot_peak = bench_bf16dot_peak(ctx, threads);
+        const int bf16dot = prefill_cases[i].compute == SNEPPX_DTYPE_BFLOAT16 && dot_peak > 0;
         *ours = (struct bench_result){.stage = "precision", .tokens = tokens, .threads = threads,
                                       .work = sneppx_layer_flops(run->layer, 1, tokens), .unit = BENCH_UNIT_FLOPS,
-                                      .peak_rate = bf16dot ? bench_bf16dot_peak(ctx, threads)
-                                                           : bench_fma_peak(ctx, threads)};
+                                      .peak_rate = bf16dot ? dot_peak : bench_fma_peak(ctx, threads)};
         snprintf(ours->impl, sizeof ours->impl, "sneppx %s", prefill_cases[i].label);
         snprintf(ours->case_name, sizeof ours->case_name, "prefill %s", prefill_cases[i].label);
         sides[count] = (struct bench_side){.body = prefill_forward, .state = run};

@@ -278,6 +278,7 @@ static void check_precision(int threads)
       prefill[] = {{"bf16", 0.95}, {"int8", 0.95}, {"bf16-compute", 1.6}};
     struct bench_row_view row;
     char target[96], detail[96];
+    const double dot_peak = peak_stage_rate("vdpbf16ps", threads), fma_peak = peak_stage_rate("fma", threads);
     for (size_t i = 0; i < sizeof decode / sizeof decode[0]; i++) {
         const struct bench_row_view *r = precision_row("decode", decode[i].label, threads, &row);
         snprintf(target, sizeof target, "decode b1 4096, %s weights + cache: >= %.1fx f32, >= 80%% roofline",
@@ -292,7 +293,6 @@ static void check_precision(int threads)
         const struct bench_row_view *r = precision_row("prefill", prefill[i].label, threads, &row);
         snprintf(target, sizeof target, "prefill T = 2048, %s: >= %.2fx f32", prefill[i].label,
                  prefill[i].speedup);
-        const double dot_peak = peak_stage_rate("vdpbf16ps", threads), fma_peak = peak_stage_rate("fma", threads);
         if (r && strcmp(prefill[i].label, "bf16-compute") == 0 && dot_peak > 0 && fma_peak > 0) {
             /* What the instruction allows on this core, so a miss the hardware forces reads as one. */
             snprintf(detail, sizeof detail, "%.2fx, %.0f%% of the vdpbf16ps peak (%.2fx the FMA peak here)",
