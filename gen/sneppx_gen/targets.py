@@ -161,6 +161,8 @@ GEMM_MAX_BLOCK_BYTES = 1 << 20
 PACKED_ELEMENTS = {"bfloat16": 2, "int8": 4}
 # The most candidates of one tile (runtime/kernel_registry.h's SNEPPX_MAX_TILE_CANDIDATES).
 MAX_TILE_CANDIDATES = 8
+# Bytes of a cache line on every x86-64 core: the step of the kernels' prefetches.
+CACHE_LINE_BYTES = 64
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,22 @@ class Target:
     def flash_tile_rows(self) -> int:
         """Query rows (lanes) of one flash register tile."""
         return self.flash_rows * self.vector_width
+
+    @property
+    def line_bytes(self) -> int:
+        """Bytes of a cache line (CACHE_LINE_BYTES), for the templates' prefetches."""
+        return CACHE_LINE_BYTES
+
+    @property
+    def line_floats(self) -> int:
+        """Floats of a cache line."""
+        return CACHE_LINE_BYTES // 4
+
+    @property
+    def gemm_row_lines(self) -> Tuple[int, ...]:
+        """Offsets (floats) into a row of gemm_nr floats that touch each of its cache
+        lines, aligned or not: a line's worth apart, and the row's last float."""
+        return tuple(sorted(set(range(0, self.gemm_nr, self.line_floats)) | {self.gemm_nr - 1}))
 
     def __post_init__(self) -> None:
         """Refuses tiles the templates are not written for, naming the value."""

@@ -150,6 +150,17 @@ def test_bad_target_refused(change, message):
         dataclasses.replace(TARGETS[0], **change)
 
 
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name)
+def test_gemm_row_lines_touch_every_line_of_a_row(target):
+    """The GEMM's C fetches ask for a row's lines at gemm_row_lines: every line a row of
+    gemm_nr floats covers, wherever in a line it starts, and no line past it."""
+    line = target.line_floats
+    for start in range(line):
+        covered = {(start + i) // line for i in range(target.gemm_nr)}
+        fetched = {(start + offset) // line for offset in target.gemm_row_lines}
+        assert fetched == covered, f"a row starting {start} floats into a line"
+
+
 def test_unknown_target_named():
     with pytest.raises(ValueError, match="target must be one of v16, v8, not 'v4'"):
         targets.target_named("v4")
