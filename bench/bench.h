@@ -95,6 +95,10 @@ int bench_rotation_copies(const struct bench_context *ctx, double copy_bytes, in
 /* A whole layer's copies in a rotation, at most (an int8 llama3-8B layer: 16 x 47 MB). */
 #define BENCH_MAX_LAYER_COPIES 16
 
+/* The batch of decode steps the generate and decode stages run (a ragged batch of this
+ * many sequences) and the gemm stage times as its decode-batch T, weights from memory. */
+#define BENCH_DECODE_BATCH 16
+
 /* A 64-byte aligned float buffer, 2 MiB aligned and advised for transparent
  * huge pages when large, and touched (so no timed run pays its page faults).
  * NULL when out of memory. Free with free(). */

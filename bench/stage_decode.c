@@ -51,7 +51,7 @@ static const struct decode_shape shapes[] = {
     {"deepseek-v2-lite", 1, 16, 576, 512, 1, SNEPPX_DTYPE_FLOAT32},
 };
 static const int64_t full_contexts[] = {512, 4096, 32768}, quick_contexts[] = {64, 200};
-static const int64_t full_batches[] = {1, 16}, quick_batches[] = {1, 2};
+static const int64_t full_batches[] = {1, BENCH_DECODE_BATCH}, quick_batches[] = {1, 2};
 
 struct decode_run {
     const sneppx_kernel *kernel;

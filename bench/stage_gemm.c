@@ -23,13 +23,14 @@ struct gemm_case {
 };
 
 static const struct gemm_case full_cases[] = {{"qkv", 4096, 6144}, {"o", 4096, 4096}};
-static const int64_t full_tokens[] = {1, 128, 512, 2048};
+static const int64_t full_tokens[] = {1, BENCH_DECODE_BATCH, 128, 512, 2048};
 /* --quick: every code path on shapes that take milliseconds. */
 static const struct gemm_case quick_cases[] = {{"qkv", 512, 768}, {"o", 512, 512}};
 static const int64_t quick_tokens[] = {1, 24};
 
-/* Decode reads every layer's weights once per token, from memory: T = 1 cycles through
- * copies of the weights (bench_rotation_copies). */
+/* Decode reads every layer's weights once per step, from memory: T = 1 and a batch of
+ * decode steps (T up to BENCH_DECODE_BATCH) cycle through copies of the weights
+ * (bench_rotation_copies); longer T re-read one copy. */
 #define MAX_COPIES 32
 /* The sides timed per thread count, in this order (untuned: only on a host with a tuning record). */
 enum { SIDE_SNEPPX, SIDE_OPENBLAS, SIDE_UNTUNED, SIDES_PER_COUNT };
@@ -159,7 +160,7 @@ static void bench_case(struct bench_context *ctx, const struct gemm_case *shape,
                 struct gemm_run *run = &runs[t * per_count + i];
                 *run = (struct gemm_run){.kernel = i == SIDE_UNTUNED ? untuned : kernel, .target = ctx->target, .k = shape->k,
                                          .n = shape->n, .tokens = tokens,
-                                         .copies = tokens == 1 ? &rotation : &single, .src = src,
+                                         .copies = tokens <= BENCH_DECODE_BATCH ? &rotation : &single, .src = src,
                                          .dst = outputs[t][i], .threads = threads};
                 sides[t * per_count + i] =
                     (struct bench_side){.body = i == SIDE_OPENBLAS ? run_openblas : run_sneppx, .state = run,

@@ -37,7 +37,7 @@
 
 static const int64_t full_contexts[] = {512, 4096, 32768};
 static const int64_t quick_contexts[] = {64};
-static const int64_t full_batches[] = {1, 16};
+static const int64_t full_batches[] = {1, BENCH_DECODE_BATCH};
 static const int64_t quick_batches[] = {1, 2};
 #define MAX_CONTEXTS ((int)(sizeof full_contexts / sizeof full_contexts[0]))
 #define MAX_BATCHES ((int)(sizeof full_batches / sizeof full_batches[0]))
@@ -50,10 +50,10 @@ struct generation {
     sneppx_kv_cache *cache;
     int64_t hidden_size;
     int64_t batch;
-    int64_t seq_ids[16];
-    int64_t q_lens[16];
-    int64_t lengths[16];   /* cached tokens per sequence */
-    float *hidden, *out;   /* CHUNK tokens (decode: up to 16) */
+    int64_t seq_ids[BENCH_DECODE_BATCH];
+    int64_t q_lens[BENCH_DECODE_BATCH];
+    int64_t lengths[BENCH_DECODE_BATCH];   /* cached tokens per sequence */
+    float *hidden, *out;   /* CHUNK tokens (decode: up to BENCH_DECODE_BATCH) */
 };
 
 static int forward(struct generation *g, sneppx_layer *layer, int64_t n_seqs, const int64_t *seq_ids,

@@ -65,9 +65,10 @@ Why each value:
   NR slice, 32 KiB at v8's KC 512, read from memory once per block and panel)
   into L2 while they consume this one. False: one group fetches all of it, a
   line per k row (the last group, or the first when the block has at most two).
-  True: each group fetches its share, a line every 2^s k rows for the largest
-  power of two 2^s not above the block's groups. One group asking for the whole
-  slice in its 512 k rows asks for 32 GB/s, beyond a Zen 3 core's memory
+  True: each group fetches a share in proportion to its microkernel's height, so
+  that the lines are asked for at one pace through the whole block (G groups of
+  one height: a k row of the next slice every G k rows each). One group asking
+  for the whole slice in its 512 k rows asks for 32 GB/s, beyond a Zen 3 core's memory
   bandwidth, while the block's groups together consume it at a quarter of that
   rate; spread, the same lines arrive at the rate they are used. v8, Zen 3, the
   gemm stage (sneppx against OpenBLAS in rounds, OpenBLAS the control): T = 128
@@ -81,6 +82,13 @@ Why each value:
   (0.87-0.91x). Taller blocks did not help it there (MC 112: 0.87-1.01x of 56),
   and the tuner, timing KC x MC with spread, kept the defaults. Unmeasured on
   AMD's AVX-512 cores (Zen 4 and 5), where one fetching group ran 89-93% of peak.
+  The shares were first powers of two (2^s groups for the largest 2^s not above
+  the block's groups, a later group fetching the last share again), which left
+  a block of 3 groups (16 rows at v8: 6, 6 and a 4-row kernel) fetching nothing
+  through its last group and a block of 14 + 2 rows at v16 asking for half the
+  slice in its short group: in proportion, the Intel Xeon's 16-row GEMM from
+  memory (k 4096 x n 6144, two threads, alternated in one process) ran 1.07-1.08x
+  faster at v8 and 30 rows 1.04x at v16; 8 to 512 rows otherwise within 1%.
 - gemm_decode_panels, gemm_decode_sums: a single row (a decode step) streams
   W, and sweeps this many panels side by side (one core read 34-39 GB/s
   where a panel at a time read 28-30), with this many partial sums (lo/hi
