@@ -4,7 +4,9 @@
     bench/ab_compare.py --stage STAGE --impl IMPL A_NAME A1.csv,A2.csv,... B_NAME B1.csv,B2.csv,...
 
 Round i pairs A's i-th CSV with B's i-th (sneppx-bench --csv, the same stages, one
-process each, run A, B, A, B, ... so that the host's drift falls on both). For each
+process each, run A, B, B, A, A, B, ... so that the host's drift falls on both: with A
+always first, a host that sped up through the runs favoured B by as much as 2-8%, which
+the OpenBLAS rows, the same in both builds, showed). For each
 row of STAGE and IMPL (case, T, threads) it prints both sides' median times over the
 rounds and B's speedup over A per round (A's time / B's time): median [min-max]. A
 ratio within a round is what the shared host lets one trust; the medians alone wander

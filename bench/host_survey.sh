@@ -139,7 +139,11 @@ survey_long_blocks() {
     fi
     local a_csvs=() b_csvs=()
     for ((r = 1; r <= rounds; r++)); do
-        for side in 512 1024; do
+        # Each side first in every other round: a host that speeds up or slows down
+        # through the runs then weighs on both (bench/ab_compare.py).
+        local order="512 1024"
+        if ((r % 2 == 0)); then order="1024 512"; fi
+        for side in $order; do
             local tree="$root" dir="$build"
             if [[ "$side" == 1024 ]]; then tree="$copy" dir="$copy/build-bench"; fi
             local csv="$scratch/long-blocks-$isa-$side-$r.csv"
