@@ -89,6 +89,29 @@ Why each value:
   slice in its short group: in proportion, the Intel Xeon's 16-row GEMM from
   memory (k 4096 x n 6144, two threads, alternated in one process) ran 1.07-1.08x
   faster at v8 and 30 rows 1.04x at v16; 8 to 512 rows otherwise within 1%.
+- gemm_fetch_sparse: with gemm_fetch_spread, a group whose share is at most
+  1/U of its k rows (U a power of two) asks for a line only every U-th k row
+  instead of at every one: the line of k row (k * rate) >> 16 moves at most one
+  k row in U, so the same lines are asked for once, not up to U times (four
+  groups of one height asked for each line four times). v8 on the Intel Xeon
+  (48 KiB L1d, 2 MiB L2 per core; k 4096 x n 6144, two threads, the weights from
+  memory, alternated in one process): 8 and 16 rows 1.06x, 512-2048 rows
+  1.01-1.02x. v16 there: 8 and 16 rows 1.01-1.03x but 128-512 rows 0.97-0.99x,
+  so False (its k row is two lines, asked for by two prefetches; why it wants
+  the repeats is not known).
+- gemm_batch_rows, gemm_batch_kc: a task of at most gemm_batch_rows rows (a
+  batch of decode steps, a server's ragged batch) with float32 panels steps k in
+  slices of gemm_batch_kc instead of the key's KC (when KC is longer). On the
+  Intel Xeon, as above, slices of 128 against 512: v8 4-48 rows 1.03-1.10x (16
+  rows 1.09x), 64 rows 1.03x, 96 rows 1.00x, 512-2048 rows 0.96-0.99x; v16 8-32
+  rows 1.01-1.06x, 40 rows 0.99x. The block keeps its row stride (KC): a key
+  tuned to KC 128 ran as fast at 16 rows. The one-row sweep sums per slice of
+  the same length, so a row's projection in a decode step and in a batch of at
+  most gemm_batch_rows rows stay the same bits where they were (a fork's decode
+  steps against its batched chunk over a bfloat16 cache, whose rounding
+  magnifies one float32 ulp, tests/python/test_kv_cache.py); a taller task's
+  rows differ from them by float32 rounding only. bfloat16 and int8 panels (a quarter or
+  half the bytes a k row) ran 0.91-0.98x so at v8, float16 too, and keep the key's KC.
 - gemm_decode_panels, gemm_decode_sums: a single row (a decode step) streams
   W, and sweeps this many panels side by side (one core read 34-39 GB/s
   where a panel at a time read 28-30), with this many partial sums (lo/hi
@@ -188,6 +211,9 @@ class Target:
     gemm_kc_candidates: Tuple[int, ...]
     gemm_mc_candidates: Tuple[int, ...]
     gemm_fetch_spread: bool
+    gemm_fetch_sparse: bool
+    gemm_batch_rows: int
+    gemm_batch_kc: int
     gemm_decode_panels: int
     gemm_decode_sums: int
     flash_rows: int
@@ -252,6 +278,11 @@ class Target:
             max(self.gemm_kc_candidates) * 4
         require(largest_block <= GEMM_MAX_BLOCK_BYTES,
                 f"the largest GEMM block, {largest_block} bytes of stack, is over {GEMM_MAX_BLOCK_BYTES}")
+        require(self.gemm_fetch_spread or not self.gemm_fetch_sparse,
+                "gemm_fetch_sparse thins the shares of gemm_fetch_spread, which is off")
+        require(self.gemm_batch_rows >= 2, f"gemm_batch_rows {self.gemm_batch_rows} is not at least 2")
+        require(self.gemm_batch_kc > 0 and self.gemm_batch_kc % GEMM_KC_MULTIPLE == 0,
+                f"gemm_batch_kc {self.gemm_batch_kc} is not a positive multiple of {GEMM_KC_MULTIPLE}")
         require(self.gemm_decode_sums % self.gemm_decode_panels == 0,
                 f"gemm_decode_sums {self.gemm_decode_sums} is not a multiple of gemm_decode_panels")
         require(self.flash_rows >= 1, f"flash_rows {self.flash_rows} is not at least 1")
@@ -276,12 +307,14 @@ class Target:
 TARGETS: Tuple[Target, ...] = (
     Target("v16", 16, ("+avx512f",), ("avx512f",), gemm_mr=14, gemm_nr=32, gemm_small_mr=4, gemm_kc=512,
            gemm_mc=56, gemm_int8_mc=112, gemm_kc_candidates=(128, 256, 512),
-           gemm_mc_candidates=(14, 28, 56), gemm_fetch_spread=True, gemm_decode_panels=4, gemm_decode_sums=4,
+           gemm_mc_candidates=(14, 28, 56), gemm_fetch_spread=True, gemm_fetch_sparse=False,
+           gemm_batch_rows=32, gemm_batch_kc=128, gemm_decode_panels=4, gemm_decode_sums=4,
            flash_rows=2, flash_nj=8, flash_ne=8, decode_rows=4, decode_nj=4, decode_ne=4,
            decode_packed=("bfloat16",), decode_burst_lines=0, decode_int8_dot=False),
     Target("v8", 8, (), (), gemm_mr=6, gemm_nr=16, gemm_small_mr=4, gemm_kc=512,
            gemm_mc=24, gemm_int8_mc=96, gemm_kc_candidates=(128, 256, 512),
-           gemm_mc_candidates=(12, 24, 48), gemm_fetch_spread=True, gemm_decode_panels=4, gemm_decode_sums=4,
+           gemm_mc_candidates=(12, 24, 48), gemm_fetch_spread=True, gemm_fetch_sparse=True,
+           gemm_batch_rows=64, gemm_batch_kc=128, gemm_decode_panels=4, gemm_decode_sums=4,
            flash_rows=3, flash_nj=4, flash_ne=4, decode_rows=2, decode_nj=4, decode_ne=4,
            decode_packed=("bfloat16",), decode_burst_lines=16, decode_int8_dot=True),
 )

@@ -88,18 +88,33 @@ def _render_with(target: Target, family: str) -> str:
 def test_templates_take_tiles_from_target():
     other = dataclasses.replace(TARGETS[0], gemm_mr=12, gemm_small_mr=2, gemm_kc=256, gemm_mc=36, gemm_int8_mc=72,
                                 gemm_mc_candidates=(36, 72), gemm_decode_panels=2, gemm_decode_sums=8, flash_nj=4,
-                                flash_ne=2)
+                                flash_ne=2, gemm_batch_rows=20, gemm_batch_kc=96, gemm_fetch_sparse=True)
     gemm = _render_with(other, "gemm")
     assert "sneppx_gemm_micro12(" in gemm and "sneppx_gemm_micro2(" in gemm
-    # The cache blocking is the key's (spec_kc, spec_mc), in whole MR-row groups.
-    assert "float block[(spec_mc + 11) / 12 * 12 * spec_kc]" in gemm and "k0 += spec_kc)" in gemm
+    # The cache blocking is the key's (spec_kc, spec_mc), in whole MR-row groups; a task of
+    # at most gemm_batch_rows rows over float32 panels, and the one-row sweep, slice k by
+    # gemm_batch_kc when the key's KC is longer.
+    batch_slice = "(spec_weight_type == SNEPPX_GEMM_FLOAT32 && spec_kc > 96 ? 96 : spec_kc)"
+    assert "float block[(spec_mc + 11) / 12 * 12 * spec_kc]" in gemm and "k0 += slice)" in gemm
+    assert f"slice = args->row_end - args->row_begin <= 20 ? {batch_slice} : spec_kc;" in gemm
+    assert f"const int64_t slice = {batch_slice};" in gemm
     assert "sneppx_gemm_decode2(" in gemm and "whole = kc - kc % 4;" in gemm
-    # aot: the target's defaults as literals (int8: the taller block), or a tuned key's.
+    # gemm_fetch_sparse: a microkernel asks for the next slice's lines where k & fetch_mask is 0.
+    assert "if (!(k & fetch_mask)) {" in gemm and "share_mask[(spec_mc + 11) / 12]" in gemm
+    # aot: the target's defaults as literals (int8: the taller block and the key's KC for
+    # every task), or a tuned key's.
     values = dict(k=4096, n=6144, bias=0, weight_type=3)
     int8 = render.render_kernel("gemm", other, "aot", dict(values, **kernels.default_tiles("gemm", other, 3)))
-    assert "float block[72 * 256]" in int8 and "k0 += 256)" in int8
+    assert "float block[72 * 256]" in int8 and "const int64_t slice = 256;" in int8
     tuned = render.render_kernel("gemm", other, "aot", dict(values, weight_type=0, kc=512, mc=40))
-    assert "float block[48 * 512]" in tuned and "k0 += 512)" in tuned and "block_rows = 40;" in tuned
+    assert "float block[48 * 512]" in tuned and "block_rows = 40;" in tuned
+    assert "slice = args->row_end - args->row_begin <= 20 ? 96 : 512;" in tuned
+    short = render.render_kernel("gemm", dataclasses.replace(other, gemm_batch_kc=256), "aot",
+                                 dict(values, weight_type=0, kc=128, mc=36))
+    assert "const int64_t slice = 128;" in short and "k0 += slice)" in short and "fetch_mask" in short
+    plain = render.render_kernel("gemm", dataclasses.replace(other, gemm_fetch_sparse=False), "aot",
+                                 dict(values, weight_type=0, kc=256, mc=36))
+    assert "fetch_mask" not in plain and "fetch_rate" in plain
     assert "sneppx_gemm_micro14(" not in gemm and "sneppx_gemm_decode4(" not in gemm
     flash = _render_with(other, "attn_flash")
     assert "_Static_assert(SNEPPX_ATTN_BLOCK_KV % 4 == 0," in flash
