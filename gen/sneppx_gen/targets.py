@@ -110,8 +110,9 @@ Why each value:
   most gemm_batch_rows rows stay the same bits where they were (a fork's decode
   steps against its batched chunk over a bfloat16 cache, whose rounding
   magnifies one float32 ulp, tests/python/test_kv_cache.py); a taller task's
-  rows differ from them by float32 rounding only. bfloat16 and int8 panels (a quarter or
-  half the bytes a k row) ran 0.91-0.98x so at v8, float16 too, and keep the key's KC.
+  rows differ from them by float32 rounding only. bfloat16, float16 and int8
+  panels (half or a quarter of the bytes a k row) ran 0.91-0.98x so at v8, and
+  keep the key's KC.
 - gemm_decode_panels, gemm_decode_sums: a single row (a decode step) streams
   W, and sweeps this many panels side by side (one core read 34-39 GB/s
   where a panel at a time read 28-30), with this many partial sums (lo/hi
