@@ -118,6 +118,21 @@ Why each value:
   where a panel at a time read 28-30), with this many partial sums (lo/hi
   pairs) in flight in all: one per panel over 4 panels, 4 over a last lone
   panel, enough FMAs in flight to keep up with W's stream.
+- gemm_decode_fetch_bytes: how far ahead of its loads, in bytes of a panel, the
+  one-row sweep over narrow (bfloat16, float16) or int8 panels asks for each
+  line (0: it leaves them to the hardware's prefetchers). Those rows widen
+  every vector before its FMA (int8: a widening, a conversion and an FMA per 8
+  weights), so a row takes several times the instructions of float32's and
+  the loop's own loads keep too few lines in flight. v8 on the Intel Xeon (k
+  4096 x n 6144, one row, two threads, the weights from memory, alternated in
+  one process), a line asked for once, from where the row is: int8 1.15-1.22x
+  (1152-3456 bytes ahead; a burst of the group's lines at its start 1.10-1.13x),
+  bfloat16 1.09-1.11x and float16 1.16x (2048 and 4096 bytes ahead); v16 there
+  int8 1.15-1.20x, bfloat16 1.10-1.13x, float16 1.12-1.15x (1024-4096 bytes),
+  2048 the best or within 2% of it on both. float32 rows are only loads and
+  FMAs, and ran 0.99-1.01x with it, so they go without. The decode step at
+  context 4096 (the precision stage, alternated builds): v8 int8 1.11x faster,
+  bfloat16 1.06x, float16 1.13x; v16 1.17x, 1.06x, 1.15x.
 - flash_rows, flash_nj, flash_ne: flash attention's register tiles,
   flash_rows row vectors x NJ keys for Q.K and flash_rows row vectors x NE
   value dims for P.V. At v16 2 x 8: 16 accumulators + 2 loads of 32 zmm (the
@@ -217,6 +232,7 @@ class Target:
     gemm_batch_kc: int
     gemm_decode_panels: int
     gemm_decode_sums: int
+    gemm_decode_fetch_bytes: int
     flash_rows: int
     flash_nj: int
     flash_ne: int
@@ -286,6 +302,11 @@ class Target:
                 f"gemm_batch_kc {self.gemm_batch_kc} is not a positive multiple of {GEMM_KC_MULTIPLE}")
         require(self.gemm_decode_sums % self.gemm_decode_panels == 0,
                 f"gemm_decode_sums {self.gemm_decode_sums} is not a multiple of gemm_decode_panels")
+        # The sweep asks for a line where a row starts one: a narrow row (two bytes a column
+        # of gemm_nr <= 32, by the width's bound above) or an int8 row divides a line, and a
+        # distance of whole lines asks for whole lines.
+        require(self.gemm_decode_fetch_bytes >= 0 and self.gemm_decode_fetch_bytes % CACHE_LINE_BYTES == 0,
+                f"gemm_decode_fetch_bytes {self.gemm_decode_fetch_bytes} is not whole lines of {CACHE_LINE_BYTES} bytes")
         require(self.flash_rows >= 1, f"flash_rows {self.flash_rows} is not at least 1")
         require(HEAD_DIM_MULTIPLE % self.flash_ne == 0,
                 f"flash_ne {self.flash_ne} does not divide the head dim step {HEAD_DIM_MULTIPLE}")
@@ -310,12 +331,14 @@ TARGETS: Tuple[Target, ...] = (
            gemm_mc=56, gemm_int8_mc=112, gemm_kc_candidates=(128, 256, 512),
            gemm_mc_candidates=(14, 28, 56), gemm_fetch_spread=True, gemm_fetch_sparse=False,
            gemm_batch_rows=32, gemm_batch_kc=128, gemm_decode_panels=4, gemm_decode_sums=4,
+           gemm_decode_fetch_bytes=2048,
            flash_rows=2, flash_nj=8, flash_ne=8, decode_rows=4, decode_nj=4, decode_ne=4,
            decode_packed=("bfloat16",), decode_burst_lines=0, decode_int8_dot=False),
     Target("v8", 8, (), (), gemm_mr=6, gemm_nr=16, gemm_small_mr=4, gemm_kc=512,
            gemm_mc=24, gemm_int8_mc=96, gemm_kc_candidates=(128, 256, 512),
            gemm_mc_candidates=(12, 24, 48), gemm_fetch_spread=True, gemm_fetch_sparse=True,
            gemm_batch_rows=64, gemm_batch_kc=128, gemm_decode_panels=4, gemm_decode_sums=4,
+           gemm_decode_fetch_bytes=2048,
            flash_rows=3, flash_nj=4, flash_ne=4, decode_rows=2, decode_nj=4, decode_ne=4,
            decode_packed=("bfloat16",), decode_burst_lines=16, decode_int8_dot=True),
 )

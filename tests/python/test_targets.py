@@ -125,6 +125,44 @@ def test_templates_take_tiles_from_target():
     assert "sneppx_attn_decode_values8(" in decode and "sneppx_attn_decode_values4(" not in decode
 
 
+def test_decode_sweep_fetches_narrow_and_int8_rows_ahead():
+    """gemm_decode_fetch_bytes: the one-row sweep over narrow or int8 panels asks for the
+    line that many bytes on from each row that starts a line, while it is in the panel;
+    float32 sweeps, and every sweep of a target with 0, ask for none."""
+    v8 = next(t for t in TARGETS if t.name == "v8")
+    ahead = dataclasses.replace(v8, gemm_decode_fetch_bytes=1024)
+    values = dict(k=4096, n=6144, bias=0, kc=512, mc=24)
+    # bfloat16 (two bytes a column, 32 bytes a v8 row): every other row, 32 rows on.
+    narrow = render.render_kernel("gemm", ahead, "aot", dict(values, weight_type=1))
+    assert "const int64_t fetch_before = k - k0 - 32;" in narrow
+    assert "if (i < fetch_before && !(i & 1)) {" in narrow
+    assert "__builtin_prefetch(s3 + (i + 32) * 16);" in narrow
+    # int8 (16 bytes a v8 row after the group's 64 bytes of scales): the scales' line at
+    # the group's start, then every fourth row, while the line is inside the panel.
+    int8 = render.render_kernel("gemm", ahead, "aot", dict(values, weight_type=3))
+    assert "const int64_t fetch_before = panel_step - group_offset - 1024;" in int8
+    assert "const int64_t fetch_rows = (fetch_before - 49) / 16;" in int8
+    assert "if (0 < fetch_before) {" in int8 and "__builtin_prefetch(group0 + 1024);" in int8
+    assert "if (i < fetch_rows && !(i & 3)) {" in int8 and "__builtin_prefetch(q1 + i * 16 + 1024);" in int8
+    assert "(void)panel_step;" not in int8
+    # float32 never; no type when the target asks for none.
+    assert "fetch_before" not in render.render_kernel("gemm", ahead, "aot", dict(values, weight_type=0))
+    off = dataclasses.replace(v8, gemm_decode_fetch_bytes=0)
+    for weight_type in (1, 2, 3):
+        assert "fetch_before" not in render.render_kernel("gemm", off, "aot", dict(values, weight_type=weight_type))
+    # jit: one template for every type, float32's bound folding to no fetch.
+    assert ("const int64_t fetch_before = spec_weight_type == SNEPPX_GEMM_FLOAT32 ? 0 : k - k0 - 32;"
+            in _render_with(ahead, "gemm"))
+    # v16's 32 columns: a bfloat16 row is a line, an int8 row half of one.
+    v16 = dataclasses.replace(next(t for t in TARGETS if t.name == "v16"), gemm_decode_fetch_bytes=2048)
+    values16 = dict(values, mc=56)
+    narrow16 = render.render_kernel("gemm", v16, "aot", dict(values16, weight_type=2))
+    assert "if (i < fetch_before) {" in narrow16 and "__builtin_prefetch(s0 + (i + 32) * 32);" in narrow16
+    int8_16 = render.render_kernel("gemm", v16, "aot", dict(values16, weight_type=3))
+    assert "if (64 < fetch_before) {" in int8_16 and "__builtin_prefetch(group3 + 2112);" in int8_16
+    assert "if (i + 3 < fetch_rows && !((i + 3) & 1)) {" in int8_16
+
+
 def test_registry_table_has_each_targets_tiles():
     """The runtime takes a target's GEMM tiles from its table entry; the ABI header
     decides nothing by vector width."""
@@ -148,6 +186,8 @@ def test_registry_table_has_each_targets_tiles():
     (dict(gemm_kc_candidates=tuple(range(256, 2561, 256))), "gemm_kc_candidates / gemm_mc_candidates: 1 to 8"),
     (dict(gemm_kc_candidates=(512, 2048)), "the largest GEMM block, 1179648 bytes of stack, is over 1048576"),
     (dict(gemm_decode_sums=2), "gemm_decode_sums 2 is not a multiple of gemm_decode_panels"),
+    (dict(gemm_decode_fetch_bytes=96), "gemm_decode_fetch_bytes 96 is not whole lines of 64 bytes"),
+    (dict(gemm_decode_fetch_bytes=-64), "gemm_decode_fetch_bytes -64 is not whole lines of 64 bytes"),
     (dict(flash_ne=3), "flash_ne 3 does not divide the head dim step 16"),
     (dict(decode_nj=3), "decode_nj 3 does not divide the 64-key tile"),
     (dict(decode_rows=2), "decode_rows 2 x decode_nj 4 is not the vector width 16"),
