@@ -109,8 +109,11 @@ Why each value:
   the same length, so a row's projection in a decode step and in a batch of at
   most gemm_batch_rows rows stay the same bits where they were (a fork's decode
   steps against its batched chunk over a bfloat16 cache, whose rounding
-  magnifies one float32 ulp, tests/python/test_kv_cache.py); a taller task's
-  rows differ from them by float32 rounding only. bfloat16, float16 and int8
+  magnifies one float32 ulp, tests/python/test_kv_cache.py) in the columns the
+  sweep takes gemm_decode_panels panels at a time. In a task's last panels
+  (fewer, swept one at a time with gemm_decode_sums partial sums) the decode
+  row, and a taller task's rows anywhere, differ from a batch's by float32
+  rounding only. bfloat16, float16 and int8
   panels (half or a quarter of the bytes a k row) ran 0.91-0.98x so at v8, and
   keep the key's KC.
 - gemm_decode_panels, gemm_decode_sums: a single row (a decode step) streams
